@@ -1,0 +1,120 @@
+"""PreprocessConfig: every threshold of the reference protocol (SPEC §2), with its unit in its name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import yaml
+
+from preprocessing.errors import InputError
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    # staypoints (sliding method, as trackintel's generate_staypoints(method="sliding"))
+    staypoint_dist_threshold_m: float = 200.0  # a fix this far (haversine) from the anchor ends the stay
+    staypoint_time_threshold_min: float = 30.0  # a stay must last at least this long
+    staypoint_gap_threshold_min: float = 1440.0  # a gap longer than this between fixes resets the anchor
+    # activity flag
+    activity_time_threshold_min: float = 25.0  # staypoints at least this long are activities
+    # user quality filter
+    min_tracking_days: int = 50  # keep users whose tracking spans MORE than this many whole days
+    quality_window_weeks: int = 10  # sliding window of the optional coverage filter
+    min_mean_window_quality: float | None = None  # optional: mean staypoint coverage (0..1) over windows; GeoLife: none
+    # locations (DBSCAN over all users' staypoints, haversine)
+    location_epsilon_m: float = 20.0  # DBSCAN neighbourhood radius
+    location_min_samples: int = 2  # DBSCAN core point size; staypoints left as noise are dropped
+    # merging consecutive staypoints at the same location
+    merge_max_gap_min: float = 1.0  # merge when the next starts at most this long after the previous finished
+    # per-user split by day
+    train_fraction: float = 0.6  # first share of each user's days
+    validation_fraction: float = 0.2  # next share; the test split takes the rest
+    # samples
+    history_days: int = 7  # history = the split's staypoints that started at most this many days before the target's day
+    min_history_staypoints: int = 3  # samples need at least this many history staypoints
+    # feature buckets
+    time_slot_min: int = 15  # time slot = start minute of day // this (0..95)
+    duration_cap_min: int = 2879  # durations are capped at this many minutes (two days less a minute)
+    duration_bucket_min: int = 30  # duration bucket = capped minutes // this (0..95)
+    timezone: str = "UTC"  # days, slots and weekdays are taken in this IANA zone (the reference: UTC)
+
+    def __post_init__(self) -> None:
+        problems = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in ("timezone", "min_mean_window_quality"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                problems.append(f"{f.name} must be a number, got {value!r}")
+            elif value <= 0:
+                problems.append(f"{f.name} must be positive, got {value!r}")
+        for name in ("min_tracking_days", "quality_window_weeks", "location_min_samples", "history_days",
+                     "min_history_staypoints", "time_slot_min", "duration_cap_min", "duration_bucket_min"):
+            if not isinstance(getattr(self, name), int):
+                problems.append(f"{name} must be an integer, got {getattr(self, name)!r}")
+        if self.train_fraction + self.validation_fraction >= 1.0:
+            problems.append("train_fraction + validation_fraction must be below 1 (the test split takes the rest)")
+        q = self.min_mean_window_quality
+        if q is not None and not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
+            problems.append(f"min_mean_window_quality must be in [0, 1] or null, got {q!r}")
+        try:
+            ZoneInfo(str(self.timezone))
+        except (ZoneInfoNotFoundError, ValueError):
+            problems.append(f"timezone must be an IANA zone such as 'UTC' or 'Asia/Shanghai', got {self.timezone!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def time_slots(self) -> int:
+        """Number of time-of-day slots (96 for 15-minute slots)."""
+        return (24 * 60) // self.time_slot_min
+
+    @property
+    def duration_buckets(self) -> int:
+        """Number of duration buckets (96 for 30-minute buckets capped at 2,879 min)."""
+        return self.duration_cap_min // self.duration_bucket_min + 1
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict, source: str = "config") -> PreprocessConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise InputError(source, f"unknown setting(s) {', '.join(unknown)}; expected some of: {', '.join(sorted(known))}")
+        try:
+            return cls(**values)
+        except (TypeError, ValueError) as exc:
+            raise InputError(source, str(exc)) from None
+
+
+def load_config(path: Path | None) -> PreprocessConfig:
+    """Read a PreprocessConfig from a YAML, JSON or TOML file; None gives the reference protocol."""
+    if path is None:
+        return PreprocessConfig()
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(path, "config file not found")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        if path.suffix == ".json":
+            values = json.loads(text)
+        elif path.suffix == ".toml":
+            values = tomllib.loads(text)
+        else:
+            values = yaml.safe_load(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(path, f"not valid {path.suffix.lstrip('.') or 'YAML'}: {first}") from None
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise InputError(path, f"expected a mapping of settings, found {type(values).__name__}")
+    values = values.get("preprocess", values) if isinstance(values.get("preprocess"), dict) else values
+    return PreprocessConfig.from_dict(values, source=str(path))

@@ -1,0 +1,62 @@
+"""Locations by DBSCAN over all users' staypoints, and merging of consecutive staypoints."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+from sklearn.cluster import DBSCAN
+
+from preprocessing.staypoints import EARTH_RADIUS_M, _require
+
+
+def generate_locations(
+    staypoints: pl.DataFrame, epsilon_m: float = 20.0, min_samples: int = 2
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Cluster staypoints of all users together (shared location ids) with DBSCAN, haversine metric.
+
+    Returns (staypoints with location_id, null for noise; locations: location_id, latitude,
+    longitude as the mean of its staypoints, n_staypoints, n_users). Input order decides the
+    labels, so pass staypoints sorted by (user_id, started_at) for reproducible ids.
+    """
+    _require(staypoints, "staypoints", {"user_id": None, "latitude": pl.Float64, "longitude": pl.Float64})
+    if staypoints.height == 0:
+        empty = pl.DataFrame(schema={"location_id": pl.Int64, "latitude": pl.Float64, "longitude": pl.Float64,
+                                     "n_staypoints": pl.UInt32, "n_users": pl.UInt32})
+        return staypoints.with_columns(pl.lit(None, pl.Int64).alias("location_id")), empty
+    coords = np.radians(staypoints.select("latitude", "longitude").to_numpy())
+    labels = DBSCAN(eps=epsilon_m / EARTH_RADIUS_M, min_samples=min_samples, metric="haversine",
+                    algorithm="ball_tree").fit_predict(coords)
+    sp = staypoints.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None))
+    locations = (
+        sp.filter(pl.col("location_id").is_not_null())
+        .group_by("location_id")
+        .agg(pl.col("latitude").mean(), pl.col("longitude").mean(), pl.len().alias("n_staypoints"),
+             pl.col("user_id").n_unique().cast(pl.UInt32).alias("n_users"))
+        .sort("location_id")
+    )
+    return sp, locations
+
+
+def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = 1.0) -> pl.DataFrame:
+    """Merge consecutive staypoints of a user at the same location when the next one starts at most
+    `max_gap_min` minutes after the previous one finished (chains merge into one).
+
+    Input: user_id, started_at, finished_at, location_id (no nulls). Output keeps those columns,
+    sorted by (user_id, started_at), with n_merged (how many staypoints each row stands for).
+    """
+    _require(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime,
+                                        "location_id": None})
+    sp = staypoints.sort("user_id", "started_at", maintain_order=True)
+    gap = pl.col("started_at") - pl.col("finished_at").shift(1)
+    joins_previous = (
+        (pl.col("user_id") == pl.col("user_id").shift(1))
+        & (pl.col("location_id") == pl.col("location_id").shift(1))
+        & (gap <= pl.duration(milliseconds=int(round(max_gap_min * 60_000))))
+    ).fill_null(False)
+    return (
+        sp.with_columns((~joins_previous).cum_sum().alias("_group"))
+        .group_by("_group", maintain_order=True)
+        .agg(pl.col("user_id").first(), pl.col("started_at").first(), pl.col("finished_at").last(),
+             pl.col("location_id").first(), pl.len().cast(pl.UInt32).alias("n_merged"))
+        .drop("_group")
+    )

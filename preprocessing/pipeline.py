@@ -1,0 +1,265 @@
+"""preprocess(input, format, out): the reference protocol's stages in order, a manifest, an atomic write.
+
+raw GPS points -> staypoints -> activity staypoints -> user filter -> locations -> merged staypoints
+-> per-user day split -> samples -> train/validation/test Parquet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import polars as pl
+
+from preprocessing import readers
+from preprocessing.config import PreprocessConfig
+from preprocessing.errors import InputError
+from preprocessing.locations import generate_locations, merge_staypoints
+from preprocessing.quality import filter_users, tracking_days
+from preprocessing.sequences import SPLITS, add_time_features, generate_samples, split_by_day
+from preprocessing.staypoints import flag_activity, generate_staypoints
+
+FORMATS = ("geolife-plt", "positionfixes", "staypoints")
+OUTPUT_FILES = ("train.parquet", "validation.parquet", "test.parquet", "quarantine.parquet", "staypoints.parquet",
+                "locations.parquet", "users.parquet", "manifest.json")
+STAGES = ("hash input", "read and validate", "staypoints", "activity", "user filter", "locations", "merge",
+          "split and samples", "write")
+
+
+def code_version() -> str:
+    """Package version plus a digest of the preprocessing sources: a code change invalidates reuse."""
+    try:
+        version = metadata.version("pgt-pipeline")
+    except metadata.PackageNotFoundError:
+        version = "0+unknown"
+    digest = hashlib.sha256()
+    for source in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + source.read_bytes())
+    return f"{version}+{digest.hexdigest()[:12]}"
+
+
+def input_sha256(path: Path, input_format: str) -> str:
+    """sha256 of the input file, or of every .plt file (relative path and bytes) of a GeoLife folder."""
+    digest = hashlib.sha256()
+    if input_format == "geolife-plt":
+        root = Path(path)
+        for f in readers.find_plt_files(root):
+            digest.update(str(f.relative_to(root)).encode() + b"\0")
+            digest.update(f.read_bytes())
+    else:
+        path = Path(path)
+        if not path.is_file():
+            raise InputError(path, "no such file" if not path.exists() else "is a folder, expected a Parquet or CSV file")
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass
+class StageLog:
+    """Wall time and peak resident memory of each stage, sampled by a background thread."""
+
+    stages: list[dict] = field(default_factory=list)
+    _peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @staticmethod
+    def rss_bytes() -> int:
+        try:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * 4096
+        except OSError:
+            return 0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self._peak = max(self._peak, self.rss_bytes())
+
+    @contextmanager
+    def stage(self, name: str):
+        self._peak = self.rss_bytes()
+        self._stop.clear()
+        sampler = threading.Thread(target=self._sample, daemon=True)
+        sampler.start()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - start
+            self._stop.set()
+            sampler.join()
+            self._peak = max(self._peak, self.rss_bytes())
+            self.stages.append({"name": name, "seconds": round(seconds, 3), "peak_rss_mb": round(self._peak / 2**20, 1)})
+
+
+@dataclass
+class PreprocessResult:
+    manifest: dict
+    out_dir: Path
+    reused: bool
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("[bold]preprocess[/] {task.description:<20}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled,
+                    transient=False)
+
+
+def reusable_manifest(out_dir: Path, sha: str, input_format: str, config: PreprocessConfig) -> dict | None:
+    """The existing manifest if out_dir holds a complete output of the same input, format, config and code."""
+    manifest_path = out_dir / "manifest.json"
+    if not manifest_path.is_file() or not all((out_dir / f).is_file() for f in OUTPUT_FILES):
+        return None
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except json.JSONDecodeError:
+        return None
+    same = (manifest.get("input_sha256") == sha and manifest.get("input_format") == input_format
+            and manifest.get("config") == config.to_dict() and manifest.get("version") == code_version())
+    return manifest if same else None
+
+
+def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, config: PreprocessConfig | None = None,
+               force: bool = False, progress: bool = True) -> PreprocessResult:
+    """Run the protocol on one input and write out_dir atomically (a temporary folder, then a rename).
+
+    A rerun with the same input, format, config and code reuses out_dir unless `force`.
+    """
+    config = config or PreprocessConfig()
+    if input_format not in FORMATS:
+        raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+    input_path, out_dir = Path(input_path), Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / "manifest.json").exists())):
+        raise InputError(out_dir, "exists and is not a `pgt preprocess` output folder; choose another --out")
+    log = StageLog()
+    with _progress(progress) as bar:
+        task = bar.add_task(STAGES[0], total=len(STAGES))
+
+        def advance(name: str | None = None) -> None:
+            bar.advance(task)
+            if name:
+                bar.update(task, description=name)
+
+        with log.stage("hash input"):
+            sha = input_sha256(input_path, input_format)
+        if not force and (manifest := reusable_manifest(out_dir, sha, input_format, config)) is not None:
+            bar.update(task, completed=len(STAGES), description="reused")
+            return PreprocessResult(manifest, out_dir, reused=True)
+        advance(STAGES[1])
+        manifest, tables = _run_stages(input_path, input_format, config, log, advance)
+        manifest.update({"input": str(input_path), "input_format": input_format, "input_sha256": sha,
+                         "config": config.to_dict(), "version": code_version()})
+        _write_atomically(out_dir, manifest, tables, log)
+        advance()
+    return PreprocessResult(manifest, out_dir, reused=False)
+
+
+def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance):
+    counts: dict = {}
+    details: dict = {}
+    with log.stage("read and validate"):
+        if input_format == "geolife-plt":
+            result = readers.read_geolife_plt(input_path)
+        elif input_format == "positionfixes":
+            result = readers.read_positionfixes(input_path)
+        else:
+            result = readers.read_staypoints(input_path)
+        counts["positionfixes_read"] = result.rows_read
+        counts["positionfixes_quarantined"] = result.quarantine.height
+        details["quarantine_reasons"] = dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
+        quarantine = result.quarantine
+        if result.table.height == 0:
+            raise InputError(input_path, "no valid rows: every row was quarantined (see the reasons above)")
+    advance("staypoints")
+    with log.stage("staypoints"):
+        if input_format == "staypoints":
+            staypoints = result.table
+            tracking = tracking_days(staypoints, "started_at", "finished_at")
+        else:
+            tracking = tracking_days(result.table, "tracked_at", "tracked_at")
+            staypoints = generate_staypoints(result.table, config.staypoint_dist_threshold_m,
+                                             config.staypoint_time_threshold_min, config.staypoint_gap_threshold_min)
+        del result
+        counts["staypoints"] = staypoints.height
+    advance("activity")
+    with log.stage("activity"):
+        staypoints = flag_activity(staypoints, config.activity_time_threshold_min)
+        counts["activity_staypoints"] = int(staypoints["is_activity"].sum())
+    advance("user filter")
+    with log.stage("user filter"):
+        users = filter_users(tracking, staypoints, config.min_tracking_days, config.min_mean_window_quality,
+                             config.quality_window_weeks)
+        counts["users_kept"] = users.len()
+        details["users_read"] = tracking.height
+        activities = staypoints.filter(pl.col("is_activity") & pl.col("user_id").is_in(users.implode()))
+        activities = activities.sort("user_id", "started_at", maintain_order=True)
+        details["activity_staypoints_of_kept_users"] = activities.height
+    advance("locations")
+    with log.stage("locations"):
+        labelled, locations = generate_locations(activities, config.location_epsilon_m, config.location_min_samples)
+        counts["locations"] = locations.height
+        located = labelled.filter(pl.col("location_id").is_not_null())
+        details["staypoints_noise"] = labelled.height - located.height
+    advance("merge")
+    with log.stage("merge"):
+        merged = merge_staypoints(located, config.merge_max_gap_min)
+        counts["staypoints_merged"] = merged.height
+    advance("split and samples")
+    with log.stage("split and samples"):
+        featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
+                                     config.duration_bucket_min)
+        featured = split_by_day(featured, config.train_fraction, config.validation_fraction)
+        samples, kept, vocab = generate_samples(featured, config.history_days, config.min_history_staypoints)
+        counts["samples"] = {split: samples[split].height for split in SPLITS}
+        details["users_with_samples_in_all_splits"] = vocab.users.height
+        details["staypoints_of_users_with_samples"] = kept.height
+        details["history_length_max"] = max(
+            (int(s["locations"].list.len().max() or 0) for s in samples.values()), default=0)
+    advance("write")
+    located_vocab = vocab.locations.join(locations, left_on="source_location_id", right_on="location_id", how="left",
+                                         maintain_order="left")
+    tables = {
+        **{f"{split}.parquet": samples[split] for split in SPLITS},
+        "quarantine.parquet": quarantine,
+        "staypoints.parquet": kept.drop("history_start", "is_activity", strict=False),
+        "locations.parquet": located_vocab,
+        "users.parquet": vocab.users,
+    }
+    manifest = {"counts": counts, "vocab": {"locations": vocab.location_size, "users": vocab.user_size},
+                "details": details}
+    return manifest, tables
+
+
+def _write_atomically(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFrame], log: StageLog) -> None:
+    """Write everything into a temporary sibling folder, then swap it into place: a crash leaves no half output."""
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        with log.stage("write"):
+            for name, table in tables.items():
+                table.write_parquet(tmp / name, compression="zstd")
+        manifest["stages"] = log.stages
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
+        if out_dir.exists():
+            out_dir.rename(old)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not out_dir.exists():
+            old.rename(out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,404 @@
+"""Readers for the three input formats, each validated at the door.
+
+- `read_geolife_plt(folder)`: the GeoLife layout `Data/<user>/Trajectory/*.plt`.
+- `read_positionfixes(file)`: GPS points as Parquet or CSV (user_id, tracked_at, latitude, longitude).
+- `read_staypoints(file)`: staypoints as Parquet or CSV (started_at, finished_at, user_id and either
+  a WKT/WKB `geom` POINT (lon lat) or latitude/longitude), as trackintel writes them.
+
+Whole-file problems raise `InputError` naming the file. Bad rows inside a good file are set aside
+with the reason in a quarantine table holding the original values as text, so that
+rows read = rows kept + rows quarantined.
+
+Times: text without an offset is taken as UTC (GeoLife is in GMT); offsets are honoured.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from preprocessing.errors import InputError
+
+POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude")
+STAYPOINT_TIME_COLUMNS = ("user_id", "started_at", "finished_at")
+PLT_FIELDS = ("latitude", "longitude", "zero", "altitude_ft", "days_since_1899", "date", "time")
+PLT_HEADER_LINES = 6
+TIME_FORMATS = ("%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f")
+UTC_MS = pl.Datetime("ms", "UTC")
+QUARANTINE_KEYS = ("source_file", "source_row", "reason")
+
+
+@dataclass
+class ReadResult:
+    """Valid rows in canonical columns, the quarantined rows, and the number of rows read."""
+
+    table: pl.DataFrame  # positionfixes: user_id, tracked_at, latitude, longitude; staypoints: + started/finished_at
+    quarantine: pl.DataFrame  # source_file, source_row (0-based data row), reason, original columns as text
+    rows_read: int
+
+    def __post_init__(self) -> None:
+        if self.rows_read != self.table.height + self.quarantine.height:
+            raise RuntimeError(
+                f"row counts do not reconcile: read {self.rows_read}, kept {self.table.height}, "
+                f"quarantined {self.quarantine.height}"
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# public readers
+
+
+def read_positionfixes(path: Path | str) -> ReadResult:
+    """GPS points from a Parquet or CSV file with user_id, tracked_at, latitude, longitude."""
+    path = _existing_file(path)
+    kind = _sniff(path)
+    lf, schema = _scan_table(path, kind, POSITIONFIX_COLUMNS)
+    lf = lf.select(*POSITIONFIX_COLUMNS).with_row_index("source_row")
+    parsed = lf.select(
+        "source_row",
+        _user_expr(schema["user_id"]).alias("user_id"),
+        pl.col("tracked_at").is_null().alias("_t_missing"),
+        _time_expr(path, "tracked_at", schema["tracked_at"]).alias("tracked_at"),
+        *_coordinate_exprs(path, schema),
+    )
+    checks = [("missing user_id", pl.col("user_id").is_null()), *_time_checks("tracked_at"), *_coordinate_checks()]
+    good, bad = _validate(parsed, checks, ("user_id", "tracked_at"), "repeats the (user_id, tracked_at) of an earlier fix")
+    good = _finalize_users(good.select("user_id", "tracked_at", "latitude", "longitude"))
+    quarantine = _quarantine(path, bad, _originals_from_file(path, kind, POSITIONFIX_COLUMNS, bad["source_row"]))
+    return ReadResult(good, quarantine, rows_read=good.height + bad.height)
+
+
+def read_staypoints(path: Path | str) -> ReadResult:
+    """Staypoints from Parquet or CSV: started_at, finished_at, user_id and geom or latitude/longitude."""
+    path = _existing_file(path)
+    kind = _sniff(path)
+    lf, schema = _scan_table(path, kind, STAYPOINT_TIME_COLUMNS)
+    if "geom" in schema:
+        geometry = ("geom",)
+    elif "latitude" in schema and "longitude" in schema:
+        geometry = ("latitude", "longitude")
+    else:
+        raise InputError(path, f"missing column geom (or latitude and longitude); found: {', '.join(schema)}")
+    columns = (*STAYPOINT_TIME_COLUMNS, *geometry)
+    lf = lf.select(*columns).with_row_index("source_row")
+    if geometry == ("geom",):
+        lf = lf.with_columns(_point_from_geom(path, schema["geom"]))
+        coords = [pl.col("_lat_raw").is_null().alias("_latitude_missing"), pl.col("_lat_raw").alias("latitude"),
+                  pl.col("_lon_raw").is_null().alias("_longitude_missing"), pl.col("_lon_raw").alias("longitude")]
+        geom_checks = [("missing geom", pl.col("_geom_missing")),
+                       ("unparseable geom (expected a WKT or WKB POINT (lon lat))", pl.col("latitude").is_null())]
+    else:
+        coords = _coordinate_exprs(path, schema)
+        geom_checks = []
+    parsed = lf.select(
+        "source_row",
+        _user_expr(schema["user_id"]).alias("user_id"),
+        pl.col("started_at").is_null().alias("_s_missing"),
+        _time_expr(path, "started_at", schema["started_at"]).alias("started_at"),
+        pl.col("finished_at").is_null().alias("_f_missing"),
+        _time_expr(path, "finished_at", schema["finished_at"]).alias("finished_at"),
+        *([pl.col("_geom_missing")] if geom_checks else []),
+        *coords,
+    )
+    checks = [
+        ("missing user_id", pl.col("user_id").is_null()),
+        *_time_checks("started_at", "_s_missing"),
+        *_time_checks("finished_at", "_f_missing"),
+        *geom_checks,
+        *_coordinate_checks(),
+        ("finished_at before started_at", pl.col("finished_at") < pl.col("started_at")),
+    ]
+    good, bad = _validate(parsed, checks, ("user_id", "started_at"), "repeats the (user_id, started_at) of an earlier staypoint")
+    good = _finalize_users(good.select("user_id", "started_at", "finished_at", "latitude", "longitude"))
+    quarantine = _quarantine(path, bad, _originals_from_file(path, kind, columns, bad["source_row"]))
+    return ReadResult(good, quarantine, rows_read=good.height + bad.height)
+
+
+def find_plt_files(folder: Path | str) -> list[Path]:
+    """The .plt files of a GeoLife folder (its root, or its Data folder); InputError if not that layout."""
+    folder = Path(folder)
+    if not folder.exists():
+        raise InputError(folder, "no such folder")
+    if not folder.is_dir():
+        raise InputError(folder, "not a folder: --format geolife-plt expects the GeoLife folder holding Data/<user>/Trajectory/*.plt")
+    data = folder / "Data" if (folder / "Data").is_dir() else folder
+    files = sorted(data.glob("*/Trajectory/*.plt"))
+    if not files:
+        found = ", ".join(sorted(p.name for p in folder.iterdir())[:5]) or "nothing"
+        raise InputError(folder, f"not the GeoLife layout: expected Data/<user>/Trajectory/*.plt, found {found}")
+    return files
+
+
+def read_geolife_plt(folder: Path | str) -> ReadResult:
+    """GPS points from the GeoLife layout: six header lines, then lat,lon,0,altitude_ft,days,date,time."""
+    files = find_plt_files(folder)
+    for f in files:
+        _check_plt_file(f)
+    user_of = {str(f): f.parent.parent.name for f in files}
+    lf = pl.scan_csv(
+        files, has_header=False, skip_rows=PLT_HEADER_LINES, new_columns=list(PLT_FIELDS),
+        schema={name: pl.String for name in PLT_FIELDS}, include_file_paths="source_file",
+        truncate_ragged_lines=True, encoding="utf8-lossy", quote_char=None,
+    )
+    lf = lf.with_columns(
+        pl.int_range(pl.len(), dtype=pl.Int64).over("source_file").alias("source_row"),
+        pl.col("source_file").replace_strict(user_of, return_dtype=pl.String).alias("user_id"),
+    )
+    stamp = pl.concat_str(pl.col("date").str.strip_chars(), pl.lit(" "), pl.col("time").str.strip_chars())
+    parsed = lf.select(
+        "source_file", "source_row",
+        pl.col("user_id"),
+        (pl.col("date").is_null() | pl.col("time").is_null()).alias("_t_missing"),
+        stamp.str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False, time_unit="ms", time_zone="UTC").alias("tracked_at"),
+        *_coordinate_exprs(folder, {"latitude": pl.String, "longitude": pl.String}),
+    )
+    checks = [*_time_checks("tracked_at", unparseable="unparseable date/time (expected yyyy-mm-dd,HH:MM:SS)"),
+              *_coordinate_checks()]
+    good, bad = _validate(parsed, checks, ("user_id", "tracked_at"), "repeats the (user_id, tracked_at) of an earlier fix",
+                          keep=("source_file",))
+    good = _finalize_users(good.select("user_id", "tracked_at", "latitude", "longitude"))
+    originals = (
+        lf.join(bad.lazy().select("source_file", "source_row"), on=["source_file", "source_row"], how="semi")
+        .select("source_file", "source_row", "user_id", *PLT_FIELDS).collect()
+    )
+    quarantine = bad.select(*QUARANTINE_KEYS).join(originals, on=["source_file", "source_row"], how="left",
+                                                   maintain_order="left")
+    return ReadResult(good, quarantine, rows_read=good.height + bad.height)
+
+
+# ---------------------------------------------------------------------------------------------
+# file checks
+
+
+def _existing_file(path: Path | str) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise InputError(path, "no such file")
+    if path.is_dir():
+        raise InputError(path, "is a folder, expected a Parquet or CSV file")
+    if path.stat().st_size == 0:
+        raise InputError(path, "empty file, expected a Parquet or CSV file")
+    return path
+
+
+def _sniff(path: Path) -> str:
+    """'parquet' or 'csv', from the magic bytes; garbage is refused here."""
+    with path.open("rb") as fh:
+        head = fh.read(65536)
+    if head[:4] == b"PAR1":
+        return "parquet"
+    if path.suffix.lower() in (".parquet", ".pq"):
+        raise InputError(path, "not a Parquet file (no PAR1 magic bytes)")
+    if b"\x00" in head:
+        raise InputError(path, "binary content: expected a Parquet file or CSV text")
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:  # a multi-byte character cut by the 64 KiB window is fine
+            raise InputError(path, "not UTF-8 text: expected a Parquet file or CSV text") from None
+    return "csv"
+
+
+def _scan_table(path: Path, kind: str, required: tuple[str, ...]) -> tuple[pl.LazyFrame, dict[str, pl.DataType]]:
+    if kind == "parquet":
+        try:
+            meta = pq.read_metadata(path)
+        except Exception as exc:  # pyarrow raises several types for broken files
+            raise InputError(path, f"unreadable Parquet: {str(exc).splitlines()[0]}") from None
+        lf = pl.scan_parquet(path)
+        rows = meta.num_rows
+    else:
+        lf = pl.scan_csv(path, infer_schema=False, encoding="utf8-lossy")
+        try:
+            rows = lf.select(pl.len()).collect().item()
+        except pl.exceptions.PolarsError as exc:
+            raise InputError(path, f"unreadable CSV: {str(exc).splitlines()[0]}") from None
+    schema = dict(lf.collect_schema())
+    missing = [c for c in required if c not in schema]
+    if missing:
+        raise InputError(path, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
+                               f"expected {', '.join(required)}; found: {', '.join(schema) or 'none'}")
+    if rows == 0:
+        raise InputError(path, "header only: no data rows")
+    return lf, schema
+
+
+def _check_plt_file(path: Path) -> None:
+    with path.open("rb") as fh:
+        head = fh.read(4096)
+    if b"\x00" in head:
+        raise InputError(path, "binary content: expected a GeoLife .plt text file")
+    lines = [line for line in head.splitlines() if line.strip()]
+    if len(head) < 4096 and len(lines) <= PLT_HEADER_LINES:
+        raise InputError(path, f"header only: no GPS fixes after the {PLT_HEADER_LINES} header lines")
+
+
+# ---------------------------------------------------------------------------------------------
+# column parsing
+
+
+def _user_expr(dtype: pl.DataType) -> pl.Expr:
+    """user_id as given: integers stay integers; integral floats (trackintel's 0.0) become integers;
+    text is stripped (empty means missing). `_finalize_users` turns all-digit text into integers."""
+    col = pl.col("user_id")
+    if dtype.is_integer():
+        return col
+    if dtype.is_float():
+        integral = col.is_finite() & (col == col.round(0))
+        return pl.when(integral).then(col.cast(pl.Int64).cast(pl.String)).when(col.is_finite()).then(col.cast(pl.String))
+    text = col.cast(pl.String).str.strip_chars()
+    text = text.str.replace(r"^(-?\d+)\.0*$", "$1")
+    return pl.when(text.str.len_chars() > 0).then(text)
+
+
+def _finalize_users(df: pl.DataFrame) -> pl.DataFrame:
+    if df.schema["user_id"] == pl.String and df.height and df["user_id"].str.contains(r"^-?\d{1,18}$").all():
+        return df.with_columns(pl.col("user_id").cast(pl.Int64))
+    return df
+
+
+def _time_expr(path: Path, name: str, dtype: pl.DataType) -> pl.Expr:
+    col = pl.col(name)
+    if isinstance(dtype, pl.Datetime):
+        col = col.dt.convert_time_zone("UTC") if dtype.time_zone else col.dt.replace_time_zone("UTC")
+        return col.cast(UTC_MS)
+    if dtype == pl.Date:
+        return col.cast(pl.Datetime("ms")).dt.replace_time_zone("UTC")
+    if dtype == pl.String:
+        text = col.str.strip_chars()
+        return pl.coalesce([text.str.to_datetime(f, strict=False, time_unit="ms", time_zone="UTC") for f in TIME_FORMATS])
+    raise InputError(path, f"column {name} has type {dtype}, expected a timestamp or ISO 8601 text")
+
+
+def _float_expr(path: Path, name: str, dtype: pl.DataType) -> pl.Expr:
+    col = pl.col(name)
+    if dtype == pl.String:
+        value = col.str.strip_chars().cast(pl.Float64, strict=False)
+    elif dtype.is_numeric():
+        value = col.cast(pl.Float64)
+    else:
+        raise InputError(path, f"column {name} has type {dtype}, expected decimal degrees")
+    return pl.when(value.is_finite()).then(value)
+
+
+def _coordinate_exprs(path: Path, schema: dict) -> list[pl.Expr]:
+    return [
+        pl.col("latitude").is_null().alias("_latitude_missing"),
+        _float_expr(path, "latitude", schema["latitude"]).alias("latitude"),
+        pl.col("longitude").is_null().alias("_longitude_missing"),
+        _float_expr(path, "longitude", schema["longitude"]).alias("longitude"),
+    ]
+
+
+def _point_from_geom(path: Path, dtype: pl.DataType) -> list[pl.Expr]:
+    """geom as WKT text `POINT (lon lat)` or WKB bytes -> _lon_raw, _lat_raw (null if unparseable)."""
+    col = pl.col("geom")
+    if dtype == pl.String:
+        parts = col.str.extract_groups(r"(?i)^\s*POINT\s*\(\s*([^\s()]+)\s+([^\s()]+)\s*\)\s*$")
+        lon = parts.struct.field("1").cast(pl.Float64, strict=False)
+        lat = parts.struct.field("2").cast(pl.Float64, strict=False)
+    elif dtype == pl.Binary:
+        xy = col.map_elements(_wkb_point, return_dtype=pl.List(pl.Float64))
+        lon, lat = xy.list.get(0, null_on_oob=True), xy.list.get(1, null_on_oob=True)
+    else:
+        raise InputError(path, f"column geom has type {dtype}, expected WKT text or WKB bytes of a POINT")
+    return [
+        col.is_null().alias("_geom_missing"),
+        pl.when(lon.is_finite() & lat.is_finite()).then(lon).alias("_lon_raw"),
+        pl.when(lon.is_finite() & lat.is_finite()).then(lat).alias("_lat_raw"),
+    ]
+
+
+def _wkb_point(blob: bytes) -> list[float] | None:
+    if blob is None or len(blob) < 21:
+        return None
+    order = "<" if blob[0] == 1 else ">"
+    (geom_type,) = struct.unpack(order + "I", blob[1:5])
+    if geom_type & 0xFFFF not in (1, 1001, 2001, 3001) and geom_type != 0x20000001:
+        return None
+    offset = 9 if geom_type & 0x20000000 else 5  # EWKB carries a 4-byte SRID
+    if len(blob) < offset + 16:
+        return None
+    return list(struct.unpack(order + "dd", blob[offset:offset + 16]))
+
+
+def _time_checks(name: str, missing_flag: str = "_t_missing", unparseable: str | None = None) -> list[tuple[str, pl.Expr]]:
+    return [
+        (f"missing {name}", pl.col(missing_flag)),
+        (unparseable or f"unparseable {name} (expected ISO 8601 such as 2008-10-23 02:53:04)", pl.col(name).is_null()),
+    ]
+
+
+def _coordinate_checks() -> list[tuple[str, pl.Expr]]:
+    return [
+        ("missing latitude", pl.col("_latitude_missing")),
+        ("unparseable latitude (expected decimal degrees)", pl.col("latitude").is_null()),
+        ("latitude outside [-90, 90]", pl.col("latitude").abs() > 90),
+        ("missing longitude", pl.col("_longitude_missing")),
+        ("unparseable longitude (expected decimal degrees)", pl.col("longitude").is_null()),
+        ("longitude outside [-180, 180]", pl.col("longitude").abs() > 180),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------
+# validation and quarantine
+
+
+def _validate(parsed: pl.LazyFrame, checks: list[tuple[str, pl.Expr]], key: tuple[str, str], duplicate_reason: str,
+              keep: tuple[str, ...] = ()) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Apply the row checks in order (the first failing one is the reason), then set aside rows that
+    repeat the key of an earlier valid row (the first in file order wins: the sort is stable).
+    Returns the valid rows sorted by key, and the set-aside rows as (*keep, source_row, reason)."""
+    reasons = [text for text, _ in checks] + [duplicate_reason]
+    code = pl.when(checks[0][1]).then(pl.lit(1, pl.UInt8))
+    for i, (_, expr) in enumerate(checks[1:], start=2):
+        code = code.when(expr).then(pl.lit(i, pl.UInt8))
+    code = code.otherwise(pl.lit(0, pl.UInt8))
+    data = [c for c in parsed.collect_schema() if not c.startswith("_") and c not in keep and c != "source_row"]
+    df = (
+        parsed.with_columns(code.alias("_code"))
+        .select(*keep, "source_row", "_code", *data)
+        .sort(list(key), maintain_order=True, nulls_last=True)
+        .collect()
+    )
+    valid = pl.col("_code") == 0
+    previous_valid = [pl.when(valid).then(pl.col(k)).forward_fill().shift(1) for k in key]
+    repeat = valid & pl.all_horizontal([pl.col(k) == prev for k, prev in zip(key, previous_valid)]).fill_null(False)
+    df = df.with_columns(pl.when(repeat).then(pl.lit(len(reasons), pl.UInt8)).otherwise(pl.col("_code")).alias("_code"))
+    good = df.filter(pl.col("_code") == 0).select(*data)
+    bad = df.filter(pl.col("_code") != 0).select(*keep, "source_row", "_code").sort([*keep, "source_row"])
+    del df
+    labels = pl.Series("reason", reasons, dtype=pl.String)
+    bad = bad.with_columns(
+        pl.col("_code").cast(pl.Int64).sub(1).map_batches(labels.gather, return_dtype=pl.String).alias("reason")
+    ).drop("_code")
+    return good, bad
+
+
+def _originals_from_file(path: Path, kind: str, columns: tuple[str, ...], rows: pl.Series) -> pl.DataFrame:
+    """The original values of the given 0-based data rows, as text."""
+    if kind == "parquet":
+        lf = pl.scan_parquet(path)
+    else:
+        lf = pl.scan_csv(path, infer_schema=False, encoding="utf8-lossy")
+    return (
+        lf.select(*columns).with_row_index("source_row")
+        .join(pl.LazyFrame({"source_row": rows.cast(pl.UInt32)}), on="source_row", how="semi")
+        .select("source_row", *[pl.col(c).cast(pl.String) for c in columns])
+        .collect()
+    )
+
+
+def _quarantine(path: Path, bad: pl.DataFrame, originals: pl.DataFrame) -> pl.DataFrame:
+    bad = bad.with_columns(pl.col("source_row").cast(pl.UInt32))
+    out = bad.join(originals, on="source_row", how="left", maintain_order="left")
+    return out.select(pl.lit(str(path)).alias("source_file"), pl.col("source_row").cast(pl.Int64), "reason",
+                      *originals.columns[1:])
+
+
+def empty_quarantine() -> pl.DataFrame:
+    return pl.DataFrame(schema={"source_file": pl.String, "source_row": pl.Int64, "reason": pl.String})

@@ -1,0 +1,161 @@
+"""Feature buckets, the per-user day split, vocabularies and samples with their 7-day history."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from preprocessing.staypoints import _require
+
+SPLITS = ("train", "validation", "test")
+PADDING, UNSEEN = 0, 1  # location ids reserved by the vocabulary; known locations start at 2
+
+
+def add_time_features(
+    staypoints: pl.DataFrame,
+    timezone: str = "UTC",
+    time_slot_min: int = 15,
+    duration_cap_min: int = 2879,
+    duration_bucket_min: int = 30,
+) -> pl.DataFrame:
+    """Add start_day (days since the user's first day), time_slot (start minute of day // time_slot_min),
+    weekday (0 = Monday), duration_min (whole minutes) and duration_bucket (min(duration, cap) // bucket),
+    with days, slots and weekdays taken in `timezone`."""
+    _require(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime})
+    local = pl.col("started_at").dt.convert_time_zone(timezone)
+    minute_of_day = local.dt.hour().cast(pl.Int32) * 60 + local.dt.minute().cast(pl.Int32)
+    duration_min = (pl.col("finished_at") - pl.col("started_at")).dt.total_seconds() // 60
+    return staypoints.with_columns(
+        local.dt.date().alias("_date"),
+        (minute_of_day // time_slot_min).cast(pl.Int16).alias("time_slot"),
+        (local.dt.weekday() - 1).cast(pl.Int8).alias("weekday"),
+        duration_min.cast(pl.Int32).alias("duration_min"),
+        (duration_min.clip(upper_bound=duration_cap_min) // duration_bucket_min).cast(pl.Int16).alias("duration_bucket"),
+    ).with_columns(
+        (pl.col("_date") - pl.col("_date").min().over("user_id")).dt.total_days().cast(pl.Int32).alias("start_day")
+    ).drop("_date")
+
+
+def split_by_day(staypoints: pl.DataFrame, train_fraction: float = 0.6, validation_fraction: float = 0.2) -> pl.DataFrame:
+    """Add split: per user, staypoints starting before train_fraction of the user's last start_day go to
+    train, before (train_fraction + validation_fraction) of it to validation, the rest to test."""
+    _require(staypoints, "staypoints", {"user_id": None, "start_day": None})
+    last_day = pl.col("start_day").max().over("user_id")
+    validation_end = round(train_fraction + validation_fraction, 12)  # 0.6 + 0.2 is 0.8000000000000002 in floats
+    split = (
+        pl.when(pl.col("start_day") < last_day * train_fraction).then(pl.lit("train"))
+        .when(pl.col("start_day") < last_day * validation_end).then(pl.lit("validation"))
+        .otherwise(pl.lit("test"))
+    )
+    return staypoints.with_columns(split.cast(pl.Enum(SPLITS)).alias("split"))
+
+
+def find_samples(staypoints: pl.DataFrame, history_days: int = 7, min_history: int = 3) -> pl.DataFrame:
+    """Mark the staypoints that are sample targets, within each (user, split) separately.
+
+    A staypoint is a target if its day, counted from the first day of its user's split, is at least
+    `history_days`, and the earlier staypoints of that split starting at most `history_days` days before
+    its day number at least `min_history`. Returns the input sorted by (user_id, split, started_at) with
+    history_start (row index of the first history staypoint) and is_target.
+    """
+    _require(staypoints, "staypoints", {"user_id": None, "split": None, "started_at": pl.Datetime, "start_day": None})
+    sp = staypoints.sort("user_id", "split", "started_at", maintain_order=True)
+    group = sp.select(pl.struct("user_id", "split").rle_id()).to_series().to_numpy().astype(np.int64)
+    day = sp["start_day"].to_numpy().astype(np.int64)
+    key = (group << 32) + day
+    row = np.arange(sp.height, dtype=np.int64)
+    history_start = np.searchsorted(key, key - history_days, side="left")
+    first_day = sp.select(pl.col("start_day").min().over("user_id", "split")).to_series().to_numpy()
+    is_target = (day - first_day >= history_days) & (row - history_start >= min_history)
+    return sp.with_columns(pl.Series("history_start", history_start), pl.Series("is_target", is_target))
+
+
+@dataclass(frozen=True)
+class Vocabularies:
+    locations: pl.DataFrame  # location (2..), source_location_id, fitted on the train split
+    users: pl.DataFrame  # user (1..), source_user_id
+
+    @property
+    def location_size(self) -> int:
+        """Embedding table size: ids 0 (padding), 1 (unseen in train) and 2.. (known)."""
+        return self.locations.height + 2
+
+    @property
+    def user_size(self) -> int:
+        """Embedding table size: id 0 (padding) and 1.. (users)."""
+        return self.users.height + 1
+
+
+def fit_vocabularies(staypoints: pl.DataFrame) -> Vocabularies:
+    """Location ids fitted on the train split (sorted source ids -> 2..), users sorted -> 1.."""
+    _require(staypoints, "staypoints", {"user_id": None, "split": None, "location_id": None})
+    known = staypoints.filter(pl.col("split") == "train")["location_id"].unique().sort()
+    users = staypoints["user_id"].unique().sort()
+    return Vocabularies(
+        locations=pl.DataFrame({"location": np.arange(2, len(known) + 2, dtype=np.int32), "source_location_id": known}),
+        users=pl.DataFrame({"user": np.arange(1, len(users) + 1, dtype=np.int32), "source_user_id": users}),
+    )
+
+
+def encode(staypoints: pl.DataFrame, vocab: Vocabularies) -> pl.DataFrame:
+    """Add location (vocabulary id, UNSEEN for locations absent from train) and user (1..)."""
+    return (
+        staypoints.join(vocab.locations, left_on="location_id", right_on="source_location_id", how="left",
+                        maintain_order="left")
+        .join(vocab.users, left_on="user_id", right_on="source_user_id", how="left", maintain_order="left")
+        .with_columns(pl.col("location").fill_null(UNSEEN))
+    )
+
+
+def generate_samples(staypoints: pl.DataFrame, history_days: int = 7, min_history: int = 3
+                     ) -> tuple[dict[str, pl.DataFrame], pl.DataFrame, Vocabularies]:
+    """Samples per split from merged staypoints with time features and split.
+
+    Keeps only users that have samples in all three splits, fits the vocabularies on what remains,
+    and returns ({split: samples}, the kept staypoints encoded, vocabularies). A sample holds the
+    user, the history as list columns (locations, time_slots, weekdays, durations, recency in days
+    before the target's day) and the target location.
+    """
+    marked = find_samples(staypoints, history_days, min_history)
+    per_split = marked.filter("is_target").group_by("user_id").agg(pl.col("split").n_unique().alias("n"))
+    kept_users = per_split.filter(pl.col("n") == len(SPLITS))["user_id"]
+    kept_mask = marked["user_id"].is_in(kept_users.implode())
+    kept = marked.filter(kept_mask)
+    # history_start indexes rows of `marked`; re-index into `kept` (whole users were removed)
+    shift = np.cumsum(~kept_mask.to_numpy())
+    kept = kept.with_columns((pl.col("history_start") - pl.Series(shift[kept["history_start"].to_numpy()])).alias("history_start"))
+    vocab = fit_vocabularies(kept)
+    kept = encode(kept, vocab)
+    samples = {split: _sample_table(kept, split) for split in SPLITS}
+    return samples, kept, vocab
+
+
+def _sample_table(kept: pl.DataFrame, split: str) -> pl.DataFrame:
+    rows = np.flatnonzero((kept["is_target"] & (kept["split"] == split)).to_numpy())
+    starts = kept["history_start"].to_numpy()[rows]
+    lengths = rows - starts
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    gather = (np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])).astype(np.int64)
+    day = kept["start_day"].to_numpy()
+    recency = (np.repeat(day[rows], lengths) - day[gather]).astype(np.int8)
+
+    def as_list(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
+        return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, dtype))
+
+    targets = kept[rows]
+    return pl.DataFrame({
+        "user": targets["user"],
+        "source_user_id": targets["user_id"],
+        "locations": as_list(kept["location"].to_numpy()[gather], pa.int32()),
+        "time_slots": as_list(kept["time_slot"].to_numpy()[gather], pa.int16()),
+        "weekdays": as_list(kept["weekday"].to_numpy()[gather], pa.int8()),
+        "durations": as_list(kept["duration_bucket"].to_numpy()[gather], pa.int16()),
+        "recency": as_list(recency, pa.int8()),
+        "target": targets["location"],
+        "target_time_slot": targets["time_slot"],
+        "target_weekday": targets["weekday"],
+        "target_started_at": targets["started_at"],
+    })
