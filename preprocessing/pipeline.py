@@ -152,17 +152,21 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
             if name:
                 bar.update(task, description=name)
 
-        with log.stage("hash input"):
-            sha = input_sha256(input_path, input_format)
-        if not force and (manifest := reusable_manifest(out_dir, sha, input_format, config)) is not None:
-            bar.update(task, completed=len(STAGES), description="reused")
-            return PreprocessResult(manifest, out_dir, reused=True)
-        advance(STAGES[1])
-        manifest, tables = _run_stages(input_path, input_format, config, log, advance)
-        manifest.update({"input": str(input_path), "input_format": input_format, "input_sha256": sha,
-                         "config": config.to_dict(), "version": code_version()})
-        _write_atomically(out_dir, manifest, tables, log)
-        advance()
+        try:
+            with log.stage("hash input"):
+                sha = input_sha256(input_path, input_format)
+            if not force and (manifest := reusable_manifest(out_dir, sha, input_format, config)) is not None:
+                bar.update(task, completed=len(STAGES), description="reused")
+                return PreprocessResult(manifest, out_dir, reused=True)
+            advance(STAGES[1])
+            manifest, tables = _run_stages(input_path, input_format, config, log, advance)
+            manifest.update({"input": str(input_path), "input_format": input_format, "input_sha256": sha,
+                             "config": config.to_dict(), "version": code_version()})
+            _write_atomically(out_dir, manifest, tables, log)
+            advance()
+        except BaseException:
+            bar.update(task, visible=False)  # the error is the one line left on stderr
+            raise
     return PreprocessResult(manifest, out_dir, reused=False)
 
 
