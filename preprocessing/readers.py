@@ -27,7 +27,8 @@ POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude")
 STAYPOINT_TIME_COLUMNS = ("user_id", "started_at", "finished_at")
 PLT_FIELDS = ("latitude", "longitude", "zero", "altitude_ft", "days_since_1899", "date", "time")
 PLT_HEADER_LINES = 6
-TIME_FORMATS = ("%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f")
+TIME_FORMATS = ("%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d %H:%M:%S%.f", "%Y-%m-%dT%H:%M:%S%.f",
+                "%Y-%m-%d %H:%M%#z", "%Y-%m-%dT%H:%M%#z", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M")
 UTC_MS = pl.Datetime("ms", "UTC")
 QUARANTINE_KEYS = ("source_file", "source_row", "reason")
 

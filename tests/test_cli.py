@@ -1,0 +1,94 @@
+"""The `pgt` command as users run it: real subprocesses, exit codes, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PGT = [sys.executable, "-m", "pgt.cli"]
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=300,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def test_help_is_fast_and_imports_no_torch():
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "pgt.cli", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "preprocess" in out.stdout and "synth" in out.stdout
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    assert not imported & {"torch", "ray", "mlflow", "prefect", "polars", "sklearn"}
+
+
+def test_synth_then_preprocess_then_reuse(tmp_path):
+    fixes = tmp_path / "synth.parquet"
+    r = run("synth", "--users", 4, "--days", 70, "--seed", 5, "--out", fixes)
+    assert r.returncode == 0 and fixes.is_file() and "GPS points of 4 users over 70 days" in r.stdout
+    config = tmp_path / "c.yaml"
+    config.write_text("timezone: Asia/Shanghai\n")
+    out = tmp_path / "seq"
+    r = run("preprocess", "--input", fixes, "--format", "positionfixes", "--out", out, "--config", config)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"wrote {out}") and "preprocess" in r.stderr  # the progress bar
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["timezone"] == "Asia/Shanghai" and min(manifest["counts"]["samples"].values()) > 0
+    assert set(manifest["counts"]) == {"positionfixes_read", "positionfixes_quarantined", "staypoints",
+                                       "activity_staypoints", "users_kept", "locations", "staypoints_merged", "samples"}
+    assert set(manifest["vocab"]) == {"locations", "users"}
+    assert {"config", "input_sha256", "version"} <= set(manifest)
+    r = run("preprocess", "--input", fixes, "--format", "positionfixes", "--out", out, "--config", config, "--no-progress")
+    assert r.returncode == 0 and r.stdout.startswith(f"reused {out}") and r.stderr == ""
+
+
+def _single_error_line(r: subprocess.CompletedProcess, *needles: str) -> str:
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    for needle in needles:
+        assert needle in lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize("fmt,make,needle", [
+    ("positionfixes", None, "no such file"),
+    ("positionfixes", "user_id,when,latitude,longitude\n1,2008-10-23 02:53:04,1,1\n", "missing column tracked_at"),
+    ("positionfixes", "user_id,tracked_at,latitude,longitude\n", "header only"),
+    ("positionfixes", b"\x00\xff\x13garbage\x00" * 30, "binary content"),
+    ("staypoints", "user_id,started_at,finished_at\n1,2008-10-23 02:53:04,2008-10-23 03:53:04\n", "missing column geom"),
+])
+def test_whole_file_problems(tmp_path, fmt, make, needle):
+    path = tmp_path / "input.csv"
+    if isinstance(make, bytes):
+        path.write_bytes(make)
+    elif make is not None:
+        path.write_text(make)
+    r = run("preprocess", "--input", path, "--format", fmt, "--out", tmp_path / "out")
+    _single_error_line(r, str(path), needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_not_parquet_and_not_geolife(tmp_path):
+    fake = tmp_path / "points.parquet"
+    fake.write_text("user_id,tracked_at\n")
+    _single_error_line(run("preprocess", "--input", fake, "--format", "positionfixes", "--out", tmp_path / "o"),
+                       str(fake), "not a Parquet file")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("hello")
+    _single_error_line(run("preprocess", "--input", folder, "--format", "geolife-plt", "--out", tmp_path / "o"),
+                       str(folder), "not the GeoLife layout")
+    bad_config = tmp_path / "c.yaml"
+    bad_config.write_text("dist_threshold: 100\n")
+    _single_error_line(run("preprocess", "--input", fake, "--format", "positionfixes", "--out", tmp_path / "o",
+                           "--config", bad_config), str(bad_config), "unknown setting")
+
+
+def test_bad_format_choice_is_a_usage_error(tmp_path):
+    r = run("preprocess", "--input", tmp_path, "--format", "gpx", "--out", tmp_path / "o")
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "gpx" in r.stderr
