@@ -20,46 +20,50 @@ def haversine_m(lat1, lon1, lat2, lon2):
 
 
 @numba.njit(cache=True, nogil=True)
-def _haversine_rad(lat1, lon1, lat2, lon2):
-    a = np.sin((lat2 - lat1) * 0.5) ** 2 + np.cos(lat1) * np.cos(lat2) * np.sin((lon2 - lon1) * 0.5) ** 2
-    return 2.0 * EARTH_RADIUS_M * np.arcsin(np.sqrt(min(a, 1.0)))
+def _grow(first, end, finished, k):
+    """Double the output arrays when staypoint k would not fit."""
+    if k < first.shape[0]:
+        return first, end, finished
+    return np.resize(first, 2 * k), np.resize(end, 2 * k), np.resize(finished, 2 * k)
 
 
 @numba.njit(cache=True, nogil=True)
-def _slide(user_starts, t_ms, lat_rad, lon_rad, dist_m, time_ms, gap_ms):
+def _slide(user_starts, t_ms, lat_deg, lon_deg, dist_m, time_ms, gap_ms):
     """Walk each user's fixes in time order. Returns, per staypoint, the index of its first fix, the
-    index after its last fix (fixes [first, end) give its position) and its finished_at in ms."""
+    index after its last fix (fixes [first, end) give its position) and its finished_at in ms.
+
+    Distances are compared as haversine terms: d >= dist_m  <=>  a >= sin^2(dist_m / 2R)."""
+    rad = np.pi / 180.0
+    a_min = np.sin(min(dist_m / (2.0 * EARTH_RADIUS_M), np.pi / 2)) ** 2
     n_users = user_starts.shape[0] - 1
-    cap = 1024
-    first = np.empty(cap, np.int64)
-    end = np.empty(cap, np.int64)
-    finished = np.empty(cap, np.int64)
+    first = np.empty(1024, np.int64)
+    end = np.empty(1024, np.int64)
+    finished = np.empty(1024, np.int64)
     k = 0
     for u in range(n_users):
         lo, hi = user_starts[u], user_starts[u + 1]
         if hi <= lo:
             continue
         anchor = lo
+        a_lat, a_lon, a_cos = lat_deg[lo] * rad, lon_deg[lo] * rad, np.cos(lat_deg[lo] * rad)
         for cur in range(lo + 1, hi):
+            if t_ms[cur] < t_ms[cur - 1]:
+                raise ValueError("positionfixes must be sorted by (user_id, tracked_at); found fixes going back in time")
+            c_lat, c_lon = lat_deg[cur] * rad, lon_deg[cur] * rad
             if t_ms[cur] - t_ms[cur - 1] > gap_ms:
                 anchor = cur  # a long gap: start over, emit nothing
+                a_lat, a_lon, a_cos = c_lat, c_lon, np.cos(c_lat)
                 continue
-            if _haversine_rad(lat_rad[anchor], lon_rad[anchor], lat_rad[cur], lon_rad[cur]) >= dist_m:
+            a = np.sin((c_lat - a_lat) * 0.5) ** 2 + a_cos * np.cos(c_lat) * np.sin((c_lon - a_lon) * 0.5) ** 2
+            if a >= a_min:
                 if t_ms[cur] - t_ms[anchor] >= time_ms:
-                    if k == cap:
-                        cap *= 2
-                        first = np.resize(first, cap)
-                        end = np.resize(end, cap)
-                        finished = np.resize(finished, cap)
+                    first, end, finished = _grow(first, end, finished, k)
                     first[k], end[k], finished[k] = anchor, cur, t_ms[cur]
                     k += 1
                 anchor = cur
+                a_lat, a_lon, a_cos = c_lat, c_lon, np.cos(c_lat)
         if t_ms[hi - 1] - t_ms[anchor] >= time_ms:  # the last stay of the user, fixes up to the last one
-            if k == cap:
-                cap *= 2
-                first = np.resize(first, cap)
-                end = np.resize(end, cap)
-                finished = np.resize(finished, cap)
+            first, end, finished = _grow(first, end, finished, k)
             first[k], end[k], finished[k] = anchor, hi, t_ms[hi - 1]
             k += 1
     return first[:k], end[:k], finished[:k]
@@ -125,15 +129,10 @@ def generate_staypoints(
     t_ms = pfs["tracked_at"].dt.epoch("ms").to_numpy()
     users = pfs["user_id"]
     starts = _user_starts(users)
-    if len(t_ms) > 1:
-        same_user = np.repeat(np.arange(len(starts) - 1), np.diff(starts))
-        backwards = (np.diff(t_ms) < 0) & (same_user[1:] == same_user[:-1])
-        if backwards.any():
-            raise ValueError("positionfixes must be sorted by (user_id, tracked_at); found fixes going back in time")
     lat = pfs["latitude"].to_numpy()
     lon = pfs["longitude"].to_numpy()
     first, end, finished = _slide(
-        starts, t_ms, np.radians(lat), np.radians(lon), float(dist_threshold_m),
+        starts, t_ms, lat, lon, float(dist_threshold_m),
         int(round(time_threshold_min * MS_PER_MIN)), int(round(gap_threshold_min * MS_PER_MIN)),
     )
     sp_lat, sp_lon = _distinct_means(first, end, lat, lon)
