@@ -83,6 +83,72 @@ def synth(
     typer.echo(f"wrote {out}: {fixes.height:,} GPS points of {users} users over {days} days")
 
 
+class ModelName(str, Enum):
+    pgt = "pgt"
+    mhsa = "mhsa"
+    pointer = "pointer"
+    lstm_pg = "lstm-pg"
+    markov = "markov"
+    most_frequent = "most-frequent"
+
+
+@app.command()
+def train(
+    data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
+    model: ModelName = typer.Option(ModelName.pgt, "--model", help="The model or baseline to train."),
+    out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/."),
+    epochs: int = typer.Option(50, "--epochs", min=1, help="At most this many epochs (early stopping may end sooner)."),
+    seed: int = typer.Option(42, "--seed"),
+    batch_size: int = typer.Option(128, "--batch-size", min=1),
+    lr: float = typer.Option(6.5e-4, "--lr", help="Peak learning rate."),
+    d_model: int = typer.Option(64, "--d-model"),
+    nhead: int = typer.Option(4, "--nhead"),
+    num_layers: int = typer.Option(2, "--layers"),
+    dim_feedforward: int = typer.Option(128, "--dim-feedforward"),
+    dropout: float = typer.Option(0.15, "--dropout"),
+    patience: int = typer.Option(5, "--patience", help="Epochs without a better validation Acc@1 before stopping."),
+    resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint in --out."),
+    threads: int = typer.Option(0, "--threads", help="torch CPU threads; 0 = all cores."),
+) -> None:
+    """Train a model with the paper's defaults (SPEC §3.8) and write --out/metrics.json."""
+    from pgt.report import EpochPrinter, print_metrics
+    from pgt.train import BASELINES, TrainConfig, evaluate_baseline, train_loop_per_worker
+
+    if not (data / "manifest.json").is_file():
+        _fail(f"{data}: no manifest.json; expected a `pgt preprocess` output folder")
+    try:
+        cfg = TrainConfig(data_dir=str(data), out_dir=str(out), model=model.value, epochs=epochs, seed=seed,
+                          batch_size=batch_size, lr=lr, d_model=d_model, nhead=nhead, num_layers=num_layers,
+                          dim_feedforward=dim_feedforward, dropout=dropout, patience=patience, resume=resume,
+                          threads=threads)
+        if model.value in BASELINES:
+            result = evaluate_baseline(cfg.to_dict())
+        else:
+            result = train_loop_per_worker(cfg.to_dict(), on_epoch=EpochPrinter())
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    print_metrics(result)
+    typer.echo(f"wrote {out / 'metrics.json'}")
+
+
+@app.command()
+def explain(
+    checkpoint: Path = typer.Option(..., "--checkpoint", help="best.pt or checkpoints/epoch_NNN/checkpoint.pt."),
+    data: Path = typer.Option(..., "--data", help="The `pgt preprocess` folder the model was trained on."),
+    out: Path = typer.Option(..., "--out", help="Folder for the PNGs."),
+    samples: int = typer.Option(6, "--samples", min=1, help="Test samples in the attention plot."),
+) -> None:
+    """Plots of a trained model: pointer attention, gate, position bias, attention entropy."""
+    from pgt.explain import explain as run
+
+    try:
+        written = run(checkpoint, data, out, samples=samples)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    for path in written:
+        typer.echo(f"wrote {path}")
+
+
 @app.command()
 def manifest(folder: Path = typer.Argument(..., help="A `pgt preprocess` output folder.")) -> None:
     """Print the counts and vocabulary sizes of a preprocessed folder."""

@@ -1,0 +1,156 @@
+"""The Parquet splits of `pgt preprocess` as padded tensors, a Dataset that samplers can shard,
+and optional length bucketing. Built with pyarrow and numpy: no Python loop per row."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+from torch.utils.data import Dataset, Sampler
+
+SPLITS = ("train", "validation", "test")
+LIST_COLUMNS = ("locations", "time_slots", "weekdays", "recency", "durations")
+SHIFTED = ("time_slots", "weekdays", "recency", "durations")  # stored +1 so that 0 means padding
+
+
+class Batch(NamedTuple):
+    locations: torch.Tensor  # (B, T) location ids, 0 = padding, right-padded
+    users: torch.Tensor  # (B,)
+    times: torch.Tensor  # (B, T) time slot + 1
+    weekdays: torch.Tensor  # (B, T) weekday + 1
+    recency: torch.Tensor  # (B, T) days before the target + 1
+    durations: torch.Tensor  # (B, T) duration bucket + 1
+    targets: torch.Tensor  # (B,)
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """The model's positional arguments."""
+        return self.locations, self.users, self.times, self.weekdays, self.recency, self.durations
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
+
+
+@dataclass
+class Vocab:
+    locations: int  # location table size (0 padding, 1 unseen)
+    users: int  # user table size (0 padding)
+
+    @classmethod
+    def from_manifest(cls, data_dir: Path | str) -> Vocab:
+        path = Path(data_dir) / "manifest.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no manifest.json; expected a `pgt preprocess` output folder")
+        vocab = json.loads(path.read_text())["vocab"]
+        return cls(locations=int(vocab["locations"]), users=int(vocab["users"]))
+
+
+class SequenceDataset(Dataset):
+    """One split as padded int64 tensors. `dataset[i]` is a one-sample Batch; `__getitems__` (which
+    DataLoader uses when given a batch of indices) gathers a whole batch trimmed to its longest history."""
+
+    def __init__(self, locations: np.ndarray, users: np.ndarray, features: dict[str, np.ndarray], targets: np.ndarray):
+        self.locations = torch.from_numpy(locations)
+        self.users = torch.from_numpy(users)
+        self.times = torch.from_numpy(features["time_slots"])
+        self.weekdays = torch.from_numpy(features["weekdays"])
+        self.recency = torch.from_numpy(features["recency"])
+        self.durations = torch.from_numpy(features["durations"])
+        self.targets = torch.from_numpy(targets)
+        self.lengths = (self.locations != 0).sum(dim=1)
+
+    @classmethod
+    def from_parquet(cls, path: Path | str, max_len: int = 64) -> SequenceDataset:
+        """Read a split; histories longer than max_len keep their most recent max_len visits."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such split; run `pgt preprocess` first")
+        table = pq.read_table(path, columns=["user", *LIST_COLUMNS, "target"])
+        offsets = table.column("locations").combine_chunks().offsets.to_numpy()
+        lengths = np.diff(offsets)
+        if len(lengths) and lengths.min() < 1:
+            raise ValueError(f"{path}: a sample has an empty history")
+        n = len(lengths)
+        kept = np.minimum(lengths, max_len)
+        width = int(kept.max()) if n else 1
+        # flat index of every kept value and its (row, column) in the right-padded matrix
+        row = np.repeat(np.arange(n), kept)
+        col = np.arange(kept.sum()) - np.repeat(np.cumsum(kept) - kept, kept)
+        flat = np.repeat(offsets[:-1] + lengths - kept, kept) + col
+        padded = {}
+        for name in LIST_COLUMNS:
+            values = table.column(name).combine_chunks().values.to_numpy().astype(np.int64)
+            matrix = np.zeros((n, width), dtype=np.int64)
+            matrix[row, col] = values[flat] + (1 if name in SHIFTED else 0)
+            padded[name] = matrix
+        users = table.column("user").to_numpy().astype(np.int64)
+        targets = table.column("target").to_numpy().astype(np.int64)
+        return cls(padded.pop("locations"), users, padded, targets)
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        width = int(self.lengths[idx].max())
+        return Batch(self.locations[idx, :width], self.users[idx], self.times[idx, :width],
+                     self.weekdays[idx, :width], self.recency[idx, :width], self.durations[idx, :width],
+                     self.targets[idx])
+
+    def in_history(self) -> np.ndarray:
+        """Whether each sample's target appears among its history's locations."""
+        return (self.locations == self.targets.unsqueeze(1)).any(dim=1).numpy()
+
+
+def keep_batch(batch: Batch) -> Batch:
+    """DataLoader collate_fn: the dataset already returns whole batches."""
+    return batch
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of similar history length: takes `bucket_batches` batches' worth of indices from the
+    inner sampler (which may be a DistributedSampler), sorts them by length, cuts batches and
+    shuffles their order. Less padding, same samples per epoch."""
+
+    def __init__(self, sampler: Sampler[int], lengths: torch.Tensor, batch_size: int, bucket_batches: int = 50,
+                 drop_last: bool = False, seed: int = 0):
+        self.sampler, self.lengths, self.batch_size = sampler, lengths, batch_size
+        self.bucket_batches, self.drop_last, self.seed, self.epoch = bucket_batches, drop_last, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = np.random.default_rng((self.seed, self.epoch))
+        indices = np.fromiter(iter(self.sampler), dtype=np.int64)
+        chunk = self.batch_size * self.bucket_batches
+        for start in range(0, len(indices), chunk):
+            part = indices[start:start + chunk]
+            part = part[np.argsort(self.lengths[part].numpy(), kind="stable")]
+            batches = [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+            if self.drop_last and len(batches[-1]) < self.batch_size:
+                batches.pop()
+            for b in rng.permutation(len(batches)):
+                yield batches[b].tolist()
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        if self.drop_last:
+            full = (n // (self.batch_size * self.bucket_batches)) * self.bucket_batches
+            rest = n % (self.batch_size * self.bucket_batches)
+            return full + rest // self.batch_size
+        chunk = self.batch_size * self.bucket_batches
+        return (n // chunk) * self.bucket_batches + -(-(n % chunk) // self.batch_size)
+
+
+def load_splits(data_dir: Path | str, max_len: int = 64) -> dict[str, SequenceDataset]:
+    return {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len) for split in SPLITS}

@@ -1,0 +1,141 @@
+"""`pgt explain`: the plots a researcher looks at, as PNGs.
+
+- pointer_attention.png: pointer attention over the history of several test samples, each bar
+  labelled with its location id, the target's visits highlighted;
+- gate.png: the gate (weight of the pointer) split by whether the target is in the history;
+- position_bias.png: the learned position-from-end bias of the pointer scores;
+- attention_entropy.png: the entropy of the pointer attention, against the uniform maximum.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from pgt.data import SequenceDataset  # noqa: E402
+from pgt.model import ModelConfig, build_model  # noqa: E402
+
+
+def load_checkpoint(path: Path | str, device: str = "cpu") -> tuple[torch.nn.Module, ModelConfig]:
+    """A model from best.pt or an epoch checkpoint (both hold model_config and the weights)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    state = torch.load(path, map_location=device, weights_only=False)
+    if "model_config" not in state:
+        raise ValueError(f"{path}: not a pgt checkpoint (no model_config)")
+    cfg = ModelConfig(**state["model_config"])
+    model = build_model(cfg)
+    weights = state.get("best_model") or state["model"]
+    model.load_state_dict(weights)
+    return model.eval(), cfg
+
+
+@torch.no_grad()
+def collect(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int = 1024) -> dict[str, np.ndarray]:
+    gates, entropy, lengths, attention = [], [], [], []
+    for start in range(0, len(dataset), batch_size):
+        batch = dataset.__getitems__(list(range(start, min(len(dataset), start + batch_size))))
+        out = model(*batch.inputs())
+        a = out.attention.clamp_min(1e-12)
+        gates.append(out.gate.numpy())
+        entropy.append((-(out.attention * a.log()).sum(dim=1)).numpy())
+        lengths.append((batch.locations != 0).sum(dim=1).numpy())
+        attention.extend(out.attention[i, : lengths[-1][i]].numpy() for i in range(len(batch.targets)))
+    return {"gate": np.concatenate(gates), "entropy": np.concatenate(entropy), "length": np.concatenate(lengths),
+            "attention": attention, "in_history": dataset.in_history()}
+
+
+def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, samples: int = 6, seed: int = 0) -> list[Path]:
+    model, cfg = load_checkpoint(checkpoint)
+    dataset = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    c = collect(model, dataset)
+    title = f"{cfg.variant}, d={cfg.d_model}"
+    written = [
+        _pointer_attention(dataset, c, out_dir / "pointer_attention.png", samples, seed, title),
+        _gate(c, out_dir / "gate.png", title),
+        _attention_entropy(c, out_dir / "attention_entropy.png", title),
+    ]
+    if hasattr(model, "position_bias"):
+        written.append(_position_bias(model, c, out_dir / "position_bias.png", title))
+    return written
+
+
+def _pointer_attention(dataset, c, path, samples, seed, title) -> Path:
+    rng = np.random.default_rng(seed)
+    candidates = np.flatnonzero(c["in_history"] & (c["length"] >= 5) & (c["length"] <= 25))
+    if len(candidates) == 0:
+        candidates = np.arange(len(dataset))
+    chosen = rng.choice(candidates, size=min(samples, len(candidates)), replace=False)
+    cols = 2
+    rows = -(-len(chosen) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(12, 2.6 * rows), squeeze=False)
+    for ax, i in zip(axes.flat, chosen):
+        n = int(c["length"][i])
+        locs = dataset.locations[i, :n].numpy()
+        target = int(dataset.targets[i])
+        colors = ["tab:red" if loc == target else "tab:blue" for loc in locs]
+        ax.bar(np.arange(n), c["attention"][i], color=colors)
+        ax.set_xticks(np.arange(n), [f"L{loc}" for loc in locs], rotation=90, fontsize=7)
+        ax.set_ylabel("attention")
+        ax.set_title(f"sample {i}: target L{target}, gate {c['gate'][i]:.2f}", fontsize=9)
+    for ax in list(axes.flat)[len(chosen):]:
+        ax.axis("off")
+    fig.suptitle(f"Pointer attention over the history (oldest left; red = the target's location) - {title}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _gate(c, path, title) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bins = np.linspace(0, 1, 41)
+    inside = c["in_history"].astype(bool)
+    ax.hist(c["gate"][inside], bins=bins, alpha=0.7, label=f"target in history (n={inside.sum()})")
+    ax.hist(c["gate"][~inside], bins=bins, alpha=0.7, label=f"target not in history (n={(~inside).sum()})")
+    ax.set_xlabel("gate g (weight of the pointer distribution)")
+    ax.set_ylabel("test samples")
+    ax.set_title(f"Pointer-generator gate - {title}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _position_bias(model, c, path, title) -> Path:
+    bias = model.position_bias.detach().numpy()
+    longest = max(int(c["length"].max()), 2)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(np.arange(1, longest + 1), bias[1 : longest + 1], marker="o", markersize=3)
+    ax.set_xlabel("position from the end (1 = the last visit)")
+    ax.set_ylabel("learned bias added to the pointer score")
+    ax.set_title(f"Position-from-end bias - {title}")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _attention_entropy(c, path, title) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.hist(c["entropy"], bins=40, alpha=0.8, label="pointer attention")
+    ax.hist(np.log(c["length"]), bins=40, alpha=0.4, label="uniform over the history (maximum)")
+    ax.set_xlabel("entropy (nats)")
+    ax.set_ylabel("test samples")
+    ax.set_title(f"Pointer-attention entropy - {title}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,223 @@
+"""The Pointer Generator Transformer (SPEC §3) and its neural variants.
+
+Notation: B batch, T history length, d model width, V locations. Histories are right-padded with
+location 0; every feature index 0 is padding (the data loader shifts real values by one).
+
+    embeddings -> pre-LN transformer encoder -> context c at the last valid visit
+    P = g * P_ptr + (1 - g) * P_gen,  g = sigmoid(MLP(c)),  output log(P + 1e-10)
+
+Variants: "pgt" (learned gate), "mhsa" (generation only, g = 0), "pointer" (pointer only, g = 1),
+and "lstm-pg": the original pointer-generator (See et al., 2017) adapted to one prediction step:
+BiLSTM encoder, additive (Bahdanau) attention from the reduced last state, p_gen from context,
+state and input.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")
+TIME_ROWS, WEEKDAY_ROWS, RECENCY_ROWS, DURATION_ROWS = 97, 8, 9, 100  # value + 1, with 0 for padding
+EPS = 1e-10
+
+
+@dataclass
+class ModelConfig:
+    num_locations: int  # location vocabulary incl. 0 (padding) and 1 (unseen in train)
+    num_users: int  # user vocabulary incl. 0 (padding)
+    d_model: int = 64  # width d of embeddings and encoder
+    nhead: int = 4  # attention heads; must divide d_model
+    num_layers: int = 2  # transformer encoder layers (LSTM layers for lstm-pg)
+    dim_feedforward: int = 128  # encoder feed-forward width (2d by default)
+    dropout: float = 0.15  # dropout inside the encoder layers (and on the LSTM's inputs)
+    max_len: int = 64  # longest history; longer ones keep their most recent max_len visits
+    variant: str = "pgt"  # one of VARIANTS
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+        if self.d_model % self.nhead or self.d_model % 4:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
+        if self.num_locations < 3 or self.num_users < 2:
+            raise ValueError(f"vocabularies too small: {self.num_locations} locations, {self.num_users} users")
+
+
+class Output(NamedTuple):
+    log_probs: torch.Tensor  # (B, V) log(P + 1e-10)
+    gate: torch.Tensor  # (B,) weight of the pointer distribution
+    attention: torch.Tensor  # (B, T) pointer attention over the history (0 on padding)
+
+
+class VisitEmbedding(nn.Module):
+    """location (d) + user (d) + time, weekday, recency, duration, position-from-end (d/4 each) -> d."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, q = cfg.d_model, cfg.d_model // 4
+        self.location = nn.Embedding(cfg.num_locations, d, padding_idx=0)
+        self.user = nn.Embedding(cfg.num_users, d, padding_idx=0)
+        self.time = nn.Embedding(TIME_ROWS, q, padding_idx=0)
+        self.weekday = nn.Embedding(WEEKDAY_ROWS, q, padding_idx=0)
+        self.recency = nn.Embedding(RECENCY_ROWS, q, padding_idx=0)
+        self.duration = nn.Embedding(DURATION_ROWS, q, padding_idx=0)
+        self.pos_from_end = nn.Embedding(cfg.max_len + 1, q, padding_idx=0)
+        self.proj = nn.Linear(2 * d + 5 * q, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, locations, users, times, weekdays, recency, durations, pos_from_end):
+        T = locations.shape[1]
+        parts = [
+            self.location(locations),  # (B, T, d)
+            self.user(users).unsqueeze(1).expand(-1, T, -1),  # (B, T, d)
+            self.time(times), self.weekday(weekdays), self.recency(recency), self.duration(durations),
+            self.pos_from_end(pos_from_end),  # (B, T, d/4) each
+        ]
+        return self.norm(self.proj(torch.cat(parts, dim=-1)))  # (B, T, d)
+
+
+class FastDropout(nn.Module):
+    """Dropout with the keep mask drawn 16 bits at a time from int64 draws: the same Bernoulli(1 - p) mask
+    (p quantised to 1/65536) at half the cost of nn.Dropout's bernoulli_ on CPU, where dropout is a
+    quarter of a training step. It replaces the encoder layers' own dropout modules."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.threshold = int(round(p * 65536)) - 32768  # keep where the int16 draw is >= threshold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        n = x.numel()
+        draws = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+        keep = draws.view(torch.int16)[:n].view(x.shape) >= self.threshold
+        return torch.where(keep, x * (1.0 / (1.0 - self.p)), 0.0)
+
+
+def positions_from_end(locations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths (B,), position from end (B, T): the last visit is 1, padding 0) for right-padded rows."""
+    valid = locations != 0  # (B, T)
+    lengths = valid.sum(dim=1)  # (B,)
+    positions = torch.arange(locations.shape[1], device=locations.device).unsqueeze(0)  # (1, T)
+    return lengths, torch.where(valid, lengths.unsqueeze(1) - positions, 0)
+
+
+def sinusoidal_encoding(max_len: int, d: int) -> torch.Tensor:
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+    div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+    pe = torch.zeros(max_len, d)
+    pe[:, 0::2] = torch.sin(position * div)
+    pe[:, 1::2] = torch.cos(position * div)
+    return pe  # (max_len, d)
+
+
+class PointerGeneratorTransformer(nn.Module):
+    """PGT and its one-sided variants: mhsa (gate fixed at 0) and pointer (gate fixed at 1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.variant == "lstm-pg":
+            raise ValueError("use LSTMPointerGenerator for variant 'lstm-pg' (or build_model)")
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = VisitEmbedding(cfg)
+        self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, d), persistent=False)
+        layer = nn.TransformerEncoderLayer(d, cfg.nhead, cfg.dim_feedforward, cfg.dropout, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, cfg.num_layers, enable_nested_tensor=False)
+        for block in self.encoder.layers:  # same dropout, cheaper masks
+            block.dropout, block.dropout1, block.dropout2 = (FastDropout(cfg.dropout) for _ in range(3))
+        self.query = nn.Linear(d, d)
+        self.key = nn.Linear(d, d)
+        self.position_bias = nn.Parameter(torch.zeros(cfg.max_len + 1))  # b[pos_from_end]
+        self.generator = nn.Linear(d, cfg.num_locations)
+        self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 1))
+        _xavier(self)
+
+    def forward(self, locations, users, times, weekdays, recency, durations) -> Output:
+        B, T = locations.shape
+        lengths, pos_end = positions_from_end(locations)  # (B,), (B, T)
+        pad = pos_end == 0  # (B, T) True on padding
+        x = self.embed(locations, users, times, weekdays, recency, durations, pos_end)  # (B, T, d)
+        h = self.encoder(x + self.pe[:T], src_key_padding_mask=pad)  # (B, T, d)
+        c = h[torch.arange(B, device=h.device), lengths - 1]  # (B, d) context at the last valid visit
+
+        if self.cfg.variant == "mhsa":
+            gate = torch.zeros(B, device=h.device)
+        elif self.cfg.variant == "pointer":
+            gate = torch.ones(B, device=h.device)
+        else:
+            gate = torch.sigmoid(self.gate(c)).squeeze(-1)  # (B,)
+
+        scores = torch.einsum("bd,btd->bt", self.query(c), self.key(h)) / math.sqrt(self.cfg.d_model)
+        scores = (scores + self.position_bias[pos_end]).masked_fill(pad, float("-inf"))  # (B, T)
+        attention = torch.softmax(scores, dim=-1)  # (B, T)
+        V = self.cfg.num_locations
+        p_ptr = torch.zeros(B, V, device=h.device, dtype=attention.dtype).scatter_add(1, locations, attention)
+        p_gen = torch.softmax(self.generator(c), dim=-1)  # (B, V)
+        g = gate.unsqueeze(1).to(p_gen.dtype)
+        probs = g * p_ptr + (1 - g) * p_gen  # (B, V)
+        return Output(torch.log(probs + EPS), gate, attention)
+
+
+class LSTMPointerGenerator(nn.Module):
+    """The original pointer-generator adapted to next-location prediction (one decoding step)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = VisitEmbedding(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.LSTM(d, d // 2, num_layers=cfg.num_layers, batch_first=True, bidirectional=True,
+                               dropout=cfg.dropout if cfg.num_layers > 1 else 0.0)
+        self.reduce_h = nn.Linear(d, d)  # [fw; bw] final states -> decoder state s
+        self.reduce_c = nn.Linear(d, d)
+        self.W_h = nn.Linear(d, d, bias=False)  # additive attention: v^T tanh(W_h h_i + W_s s + b)
+        self.W_s = nn.Linear(d, d)
+        self.v = nn.Linear(d, 1, bias=False)
+        self.vocab = nn.Sequential(nn.Linear(2 * d, d), nn.Linear(d, cfg.num_locations))
+        self.p_gen = nn.Linear(4 * d, 1)  # from context, state (h and c) and the input x
+        _xavier(self)
+
+    def forward(self, locations, users, times, weekdays, recency, durations) -> Output:
+        B, T = locations.shape
+        lengths, pos_end = positions_from_end(locations)
+        pad = pos_end == 0
+        x = self.dropout(self.embed(locations, users, times, weekdays, recency, durations, pos_end))  # (B, T, d)
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, (h_n, c_n) = self.encoder(packed)
+        H, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=T)  # (B, T, d)
+        s = F.relu(self.reduce_h(torch.cat([h_n[-2], h_n[-1]], dim=-1)))  # (B, d) last layer, fw and bw
+        cell = F.relu(self.reduce_c(torch.cat([c_n[-2], c_n[-1]], dim=-1)))  # (B, d)
+        scores = self.v(torch.tanh(self.W_h(H) + self.W_s(s).unsqueeze(1))).squeeze(-1)  # (B, T)
+        attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)
+        context = torch.einsum("bt,btd->bd", attention, H)  # (B, d)
+        x_last = x[torch.arange(B, device=x.device), lengths - 1]  # (B, d) the decoder's input
+        p_gen = torch.sigmoid(self.p_gen(torch.cat([context, s, cell, x_last], dim=-1))).squeeze(-1)  # (B,)
+        p_vocab = torch.softmax(self.vocab(torch.cat([s, context], dim=-1)), dim=-1)  # (B, V)
+        p_ptr = torch.zeros_like(p_vocab).scatter_add(1, locations, attention.to(p_vocab.dtype))
+        g = p_gen.unsqueeze(1)
+        probs = g * p_vocab + (1 - g) * p_ptr
+        return Output(torch.log(probs + EPS), 1 - p_gen, attention)  # gate = weight of the pointer
+
+
+def _xavier(model: nn.Module) -> None:
+    """Xavier-uniform initialisation of every matrix, as the reference implementation does."""
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    return LSTMPointerGenerator(cfg) if cfg.variant == "lstm-pg" else PointerGeneratorTransformer(cfg)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

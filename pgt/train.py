@@ -1,0 +1,363 @@
+"""`train_loop_per_worker(config)`: the training loop, the same in one process and under Ray Train.
+
+AdamW, linear warmup then cosine decay (per epoch), label smoothing, gradient clipping, early stopping
+on validation Acc@1, mixed precision on CUDA, seeded and deterministic on CPU. Every epoch ends with a
+checkpoint (model, optimizer, scheduler, epoch, best metric, RNG states); a rerun resumes from the
+latest one. The best epoch's weights are evaluated on test and written to metrics.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, DistributedSampler
+
+from pgt.data import BucketBatchSampler, SequenceDataset, Vocab, keep_batch, load_splits
+from pgt.metrics import compute_all, target_ranks, top1
+from pgt.model import ModelConfig, build_model, count_parameters
+
+NEURAL_MODELS = ("pgt", "mhsa", "pointer", "lstm-pg")
+BASELINES = ("markov", "most-frequent")
+MODELS = NEURAL_MODELS + BASELINES
+
+
+@dataclass
+class TrainConfig:
+    data_dir: str  # a `pgt preprocess` output folder
+    out_dir: str  # metrics.json, best.pt and checkpoints/ go here
+    model: str = "pgt"  # one of MODELS
+    # model shape (the paper's GeoLife configuration)
+    d_model: int = 64
+    nhead: int = 4
+    num_layers: int = 2
+    dim_feedforward: int = 128
+    dropout: float = 0.15
+    max_len: int = 64  # histories keep their most recent max_len visits
+    # optimisation
+    epochs: int = 50  # at most
+    min_epochs: int = 8  # no early stop before this many epochs
+    patience: int = 5  # stop after this many epochs without a better validation Acc@1
+    batch_size: int = 128  # global batch, split evenly over workers
+    eval_batch_size: int = 1024
+    lr: float = 6.5e-4  # peak learning rate, reached after warmup
+    min_lr: float = 1e-6  # floor of the cosine decay
+    warmup_epochs: int = 5
+    weight_decay: float = 0.015
+    beta1: float = 0.9
+    beta2: float = 0.98
+    label_smoothing: float = 0.03
+    grad_clip: float = 0.8  # max gradient norm
+    seed: int = 42
+    bucket_by_length: bool = True  # batch similar history lengths together (less padding)
+    amp: bool = True  # mixed precision (bfloat16/float16 autocast) when training on CUDA
+    threads: int = 0  # torch CPU threads per worker; 0 = all cores / workers
+    resume: bool = True  # continue from the latest checkpoint in out_dir/checkpoints
+    keep_checkpoints: int = 2  # epoch checkpoints kept on disk (the best model is kept apart)
+
+    def __post_init__(self) -> None:
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise ValueError("epochs and batch_size must be at least 1")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown training setting(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def model_config(self, vocab: Vocab) -> ModelConfig:
+        return ModelConfig(num_locations=vocab.locations, num_users=vocab.users, d_model=self.d_model,
+                           nhead=self.nhead, num_layers=self.num_layers, dim_feedforward=self.dim_feedforward,
+                           dropout=self.dropout, max_len=self.max_len, variant=self.model)
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker's environment: one process here; Ray Train supplies rank, world size and reporting
+
+
+@dataclass
+class Worker:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+
+def local_worker() -> Worker:
+    return Worker(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def lr_factor(epoch: int, cfg: TrainConfig) -> float:
+    """Multiplier of cfg.lr for a 0-based epoch: linear warmup, then cosine decay to min_lr."""
+    if epoch < cfg.warmup_epochs:
+        return (epoch + 1) / cfg.warmup_epochs
+    progress = (epoch - cfg.warmup_epochs) / max(1, cfg.epochs - cfg.warmup_epochs)
+    return (cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))) / cfg.lr
+
+
+def train_loader(dataset: SequenceDataset, cfg: TrainConfig, worker: Worker) -> DataLoader:
+    sampler = DistributedSampler(dataset, num_replicas=worker.world_size, rank=worker.rank, shuffle=True,
+                                 seed=cfg.seed, drop_last=False)
+    per_worker = max(1, cfg.batch_size // worker.world_size)
+    if cfg.bucket_by_length:
+        batches = BucketBatchSampler(sampler, dataset.lengths, per_worker, seed=cfg.seed)
+    else:
+        from torch.utils.data import BatchSampler
+
+        batches = BatchSampler(sampler, per_worker, drop_last=False)
+        batches.set_epoch = sampler.set_epoch  # type: ignore[attr-defined]
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch, num_workers=0)
+
+
+@torch.no_grad()
+def predict(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int, device: torch.device,
+            indices: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(1-based target ranks, top-1 predictions) for the given samples (all by default)."""
+    model.eval()
+    indices = np.arange(len(dataset)) if indices is None else indices
+    order = indices[np.argsort(dataset.lengths[indices].numpy(), kind="stable")]  # little padding
+    ranks, best = np.empty(len(dataset), np.int64), np.empty(len(dataset), np.int64)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        batch = dataset.__getitems__(chunk.tolist()).to(device)
+        log_probs = model(*batch.inputs()).log_probs.float()
+        ranks[chunk] = target_ranks(log_probs, batch.targets).cpu().numpy()
+        best[chunk] = top1(log_probs).cpu().numpy()
+    return ranks[indices], best[indices]
+
+
+def evaluate(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int, device: torch.device) -> dict:
+    ranks, best = predict(model, dataset, batch_size, device)
+    return compute_all(ranks, best, dataset.targets.numpy(), dataset.in_history())
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    found = sorted((out_dir / "checkpoints").glob("epoch_*/checkpoint.pt"))
+    return found[-1] if found else None
+
+
+def save_checkpoint(state: dict, out_dir: Path, epoch: int, keep: int) -> Path:
+    """Write checkpoints/epoch_NNN/checkpoint.pt atomically and prune older ones."""
+    folder = out_dir / "checkpoints" / f"epoch_{epoch:03d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / "checkpoint.pt.tmp"
+    torch.save(state, tmp)
+    tmp.replace(folder / "checkpoint.pt")
+    for old in sorted((out_dir / "checkpoints").glob("epoch_*"))[:-keep]:
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    return folder
+
+
+def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=None) -> dict:
+    """Train one model. `config` is TrainConfig as a dict (the Ray boundary). `on_epoch(row, checkpoint_dir)`
+    is called on every worker after each epoch (Ray reports there); returns the final metrics."""
+    cfg = TrainConfig.from_dict(config)
+    worker = worker or local_worker()
+    out_dir = Path(cfg.out_dir)
+    seed_everything(cfg.seed)
+    if worker.device.type == "cpu":
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // worker.world_size))
+    vocab = Vocab.from_manifest(cfg.data_dir)
+    splits = load_splits(cfg.data_dir, cfg.max_len)
+    if min(len(s) for s in splits.values()) == 0:
+        raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
+    model_cfg = cfg.model_config(vocab)
+    model = build_model(model_cfg).to(worker.device)
+    parameters = count_parameters(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                  weight_decay=cfg.weight_decay, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: lr_factor(e, cfg))
+    use_amp = cfg.amp and worker.device.type == "cuda"
+    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
+    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    loader = train_loader(splits["train"], cfg, worker)
+
+    start_epoch, best_metric, best_epoch, bad_epochs, history = 0, -1.0, -1, 0, []
+    best_state = None
+    resume_from = latest_checkpoint(out_dir) if cfg.resume else None
+    if resume_from is not None:
+        state = torch.load(resume_from, map_location=worker.device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        start_epoch, best_metric, best_epoch = state["epoch"] + 1, state["best_metric"], state["best_epoch"]
+        bad_epochs, history, best_state = state["bad_epochs"], state["history"], state["best_model"]
+        set_rng_state(state["rng"])
+    ddp_model = model
+    if worker.world_size > 1:
+        ddp_model = _wrap_ddp(model, worker)
+
+    train_seconds = sum(row["seconds"] for row in history)
+    samples_seen = sum(row["samples"] for row in history)
+    early_stopped = bool(history) and history[-1].get("stop", False)
+    epoch = start_epoch
+    for epoch in range(start_epoch, cfg.epochs):
+        if early_stopped:
+            break
+        loader.batch_sampler.set_epoch(epoch)
+        ddp_model.train()
+        began, loss_sum, seen = time.perf_counter(), torch.zeros((), device=worker.device), 0
+        for batch in loader:
+            batch = batch.to(worker.device, non_blocking=True)
+            with torch.autocast(worker.device.type, dtype=amp_dtype, enabled=use_amp):
+                out = ddp_model(*batch.inputs())
+            loss = F.cross_entropy(out.log_probs.float(), batch.targets, label_smoothing=cfg.label_smoothing)
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            scaler.step(optimizer)
+            scaler.update()
+            loss_sum += loss.detach() * len(batch.targets)
+            seen += len(batch.targets)
+        seconds = time.perf_counter() - began
+        lr = optimizer.param_groups[0]["lr"]
+        scheduler.step()
+        train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
+        validation = evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device)
+        improved = validation["acc@1"] > best_metric
+        if improved:
+            best_metric, best_epoch, bad_epochs = validation["acc@1"], epoch, 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            bad_epochs += 1
+        stop = epoch + 1 >= cfg.min_epochs and bad_epochs >= cfg.patience
+        row = {"epoch": epoch, "train_loss": train_loss, "lr": lr, "seconds": seconds, "samples": seen,
+               "samples_per_second": seen / seconds, "validation": validation, "best_epoch": best_epoch,
+               "stop": stop}
+        history.append(row)
+        train_seconds += seconds
+        samples_seen += seen
+        checkpoint_dir = None
+        if worker.is_chief:
+            checkpoint_dir = save_checkpoint({
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                "scaler": scaler.state_dict(), "epoch": epoch, "best_metric": best_metric, "best_epoch": best_epoch,
+                "bad_epochs": bad_epochs, "best_model": best_state, "history": history, "rng": rng_state(),
+                "config": cfg.to_dict(), "model_config": dataclasses.asdict(model_cfg),
+            }, out_dir, epoch, cfg.keep_checkpoints)
+        if on_epoch is not None:
+            on_epoch(row, checkpoint_dir)
+        if stop:
+            early_stopped = True
+            break
+
+    model.load_state_dict(best_state)
+    result = {
+        "model": cfg.model,
+        "test": evaluate(model, splits["test"], cfg.eval_batch_size, worker.device),
+        "validation": evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device),
+        "best_epoch": best_epoch + 1,  # 1-based, as epochs_run
+        "epochs_run": len(history),
+        "early_stopped": early_stopped,
+        "workers": worker.world_size,
+        "train_seconds": round(train_seconds, 3),
+        "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
+        "parameters": parameters,
+        "history": [{k: v for k, v in row.items() if k != "validation"} | {"validation_acc@1": row["validation"]["acc@1"]}
+                    for row in history],
+        "config": cfg.to_dict(),
+        "model_config": dataclasses.asdict(model_cfg),
+    }
+    if worker.is_chief:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": best_state, "model_config": dataclasses.asdict(model_cfg), "config": cfg.to_dict(),
+                    "best_epoch": best_epoch}, out_dir / "best.pt")
+        _write_json(out_dir / "metrics.json", result)
+    return result
+
+
+def evaluate_baseline(config: dict) -> dict:
+    """Fit a non-neural baseline on train and write metrics.json in the same shape as the neural models."""
+    from pgt.baselines import MarkovChain, MostFrequent
+
+    cfg = TrainConfig.from_dict(config)
+    vocab = Vocab.from_manifest(cfg.data_dir)
+    splits = load_splits(cfg.data_dir, cfg.max_len)
+    began = time.perf_counter()
+    markov = MarkovChain.from_data_dir(cfg.data_dir) if cfg.model == "markov" else None
+    fit_seconds = time.perf_counter() - began
+
+    def run(dataset: SequenceDataset) -> dict:
+        ranks, best = [], []
+        for start in range(0, len(dataset), cfg.eval_batch_size):
+            batch = dataset.__getitems__(list(range(start, min(len(dataset), start + cfg.eval_batch_size))))
+            scores = markov.scores(batch) if markov else MostFrequent().scores(batch, vocab.locations)
+            ranks.append(target_ranks(scores, batch.targets).numpy())
+            best.append(top1(scores).numpy())
+        return compute_all(np.concatenate(ranks), np.concatenate(best), dataset.targets.numpy(), dataset.in_history())
+
+    result = {"model": cfg.model, "test": run(splits["test"]), "validation": run(splits["validation"]),
+              "best_epoch": 0, "epochs_run": 0, "early_stopped": False, "workers": 1,
+              "train_seconds": round(fit_seconds, 3), "samples_per_second": 0.0, "parameters": 0,
+              "history": [], "config": cfg.to_dict()}
+    _write_json(Path(cfg.out_dir) / "metrics.json", result)
+    return result
+
+
+def _all_reduce_mean(loss_sum: torch.Tensor, seen: int, worker: Worker) -> tuple[float, int]:
+    if worker.world_size > 1:
+        import torch.distributed as dist
+
+        packed = torch.stack([loss_sum.float(), torch.tensor(float(seen), device=loss_sum.device)])
+        dist.all_reduce(packed)
+        return float(packed[0] / packed[1]), int(packed[1])
+    return float(loss_sum) / max(seen, 1), seen
+
+
+def _wrap_ddp(model: torch.nn.Module, worker: Worker) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    ids = [worker.device.index] if worker.device.type == "cuda" else None
+    return DistributedDataParallel(model, device_ids=ids)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=float) + "\n")
+    tmp.replace(path)
