@@ -20,3 +20,15 @@ def tiny_batch() -> Batch:
 def tiny_config() -> ModelConfig:
     return ModelConfig(num_locations=10, num_users=3, d_model=16, nhead=2, num_layers=1, dim_feedforward=32,
                        dropout=0.0, max_len=8)
+
+
+@pytest.fixture(scope="session")
+def synthetic_sequences(tmp_path_factory):
+    """A `pgt preprocess` folder from the synthetic generator: 8 people over 70 days."""
+    from preprocessing.pipeline import preprocess
+    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+
+    root = tmp_path_factory.mktemp("synthetic")
+    generate_positionfixes(SynthConfig(users=8, days=70, seed=11)).write_parquet(root / "fixes.parquet")
+    preprocess(root / "fixes.parquet", "positionfixes", root / "seq", progress=False)
+    return root / "seq"

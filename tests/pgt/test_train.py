@@ -1,0 +1,72 @@
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import polars as pl
+import pytest
+
+from pgt.data import load_splits
+from pgt.train import evaluate, lr_factor, TrainConfig, train_loop_per_worker
+
+
+def tiny_copy(src, dst, n=48):
+    """The first n train samples as every split: a set to overfit."""
+    dst.mkdir()
+    train = pl.read_parquet(src / "train.parquet").head(n)
+    for split in ("train", "validation", "test"):
+        train.write_parquet(dst / f"{split}.parquet")
+    shutil.copy(src / "manifest.json", dst / "manifest.json")
+    return dst
+
+
+def test_a_tiny_set_is_overfit(synthetic_sequences, tmp_path):
+    data = tiny_copy(synthetic_sequences, tmp_path / "tiny")
+    result = train_loop_per_worker({
+        "data_dir": str(data), "out_dir": str(tmp_path / "run"), "epochs": 60, "min_epochs": 60, "batch_size": 16,
+        "lr": 3e-3, "warmup_epochs": 1, "dropout": 0.0, "label_smoothing": 0.0, "d_model": 32, "seed": 3})
+    losses = [row["train_loss"] for row in result["history"]]
+    assert losses[-1] < 0.1 * losses[0]
+    assert result["test"]["acc@1"] >= 95.0  # test == train here
+    assert (tmp_path / "run" / "metrics.json").is_file() and (tmp_path / "run" / "best.pt").is_file()
+
+
+def test_resuming_continues_exactly(synthetic_sequences, tmp_path):
+    base = {"data_dir": str(synthetic_sequences), "epochs": 3, "min_epochs": 3, "seed": 5, "keep_checkpoints": 5}
+    full = train_loop_per_worker({**base, "out_dir": str(tmp_path / "full")})
+    # a second run that starts from the full run's epoch-2 checkpoint (0-based epoch 1)
+    resumed_dir = tmp_path / "resumed" / "checkpoints"
+    resumed_dir.mkdir(parents=True)
+    shutil.copytree(tmp_path / "full" / "checkpoints" / "epoch_001", resumed_dir / "epoch_001")
+    resumed = train_loop_per_worker({**base, "out_dir": str(tmp_path / "resumed")})
+    assert [r["epoch"] for r in resumed["history"]] == [0, 1, 2]
+    assert resumed["history"][2]["train_loss"] == full["history"][2]["train_loss"]  # bit for bit
+    assert resumed["test"] == full["test"]
+
+
+def test_metrics_json_shape(synthetic_sequences, tmp_path):
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2,
+                                    "model": "pointer"})
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    for split in ("test", "validation"):
+        assert {"acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n"} <= set(saved[split])
+        assert saved[split]["n"] == len(load_splits(synthetic_sequences)[split])
+    assert {"best_epoch", "epochs_run", "early_stopped", "workers", "train_seconds", "samples_per_second",
+            "parameters"} <= set(saved)
+    assert saved["epochs_run"] == 2 and saved["workers"] == 1 and saved["parameters"] == result["parameters"] > 0
+
+
+def test_early_stopping(synthetic_sequences, tmp_path):
+    # lr 0 after warmup 1: nothing improves after the first epoch -> stop after min_epochs
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 20,
+                                    "min_epochs": 3, "patience": 2, "lr": 1e-9, "min_lr": 1e-9})
+    assert result["early_stopped"] and result["epochs_run"] < 20
+
+
+def test_learning_rate_schedule():
+    cfg = TrainConfig(data_dir=".", out_dir=".", epochs=10, warmup_epochs=2, lr=1e-3, min_lr=1e-5)
+    factors = [lr_factor(e, cfg) for e in range(10)]
+    assert factors[:3] == [0.5, 1.0, 1.0]
+    assert all(a >= b for a, b in zip(factors[2:], factors[3:]))
+    assert factors[-1] * 1e-3 == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + np.cos(np.pi * 7 / 8)))
