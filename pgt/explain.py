@@ -69,6 +69,13 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
     return written
 
 
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _pointer_attention(dataset, c, path, samples, seed, title) -> Path:
     rng = np.random.default_rng(seed)
     candidates = np.flatnonzero(c["in_history"] & (c["length"] >= 5) & (c["length"] <= 25))
@@ -90,10 +97,7 @@ def _pointer_attention(dataset, c, path, samples, seed, title) -> Path:
     for ax in list(axes.flat)[len(chosen):]:
         ax.axis("off")
     fig.suptitle(f"Pointer attention over the history (oldest left; red = the target's location) - {title}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _gate(c, path, title) -> Path:
@@ -106,10 +110,7 @@ def _gate(c, path, title) -> Path:
     ax.set_ylabel("test samples")
     ax.set_title(f"Pointer-generator gate - {title}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _position_bias(model, c, path, title) -> Path:
@@ -121,10 +122,7 @@ def _position_bias(model, c, path, title) -> Path:
     ax.set_ylabel("learned bias added to the pointer score")
     ax.set_title(f"Position-from-end bias - {title}")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _attention_entropy(c, path, title) -> Path:
@@ -135,7 +133,4 @@ def _attention_entropy(c, path, title) -> Path:
     ax.set_ylabel("test samples")
     ax.set_title(f"Pointer-attention entropy - {title}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)

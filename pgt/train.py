@@ -13,6 +13,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,13 +141,9 @@ def train_loader(dataset: SequenceDataset, cfg: TrainConfig, worker: Worker) -> 
     sampler = DistributedSampler(dataset, num_replicas=worker.world_size, rank=worker.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=False)
     per_worker = max(1, cfg.batch_size // worker.world_size)
-    if cfg.bucket_by_length:
-        batches = BucketBatchSampler(sampler, dataset.lengths, per_worker, seed=cfg.seed)
-    else:
-        from torch.utils.data import BatchSampler
-
-        batches = BatchSampler(sampler, per_worker, drop_last=False)
-        batches.set_epoch = sampler.set_epoch  # type: ignore[attr-defined]
+    # a bucket of one batch sorts within the batch only: the same batches as plain random batching
+    batches = BucketBatchSampler(sampler, dataset.lengths, per_worker, bucket_batches=50 if cfg.bucket_by_length else 1,
+                                 seed=cfg.seed)
     return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch, num_workers=0)
 
 
@@ -191,6 +188,18 @@ def save_checkpoint(state: dict, out_dir: Path, epoch: int, keep: int) -> Path:
     return folder
 
 
+# settings that may differ between a run and its resumption
+RESUMABLE_CHANGES = {"out_dir", "epochs", "resume", "threads", "keep_checkpoints", "eval_batch_size"}
+
+
+def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
+    current = cfg.to_dict()
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
+    if changed:
+        raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); "
+                         "use --no-resume or another --out")
+
+
 def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=None) -> dict:
     """Train one model. `config` is TrainConfig as a dict (the Ray boundary). `on_epoch(row, checkpoint_dir)`
     is called on every worker after each epoch (Ray reports there); returns the final metrics."""
@@ -217,9 +226,12 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
 
     start_epoch, best_metric, best_epoch, bad_epochs, history = 0, -1.0, -1, 0, []
     best_state = None
+    if not cfg.resume and worker.is_chief and (out_dir / "checkpoints").exists():
+        shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
     resume_from = latest_checkpoint(out_dir) if cfg.resume else None
     if resume_from is not None:
         state = torch.load(resume_from, map_location=worker.device, weights_only=False)
+        _check_resumable(state["config"], cfg, resume_from)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])

@@ -70,3 +70,17 @@ def test_learning_rate_schedule():
     assert factors[:3] == [0.5, 1.0, 1.0]
     assert all(a >= b for a, b in zip(factors[2:], factors[3:]))
     assert factors[-1] * 1e-3 == pytest.approx(1e-5 + 0.5 * (1e-3 - 1e-5) * (1 + np.cos(np.pi * 7 / 8)))
+
+
+def test_no_resume_starts_afresh_and_other_settings_are_refused(synthetic_sequences, tmp_path):
+    base = {"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "min_epochs": 1}
+    train_loop_per_worker({**base, "epochs": 3})
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch_001", "epoch_002"]
+    with pytest.raises(ValueError, match=r"other settings \(d_model=64\)"):
+        train_loop_per_worker({**base, "epochs": 3, "d_model": 32})
+    fresh = train_loop_per_worker({**base, "epochs": 1, "d_model": 32, "resume": False})
+    assert fresh["epochs_run"] == 1
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["epoch_000"]
+    # more epochs than before: the run resumes where it stopped
+    longer = train_loop_per_worker({**base, "epochs": 2, "d_model": 32})
+    assert [row["epoch"] for row in longer["history"]] == [0, 1]
