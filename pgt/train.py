@@ -246,10 +246,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     train_seconds = sum(row["seconds"] for row in history)
     samples_seen = sum(row["samples"] for row in history)
     early_stopped = bool(history) and history[-1].get("stop", False)
-    epoch = start_epoch
-    for epoch in range(start_epoch, cfg.epochs):
-        if early_stopped:
-            break
+    for epoch in range(start_epoch, cfg.epochs if not early_stopped else start_epoch):
         loader.batch_sampler.set_epoch(epoch)
         ddp_model.train()
         began, loss_sum, seen = time.perf_counter(), torch.zeros((), device=worker.device), 0
@@ -271,8 +268,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         scheduler.step()
         train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
         validation = evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device)
-        improved = validation["acc@1"] > best_metric
-        if improved:
+        if validation["acc@1"] > best_metric:
             best_metric, best_epoch, bad_epochs = validation["acc@1"], epoch, 0
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         else:
