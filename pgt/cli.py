@@ -106,7 +106,8 @@ def train(
     num_layers: int = typer.Option(2, "--layers"),
     dim_feedforward: int = typer.Option(128, "--dim-feedforward"),
     dropout: float = typer.Option(0.15, "--dropout"),
-    patience: int = typer.Option(5, "--patience", help="Epochs without a better validation Acc@1 before stopping."),
+    patience: int = typer.Option(5, "--patience", help="Epochs without a better validation score before stopping."),
+    select_on: str = typer.Option("acc@1", "--select-on", help="Validation score for early stopping: acc@1 or loss."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint in --out."),
     threads: int = typer.Option(0, "--threads", help="torch CPU threads; 0 = all cores."),
 ) -> None:
@@ -119,7 +120,7 @@ def train(
     try:
         cfg = TrainConfig(data_dir=str(data), out_dir=str(out), model=model.value, epochs=epochs, seed=seed,
                           batch_size=batch_size, lr=lr, d_model=d_model, nhead=nhead, num_layers=num_layers,
-                          dim_feedforward=dim_feedforward, dropout=dropout, patience=patience, resume=resume,
+                          dim_feedforward=dim_feedforward, dropout=dropout, patience=patience, select_on=select_on, resume=resume,
                           threads=threads)
         if model.value in BASELINES:
             result = evaluate_baseline(cfg.to_dict())

@@ -47,7 +47,8 @@ class TrainConfig:
     # optimisation
     epochs: int = 50  # at most
     min_epochs: int = 8  # no early stop before this many epochs
-    patience: int = 5  # stop after this many epochs without a better validation Acc@1
+    patience: int = 5  # stop after this many epochs without a better validation score
+    select_on: str = "acc@1"  # validation score for early stopping and the best epoch: "acc@1" (higher) or "loss" (lower)
     batch_size: int = 128  # global batch, split evenly over workers
     eval_batch_size: int = 1024
     lr: float = 6.5e-4  # peak learning rate, reached after warmup
@@ -68,6 +69,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
+        if self.select_on not in ("acc@1", "loss"):
+            raise ValueError(f"select_on must be 'acc@1' or 'loss', got {self.select_on!r}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("epochs and batch_size must be at least 1")
 
@@ -149,24 +152,28 @@ def train_loader(dataset: SequenceDataset, cfg: TrainConfig, worker: Worker) -> 
 
 @torch.no_grad()
 def predict(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int, device: torch.device,
-            indices: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(1-based target ranks, top-1 predictions) for the given samples (all by default)."""
+            indices: np.ndarray | None = None, label_smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray, float]:
+    """(1-based target ranks, top-1 predictions, mean loss) for the given samples (all by default)."""
     model.eval()
     indices = np.arange(len(dataset)) if indices is None else indices
     order = indices[np.argsort(dataset.lengths[indices].numpy(), kind="stable")]  # little padding
     ranks, best = np.empty(len(dataset), np.int64), np.empty(len(dataset), np.int64)
+    loss_sum = 0.0
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         batch = dataset.__getitems__(chunk.tolist()).to(device)
         log_probs = model(*batch.inputs()).log_probs.float()
+        loss_sum += float(F.cross_entropy(log_probs, batch.targets, label_smoothing=label_smoothing, reduction="sum"))
         ranks[chunk] = target_ranks(log_probs, batch.targets).cpu().numpy()
         best[chunk] = top1(log_probs).cpu().numpy()
-    return ranks[indices], best[indices]
+    return ranks[indices], best[indices], loss_sum / max(len(order), 1)
 
 
-def evaluate(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int, device: torch.device) -> dict:
-    ranks, best = predict(model, dataset, batch_size, device)
-    return compute_all(ranks, best, dataset.targets.numpy(), dataset.in_history())
+def evaluate(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int, device: torch.device,
+             label_smoothing: float = 0.0) -> dict:
+    """Metrics over the whole split, plus `loss` (the training criterion's mean)."""
+    ranks, best, loss = predict(model, dataset, batch_size, device, label_smoothing=label_smoothing)
+    return {**compute_all(ranks, best, dataset.targets.numpy(), dataset.in_history()), "loss": loss}
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -224,7 +231,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
     loader = train_loader(splits["train"], cfg, worker)
 
-    start_epoch, best_metric, best_epoch, bad_epochs, history = 0, -1.0, -1, 0, []
+    start_epoch, best_metric, best_epoch, bad_epochs, history = 0, -math.inf, -1, 0, []
     best_state = None
     if not cfg.resume and worker.is_chief and (out_dir / "checkpoints").exists():
         shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
@@ -267,9 +274,10 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step()
         train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
-        validation = evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device)
-        if validation["acc@1"] > best_metric:
-            best_metric, best_epoch, bad_epochs = validation["acc@1"], epoch, 0
+        validation = evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device, cfg.label_smoothing)
+        score = -validation["loss"] if cfg.select_on == "loss" else validation["acc@1"]  # higher is better
+        if score > best_metric:
+            best_metric, best_epoch, bad_epochs = score, epoch, 0
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         else:
             bad_epochs += 1
@@ -297,8 +305,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     model.load_state_dict(best_state)
     result = {
         "model": cfg.model,
-        "test": evaluate(model, splits["test"], cfg.eval_batch_size, worker.device),
-        "validation": evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device),
+        "test": evaluate(model, splits["test"], cfg.eval_batch_size, worker.device, cfg.label_smoothing),
+        "validation": evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device, cfg.label_smoothing),
         "best_epoch": best_epoch + 1,  # 1-based, as epochs_run
         "epochs_run": len(history),
         "early_stopped": early_stopped,

@@ -29,6 +29,7 @@ class PreprocessConfig:
     # locations (DBSCAN over all users' staypoints, haversine)
     location_epsilon_m: float = 20.0  # DBSCAN neighbourhood radius
     location_min_samples: int = 2  # DBSCAN core point size; staypoints left as noise are dropped
+    location_axis_order: str = "lat_lon"  # "lon_lat" feeds DBSCAN (lon, lat) as trackintel 1.x does; see generate_locations
     # merging consecutive staypoints at the same location
     merge_max_gap_min: float = 1.0  # merge when the next starts at most this long after the previous finished
     # per-user split by day
@@ -47,7 +48,7 @@ class PreprocessConfig:
         problems = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("timezone", "min_mean_window_quality"):
+            if f.name in ("timezone", "min_mean_window_quality", "location_axis_order"):
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 problems.append(f"{f.name} must be a number, got {value!r}")
@@ -62,6 +63,8 @@ class PreprocessConfig:
         q = self.min_mean_window_quality
         if q is not None and not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
             problems.append(f"min_mean_window_quality must be in [0, 1] or null, got {q!r}")
+        if self.location_axis_order not in ("lat_lon", "lon_lat"):
+            problems.append(f"location_axis_order must be 'lat_lon' or 'lon_lat', got {self.location_axis_order!r}")
         try:
             ZoneInfo(str(self.timezone))
         except (ZoneInfoNotFoundError, ValueError):

@@ -10,20 +10,26 @@ from preprocessing.staypoints import EARTH_RADIUS_M, _require
 
 
 def generate_locations(
-    staypoints: pl.DataFrame, epsilon_m: float = 20.0, min_samples: int = 2
+    staypoints: pl.DataFrame, epsilon_m: float = 20.0, min_samples: int = 2, axis_order: str = "lat_lon"
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Cluster staypoints of all users together (shared location ids) with DBSCAN, haversine metric.
 
     Returns (staypoints with location_id, null for noise; locations: location_id, latitude,
     longitude as the mean of its staypoints, n_staypoints, n_users). Input order decides the
     labels, so pass staypoints sorted by (user_id, started_at) for reproducible ids.
+
+    axis_order "lat_lon" is the haversine distance as written. "lon_lat" reproduces trackintel 1.x,
+    which hands scikit-learn (x, y) = (lon, lat) although its haversine reads (lat, lon): around
+    Beijing that shrinks north-south distances by |cos(lon)| = 0.44 and stretches east-west ones
+    from cos(lat) = 0.77 to 1. The published GeoLife dataset was built that way.
     """
     _require(staypoints, "staypoints", {"user_id": None, "latitude": pl.Float64, "longitude": pl.Float64})
     if staypoints.height == 0:
         empty = pl.DataFrame(schema={"location_id": pl.Int64, "latitude": pl.Float64, "longitude": pl.Float64,
                                      "n_staypoints": pl.UInt32, "n_users": pl.UInt32})
         return staypoints.with_columns(pl.lit(None, pl.Int64).alias("location_id")), empty
-    coords = np.radians(staypoints.select("latitude", "longitude").to_numpy())
+    axes = ("latitude", "longitude") if axis_order == "lat_lon" else ("longitude", "latitude")
+    coords = np.radians(staypoints.select(*axes).to_numpy())
     labels = DBSCAN(eps=epsilon_m / EARTH_RADIUS_M, min_samples=min_samples, metric="haversine",
                     algorithm="ball_tree").fit_predict(coords)
     sp = staypoints.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None))

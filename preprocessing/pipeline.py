@@ -212,7 +212,8 @@ def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, l
         details["activity_staypoints_of_kept_users"] = activities.height
     advance("locations")
     with log.stage("locations"):
-        labelled, locations = generate_locations(activities, config.location_epsilon_m, config.location_min_samples)
+        labelled, locations = generate_locations(activities, config.location_epsilon_m, config.location_min_samples,
+                                                 config.location_axis_order)
         counts["locations"] = locations.height
         located = labelled.filter(pl.col("location_id").is_not_null())
         details["staypoints_noise"] = labelled.height - located.height

@@ -84,3 +84,21 @@ def test_no_resume_starts_afresh_and_other_settings_are_refused(synthetic_sequen
     # more epochs than before: the run resumes where it stopped
     longer = train_loop_per_worker({**base, "epochs": 2, "d_model": 32})
     assert [row["epoch"] for row in longer["history"]] == [0, 1]
+
+
+def test_selection_on_validation_loss(synthetic_sequences, tmp_path):
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 4,
+                                    "select_on": "loss", "seed": 2})
+    losses = [row["validation"]["loss"] for row in torch_load_history(tmp_path)]
+    assert result["best_epoch"] == int(np.argmin(losses)) + 1
+    assert result["validation"]["loss"] == pytest.approx(min(losses), rel=1e-5)
+    with pytest.raises(ValueError, match="select_on"):
+        TrainConfig(data_dir=".", out_dir=".", select_on="f1")
+
+
+def torch_load_history(out_dir):
+    import torch
+
+    from pgt.train import latest_checkpoint
+
+    return torch.load(latest_checkpoint(out_dir), weights_only=False)["history"]

@@ -39,3 +39,15 @@ def test_merge_consecutive_staypoints_at_one_location():
     # 0-60, 60.5-120, 120.5-170 chain (gaps of 30 s); 180 starts 10 min after 170: separate; user 2 apart
     assert merged.select("user_id", "started_at", "finished_at", "location_id", "n_merged").rows() == [
         (1, at(0), at(170), 5, 3), (1, at(180), at(240), 5, 1), (1, at(300), at(320), 6, 1), (2, at(121), at(130), 5, 1)]
+
+
+def test_trackintel_axis_order():
+    # two staypoints 25 m apart north-south near Beijing: apart under the true haversine (eps 20 m);
+    # with trackintel's (lon, lat) order the north-south offset counts |cos(116.3 deg)| = 0.44 -> 11 m: together
+    sp = pl.DataFrame({"user_id": [1, 1], "latitude": [39.9, 39.9 + 25 * M], "longitude": [116.3, 116.3]})
+    assert generate_locations(sp, 20, 2)[0]["location_id"].to_list() == [None, None]
+    assert generate_locations(sp, 20, 2, axis_order="lon_lat")[0]["location_id"].to_list() == [0, 0]
+    # and 18 m east-west: together as written (18 * 1), apart as trackintel reads it (18 / cos(39.9) = 23 m)
+    ew = pl.DataFrame({"user_id": [1, 1], "latitude": [39.9, 39.9], "longitude": [116.3, 116.3 + 18 * M / 0.7672]})
+    assert generate_locations(ew, 20, 2)[0]["location_id"].to_list() == [0, 0]
+    assert generate_locations(ew, 20, 2, axis_order="lon_lat")[0]["location_id"].to_list() == [None, None]
