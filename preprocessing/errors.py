@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import polars as pl
+
 
 class InputError(Exception):
     """A whole-file problem (missing path, missing column, header only, not Parquet, ...).
@@ -15,3 +17,16 @@ class InputError(Exception):
         self.source = str(source)
         self.problem = problem
         super().__init__(f"{self.source}: {problem}")
+
+
+def require_columns(df: pl.DataFrame, what: str, columns: dict) -> None:
+    """Validate a frame at the door: the columns exist with the expected dtype class."""
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise InputError(what, f"missing column(s) {', '.join(missing)}; found: {', '.join(df.columns)}")
+    for name, dtype in columns.items():
+        if dtype is not None and not isinstance(df.schema[name], dtype) and df.schema[name] != dtype:
+            raise InputError(what, f"column {name} has type {df.schema[name]}, expected {dtype}")
+    nulls = {c: n for c, n in zip(df.columns, df.null_count().row(0)) if c in columns and n}
+    if nulls:
+        raise InputError(what, f"null values in {', '.join(f'{c} ({n} rows)' for c, n in nulls.items())}")

@@ -6,7 +6,8 @@ import numpy as np
 import polars as pl
 from sklearn.cluster import DBSCAN
 
-from preprocessing.staypoints import EARTH_RADIUS_M, _require
+from preprocessing.errors import require_columns
+from preprocessing.staypoints import EARTH_RADIUS_M
 
 
 def generate_locations(
@@ -23,7 +24,7 @@ def generate_locations(
     Beijing that shrinks north-south distances by |cos(lon)| = 0.44 and stretches east-west ones
     from cos(lat) = 0.77 to 1. The published GeoLife dataset was built that way.
     """
-    _require(staypoints, "staypoints", {"user_id": None, "latitude": pl.Float64, "longitude": pl.Float64})
+    require_columns(staypoints, "staypoints", {"user_id": None, "latitude": pl.Float64, "longitude": pl.Float64})
     if staypoints.height == 0:
         empty = pl.DataFrame(schema={"location_id": pl.Int64, "latitude": pl.Float64, "longitude": pl.Float64,
                                      "n_staypoints": pl.UInt32, "n_users": pl.UInt32})
@@ -50,7 +51,7 @@ def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = 1.0) -> pl.D
     Input: user_id, started_at, finished_at, location_id (no nulls). Output keeps those columns,
     sorted by (user_id, started_at), with n_merged (how many staypoints each row stands for).
     """
-    _require(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime,
+    require_columns(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime,
                                         "location_id": None})
     sp = staypoints.sort("user_id", "started_at", maintain_order=True)
     gap = pl.col("started_at") - pl.col("finished_at").shift(1)

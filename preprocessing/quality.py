@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from preprocessing.staypoints import _require
+from preprocessing.errors import require_columns
 
 MS_PER_DAY = 86_400_000
 
@@ -15,7 +15,7 @@ def tracking_days(records: pl.DataFrame, start: str, end: str) -> pl.DataFrame:
     `start`/`end` name the columns holding each record's first and last moment (for positionfixes
     both are tracked_at; for staypoints started_at and finished_at).
     """
-    _require(records, "records", {"user_id": None, start: pl.Datetime, end: pl.Datetime})
+    require_columns(records, "records", {"user_id": None, start: pl.Datetime, end: pl.Datetime})
     span = pl.col(end).max() - pl.col(start).min()
     return records.group_by("user_id").agg(
         (span.dt.total_milliseconds() // MS_PER_DAY).cast(pl.Int64).alias("tracking_days")
@@ -26,7 +26,7 @@ def window_quality(staypoints: pl.DataFrame, window_weeks: int) -> pl.DataFrame:
     """Per user and sliding window of `window_weeks` weeks (step one week, from the user's first day),
     the share of the window's time covered by staypoints lying wholly inside it: user_id, window, quality.
     Windows without any staypoint are left out, as in the reference."""
-    _require(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime})
+    require_columns(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime})
     window_ms = window_weeks * 7 * MS_PER_DAY
     sp = staypoints.with_columns(
         pl.col("started_at").min().over("user_id").dt.truncate("1d").alias("_day0"),

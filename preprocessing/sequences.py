@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from preprocessing.staypoints import _require
+from preprocessing.errors import require_columns
 
 SPLITS = ("train", "validation", "test")
 PADDING, UNSEEN = 0, 1  # location ids reserved by the vocabulary; known locations start at 2
@@ -24,7 +24,7 @@ def add_time_features(
     """Add start_day (days since the user's first day), time_slot (start minute of day // time_slot_min),
     weekday (0 = Monday), duration_min (whole minutes) and duration_bucket (min(duration, cap) // bucket),
     with days, slots and weekdays taken in `timezone`."""
-    _require(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime})
+    require_columns(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime})
     local = pl.col("started_at").dt.convert_time_zone(timezone)
     minute_of_day = local.dt.hour().cast(pl.Int32) * 60 + local.dt.minute().cast(pl.Int32)
     duration_min = (pl.col("finished_at") - pl.col("started_at")).dt.total_seconds() // 60
@@ -42,7 +42,7 @@ def add_time_features(
 def split_by_day(staypoints: pl.DataFrame, train_fraction: float = 0.6, validation_fraction: float = 0.2) -> pl.DataFrame:
     """Add split: per user, staypoints starting before train_fraction of the user's last start_day go to
     train, before (train_fraction + validation_fraction) of it to validation, the rest to test."""
-    _require(staypoints, "staypoints", {"user_id": None, "start_day": None})
+    require_columns(staypoints, "staypoints", {"user_id": None, "start_day": None})
     last_day = pl.col("start_day").max().over("user_id")
     validation_end = round(train_fraction + validation_fraction, 12)  # 0.6 + 0.2 is 0.8000000000000002 in floats
     split = (
@@ -61,7 +61,7 @@ def find_samples(staypoints: pl.DataFrame, history_days: int = 7, min_history: i
     its day number at least `min_history`. Returns the input sorted by (user_id, split, started_at) with
     history_start (row index of the first history staypoint) and is_target.
     """
-    _require(staypoints, "staypoints", {"user_id": None, "split": None, "started_at": pl.Datetime, "start_day": None})
+    require_columns(staypoints, "staypoints", {"user_id": None, "split": None, "started_at": pl.Datetime, "start_day": None})
     sp = staypoints.sort("user_id", "split", "started_at", maintain_order=True)
     group = sp.select(pl.struct("user_id", "split").rle_id()).to_series().to_numpy().astype(np.int64)
     day = sp["start_day"].to_numpy().astype(np.int64)
@@ -91,7 +91,7 @@ class Vocabularies:
 
 def fit_vocabularies(staypoints: pl.DataFrame) -> Vocabularies:
     """Location ids fitted on the train split (sorted source ids -> 2..), users sorted -> 1.."""
-    _require(staypoints, "staypoints", {"user_id": None, "split": None, "location_id": None})
+    require_columns(staypoints, "staypoints", {"user_id": None, "split": None, "location_id": None})
     known = staypoints.filter(pl.col("split") == "train")["location_id"].unique().sort()
     users = staypoints["user_id"].unique().sort()
     return Vocabularies(

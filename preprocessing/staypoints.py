@@ -6,7 +6,7 @@ import numba
 import numpy as np
 import polars as pl
 
-from preprocessing.errors import InputError
+from preprocessing.errors import require_columns
 
 EARTH_RADIUS_M = 6_371_000.0  # as trackintel's haversine_dist
 MS_PER_MIN = 60_000
@@ -123,7 +123,7 @@ def generate_staypoints(
 
     Returns user_id, started_at, finished_at, latitude, longitude, n_fixes.
     """
-    _require(positionfixes, "positionfixes", {"user_id": None, "tracked_at": pl.Datetime, "latitude": pl.Float64,
+    require_columns(positionfixes, "positionfixes", {"user_id": None, "tracked_at": pl.Datetime, "latitude": pl.Float64,
                                               "longitude": pl.Float64})
     pfs = positionfixes
     t_ms = pfs["tracked_at"].dt.epoch("ms").to_numpy()
@@ -148,19 +148,6 @@ def generate_staypoints(
 
 def flag_activity(staypoints: pl.DataFrame, time_threshold_min: float = 25.0) -> pl.DataFrame:
     """Add is_activity: the staypoint lasted at least `time_threshold_min` minutes."""
-    _require(staypoints, "staypoints", {"started_at": pl.Datetime, "finished_at": pl.Datetime})
+    require_columns(staypoints, "staypoints", {"started_at": pl.Datetime, "finished_at": pl.Datetime})
     duration = pl.col("finished_at") - pl.col("started_at")
     return staypoints.with_columns((duration >= pl.duration(milliseconds=int(time_threshold_min * MS_PER_MIN))).alias("is_activity"))
-
-
-def _require(df: pl.DataFrame, what: str, columns: dict) -> None:
-    """Validate a frame at the door: the columns exist with the expected dtype class."""
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise InputError(what, f"missing column(s) {', '.join(missing)}; found: {', '.join(df.columns)}")
-    for name, dtype in columns.items():
-        if dtype is not None and not isinstance(df.schema[name], dtype) and df.schema[name] != dtype:
-            raise InputError(what, f"column {name} has type {df.schema[name]}, expected {dtype}")
-    nulls = {c: n for c, n in zip(df.columns, df.null_count().row(0)) if c in columns and n}
-    if nulls:
-        raise InputError(what, f"null values in {', '.join(f'{c} ({n} rows)' for c, n in nulls.items())}")
