@@ -55,13 +55,14 @@ def forward_speed(run_dir: Path, data_dir: Path) -> float:
 
     from pgt.data import SequenceDataset
     from pgt.explain import load_checkpoint
-    from pgt.train import predict
+    from pgt.train import model_scores, predict
 
     model, cfg = load_checkpoint(run_dir / "best.pt")
     test = SequenceDataset.from_parquet(data_dir / "test.parquet", cfg.max_len)
-    predict(model, test, 1024, torch.device("cpu"))  # warm-up
+    score = model_scores(model)
+    predict(score, test, 1024, torch.device("cpu"))  # warm-up
     began = time.perf_counter()
-    predict(model, test, 1024, torch.device("cpu"))
+    predict(score, test, 1024, torch.device("cpu"))
     return len(test) / (time.perf_counter() - began)
 
 

@@ -115,9 +115,7 @@ def train(
     from pgt.report import EpochPrinter, print_metrics
     from pgt.train import BASELINES, TrainConfig, evaluate_baseline, train_loop_per_worker
 
-    if not (data / "manifest.json").is_file():
-        _fail(f"{data}: no manifest.json; expected a `pgt preprocess` output folder")
-    try:
+    try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
         cfg = TrainConfig(data_dir=str(data), out_dir=str(out), model=model.value, epochs=epochs, seed=seed,
                           batch_size=batch_size, lr=lr, d_model=d_model, nhead=nhead, num_layers=num_layers,
                           dim_feedforward=dim_feedforward, dropout=dropout, patience=patience, select_on=select_on, resume=resume,

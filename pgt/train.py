@@ -17,13 +17,14 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import BucketBatchSampler, SequenceDataset, Vocab, keep_batch, load_splits
+from pgt.data import Batch, BucketBatchSampler, SequenceDataset, Vocab, keep_batch, load_splits
 from pgt.metrics import compute_all, target_ranks, top1
 from pgt.model import ModelConfig, build_model, count_parameters
 
@@ -150,11 +151,20 @@ def train_loader(dataset: SequenceDataset, cfg: TrainConfig, worker: Worker) -> 
     return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch, num_workers=0)
 
 
-@torch.no_grad()
-def predict(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int, device: torch.device,
-            indices: np.ndarray | None = None, label_smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray, float]:
-    """(1-based target ranks, top-1 predictions, mean loss) for the given samples (all by default)."""
+def model_scores(model: torch.nn.Module) -> Callable[[Batch], torch.Tensor]:
+    """A scorer for `predict`: the model's log-probabilities, in eval mode."""
     model.eval()
+    return lambda batch: model(*batch.inputs()).log_probs.float()
+
+
+@torch.no_grad()
+def predict(score: Callable[[Batch], torch.Tensor], dataset: SequenceDataset, batch_size: int, device: torch.device,
+            indices: np.ndarray | None = None, label_smoothing: float | None = None
+            ) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """(1-based target ranks, top-1 predictions, mean loss) for the given samples (all by default).
+
+    `score(batch)` gives (B, V) scores, higher first. The loss (cross-entropy of log-probability
+    scores) is computed only when `label_smoothing` is given, and is None otherwise."""
     indices = np.arange(len(dataset)) if indices is None else indices
     order = indices[np.argsort(dataset.lengths[indices].numpy(), kind="stable")]  # little padding
     ranks, best = np.empty(len(dataset), np.int64), np.empty(len(dataset), np.int64)
@@ -162,18 +172,21 @@ def predict(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int, d
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         batch = dataset.__getitems__(chunk.tolist()).to(device)
-        log_probs = model(*batch.inputs()).log_probs.float()
-        loss_sum += float(F.cross_entropy(log_probs, batch.targets, label_smoothing=label_smoothing, reduction="sum"))
-        ranks[chunk] = target_ranks(log_probs, batch.targets).cpu().numpy()
-        best[chunk] = top1(log_probs).cpu().numpy()
-    return ranks[indices], best[indices], loss_sum / max(len(order), 1)
+        scores = score(batch)
+        if label_smoothing is not None:
+            loss_sum += float(F.cross_entropy(scores, batch.targets, label_smoothing=label_smoothing, reduction="sum"))
+        ranks[chunk] = target_ranks(scores, batch.targets).cpu().numpy()
+        best[chunk] = top1(scores).cpu().numpy()
+    loss = loss_sum / max(len(order), 1) if label_smoothing is not None else None
+    return ranks[indices], best[indices], loss
 
 
-def evaluate(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int, device: torch.device,
-             label_smoothing: float = 0.0) -> dict:
-    """Metrics over the whole split, plus `loss` (the training criterion's mean)."""
-    ranks, best, loss = predict(model, dataset, batch_size, device, label_smoothing=label_smoothing)
-    return {**compute_all(ranks, best, dataset.targets.numpy(), dataset.in_history()), "loss": loss}
+def evaluate(score: Callable[[Batch], torch.Tensor], dataset: SequenceDataset, batch_size: int, device: torch.device,
+             label_smoothing: float | None = None) -> dict:
+    """Metrics over the whole split, plus `loss` (the training criterion's mean) when label_smoothing is given."""
+    ranks, best, loss = predict(score, dataset, batch_size, device, label_smoothing=label_smoothing)
+    metrics = compute_all(ranks, best, dataset.targets.numpy(), dataset.in_history())
+    return metrics if loss is None else {**metrics, "loss": loss}
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -274,7 +287,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step()
         train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
-        validation = evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device, cfg.label_smoothing)
+        validation = evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
+                              cfg.label_smoothing)
         score = -validation["loss"] if cfg.select_on == "loss" else validation["acc@1"]  # higher is better
         if score > best_metric:
             best_metric, best_epoch, bad_epochs = score, epoch, 0
@@ -305,8 +319,9 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     model.load_state_dict(best_state)
     result = {
         "model": cfg.model,
-        "test": evaluate(model, splits["test"], cfg.eval_batch_size, worker.device, cfg.label_smoothing),
-        "validation": evaluate(model, splits["validation"], cfg.eval_batch_size, worker.device, cfg.label_smoothing),
+        "test": evaluate(model_scores(model), splits["test"], cfg.eval_batch_size, worker.device, cfg.label_smoothing),
+        "validation": evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
+                               cfg.label_smoothing),
         "best_epoch": best_epoch + 1,  # 1-based, as epochs_run
         "epochs_run": len(history),
         "early_stopped": early_stopped,
@@ -338,14 +353,13 @@ def evaluate_baseline(config: dict) -> dict:
     markov = MarkovChain.from_data_dir(cfg.data_dir) if cfg.model == "markov" else None
     fit_seconds = time.perf_counter() - began
 
+    most_frequent = MostFrequent()
+
+    def score(batch: Batch) -> torch.Tensor:
+        return markov.scores(batch) if markov else most_frequent.scores(batch, vocab.locations)
+
     def run(dataset: SequenceDataset) -> dict:
-        ranks, best = [], []
-        for start in range(0, len(dataset), cfg.eval_batch_size):
-            batch = dataset.__getitems__(list(range(start, min(len(dataset), start + cfg.eval_batch_size))))
-            scores = markov.scores(batch) if markov else MostFrequent().scores(batch, vocab.locations)
-            ranks.append(target_ranks(scores, batch.targets).numpy())
-            best.append(top1(scores).numpy())
-        return compute_all(np.concatenate(ranks), np.concatenate(best), dataset.targets.numpy(), dataset.in_history())
+        return evaluate(score, dataset, cfg.eval_batch_size, torch.device("cpu"))
 
     result = {"model": cfg.model, "test": run(splits["test"]), "validation": run(splits["validation"]),
               "best_epoch": 0, "epochs_run": 0, "early_stopped": False, "workers": 1,
