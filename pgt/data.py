@@ -120,9 +120,9 @@ class BucketBatchSampler(Sampler[list[int]]):
     shuffles their order. Less padding, same samples per epoch."""
 
     def __init__(self, sampler: Sampler[int], lengths: torch.Tensor, batch_size: int, bucket_batches: int = 50,
-                 drop_last: bool = False, seed: int = 0):
+                 seed: int = 0):
         self.sampler, self.lengths, self.batch_size = sampler, lengths, batch_size
-        self.bucket_batches, self.drop_last, self.seed, self.epoch = bucket_batches, drop_last, seed, 0
+        self.bucket_batches, self.seed, self.epoch = bucket_batches, seed, 0
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -137,17 +137,11 @@ class BucketBatchSampler(Sampler[list[int]]):
             part = indices[start:start + chunk]
             part = part[np.argsort(self.lengths[part].numpy(), kind="stable")]
             batches = [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
-            if self.drop_last and len(batches[-1]) < self.batch_size:
-                batches.pop()
             for b in rng.permutation(len(batches)):
                 yield batches[b].tolist()
 
     def __len__(self) -> int:
         n = len(self.sampler)
-        if self.drop_last:
-            full = (n // (self.batch_size * self.bucket_batches)) * self.bucket_batches
-            rest = n % (self.batch_size * self.bucket_batches)
-            return full + rest // self.batch_size
         chunk = self.batch_size * self.bucket_batches
         return (n // chunk) * self.bucket_batches + -(-(n % chunk) // self.batch_size)
 

@@ -55,10 +55,11 @@ def _offset(lat: np.ndarray | float, lon: np.ndarray | float, dx_m, dy_m):
     return lat + dy_m / M_PER_DEG_LAT, lon + dx_m / (M_PER_DEG_LAT * np.cos(np.radians(lat)))
 
 
-def _distance_m(a: tuple[float, float], b: tuple[float, float]) -> float:
-    dy = (b[0] - a[0]) * M_PER_DEG_LAT
-    dx = (b[1] - a[1]) * M_PER_DEG_LAT * np.cos(np.radians(a[0]))
-    return float(np.hypot(dx, dy))
+def _distances_m(points: np.ndarray, origin: tuple[float, float]) -> np.ndarray:
+    """Metres from origin to each (lat, lon) row of points (equirectangular: fine within a city)."""
+    dy = (points[:, 0] - origin[0]) * M_PER_DEG_LAT
+    dx = (points[:, 1] - origin[1]) * M_PER_DEG_LAT * np.cos(np.radians(origin[0]))
+    return np.hypot(dx, dy)
 
 
 class _Person:
@@ -76,16 +77,10 @@ class _Person:
         self.workdays = set(rng.choice(5, size=rng.choice([4, 5], p=[0.2, 0.8]), replace=False).tolist())
         self.places: list[tuple[float, float]] = []  # leisure places visited so far
         self.visits: list[int] = []
-        near = np.argsort(self._distances(public, self.home))[:40]
+        near = np.argsort(_distances_m(public, self.home))[:40]
         for i in rng.choice(near, size=rng.integers(3, 7), replace=False):  # favourites
             self.places.append(tuple(public[i]))
             self.visits.append(int(rng.integers(3, 10)))
-
-    @staticmethod
-    def _distances(points: np.ndarray, origin: tuple[float, float]) -> np.ndarray:
-        dy = (points[:, 0] - origin[0]) * M_PER_DEG_LAT
-        dx = (points[:, 1] - origin[1]) * M_PER_DEG_LAT * np.cos(np.radians(origin[0]))
-        return np.hypot(dx, dy)
 
     def choose(self, near: tuple[float, float]) -> tuple[float, float]:
         """Exploration and preferential return."""
@@ -93,7 +88,7 @@ class _Person:
         distinct = len(self.places) + 1 + (self.work is not None)
         if rng.uniform() < cfg.explore_rho * distinct ** (-cfg.explore_gamma):
             if rng.uniform() < 0.6:  # a public place, likely near where one is
-                d = self._distances(self.public, near)
+                d = _distances_m(self.public, near)
                 weights = 1.0 / (d + 500.0) ** 2
                 place = tuple(self.public[rng.choice(len(self.public), p=weights / weights.sum())])
             else:  # somewhere new and private (a friend's flat, a trailhead)
@@ -170,7 +165,7 @@ def _person_fixes(cfg: SynthConfig, rng: np.random.Generator, person: _Person, f
                 continue
             depart = max(earliest, arrived + max(min_here, 10 * MIN_S))
             stay(depart)
-            dist = _distance_m(here, place)
+            dist = float(_distances_m(np.array([place]), here)[0])
             speed = 1.4 if dist < 1_500 else rng.uniform(6.0, 12.0)
             duration = dist / speed + rng.uniform(1, 5) * MIN_S
             n = max(2, int(duration / cfg.move_interval_s))
