@@ -399,7 +399,3 @@ def _quarantine(path: Path, bad: pl.DataFrame, originals: pl.DataFrame) -> pl.Da
     out = bad.join(originals, on="source_row", how="left", maintain_order="left")
     return out.select(pl.lit(str(path)).alias("source_file"), pl.col("source_row").cast(pl.Int64), "reason",
                       *originals.columns[1:])
-
-
-def empty_quarantine() -> pl.DataFrame:
-    return pl.DataFrame(schema={"source_file": pl.String, "source_row": pl.Int64, "reason": pl.String})
