@@ -96,10 +96,10 @@ class ModelName(str, Enum):
 def train(
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
     model: ModelName = typer.Option(ModelName.pgt, "--model", help="The model or baseline to train."),
-    out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/."),
+    out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with --workers)."),
     epochs: int = typer.Option(50, "--epochs", min=1, help="At most this many epochs (early stopping may end sooner)."),
     seed: int = typer.Option(42, "--seed"),
-    batch_size: int = typer.Option(128, "--batch-size", min=1),
+    batch_size: int = typer.Option(128, "--batch-size", min=1, help="Global batch, split over the workers."),
     lr: float = typer.Option(6.5e-4, "--lr", help="Peak learning rate."),
     d_model: int = typer.Option(64, "--d-model"),
     nhead: int = typer.Option(4, "--nhead"),
@@ -109,25 +109,84 @@ def train(
     patience: int = typer.Option(5, "--patience", help="Epochs without a better validation score before stopping."),
     select_on: str = typer.Option("acc@1", "--select-on", help="Validation score for early stopping: acc@1 or loss."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint in --out."),
-    threads: int = typer.Option(0, "--threads", help="torch CPU threads; 0 = all cores."),
+    threads: int = typer.Option(0, "--threads", help="torch CPU threads per worker; 0 = the cores / workers."),
+    workers: int = typer.Option(0, "--workers", min=0, help="DDP workers under Ray Train; 0 = in this process, without Ray."),
+    gpu: bool | None = typer.Option(None, "--gpu/--no-gpu", help="One GPU per worker (default: when Ray sees enough GPUs)."),
+    address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS", help="Ray cluster to join; default a local Ray."),
+    max_failures: int = typer.Option(0, "--max-failures", min=-1, help="Restarts from the last checkpoint when a worker dies (-1: no limit)."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+                                            help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
+    experiment: str = typer.Option("pgt", "--experiment", help="MLflow experiment."),
+    register: str | None = typer.Option(None, "--register", help="Register the best checkpoint under this model name."),
 ) -> None:
-    """Train a model with the paper's defaults (SPEC §3.8) and write --out/metrics.json."""
+    """Train a model with the paper's defaults (SPEC §3.8), log it to MLflow, write --out/metrics.json."""
+    from pgt.distributed import LaunchConfig, run_training
     from pgt.report import EpochPrinter, print_metrics
-    from pgt.train import BASELINES, TrainConfig, evaluate_baseline, train_loop_per_worker
+    from pgt.tracking import TrackingConfig, resolve_tracking_uri, run_url
+    from pgt.train import BASELINES, TrainConfig
 
     try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
         cfg = TrainConfig(data_dir=str(data), out_dir=str(out), model=model.value, epochs=epochs, seed=seed,
                           batch_size=batch_size, lr=lr, d_model=d_model, nhead=nhead, num_layers=num_layers,
                           dim_feedforward=dim_feedforward, dropout=dropout, patience=patience, select_on=select_on, resume=resume,
                           threads=threads)
-        if model.value in BASELINES:
-            result = evaluate_baseline(cfg.to_dict())
-        else:
-            result = train_loop_per_worker(cfg.to_dict(), on_epoch=EpochPrinter())
+        if register and model.value in BASELINES:
+            raise ValueError(f"--register needs a neural model; {model.value} has no checkpoint to register")
+        launch = LaunchConfig(workers=workers, use_gpu=gpu, address=address, max_failures=max_failures)
+        tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), experiment=experiment, register=register)
+        result = run_training(cfg, launch, tracking, on_epoch=EpochPrinter())
     except (ValueError, FileNotFoundError) as exc:
         _fail(str(exc))
     print_metrics(result)
     typer.echo(f"wrote {out / 'metrics.json'}")
+    typer.echo(f"mlflow: {run_url(result['mlflow']['tracking_uri'], result['mlflow']['run_id'])}")
+    registered = result["mlflow"].get("registered")
+    if registered:
+        verdict = "now champion" if registered["promoted"] else f"champion stays version {registered['champion_version']}"
+        typer.echo(f"registered {registered['name']} version {registered['version']} "
+                   f"(validation acc@1 {registered['validation_acc@1']:.2f}): {verdict}")
+
+
+@app.command()
+def evaluate(
+    model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
+    data: Path = typer.Option(..., "--data", help="A `pgt preprocess` folder (its test split is scored)."),
+    split: str = typer.Option("test", "--split", help="test, validation or train."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
+) -> None:
+    """Load a logged or registered model and print its metrics on a split as JSON."""
+    from pgt.serve import evaluate_model
+
+    if split not in ("train", "validation", "test"):
+        _fail(f"--split must be train, validation or test, got {split!r}")
+    try:
+        metrics = evaluate_model(model, data, split, tracking_uri)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    except Exception as exc:  # MLflow's errors (unknown model, alias, run) in one line
+        _fail(f"{model}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    json.dump(metrics, sys.stdout, indent=2)
+    typer.echo()
+
+
+@app.command()
+def predict(
+    model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
+    input: Path = typer.Option(..., "--input", help="Parquet of sequences in the columns of a `pgt preprocess` split."),
+    out: Path = typer.Option(..., "--out", help="Parquet: the input's row, top-k locations and probabilities."),
+    top_k: int = typer.Option(5, "--top-k", min=1),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
+) -> None:
+    """Score new sequences: the top-k next locations of each, with their probabilities."""
+    from pgt.serve import predict_file
+
+    try:
+        rows = predict_file(model, input, out, top_k, tracking_uri)
+    except (ValueError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    except Exception as exc:
+        _fail(f"{model}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    typer.echo(f"wrote {out}: top-{top_k} locations for {rows:,} sequences")
 
 
 @app.command()

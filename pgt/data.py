@@ -34,6 +34,12 @@ class Batch(NamedTuple):
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
+    def packed(self) -> torch.Tensor:
+        """The inputs as one (B, 6, T) int64 tensor (the user repeated along T): the interface of
+        `pgt.model.PackedModel`, which MLflow logs and serves."""
+        users = self.users.unsqueeze(1).expand_as(self.locations)
+        return torch.stack([self.locations, users, self.times, self.weekdays, self.recency, self.durations], dim=1)
+
 
 @dataclass
 class Vocab:
@@ -64,12 +70,12 @@ class SequenceDataset(Dataset):
         self.lengths = (self.locations != 0).sum(dim=1)
 
     @classmethod
-    def from_parquet(cls, path: Path | str, max_len: int = 64) -> SequenceDataset:
-        """Read a split; histories longer than max_len keep their most recent max_len visits."""
+    def from_parquet(cls, path: Path | str, max_len: int = 64, require_target: bool = True) -> SequenceDataset:
+        """Read a split; histories longer than max_len keep their most recent max_len visits. Without
+        `require_target` a file may lack the target column (new sequences to score): targets are then 0."""
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such split; run `pgt preprocess` first")
-        table = pq.read_table(path, columns=["user", *LIST_COLUMNS, "target"])
+        with_target = "target" in cls.check_columns(path, require_target)
+        table = pq.read_table(path, columns=["user", *LIST_COLUMNS] + (["target"] if with_target else []))
         offsets = table.column("locations").combine_chunks().offsets.to_numpy()
         lengths = np.diff(offsets)
         if len(lengths) and lengths.min() < 1:
@@ -88,8 +94,22 @@ class SequenceDataset(Dataset):
             matrix[row, col] = values[flat] + (1 if name in SHIFTED else 0)
             padded[name] = matrix
         users = table.column("user").to_numpy().astype(np.int64)
-        targets = table.column("target").to_numpy().astype(np.int64)
+        targets = table.column("target").to_numpy().astype(np.int64) if with_target else np.zeros(n, np.int64)
         return cls(padded.pop("locations"), users, padded, targets)
+
+    @staticmethod
+    def check_columns(path: Path | str, require_target: bool = True) -> set[str]:
+        """The file's column names, after checking it has those of a split (FileNotFoundError, ValueError)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file; run `pgt preprocess` first")
+        present = set(pq.read_schema(path).names)
+        needed = ["user", *LIST_COLUMNS] + (["target"] if require_target else [])
+        missing = [c for c in needed if c not in present]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns of a "
+                             f"`pgt preprocess` split: {', '.join(needed)}")
+        return present
 
     def __len__(self) -> int:
         return len(self.targets)

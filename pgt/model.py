@@ -208,6 +208,21 @@ class LSTMPointerGenerator(nn.Module):
         return Output(torch.log(probs + EPS), 1 - p_gen, attention)  # gate = weight of the pointer
 
 
+class PackedModel(nn.Module):
+    """A trained model behind one input tensor, as MLflow logs and serves it: x (B, 6, T) int64 stacks
+    locations, users (repeated along T), time slots, weekdays, recency and durations, each as the data
+    loader gives them (`Batch.packed()`); the output is the (B, V) log-probabilities."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.cfg = model.cfg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        locations, users, times, weekdays, recency, durations = x.unbind(1)  # (B, T) each
+        return self.model(locations, users[:, 0], times, weekdays, recency, durations).log_probs.float()
+
+
 def _xavier(model: nn.Module) -> None:
     """Xavier-uniform initialisation of every matrix, as the reference implementation does."""
     for p in model.parameters():

@@ -101,6 +101,7 @@ class Worker:
     rank: int = 0
     world_size: int = 1
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+    restored: Path | None = None  # a checkpoint.pt the runtime hands back after a failure (Ray's get_checkpoint)
 
     @property
     def is_chief(self) -> bool:
@@ -159,15 +160,19 @@ def model_scores(model: torch.nn.Module) -> Callable[[Batch], torch.Tensor]:
 
 @torch.no_grad()
 def predict(score: Callable[[Batch], torch.Tensor], dataset: SequenceDataset, batch_size: int, device: torch.device,
-            indices: np.ndarray | None = None, label_smoothing: float | None = None
+            indices: np.ndarray | None = None, label_smoothing: float | None = None, worker: Worker | None = None
             ) -> tuple[np.ndarray, np.ndarray, float | None]:
     """(1-based target ranks, top-1 predictions, mean loss) for the given samples (all by default).
 
     `score(batch)` gives (B, V) scores, higher first. The loss (cross-entropy of log-probability
-    scores) is computed only when `label_smoothing` is given, and is None otherwise."""
+    scores) is computed only when `label_smoothing` is given, and is None otherwise. With a worker of
+    a larger world, each rank scores every world_size-th sample and the results are all-gathered, so
+    every rank returns the whole split's predictions."""
     indices = np.arange(len(dataset)) if indices is None else indices
     order = indices[np.argsort(dataset.lengths[indices].numpy(), kind="stable")]  # little padding
-    ranks, best = np.empty(len(dataset), np.int64), np.empty(len(dataset), np.int64)
+    if worker is not None and worker.world_size > 1:
+        order = order[worker.rank::worker.world_size]
+    ranks, best = np.zeros(len(dataset), np.int64), np.zeros(len(dataset), np.int64)
     loss_sum = 0.0
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
@@ -177,14 +182,24 @@ def predict(score: Callable[[Batch], torch.Tensor], dataset: SequenceDataset, ba
             loss_sum += float(F.cross_entropy(scores, batch.targets, label_smoothing=label_smoothing, reduction="sum"))
         ranks[chunk] = target_ranks(scores, batch.targets).cpu().numpy()
         best[chunk] = top1(scores).cpu().numpy()
-    loss = loss_sum / max(len(order), 1) if label_smoothing is not None else None
+    if worker is not None and worker.world_size > 1:
+        import torch.distributed as dist
+
+        shards: list = [None] * worker.world_size
+        dist.all_gather_object(shards, (order, ranks[order], best[order], loss_sum))
+        loss_sum = 0.0
+        for part, part_ranks, part_best, part_loss in shards:
+            ranks[part], best[part] = part_ranks, part_best
+            loss_sum += part_loss
+    loss = loss_sum / max(len(indices), 1) if label_smoothing is not None else None
     return ranks[indices], best[indices], loss
 
 
 def evaluate(score: Callable[[Batch], torch.Tensor], dataset: SequenceDataset, batch_size: int, device: torch.device,
-             label_smoothing: float | None = None) -> dict:
-    """Metrics over the whole split, plus `loss` (the training criterion's mean) when label_smoothing is given."""
-    ranks, best, loss = predict(score, dataset, batch_size, device, label_smoothing=label_smoothing)
+             label_smoothing: float | None = None, worker: Worker | None = None) -> dict:
+    """Metrics over the whole split, plus `loss` (the training criterion's mean) when label_smoothing is given.
+    Under DDP every rank scores its share and gets the whole split's metrics."""
+    ranks, best, loss = predict(score, dataset, batch_size, device, label_smoothing=label_smoothing, worker=worker)
     metrics = compute_all(ranks, best, dataset.targets.numpy(), dataset.in_history())
     return metrics if loss is None else {**metrics, "loss": loss}
 
@@ -208,6 +223,22 @@ def save_checkpoint(state: dict, out_dir: Path, epoch: int, keep: int) -> Path:
     return folder
 
 
+def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | None:
+    """The newest of the checkpoint the runtime restored and the latest one rank 0 wrote under out_dir.
+
+    Ray hands back the last checkpoint its controller registered, which can lag an epoch behind what
+    rank 0 wrote; taking the newer one loses at most the epoch in progress. Rank 0 decides for all ranks."""
+    candidates = [p for p in (worker.restored, latest_checkpoint(out_dir) if cfg.resume or worker.restored else None) if p]
+    chosen = max(candidates, key=lambda p: p.parent.name) if candidates else None  # epoch_NNN sorts by epoch
+    if worker.world_size > 1:
+        import torch.distributed as dist
+
+        box = [chosen]
+        dist.broadcast_object_list(box, src=0)
+        chosen = box[0]
+    return chosen
+
+
 # settings that may differ between a run and its resumption
 RESUMABLE_CHANGES = {"out_dir", "epochs", "resume", "threads", "keep_checkpoints", "eval_batch_size"}
 
@@ -221,10 +252,19 @@ def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
 
 
 def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=None) -> dict:
-    """Train one model. `config` is TrainConfig as a dict (the Ray boundary). `on_epoch(row, checkpoint_dir)`
-    is called on every worker after each epoch (Ray reports there); returns the final metrics."""
+    """Train one model. `config` is TrainConfig as a dict (the Ray boundary), plus optionally "tracking":
+    a TrackingConfig dict whose run rank 0 logs into. `on_epoch(row, checkpoint_dir)` is called on every
+    worker after each epoch (Ray reports there); returns the final metrics."""
+    config = dict(config)
+    tracking_values = config.pop("tracking", None)
     cfg = TrainConfig.from_dict(config)
     worker = worker or local_worker()
+    epoch_logger, tracking = None, None
+    if tracking_values and worker.is_chief:
+        from pgt.tracking import EpochLogger, TrackingConfig
+
+        tracking = TrackingConfig.from_dict(tracking_values)
+        epoch_logger = EpochLogger(tracking)
     out_dir = Path(cfg.out_dir)
     seed_everything(cfg.seed)
     if worker.device.type == "cpu":
@@ -235,6 +275,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
     model_cfg = cfg.model_config(vocab)
     model = build_model(model_cfg).to(worker.device)
+    if worker.rank:  # the same initial weights everywhere, but each rank its own dropout masks
+        torch.manual_seed(cfg.seed + 7919 * worker.rank)
     parameters = count_parameters(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                   weight_decay=cfg.weight_decay, fused=True)
@@ -244,11 +286,11 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
     loader = train_loader(splits["train"], cfg, worker)
 
-    start_epoch, best_metric, best_epoch, bad_epochs, history = 0, -math.inf, -1, 0, []
+    start_epoch, best_metric, best_epoch, bad_epochs, history, resumed_at = 0, -math.inf, -1, 0, [], []
     best_state = None
-    if not cfg.resume and worker.is_chief and (out_dir / "checkpoints").exists():
+    if not cfg.resume and worker.restored is None and worker.is_chief and (out_dir / "checkpoints").exists():
         shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
-    resume_from = latest_checkpoint(out_dir) if cfg.resume else None
+    resume_from = _resume_point(cfg, worker, out_dir)
     if resume_from is not None:
         state = torch.load(resume_from, map_location=worker.device, weights_only=False)
         _check_resumable(state["config"], cfg, resume_from)
@@ -258,7 +300,11 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         scaler.load_state_dict(state["scaler"])
         start_epoch, best_metric, best_epoch = state["epoch"] + 1, state["best_metric"], state["best_epoch"]
         bad_epochs, history, best_state = state["bad_epochs"], state["history"], state["best_model"]
-        set_rng_state(state["rng"])
+        resumed_at = state.get("resumed_at", []) + [start_epoch]
+        if worker.rank == 0:
+            set_rng_state(state["rng"])
+        else:  # rank 0's saved RNG state would give every rank the same dropout masks
+            torch.manual_seed(cfg.seed + 7919 * worker.rank + start_epoch)
     ddp_model = model
     if worker.world_size > 1:
         ddp_model = _wrap_ddp(model, worker)
@@ -288,7 +334,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         scheduler.step()
         train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
         validation = evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
-                              cfg.label_smoothing)
+                              cfg.label_smoothing, worker)
         score = -validation["loss"] if cfg.select_on == "loss" else validation["acc@1"]  # higher is better
         if score > best_metric:
             best_metric, best_epoch, bad_epochs = score, epoch, 0
@@ -299,6 +345,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         row = {"epoch": epoch, "train_loss": train_loss, "lr": lr, "seconds": seconds, "samples": seen,
                "samples_per_second": seen / seconds, "validation": validation, "best_epoch": best_epoch,
                "stop": stop}
+        if worker.world_size > 1:
+            row["replicas_in_sync"] = _replicas_in_sync(model)
         history.append(row)
         train_seconds += seconds
         samples_seen += seen
@@ -308,8 +356,10 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                 "scaler": scaler.state_dict(), "epoch": epoch, "best_metric": best_metric, "best_epoch": best_epoch,
                 "bad_epochs": bad_epochs, "best_model": best_state, "history": history, "rng": rng_state(),
-                "config": cfg.to_dict(), "model_config": dataclasses.asdict(model_cfg),
+                "resumed_at": resumed_at, "config": cfg.to_dict(), "model_config": dataclasses.asdict(model_cfg),
             }, out_dir, epoch, cfg.keep_checkpoints)
+        if epoch_logger is not None:
+            epoch_logger(row)
         if on_epoch is not None:
             on_epoch(row, checkpoint_dir)
         if stop:
@@ -319,9 +369,10 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     model.load_state_dict(best_state)
     result = {
         "model": cfg.model,
-        "test": evaluate(model_scores(model), splits["test"], cfg.eval_batch_size, worker.device, cfg.label_smoothing),
+        "test": evaluate(model_scores(model), splits["test"], cfg.eval_batch_size, worker.device, cfg.label_smoothing,
+                         worker),
         "validation": evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
-                               cfg.label_smoothing),
+                               cfg.label_smoothing, worker),
         "best_epoch": best_epoch + 1,  # 1-based, as epochs_run
         "epochs_run": len(history),
         "early_stopped": early_stopped,
@@ -329,6 +380,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         "train_seconds": round(train_seconds, 3),
         "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
         "parameters": parameters,
+        "resumed_at_epochs": [e + 1 for e in resumed_at],  # 1-based epochs a resumption started with
         "history": [{k: v for k, v in row.items() if k != "validation"} | {"validation_acc@1": row["validation"]["acc@1"]}
                     for row in history],
         "config": cfg.to_dict(),
@@ -339,6 +391,12 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         torch.save({"model": best_state, "model_config": dataclasses.asdict(model_cfg), "config": cfg.to_dict(),
                     "best_epoch": best_epoch}, out_dir / "best.pt")
         _write_json(out_dir / "metrics.json", result)
+        if tracking is not None:
+            from pgt.tracking import log_result
+
+            model_uri = log_result(tracking, result, out_dir, Path(cfg.data_dir))
+            result["mlflow"] = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": model_uri}
+            _write_json(out_dir / "metrics.json", result)
     return result
 
 
@@ -383,7 +441,23 @@ def _wrap_ddp(model: torch.nn.Module, worker: Worker) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     ids = [worker.device.index] if worker.device.type == "cuda" else None
-    return DistributedDataParallel(model, device_ids=ids)
+    # the one-sided variants leave the gate (and the pointer variant the generator) out of the graph
+    unused = getattr(model, "cfg", None) is not None and model.cfg.variant in ("mhsa", "pointer")
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
+
+
+def _replicas_in_sync(model: torch.nn.Module) -> bool:
+    """Whether every rank holds bit-identical parameters (a digest of their bytes, all-gathered)."""
+    import hashlib
+
+    import torch.distributed as dist
+
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    digests: list = [None] * dist.get_world_size()
+    dist.all_gather_object(digests, digest.hexdigest())
+    return len(set(digests)) == 1
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -22,6 +22,17 @@ def _require(path: Path) -> Path:
     pytest.skip(f"real data not available: {path} is missing (it lives in ../shared/data beside the project)")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def isolated_state(tmp_path_factory) -> Path:
+    """Runs tracked by tests go to a temporary state folder (MLflow's SQLite store), never to the project's .state."""
+    state = tmp_path_factory.mktemp("state")
+    os.environ["PGT_STATE_DIR"] = str(state)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("RAY_ADDRESS", None)
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    return state
+
+
 @pytest.fixture(scope="session")
 def geolife_parquet() -> Path:
     return _require(GEOLIFE_PARQUET)
@@ -45,3 +56,42 @@ def geolife_few_users(geolife_parquet: Path, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("geolife") / "few_users.parquet"
     pl.scan_parquet(geolife_parquet).filter(pl.col("user_id").is_in([11, 12, 28, 71, 74])).collect().write_parquet(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def geolife_sequences(geolife_parquet: Path, tmp_path_factory) -> Path:
+    """Six real GeoLife users (3, 4, 17, 30, 85, 144) preprocessed by the reference protocol: about
+    2,000 / 700 / 800 samples and 250 locations; enough for an epoch to take about a second."""
+    import polars as pl
+
+    from preprocessing.pipeline import preprocess
+
+    root = tmp_path_factory.mktemp("geolife_six")
+    points = root / "points.parquet"
+    pl.scan_parquet(geolife_parquet).filter(pl.col("user_id").is_in([3, 4, 17, 30, 85, 144])).collect().write_parquet(points)
+    preprocess(points, "positionfixes", root / "sequences", progress=False)
+    return root / "sequences"
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (SQLite, local artifacts, 127.0.0.1), started and stopped by the project's scripts."""
+    import subprocess
+
+    state = tmp_path_factory.mktemp("mlflow_server_state")
+    env = {**os.environ, "PGT_STATE_DIR": str(state), "MLFLOW_PORT": str(free_port())}
+    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-mlflow.sh"], env=env, capture_output=True, text=True,
+                             timeout=180)
+    assert started.returncode == 0, started.stderr
+    yield f"http://127.0.0.1:{env['MLFLOW_PORT']}"
+    stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-mlflow.sh"], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stdout + stopped.stderr

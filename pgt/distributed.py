@@ -1,0 +1,201 @@
+"""Launch `train_loop_per_worker` in this process or as DDP under Ray Train, tracked in MLflow.
+
+Under Ray, `ray_train_loop` is what every TorchTrainer worker runs: it takes rank, world size and
+device from Ray, resumes from `ray.train.get_checkpoint()` after a failure, and calls the same
+`train_loop_per_worker` as a single process does. Rank 0 writes each epoch's checkpoint and hands
+it to `ray.train.report`; every rank reports. The run's storage is `<out>/ray/train`: a rerun with
+the same --out resumes from its latest checkpoint, and FailureConfig(max_failures) restarts the
+worker group from it when a worker dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+from pgt.train import BASELINES, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker
+
+RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
+
+
+@dataclass
+class LaunchConfig:
+    workers: int = 0  # DDP workers under Ray Train; 0 = train in this process, without Ray
+    use_gpu: bool | None = None  # one GPU per worker; None = when the Ray cluster has enough GPUs
+    address: str | None = None  # a Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None = $RAY_ADDRESS or a local Ray
+    max_failures: int = 0  # worker-group restarts (from the last checkpoint) before the run fails
+    cpus_per_worker: float = 1.0  # Ray CPU resources each worker reserves
+
+    def __post_init__(self) -> None:
+        if self.workers < 0 or self.max_failures < -1 or self.cpus_per_worker <= 0:
+            raise ValueError("workers must be >= 0, max_failures >= -1 (-1 = no limit), cpus_per_worker > 0")
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
+    """Join the Ray cluster at `address` (or $RAY_ADDRESS), or start a local Ray on 127.0.0.1 and shut it
+    down on exit. Token auth is off (RAY_AUTH_MODE=disabled) unless the environment says otherwise."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        # the dashboard process serves the State API that Ray Train's controller polls; it binds 127.0.0.1
+        ray.init(num_cpus=num_cpus or os.cpu_count(), log_to_driver=True, _node_ip_address="127.0.0.1")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def flat_metrics(row: dict) -> dict:
+    """An epoch row as Ray reports it: scalars, validation metrics prefixed."""
+    out = {k: v for k, v in row.items() if isinstance(v, (int, float, bool)) and k != "validation"}
+    out |= {f"validation_{k}": v for k, v in row["validation"].items() if isinstance(v, (int, float))}
+    return out
+
+
+def ray_train_loop(config: dict) -> None:
+    """The TorchTrainer's train_loop_per_worker: `train_loop_per_worker` with Ray's rank, device and checkpoint."""
+    import ray.train
+    import ray.train.torch
+    from ray.train import Checkpoint
+
+    context = ray.train.get_context()
+    rank = context.get_world_rank()
+    config = dict(config)
+    printer = None
+    if config.pop("print_epochs", False) and rank == 0:
+        from pgt.report import EpochPrinter
+
+        printer = EpochPrinter()
+
+    def report(row: dict, checkpoint_dir: Path | None) -> None:
+        if printer is not None:
+            printer(row)
+        metrics = flat_metrics(row)
+        if checkpoint_dir is None:
+            ray.train.report(metrics)
+        else:
+            ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(checkpoint_dir)),
+                             checkpoint_dir_name=Path(checkpoint_dir).name, delete_local_checkpoint_after_upload=False)
+
+    restored = ray.train.get_checkpoint()
+    with restored.as_directory() if restored is not None else contextlib.nullcontext() as folder:
+        worker = Worker(rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
+                        restored=Path(folder) / "checkpoint.pt" if folder else None)
+        train_loop_per_worker(config, worker=worker, on_epoch=report)
+
+
+def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: list | None = None,
+                 print_epochs: bool = True):
+    """Run `ray_train_loop` on launch.workers workers (inside an existing Ray session); returns Ray's Result."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    use_gpu = launch.use_gpu
+    if use_gpu is None:
+        use_gpu = ray.cluster_resources().get("GPU", 0) >= launch.workers
+    resources = {"CPU": launch.cpus_per_worker} | ({"GPU": 1} if use_gpu else {})
+    trainer = TorchTrainer(
+        ray_train_loop,
+        train_loop_config={**config, "print_epochs": print_epochs},
+        scaling_config=ScalingConfig(num_workers=launch.workers, use_gpu=use_gpu, resources_per_worker=resources),
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        run_config=RunConfig(name=RUN_NAME, storage_path=str((out_dir / "ray").resolve()),
+                             failure_config=FailureConfig(max_failures=launch.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=config.get("keep_checkpoints", 2)),
+                             callbacks=callbacks or []),
+    )
+    return trainer.fit()
+
+
+def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=None,
+                 on_epoch: Callable | None = None) -> dict:
+    """Train (or fit a baseline) as `pgt train` does: in this process or under Ray Train, logged to MLflow
+    when `tracking` (a TrackingConfig) is given, registered under the champion rule when it names a model.
+    Returns the metrics.json dict, with "mlflow" (run id, model URI, registration) when tracked."""
+    launch = launch or LaunchConfig()
+    out_dir = Path(cfg.out_dir).resolve()
+    cfg = dataclasses.replace(cfg, out_dir=str(out_dir), data_dir=str(Path(cfg.data_dir).resolve()))
+    if not cfg.resume:  # a fresh start: no checkpoint of an earlier run may be picked up
+        for folder in (out_dir / "checkpoints", out_dir / "ray"):
+            shutil.rmtree(folder, ignore_errors=True)
+    tracking = _start_tracking(cfg, launch, tracking, out_dir)
+    status = "FAILED"
+    try:
+        config = cfg.to_dict() | ({"tracking": tracking.to_dict()} if tracking else {})
+        if cfg.model in BASELINES:
+            result = evaluate_baseline(cfg.to_dict())
+            if tracking:
+                from pgt.tracking import log_result
+
+                log_result(dataclasses.replace(tracking, log_model=False), result, out_dir, Path(cfg.data_dir))
+                result["mlflow"] = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": None}
+        elif launch.workers == 0:
+            result = train_loop_per_worker(config, on_epoch=on_epoch)
+        else:
+            with ray_session(launch.address, num_cpus=max(os.cpu_count() or 1, launch.workers)):
+                fit_with_ray(config, launch, out_dir)
+            result = json.loads((out_dir / "metrics.json").read_text())
+        if tracking and tracking.register and result["mlflow"]["model_uri"]:
+            from pgt.tracking import register_model
+
+            result["mlflow"]["registered"] = register_model(
+                tracking.tracking_uri, tracking.register, result["mlflow"]["model_uri"], tracking.run_id,
+                result["validation"]["acc@1"])
+            (out_dir / "metrics.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+        status = "FINISHED"
+        return result
+    finally:
+        if tracking:
+            from pgt.tracking import end_run
+
+            end_run(tracking, status)
+
+
+def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Path):
+    """The MLflow run: the one recorded in out_dir/mlflow_run.json when resuming it, else a new one."""
+    if tracking is None:
+        return None
+    from pgt.tracking import start_run
+
+    record = out_dir / "mlflow_run.json"
+    if cfg.resume and record.is_file():
+        saved = json.loads(record.read_text())
+        if saved.get("tracking_uri") == tracking.tracking_uri and saved.get("experiment") == tracking.experiment:
+            from pgt.tracking import _client
+
+            try:
+                _client(tracking.tracking_uri).update_run(saved["run_id"], status="RUNNING")
+                return dataclasses.replace(tracking, run_id=saved["run_id"])
+            except Exception:  # the run was deleted from the store: start a new one
+                pass
+    params = cfg.to_dict() | {"workers": max(1, launch.workers), "data_manifest": _manifest_summary(cfg.data_dir)}
+    run_id = start_run(tracking, params, run_name=f"{cfg.model}-{out_dir.name}",
+                       tags={"pgt.model": cfg.model, "pgt.out_dir": str(out_dir)})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"tracking_uri": tracking.tracking_uri, "experiment": tracking.experiment,
+                                  "run_id": run_id}) + "\n")
+    return dataclasses.replace(tracking, run_id=run_id)
+
+
+def _manifest_summary(data_dir: str) -> dict:
+    path = Path(data_dir) / "manifest.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no manifest.json; expected a `pgt preprocess` output folder")
+    manifest = json.loads(path.read_text())
+    return {"input_sha256": manifest.get("input_sha256"), "samples": manifest["counts"]["samples"],
+            "vocab": manifest["vocab"]}

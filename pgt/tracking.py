@@ -1,0 +1,248 @@
+"""MLflow tracking and the Model Registry's champion rule.
+
+A run logs the whole training config as params, per-epoch train loss and validation metrics, the
+test metrics, the dataset manifest, the `pgt explain` PNGs and the best checkpoint as an MLflow
+PyTorch model (`pgt.model.PackedModel`: one (B, 6, T) int64 tensor in, (B, V) log-probabilities
+out). The driver creates the run; rank 0 of the training logs into it.
+
+MLflow names allow no "@", so metric keys read `validation_acc_at_1`, `test_ndcg_at_10`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CHAMPION = "champion"
+SCORE_TAG = "validation_acc_at_1"  # the registered version's own validation Acc@1
+RIVAL_TAG = "champion_validation_acc_at_1"  # the champion's validation Acc@1 when the version was compared
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: str  # MLflow tracking URI: sqlite:////abs/mlflow.db, or http://127.0.0.1:5055 for a server
+    experiment: str = "pgt"  # experiment the runs go to
+    run_id: str | None = None  # the run rank 0 logs into; set by start_run
+    register: str | None = None  # registered model name for the best checkpoint; None: not registered
+    log_model: bool = True  # log the best checkpoint as an MLflow PyTorch model (and the explain PNGs)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrackingConfig:
+        return cls(**values)
+
+
+def state_dir() -> Path:
+    """The project's state folder: $PGT_STATE_DIR, else .state under the current directory."""
+    return Path(os.environ.get("PGT_STATE_DIR") or Path.cwd() / ".state").resolve()
+
+
+def default_tracking_uri() -> str:
+    """A local SQLite store under the state folder (artifacts beside it)."""
+    folder = state_dir() / "mlflow"
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """--tracking-uri, else $MLFLOW_TRACKING_URI, else the local SQLite default. A sqlite or file path
+    is made absolute, since Ray workers run in other directories."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
+    elif "://" not in uri:
+        uri = Path(uri).resolve().as_uri()
+    return uri
+
+
+def _client(tracking_uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def experiment_id(tracking_uri: str, name: str) -> str:
+    """The experiment's id, created on first use. A local store gets an absolute artifact folder beside
+    its database (MLflow's Default experiment would write a cwd-relative ./mlruns); a server keeps its own."""
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        location = (Path(tracking_uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
+    try:
+        return client.create_experiment(name, artifact_location=location)
+    except MlflowException:  # created meanwhile by another process
+        return client.get_experiment_by_name(name).experiment_id
+
+
+def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = None, tags: dict | None = None,
+              parent_run_id: str | None = None) -> str:
+    """Create a run, log `params` (flattened, every value as text), and return its id."""
+    from mlflow.entities import Param, RunTag
+
+    client = _client(tracking.tracking_uri)
+    all_tags = dict(tags or {})
+    if parent_run_id:
+        all_tags["mlflow.parentRunId"] = parent_run_id
+    run = client.create_run(experiment_id(tracking.tracking_uri, tracking.experiment), run_name=run_name,
+                            tags=all_tags)
+    flat = _flatten(params)
+    items = [Param(k, str(v)[:6000]) for k, v in flat.items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run.info.run_id, params=items[start:start + 100], tags=[RunTag("pgt.kind", "train")]
+                         if start == 0 and "pgt.kind" not in all_tags else [])
+    return run.info.run_id
+
+
+def end_run(tracking: TrackingConfig, status: str = "FINISHED") -> None:
+    _client(tracking.tracking_uri).set_terminated(tracking.run_id, status=status)
+
+
+def metric_key(name: str) -> str:
+    return name.replace("@", "_at_")
+
+
+def metrics_of(prefix: str, metrics: dict) -> dict[str, float]:
+    """`{prefix}_{metric}` for the numeric entries of a compute_all dict (n and the history splits included)."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, dict):
+            out.update(metrics_of(f"{prefix}_{key}", value))
+        elif isinstance(value, (int, float)) and value == value:  # NaN (an empty split) is left out
+            out[f"{prefix}_{metric_key(key)}"] = float(value)
+    return out
+
+
+class EpochLogger:
+    """on_epoch callback for rank 0: train loss, learning rate, throughput and validation metrics, step = epoch."""
+
+    def __init__(self, tracking: TrackingConfig):
+        self.tracking = tracking
+        self.client = _client(tracking.tracking_uri)
+
+    def __call__(self, row: dict, checkpoint_dir=None) -> None:
+        from mlflow.entities import Metric
+
+        values = {"train_loss": row["train_loss"], "lr": row["lr"], "samples_per_second": row["samples_per_second"],
+                  "epoch_seconds": row["seconds"]}
+        values |= {k: v for k, v in metrics_of("validation", row["validation"]).items() if "history" not in k}
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.tracking.run_id,
+                              metrics=[Metric(k, float(v), now, row["epoch"]) for k, v in values.items()])
+
+
+def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: Path) -> str | None:
+    """After training (rank 0): test and final validation metrics, metrics.json, the manifest, the explain
+    PNGs and the best checkpoint as an MLflow PyTorch model. Returns the model's URI (None if not logged)."""
+    import mlflow
+
+    client = _client(tracking.tracking_uri)
+    run_id = tracking.run_id
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    final = metrics_of("test", result["test"]) | metrics_of("best_validation", result["validation"])
+    final |= {"best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"],
+              "train_seconds": result["train_seconds"], "parameters": result["parameters"]}
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in final.items()])
+    client.log_artifact(run_id, str(out_dir / "metrics.json"))
+    client.log_artifact(run_id, str(Path(data_dir) / "manifest.json"), artifact_path="data")
+    if not tracking.log_model or not (out_dir / "best.pt").is_file():
+        return None
+    from pgt.explain import explain
+
+    for png in explain(out_dir / "best.pt", data_dir, out_dir / "plots"):
+        client.log_artifact(run_id, str(png), artifact_path="plots")
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    with mlflow.start_run(run_id=run_id):
+        info = log_pytorch_model(out_dir / "best.pt", data_dir)
+    return info.model_uri
+
+
+def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
+    """Log best.pt as `pgt.model.PackedModel` (pickled, with the pgt package as code, so that loading it
+    gives the class back; torch.export's pt2 format would return an fx graph with a fixed history length).
+    The signature leaves batch and history length free; the input example is five test samples."""
+    import mlflow.pytorch
+    import numpy as np
+    import torch
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import Schema, TensorSpec
+
+    import pgt
+    from pgt.data import SequenceDataset
+    from pgt.explain import load_checkpoint
+    from pgt.model import PackedModel
+
+    model, cfg = load_checkpoint(checkpoint)
+    packed = PackedModel(model).eval()
+    example = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len).__getitems__(list(range(5)))
+    signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.int64), (-1, 6, -1))]),
+                               outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, cfg.num_locations))]))
+    return mlflow.pytorch.log_model(
+        packed, name=name, serialization_format="pickle", signature=signature,
+        input_example=example.packed().numpy(), code_paths=[str(Path(pgt.__file__).parent)],
+        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"])
+
+
+def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:
+    """Register a version; the alias `champion` moves to it only when its validation Acc@1 beats the
+    current champion's. Both values stay on the new version as tags."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    mlflow.set_tracking_uri(tracking_uri)
+    client = _client(tracking_uri)
+    version = mlflow.register_model(model_uri, name, tags={SCORE_TAG: repr(float(validation_acc1)), "run_id": run_id})
+    try:
+        champion = client.get_model_version_by_alias(name, CHAMPION)
+    except MlflowException:
+        champion = None
+    rival = float(champion.tags.get(SCORE_TAG, "-inf")) if champion is not None else None
+    promoted = rival is None or validation_acc1 > rival
+    client.set_model_version_tag(name, version.version, RIVAL_TAG, "none" if rival is None else repr(rival))
+    client.set_model_version_tag(name, version.version, "champion_decision",
+                                 "promoted" if promoted else f"kept version {champion.version}")
+    if promoted:
+        client.set_registered_model_alias(name, CHAMPION, version.version)
+    return {"name": name, "version": int(version.version), "promoted": promoted,
+            "champion_version": int(version.version) if promoted else int(champion.version),
+            "validation_acc@1": validation_acc1, "champion_validation_acc@1": rival}
+
+
+def load_model(model_uri: str, tracking_uri: str | None = None):
+    """A logged PackedModel (models:/NAME@champion, runs:/ID/model, ...), in eval mode on the CPU."""
+    import mlflow
+    import mlflow.pytorch
+
+    mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
+    return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval()
+
+
+def run_url(tracking_uri: str, run_id: str) -> str:
+    """Where a person finds the run: the UI address for a server, the store URI otherwise."""
+    if tracking_uri.startswith("http"):
+        client = _client(tracking_uri)
+        run = client.get_run(run_id)
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+    return f"{tracking_uri} run {run_id}"
+
+
+def _flatten(values: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, tuple)) else value
+    return out

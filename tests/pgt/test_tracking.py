@@ -1,0 +1,108 @@
+"""MLflow tracking against a real tracking server: what a run logs, the champion rule, evaluate and predict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pgt.tracking import RIVAL_TAG, SCORE_TAG, register_model
+
+PGT = [sys.executable, "-m", "pgt.cli"]
+
+pytestmark = pytest.mark.slow
+
+
+def run(*args, **kwargs):
+    return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, timeout=600, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def registered_run(synthetic_sequences, tmp_path_factory, mlflow_server):
+    """`pgt train --register synth` against the server: 3 epochs on the synthetic sequences."""
+    out = tmp_path_factory.mktemp("tracked") / "run"
+    r = run("train", "--data", synthetic_sequences, "--out", out, "--epochs", "3", "--tracking-uri", mlflow_server,
+            "--experiment", "tracking-test", "--register", "synth")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "registered synth version 1" in r.stdout and "now champion" in r.stdout
+    assert f"{mlflow_server}/#/experiments/" in r.stdout  # where to look in the UI
+    return json.loads((out / "metrics.json").read_text())
+
+
+def test_run_logs_config_epochs_test_metrics_artifacts_and_model(registered_run, mlflow_server):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    run_id = registered_run["mlflow"]["run_id"]
+    data = client.get_run(run_id).data
+    assert data.params["d_model"] == "64" and data.params["model"] == "pgt" and data.params["label_smoothing"] == "0.03"
+    assert data.metrics["test_acc_at_1"] == pytest.approx(registered_run["test"]["acc@1"])
+    assert data.metrics["test_in_history_mrr"] == pytest.approx(registered_run["test"]["in_history"]["mrr"])
+    losses = client.get_metric_history(run_id, "train_loss")
+    assert [m.step for m in sorted(losses, key=lambda m: m.step)] == [0, 1, 2]
+    names = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "plots")}
+    assert {"metrics.json", "data", "plots/gate.png", "plots/pointer_attention.png", "plots/position_bias.png",
+            "plots/attention_entropy.png"} <= names
+    version = client.get_model_version_by_alias("synth", "champion")
+    assert version.tags[SCORE_TAG] == repr(registered_run["validation"]["acc@1"]) and version.tags[RIVAL_TAG] == "none"
+
+
+def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_sequences, mlflow_server):
+    r = run("evaluate", "--model", "models:/synth@champion", "--data", synthetic_sequences, "--tracking-uri", mlflow_server)
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = json.loads(r.stdout)
+    logged = registered_run["test"]
+    for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n"):
+        assert printed[key] == pytest.approx(logged[key], abs=1e-9), key
+    assert printed["in_history"]["n"] + printed["outside_history"]["n"] == printed["n"]
+
+
+def test_predict_writes_top_k(registered_run, synthetic_sequences, mlflow_server, tmp_path):
+    import numpy as np
+    import polars as pl
+
+    out = tmp_path / "pred.parquet"
+    r = run("predict", "--model", "models:/synth@champion", "--input", synthetic_sequences / "test.parquet",
+            "--out", out, "--top-k", "4", "--tracking-uri", mlflow_server)
+    assert r.returncode == 0, r.stderr[-3000:]
+    pred = pl.read_parquet(out)
+    assert pred.height == registered_run["test"]["n"] and pred.columns == ["row", "user", "top_locations",
+                                                                          "top_probabilities", "target"]
+    top = np.stack(pred["top_locations"].to_list())
+    probs = np.stack(pred["top_probabilities"].to_list())
+    assert top.shape[1] == 4 and (top != 0).all()  # never the padding id
+    assert (np.diff(probs, axis=1) <= 1e-7).all() and (probs.sum(axis=1) <= 1 + 1e-5).all() and (probs > 0).all()
+    hit_rate = 100 * (top[:, 0] == pred["target"].to_numpy()).mean()
+    assert hit_rate == pytest.approx(registered_run["test"]["acc@1"], abs=100 / pred.height + 1e-9)
+
+
+def test_predict_rejects_a_file_without_history_columns(registered_run, mlflow_server, tmp_path):
+    import polars as pl
+
+    bad = tmp_path / "bad.parquet"
+    pl.DataFrame({"user": [1], "locations": [[2, 3]]}).write_parquet(bad)
+    r = run("predict", "--model", "models:/synth@champion", "--input", bad, "--out", tmp_path / "o.parquet",
+            "--tracking-uri", mlflow_server)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert str(bad) in r.stderr and "missing column(s) time_slots, weekdays, recency, durations" in r.stderr
+
+
+def test_champion_moves_only_to_a_better_validation_score(registered_run, mlflow_server):
+    """Versions with validation Acc@1 50, 40 (kept out) and 60 (promoted); both scores stay as tags."""
+    from mlflow.tracking import MlflowClient
+
+    uri, run_id = registered_run["mlflow"]["model_uri"], registered_run["mlflow"]["run_id"]
+    first = register_model(mlflow_server, "rule", uri, run_id, 50.0)
+    worse = register_model(mlflow_server, "rule", uri, run_id, 40.0)
+    tie = register_model(mlflow_server, "rule", uri, run_id, 50.0)
+    better = register_model(mlflow_server, "rule", uri, run_id, 60.0)
+    assert first["promoted"] and not worse["promoted"] and not tie["promoted"] and better["promoted"]
+    client = MlflowClient(mlflow_server)
+    assert client.get_model_version_by_alias("rule", "champion").version == str(better["version"])
+    kept = client.get_model_version("rule", str(worse["version"]))
+    assert kept.tags[SCORE_TAG] == "40.0" and kept.tags[RIVAL_TAG] == "50.0"
+    assert kept.tags["champion_decision"] == f"kept version {first['version']}"
+    promoted = client.get_model_version("rule", str(better["version"]))
+    assert promoted.tags[RIVAL_TAG] == "50.0" and promoted.tags["champion_decision"] == "promoted"
