@@ -189,6 +189,73 @@ def predict(
     typer.echo(f"wrote {out}: top-{top_k} locations for {rows:,} sequences")
 
 
+class SearchAlg(str, Enum):
+    optuna = "optuna"
+    random = "random"
+
+
+@app.command()
+def tune(
+    data: Path | None = typer.Option(None, "--data", help="A `pgt preprocess` output folder."),
+    out: Path | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/."),
+    trials: int = typer.Option(20, "--trials", min=1, help="Configurations to try."),
+    epochs: int = typer.Option(30, "--epochs", min=1, help="At most this many epochs per trial (ASHA may stop it sooner)."),
+    address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS", help="Ray cluster to run on; default a local Ray."),
+    max_concurrent: int = typer.Option(2, "--max-concurrent", min=1, help="Trials at once."),
+    workers_per_trial: int = typer.Option(1, "--workers-per-trial", min=1, help="W > 1 runs a TorchTrainer of W workers per trial."),
+    cpus_per_trial: float = typer.Option(1.0, "--cpus-per-trial", help="Ray CPUs a one-worker trial reserves."),
+    cpus_per_worker: float = typer.Option(1.0, "--cpus-per-worker", help="With W > 1: Ray CPUs per training worker."),
+    gpus_per_worker: float = typer.Option(0.0, "--gpus-per-worker", help="GPUs per training worker (fractions share one)."),
+    search: SearchAlg = typer.Option(SearchAlg.optuna, "--search", help="optuna (TPE) or random."),
+    grace_period: int = typer.Option(3, "--grace-period", min=1, help="ASHA: epochs before a trial may be stopped."),
+    seed: int = typer.Option(0, "--seed"),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+                                            help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
+    experiment: str = typer.Option("pgt", "--experiment", help="MLflow experiment."),
+    register: str | None = typer.Option(None, "--register", help="Register the best trial's model under this name."),
+    resume: Path | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
+) -> None:
+    """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE)."""
+    from pgt.tracking import TrackingConfig, resolve_tracking_uri, run_url
+    from tune.report import print_sweep
+    from tune.sweep import SweepConfig, SweepInterrupted, run_sweep
+
+    try:
+        if resume is not None:
+            saved = resume / "sweep.json"
+            if not saved.is_file():
+                raise FileNotFoundError(f"{resume}: no sweep.json; expected the --out folder of an earlier `pgt tune`")
+            state = json.loads(saved.read_text())
+            spec = SweepConfig.from_dict(state["sweep"])
+            tracking = TrackingConfig.from_dict(state["tracking"]) if state["tracking"] else None
+            register = register or state.get("register")
+        else:
+            if data is None or out is None:
+                raise ValueError("--data and --out are required (or --resume DIR)")
+            spec = SweepConfig(data_dir=str(data), out_dir=str(out), trials=trials, epochs=epochs,
+                               max_concurrent=max_concurrent, workers_per_trial=workers_per_trial,
+                               cpus_per_trial=cpus_per_trial, cpus_per_worker=cpus_per_worker,
+                               gpus_per_worker=gpus_per_worker, search=search.value, grace_period=grace_period, seed=seed)
+            tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), experiment=experiment)
+            from pgt.data import Vocab
+
+            Vocab.from_manifest(data)  # a wrong --data fails here, not inside every trial
+        result = run_sweep(spec, tracking, address=address, resume=resume is not None, register=register)
+    except SweepInterrupted as exc:
+        typer.echo(f"interrupted: {exc}", err=True)
+        raise typer.Exit(code=130)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        _fail(str(exc))
+    print_sweep(result)
+    typer.echo(f"wrote {Path(spec.out_dir) / 'tune.json'}")
+    if "mlflow" in result:
+        typer.echo(f"mlflow: {run_url(result['mlflow']['tracking_uri'], result['mlflow']['run_id'])}")
+        registered = result["mlflow"].get("registered")
+        if registered:
+            verdict = "now champion" if registered["promoted"] else f"champion stays version {registered['champion_version']}"
+            typer.echo(f"registered {registered['name']} version {registered['version']}: {verdict}")
+
+
 @app.command()
 def explain(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="best.pt or checkpoints/epoch_NNN/checkpoint.pt."),

@@ -51,7 +51,9 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        # the dashboard process serves the State API that Ray Train's controller polls; it binds 127.0.0.1
+        # Ray's Prometheus metrics export costs ~10% of a 2-core machine and nothing here reads it; the
+        # dashboard stays (it serves the State API that Ray Train's controller polls) on 127.0.0.1
+        os.environ.setdefault("RAY_enable_metrics_collection", "0")
         ray.init(num_cpus=num_cpus or os.cpu_count(), log_to_driver=True, _node_ip_address="127.0.0.1")
     try:
         yield
@@ -109,6 +111,8 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) >= launch.workers
     resources = {"CPU": launch.cpus_per_worker} | ({"GPU": 1} if use_gpu else {})
+    if not config.get("threads"):  # a worker uses the CPUs it reserved, as Ray's OMP_NUM_THREADS says
+        config = {**config, "threads": max(1, int(launch.cpus_per_worker))}
     trainer = TorchTrainer(
         ray_train_loop,
         train_loop_config={**config, "print_epochs": print_epochs},
@@ -123,7 +127,7 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
 
 
 def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=None,
-                 on_epoch: Callable | None = None) -> dict:
+                 on_epoch: Callable | None = None, callbacks: list | None = None) -> dict:
     """Train (or fit a baseline) as `pgt train` does: in this process or under Ray Train, logged to MLflow
     when `tracking` (a TrackingConfig) is given, registered under the champion rule when it names a model.
     Returns the metrics.json dict, with "mlflow" (run id, model URI, registration) when tracked."""
@@ -148,7 +152,7 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
             result = train_loop_per_worker(config, on_epoch=on_epoch)
         else:
             with ray_session(launch.address, num_cpus=max(os.cpu_count() or 1, launch.workers)):
-                fit_with_ray(config, launch, out_dir)
+                fit_with_ray(config, launch, out_dir, callbacks=callbacks)
             result = json.loads((out_dir / "metrics.json").read_text())
         if tracking and tracking.register and result["mlflow"]["model_uri"]:
             from pgt.tracking import register_model
@@ -184,8 +188,8 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
             except Exception:  # the run was deleted from the store: start a new one
                 pass
     params = cfg.to_dict() | {"workers": max(1, launch.workers), "data_manifest": _manifest_summary(cfg.data_dir)}
-    run_id = start_run(tracking, params, run_name=f"{cfg.model}-{out_dir.name}",
-                       tags={"pgt.model": cfg.model, "pgt.out_dir": str(out_dir)})
+    run_id = start_run(tracking, params, run_name=tracking.run_name or f"{cfg.model}-{out_dir.name}",
+                       tags={"pgt.model": cfg.model, "pgt.out_dir": str(out_dir)}, parent_run_id=tracking.parent_run_id)
     out_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"tracking_uri": tracking.tracking_uri, "experiment": tracking.experiment,
                                   "run_id": run_id}) + "\n")

@@ -29,6 +29,8 @@ class TrackingConfig:
     run_id: str | None = None  # the run rank 0 logs into; set by start_run
     register: str | None = None  # registered model name for the best checkpoint; None: not registered
     log_model: bool = True  # log the best checkpoint as an MLflow PyTorch model (and the explain PNGs)
+    run_name: str | None = None  # the new run's name; None: "<model>-<out folder>"
+    parent_run_id: str | None = None  # nest the new run under this one (a sweep's trials)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -63,7 +63,7 @@ class TrainConfig:
     seed: int = 42
     bucket_by_length: bool = True  # batch similar history lengths together (less padding)
     amp: bool = True  # mixed precision (bfloat16/float16 autocast) when training on CUDA
-    threads: int = 0  # torch CPU threads per worker; 0 = all cores / workers
+    threads: int = 0  # torch CPU threads per worker; 0 = all cores in one process, the reserved CPUs under Ray
     resume: bool = True  # continue from the latest checkpoint in out_dir/checkpoints
     keep_checkpoints: int = 2  # epoch checkpoints kept on disk (the best model is kept apart)
 
@@ -443,7 +443,9 @@ def _wrap_ddp(model: torch.nn.Module, worker: Worker) -> torch.nn.Module:
     ids = [worker.device.index] if worker.device.type == "cuda" else None
     # the one-sided variants leave the gate (and the pointer variant the generator) out of the graph
     unused = getattr(model, "cfg", None) is not None and model.cfg.variant in ("mhsa", "pointer")
-    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
+    # broadcast_buffers off: the only buffer is the constant positional encoding, no need to sync it every step
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused, broadcast_buffers=False,
+                                   gradient_as_bucket_view=True)
 
 
 def _replicas_in_sync(model: torch.nn.Module) -> bool:

@@ -1,0 +1,108 @@
+"""Ray Tune sweeps with real Ray and MLflow: 4 trials 2 at a time, resumption, and a 2-node Ray cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_data]
+PGT = [sys.executable, "-m", "pgt.cli"]
+
+
+def tune_cli(*args, **kwargs):
+    return subprocess.run([*PGT, "tune", *map(str, args)], capture_output=True, text=True, timeout=900, **kwargs)
+
+
+def test_four_trials_two_at_once(geolife_sequences, tmp_path, mlflow_server):
+    out = tmp_path / "sweep"
+    r = tune_cli("--data", geolife_sequences, "--out", out, "--trials", 4, "--epochs", 4, "--max-concurrent", 2,
+                 "--grace-period", 1, "--tracking-uri", mlflow_server, "--experiment", "sweep-test", "--register", "swept")
+    assert r.returncode == 0, r.stderr[-4000:]
+    result = json.loads((out / "tune.json").read_text())
+    rows = result["trials"]
+    assert len(rows) == 4 and len({row["trial_id"] for row in rows}) == 4
+    assert all(row["config"]["d_model"] % row["config"]["nhead"] == 0 for row in rows)
+    finished = [row for row in rows if row["status"] == "finished"]
+    assert finished and result["best_validation_acc@1"] == max(row["best_validation_acc@1"] for row in finished)
+    best = next(row for row in rows if row["trial_id"] == result["best_trial"])
+    assert best["config"] == result["best_config"] and 0 < result["best_test"]["acc@1"] <= 100
+    # two trials ran at the same time: some pair's [start, last report] intervals overlap
+    spans = sorted((row["started_at"], row["last_report_at"]) for row in rows)
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+    assert "trials;" in r.stdout and "val acc@1" in r.stdout  # the printed table
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server)
+    parent = result["mlflow"]["run_id"]
+    children = client.search_runs([client.get_run(parent).info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent}'")
+    assert len(children) == 4 and {c.info.status for c in children} <= {"FINISHED", "KILLED"}
+    assert all(len(client.get_metric_history(c.info.run_id, "validation_acc_at_1")) >= 1 for c in children)
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert {"trials.png", "tune.json"} <= {a.path for a in client.list_artifacts(parent)}
+    assert client.get_run(parent).data.metrics["best_test_acc_at_1"] == pytest.approx(result["best_test"]["acc@1"])
+    assert client.get_model_version_by_alias("swept", "champion").version == "1"
+
+
+def test_interrupted_sweep_resumes_without_rerunning_finished_trials(geolife_sequences, tmp_path):
+    out = tmp_path / "sweep"
+    proc = subprocess.Popen([*PGT, "tune", "--data", str(geolife_sequences), "--out", str(out), "--trials", "3",
+                             "--epochs", "3", "--max-concurrent", "1", "--grace-period", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    while not list((out / "trials").glob("*/metrics.json")):
+        assert proc.poll() is None, proc.stdout.read()[-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, output[-3000:]
+    assert "resume it with `pgt tune --resume" in output
+    done_before = {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/metrics.json")}
+    assert 1 <= len(done_before) < 3
+
+    r = tune_cli("--resume", out)
+    assert r.returncode == 0, r.stderr[-4000:]
+    result = json.loads((out / "tune.json").read_text())
+    assert len(result["trials"]) == 3 and all(row["status"] == "finished" for row in result["trials"])
+    for trial_id, mtime in done_before.items():  # finished trials were not trained again
+        assert (out / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path):
+    """A head and a worker node on 127.0.0.1, each with 1 CPU and its own custom resource; stopped afterwards."""
+    port = free_port()
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    ray = [str(os.path.join(os.path.dirname(sys.executable), "ray"))]
+    common = ["--num-cpus", "1", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+    head = subprocess.run([*ray, "start", "--head", "--port", str(port), "--include-dashboard", "false",
+                           "--resources", '{"node_a": 1}', *common], env=env, capture_output=True, text=True, timeout=120)
+    assert head.returncode == 0, head.stderr
+    try:
+        worker = subprocess.run([*ray, "start", "--address", f"127.0.0.1:{port}", "--resources", '{"node_b": 1}',
+                                 *common], env=env, capture_output=True, text=True, timeout=120)
+        assert worker.returncode == 0, worker.stderr
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([*ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_sweep_spreads_over_a_two_node_cluster(geolife_sequences, tmp_path, two_node_cluster):
+    out = tmp_path / "sweep"
+    r = tune_cli("--data", geolife_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
+                 "--grace-period", 2, "--address", two_node_cluster)
+    assert r.returncode == 0, r.stderr[-4000:]
+    result = json.loads((out / "tune.json").read_text())
+    nodes = {row["node_id"] for row in result["trials"]}
+    assert len(nodes) == 2 and None not in nodes  # one trial on each node (1 CPU each, 1 CPU per trial)
+    assert all(row["status"] == "finished" for row in result["trials"])

@@ -1,0 +1,332 @@
+"""`pgt tune`: a Ray Tune sweep over the PGT's hyper-parameters, on a local Ray or a Ray cluster.
+
+Each trial runs the same training (`pgt.distributed.run_training`): in the trial's process when it has
+one worker, or as a TorchTrainer inside the trial with W > 1 workers, reporting to Tune through
+`TuneReportCallback` (the pattern Ray Train V2 documents for Train with Tune). ASHA stops bad trials
+early; Optuna's TPE proposes configurations (random search on request). MLflow gets a parent run per
+sweep and a child run per trial; the best trial's checkpoint is evaluated on test, logged to the parent
+run and registered under the champion rule. `DIR/tune.json` holds the best config and a row per trial.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pgt.train import TrainConfig
+from tune.space import SEARCHED, SearchSpace
+
+METRIC = "validation_acc@1"  # what ASHA and the searcher maximise, reported every epoch
+EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
+
+
+@dataclass
+class SweepConfig:
+    data_dir: str  # a `pgt preprocess` folder
+    out_dir: str  # tune.json, sweep.json, trials/<id>/ and the Tune experiment under ray/
+    trials: int = 20  # configurations to try
+    epochs: int = 30  # at most, per trial (ASHA's max_t)
+    max_concurrent: int = 2  # trials at once
+    workers_per_trial: int = 1  # 1: train in the trial's process; W > 1: a TorchTrainer of W workers per trial
+    cpus_per_trial: float = 1.0  # Ray CPUs a one-worker trial reserves (its torch threads)
+    cpus_per_worker: float = 1.0  # with W > 1: Ray CPUs per training worker (the trial's driver takes 0.5 more)
+    gpus_per_worker: float = 0.0  # GPUs per training worker (per trial when W == 1)
+    search: str = "optuna"  # "optuna" (TPE) or "random"
+    grace_period: int = 3  # ASHA: epochs every trial gets before it may be stopped
+    reduction_factor: int = 2  # ASHA: keep the best 1/reduction_factor at each rung
+    seed: int = 0  # the searcher's seed and every trial's training seed
+    select_on: str = "acc@1"  # training's early stopping inside a trial (see TrainConfig)
+    space: SearchSpace = field(default_factory=SearchSpace)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.space, dict):
+            self.space = SearchSpace.from_dict(self.space)
+        if self.search not in ("optuna", "random"):
+            raise ValueError(f"search must be 'optuna' or 'random', got {self.search!r}")
+        if min(self.trials, self.epochs, self.max_concurrent, self.workers_per_trial) < 1:
+            raise ValueError("trials, epochs, max_concurrent and workers_per_trial must be at least 1")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> SweepConfig:
+        return cls(**values)
+
+    def train_config(self, hyper: dict, out_dir: Path) -> TrainConfig:
+        threads = max(1, int(self.cpus_per_trial)) if self.workers_per_trial == 1 else 0
+        return TrainConfig(data_dir=self.data_dir, out_dir=str(out_dir), epochs=self.epochs, seed=self.seed,
+                           select_on=self.select_on, threads=threads, **hyper)
+
+
+# ---------------------------------------------------------------------------------------------
+# one trial (runs in a Ray Tune trial actor)
+
+
+def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
+    """Tune's function trainable: one training run with the drawn hyper-parameters."""
+    import ray
+    import ray.tune
+
+    from pgt.distributed import LaunchConfig, flat_metrics, run_training
+    from pgt.tracking import TrackingConfig
+
+    spec = SweepConfig.from_dict(sweep)
+    context = ray.tune.get_context()
+    trial_id = context.get_trial_id()
+    out_dir = Path(spec.out_dir) / "trials" / trial_id
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "node.json").write_text(json.dumps({"node_id": ray.get_runtime_context().get_node_id(),
+                                                   "hostname": os.uname().nodename, "started_at": time.time()}) + "\n")
+    cfg = spec.train_config(SearchSpace.resolve(config), out_dir)
+    child = None
+    if tracking:
+        parent = TrackingConfig.from_dict(tracking)
+        child = dataclasses.replace(parent, run_id=None, parent_run_id=parent.run_id, log_model=False, register=None,
+                                    run_name=f"trial-{trial_id}")
+    if spec.workers_per_trial == 1:
+        run_training(cfg, LaunchConfig(workers=0), child,
+                     on_epoch=lambda row, checkpoint_dir: ray.tune.report(flat_metrics(row)))
+    else:
+        from ray.tune.integration.ray_train import TuneReportCallback
+
+        launch = LaunchConfig(workers=spec.workers_per_trial, cpus_per_worker=spec.cpus_per_worker,
+                              use_gpu=spec.gpus_per_worker > 0)
+        run_training(cfg, launch, child, callbacks=[TuneReportCallback()])
+
+
+# ---------------------------------------------------------------------------------------------
+# the sweep (the driver)
+
+
+def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resume: bool = False,
+              register: str | None = None) -> dict:
+    """Run (or resume) a sweep and return tune.json's content. `tracking` is a TrackingConfig or None."""
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+
+    from pgt.distributed import ray_session
+
+    out = Path(spec.out_dir).resolve()
+    spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
+    experiment = out / "ray" / EXPERIMENT_NAME
+    if not resume:
+        if (out / "sweep.json").exists():
+            raise ValueError(f"{out} holds a sweep already; resume it with --resume {out}, or choose another --out")
+        out.mkdir(parents=True, exist_ok=True)
+    tracking = _parent_run(spec, tracking, out, resume)
+    (out / "sweep.json").write_text(json.dumps({"sweep": spec.to_dict(), "tracking": tracking.to_dict() if tracking else None,
+                                                "register": register}, indent=2) + "\n")
+    status = "FAILED"
+    try:
+        with ray_session(address):
+            trainable = tune.with_parameters(run_trial, sweep=spec.to_dict(),
+                                             tracking=tracking.to_dict() if tracking else None)
+            trainable = tune.with_resources(trainable, _trial_resources(spec))
+            if resume and tune.Tuner.can_restore(str(experiment)):
+                tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
+            else:
+                scheduler = ASHAScheduler(time_attr="training_iteration", max_t=spec.epochs,
+                                          grace_period=min(spec.grace_period, spec.epochs),
+                                          reduction_factor=spec.reduction_factor)
+                tuner = tune.Tuner(
+                    trainable,
+                    param_space={} if spec.search == "optuna" else spec.space.random_space(),
+                    tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
+                                                search_alg=_searcher(spec), num_samples=spec.trials,
+                                                max_concurrent_trials=spec.max_concurrent),
+                    run_config=tune.RunConfig(name=EXPERIMENT_NAME, storage_path=str(out / "ray"), verbose=1),
+                )
+            grid = tuner.fit()
+            nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        unfinished = [t for t in grid._experiment_analysis.trials if t.status not in ("TERMINATED", "ERROR")]
+        if unfinished or len(grid) < spec.trials:
+            status = "KILLED"
+            raise SweepInterrupted(f"{out}: sweep interrupted with {len(grid) - len(unfinished)} of {spec.trials} "
+                                   f"trials done; resume it with `pgt tune --resume {out}`")
+        result = summarise(spec, grid, nodes)
+        if tracking:
+            result["mlflow"] = _log_sweep(spec, tracking, result, register)
+        (out / "tune.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+        status = "FINISHED"
+        return result
+    finally:
+        if tracking:
+            _close_trial_runs(tracking, out)
+            from pgt.tracking import end_run
+
+            end_run(tracking, status)
+
+
+class SweepInterrupted(RuntimeError):
+    """The sweep stopped (Ctrl+C, SIGINT) before every trial ended; its state is saved for --resume."""
+
+
+def _trial_resources(spec: SweepConfig) -> dict:
+    if spec.workers_per_trial == 1:
+        return {"CPU": spec.cpus_per_trial} | ({"GPU": spec.gpus_per_worker} if spec.gpus_per_worker else {})
+    return {"CPU": 0.5}  # the trial's driver; its workers reserve their own CPUs (and GPUs)
+
+
+def _searcher(spec: SweepConfig):
+    if spec.search == "random":
+        return None
+    from ray.tune.search import ConcurrencyLimiter
+    from ray.tune.search.optuna import OptunaSearch
+
+    searcher = OptunaSearch(space=spec.space.optuna_space(), metric=METRIC, mode="max", seed=spec.seed)
+    return ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
+
+
+def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
+    """tune.json: a row per trial (config, status, epochs, best validation Acc@1, test metrics when it
+    finished), the best finished trial and its config."""
+    rows = []
+    for result in grid:
+        metrics = result.metrics or {}
+        trial_id = metrics.get("trial_id") or Path(result.path).name.split("_")[-2]
+        trial_dir = Path(spec.out_dir) / "trials" / trial_id
+        hyper = SearchSpace.resolve(result.config)
+        node = json.loads((trial_dir / "node.json").read_text()) if (trial_dir / "node.json").is_file() else {}
+        done = json.loads((trial_dir / "metrics.json").read_text()) if (trial_dir / "metrics.json").is_file() else None
+        history = json.loads((trial_dir / "metrics.json").read_text())["history"] if done else []
+        row = {
+            "trial_id": trial_id, "config": hyper,
+            "status": "error" if result.error else ("finished" if done else "stopped early (ASHA)"),
+            "epochs": done["epochs_run"] if done else metrics.get("training_iteration", 0),
+            "best_validation_acc@1": done["validation"]["acc@1"] if done else _best_seen(result),
+            "test": {k: v for k, v in done["test"].items() if not isinstance(v, dict)} if done else None,
+            "node_id": node.get("node_id"), "node_address": nodes.get(node.get("node_id", ""), None),
+            "started_at": node.get("started_at"), "last_report_at": metrics.get("timestamp"),
+            "mlflow_run_id": _trial_run_id(trial_dir),
+        }
+        if done:
+            row["train_loss_last"] = history[-1]["train_loss"] if history else None
+        rows.append(row)
+    finished = [r for r in rows if r["status"] == "finished"]
+    if not finished:
+        raise RuntimeError(f"{spec.out_dir}: no trial finished ({len(rows)} trials: "
+                           f"{', '.join(sorted({r['status'] for r in rows}))})")
+    best = max(finished, key=lambda r: r["best_validation_acc@1"])
+    rows.sort(key=lambda r: -(r["best_validation_acc@1"] if r["best_validation_acc@1"] is not None else -math.inf))
+    return {"best_trial": best["trial_id"], "best_config": best["config"],
+            "best_validation_acc@1": best["best_validation_acc@1"], "best_test": best["test"],
+            "best_checkpoint": str(Path(spec.out_dir) / "trials" / best["trial_id"] / "best.pt"),
+            "trials": rows, "sweep": spec.to_dict()}
+
+
+def _best_seen(result) -> float | None:
+    frame = result.metrics_dataframe
+    if frame is None or METRIC not in frame:
+        return None
+    return float(frame[METRIC].max())
+
+
+def _trial_run_id(trial_dir: Path) -> str | None:
+    record = trial_dir / "mlflow_run.json"
+    return json.loads(record.read_text())["run_id"] if record.is_file() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# MLflow: the parent run, the plot, the best model
+
+
+def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
+    if tracking is None:
+        return None
+    from pgt.tracking import _client, start_run
+
+    saved = out / "sweep.json"
+    if resume and saved.is_file():
+        previous = json.loads(saved.read_text()).get("tracking")
+        if previous and previous["tracking_uri"] == tracking.tracking_uri:
+            _client(tracking.tracking_uri).update_run(previous["run_id"], status="RUNNING")
+            return dataclasses.replace(tracking, run_id=previous["run_id"])
+    params = {k: v for k, v in spec.to_dict().items() if k != "space"} | {"space": spec.space.to_dict()}
+    run_id = start_run(tracking, params, run_name=f"sweep-{out.name}", tags={"pgt.kind": "sweep"})
+    return dataclasses.replace(tracking, run_id=run_id)
+
+
+def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) -> dict:
+    """Parent run: best config, the best trial's test metrics (evaluated again here), the trials plot,
+    tune.json, the best checkpoint as a model; registered under the champion rule when asked."""
+    import time
+
+    import torch
+    from mlflow.entities import Metric, Param
+
+    import mlflow
+    from pgt.data import load_splits
+    from pgt.explain import load_checkpoint
+    from pgt.tracking import _client, log_pytorch_model, metrics_of, register_model
+    from pgt.train import evaluate, model_scores
+
+    client = _client(tracking.tracking_uri)
+    model, cfg = load_checkpoint(result["best_checkpoint"])
+    test = evaluate(model_scores(model), load_splits(spec.data_dir, cfg.max_len)["test"], 1024, torch.device("cpu"))
+    result["best_test"] = {k: v for k, v in test.items() if not isinstance(v, dict)}
+    now = int(time.time() * 1000)
+    metrics = metrics_of("best_test", test) | {"best_validation_acc_at_1": result["best_validation_acc@1"],
+                                               "trials_finished": sum(r["status"] == "finished" for r in result["trials"]),
+                                               "trials": len(result["trials"])}
+    client.log_batch(tracking.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                     params=[Param(f"best.{k}", str(v)) for k, v in result["best_config"].items()])
+    out = Path(spec.out_dir)
+    plot = plot_trials(result["trials"], out / "trials.png")
+    client.log_artifact(tracking.run_id, str(plot))
+    (out / "tune.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+    client.log_artifact(tracking.run_id, str(out / "tune.json"))
+    mlflow.set_tracking_uri(tracking.tracking_uri)
+    with mlflow.start_run(run_id=tracking.run_id):
+        info = log_pytorch_model(Path(result["best_checkpoint"]), Path(spec.data_dir))
+    logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": info.model_uri}
+    if register:
+        logged["registered"] = register_model(tracking.tracking_uri, register, info.model_uri, tracking.run_id,
+                                              result["best_validation_acc@1"])
+    return logged
+
+
+def _close_trial_runs(tracking, out: Path) -> None:
+    """Child runs of trials that ASHA stopped (or that died) stay RUNNING in MLflow: mark them KILLED."""
+    from pgt.tracking import _client
+
+    client = _client(tracking.tracking_uri)
+    for record in (out / "trials").glob("*/mlflow_run.json"):
+        run_id = json.loads(record.read_text())["run_id"]
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status="KILLED")
+
+
+def plot_trials(rows: list[dict], path: Path) -> Path:
+    """Best validation Acc@1 of every trial against each searched parameter (finished trials filled)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
+    for ax, name in zip(axes.flat, SEARCHED):
+        for finished, marker in ((True, "o"), (False, "x")):
+            pts = [(r["config"][name], r["best_validation_acc@1"]) for r in rows
+                   if (r["status"] == "finished") == finished and r["best_validation_acc@1"] is not None]
+            if pts:
+                x, y = zip(*pts)
+                ax.scatter(x, y, marker=marker, alpha=0.8, label="finished" if finished else "stopped early")
+        if name in ("lr", "weight_decay"):
+            ax.set_xscale("log")
+        ax.set_xlabel(name)
+        ax.set_ylabel("best validation Acc@1 (%)")
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"{len(rows)} trials: validation Acc@1 against each searched parameter")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
