@@ -163,6 +163,9 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
             (out_dir / "metrics.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
         status = "FINISHED"
         return result
+    except BaseException as exc:  # SystemExit: a Tune scheduler stopped the trial; Ctrl+C: the user did
+        status = "FAILED" if isinstance(exc, Exception) else "KILLED"
+        raise
     finally:
         if tracking:
             from pgt.tracking import end_run

@@ -5,13 +5,12 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from tune.space import SEARCHED
-
 
 def print_sweep(result: dict) -> None:
     table = Table(title=f"{len(result['trials'])} trials; best {result['best_trial']}: validation acc@1 "
                         f"{result['best_validation_acc@1']:.2f}, test acc@1 {result['best_test']['acc@1']:.2f}")
-    for col in ("trial", *SEARCHED, "epochs", "val acc@1", "test acc@1", "status"):
+    for col in ("trial", "d_model", "nhead", "layers", "dropout", "lr", "weight decay", "epochs", "val acc@1",
+                "test acc@1", "status"):
         table.add_column(col, justify="left" if col in ("trial", "status") else "right")
     for row in result["trials"]:
         c = row["config"]
@@ -20,4 +19,4 @@ def print_sweep(result: dict) -> None:
                       f"{c['lr']:.1e}", f"{c['weight_decay']:.1e}", str(row["epochs"]),
                       f"{val:.2f}" if val is not None else "-",
                       f"{row['test']['acc@1']:.2f}" if row["test"] else "-", row["status"])
-    Console().print(table)
+    Console(width=max(Console().width, 130)).print(table)

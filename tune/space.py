@@ -9,6 +9,7 @@ space with Ray Tune's own samplers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from dataclasses import dataclass
 
@@ -35,17 +36,8 @@ class SearchSpace:
         return [h for h in self.nhead if d_model % h == 0]
 
     def optuna_space(self):
-        """A define-by-run function for ray.tune.search.optuna.OptunaSearch."""
-
-        def define(trial) -> None:
-            d = trial.suggest_categorical("d_model", list(self.d_model))
-            trial.suggest_categorical(f"nhead_d{d}", self.heads_for(d))
-            trial.suggest_int("num_layers", min(self.num_layers), max(self.num_layers))
-            trial.suggest_float("dropout", *self.dropout)
-            trial.suggest_float("lr", *self.lr, log=True)
-            trial.suggest_float("weight_decay", *self.weight_decay, log=True)
-
-        return define
+        """A define-by-run function for ray.tune.search.optuna.OptunaSearch (picklable: Tune saves the searcher)."""
+        return functools.partial(_define, self)
 
     def random_space(self) -> dict:
         """A Ray Tune param_space for random search (the BasicVariantGenerator)."""
@@ -77,6 +69,15 @@ class SearchSpace:
     @classmethod
     def from_dict(cls, values: dict) -> SearchSpace:
         return cls(**{k: tuple(v) for k, v in values.items()})
+
+
+def _define(space: SearchSpace, trial) -> None:
+    d = trial.suggest_categorical("d_model", list(space.d_model))
+    trial.suggest_categorical(f"nhead_d{d}", space.heads_for(d))
+    trial.suggest_int("num_layers", min(space.num_layers), max(space.num_layers))
+    trial.suggest_float("dropout", *space.dropout)
+    trial.suggest_float("lr", *space.lr, log=True)
+    trial.suggest_float("weight_decay", *space.weight_decay, log=True)
 
 
 SEARCHED = ("d_model", "nhead", "num_layers", "dropout", "lr", "weight_decay")

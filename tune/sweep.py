@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+
 from pgt.train import TrainConfig
 from tune.space import SEARCHED, SearchSpace
 
@@ -109,7 +111,6 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
     """Run (or resume) a sweep and return tune.json's content. `tracking` is a TrackingConfig or None."""
     import ray
     from ray import tune
-    from ray.tune.schedulers import ASHAScheduler
 
     from pgt.distributed import ray_session
 
@@ -132,8 +133,8 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
             if resume and tune.Tuner.can_restore(str(experiment)):
                 tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
             else:
-                scheduler = ASHAScheduler(time_attr="training_iteration", max_t=spec.epochs,
-                                          grace_period=min(spec.grace_period, spec.epochs),
+                scheduler = FinishingASHA(time_attr="training_iteration", max_t=spec.epochs,
+                                          grace_period=max(1, min(spec.grace_period, spec.epochs - 1)),
                                           reduction_factor=spec.reduction_factor)
                 tuner = tune.Tuner(
                     trainable,
@@ -162,6 +163,17 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
             from pgt.tracking import end_run
 
             end_run(tracking, status)
+
+
+class FinishingASHA(ASHAScheduler):
+    """ASHA whose rungs lie before the last epoch, and which lets a trial that reaches it finish: plain ASHA
+    stops a trial at max_t at once, cutting off its end (test metrics, metrics.json)."""
+
+    def on_trial_result(self, tune_controller, trial, result):
+        action = super().on_trial_result(tune_controller, trial, result)
+        if action == TrialScheduler.STOP and result.get(self._time_attr, 0) >= self._max_t:
+            return TrialScheduler.CONTINUE
+        return action
 
 
 class SweepInterrupted(RuntimeError):
@@ -198,7 +210,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
         history = json.loads((trial_dir / "metrics.json").read_text())["history"] if done else []
         row = {
             "trial_id": trial_id, "config": hyper,
-            "status": "error" if result.error else ("finished" if done else "stopped early (ASHA)"),
+            "status": "error" if result.error else ("finished" if done else "stopped (ASHA)"),
             "epochs": done["epochs_run"] if done else metrics.get("training_iteration", 0),
             "best_validation_acc@1": done["validation"]["acc@1"] if done else _best_seen(result),
             "test": {k: v for k, v in done["test"].items() if not isinstance(v, dict)} if done else None,
