@@ -71,16 +71,14 @@ def synth(
     out: Path = typer.Option(..., "--out", help="Parquet file of GPS points (user_id, tracked_at, latitude, longitude)."),
 ) -> None:
     """Write synthetic GPS points: homes, workplaces, routines, exploration, noise, gaps, phone-off days."""
-    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+    import pyarrow.parquet as pq
+
+    from preprocessing.synthetic import SynthConfig, write_positionfixes
 
     if out.suffix != ".parquet":
         _fail(f"{out}: --out must name a .parquet file")
-    fixes = generate_positionfixes(SynthConfig(users=users, days=days, seed=seed))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    fixes.write_parquet(tmp, compression="zstd")
-    tmp.replace(out)
-    typer.echo(f"wrote {out}: {fixes.height:,} GPS points of {users} users over {days} days")
+    write_positionfixes(SynthConfig(users=users, days=days, seed=seed), out)
+    typer.echo(f"wrote {out}: {pq.read_metadata(out).num_rows:,} GPS points of {users} users over {days} days")
 
 
 class ModelName(str, Enum):

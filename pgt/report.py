@@ -43,3 +43,17 @@ def print_metrics(result: dict) -> None:
             "  target not in history": result["test"]["outside_history"], "validation": result["validation"]}
     console.print(metrics_table(rows, f"{result['model']}: best epoch {result['best_epoch']} of {result['epochs_run']}, "
                                       f"{result['parameters']:,} parameters, {result['samples_per_second']:.0f} samples/s"))
+
+
+def metrics_markdown(test: dict, validation_acc1: float, title: str, links: dict[str, str]) -> str:
+    """Test metrics (all, target in / not in the history) as a Markdown table, the validation Acc@1, then links."""
+    from pgt.metrics import METRIC_NAMES
+
+    rows = {"test": test, "test, target in history": test["in_history"],
+            "test, target not in history": test["outside_history"]}
+    lines = [f"# {title}", "", "| | " + " | ".join(METRIC_NAMES) + " |", "|---" * (len(METRIC_NAMES) + 1) + "|"]
+    for label, m in rows.items():
+        lines.append(f"| {label} | " + " | ".join(str(m[n]) if n == "n" else f"{m[n]:.2f}" for n in METRIC_NAMES) + " |")
+    lines += ["", f"Validation Acc@1 of the selected model: {validation_acc1:.2f}", ""]
+    lines += [f"- {name}: {value}" for name, value in links.items()]
+    return "\n".join(lines) + "\n"

@@ -45,17 +45,17 @@ def state_dir() -> Path:
     return Path(os.environ.get("PGT_STATE_DIR") or Path.cwd() / ".state").resolve()
 
 
-def default_tracking_uri() -> str:
+def default_tracking_uri(state: Path | None = None) -> str:
     """A local SQLite store under the state folder (artifacts beside it)."""
-    folder = state_dir() / "mlflow"
+    folder = (state or state_dir()) / "mlflow"
     folder.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{folder / 'mlflow.db'}"
 
 
-def resolve_tracking_uri(uri: str | None) -> str:
-    """--tracking-uri, else $MLFLOW_TRACKING_URI, else the local SQLite default. A sqlite or file path
-    is made absolute, since Ray workers run in other directories."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+def resolve_tracking_uri(uri: str | None, state: Path | None = None) -> str:
+    """--tracking-uri, else $MLFLOW_TRACKING_URI, else the local SQLite default (under `state`, by default the
+    project's state folder). A sqlite or file path is made absolute, since Ray workers run in other directories."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(state)
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
     elif "://" not in uri:

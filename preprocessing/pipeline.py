@@ -160,8 +160,7 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
                 return PreprocessResult(manifest, out_dir, reused=True)
             advance(STAGES[1])
             manifest, tables = _run_stages(input_path, input_format, config, log, advance)
-            manifest.update({"input": str(input_path), "input_format": input_format, "input_sha256": sha,
-                             "config": config.to_dict(), "version": code_version()})
+            finish_manifest(manifest, input_path, input_format, sha, config)
             _write_atomically(out_dir, manifest, tables, log)
             advance()
         except BaseException:
@@ -170,38 +169,86 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
     return PreprocessResult(manifest, out_dir, reused=False)
 
 
-def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance):
-    counts: dict = {}
-    details: dict = {}
+@dataclass
+class Stage:
+    """What one stage hands the next: its tables, and the counts and details gathered so far."""
+
+    tables: dict[str, pl.DataFrame]
+    counts: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+
+    def save(self, folder: Path) -> Path:
+        """Write the tables as Parquet and the counts as stage.json, atomically (a temporary folder, then a rename)."""
+        folder = Path(folder)
+        tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        for name, table in self.tables.items():
+            table.write_parquet(tmp / f"{name}.parquet", compression="zstd")
+        (tmp / "stage.json").write_text(json.dumps({"counts": self.counts, "details": self.details,
+                                                     "tables": sorted(self.tables)}, default=str) + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        return folder
+
+    @classmethod
+    def load(cls, folder: Path) -> Stage:
+        meta = json.loads((Path(folder) / "stage.json").read_text())
+        tables = {name: pl.read_parquet(Path(folder) / f"{name}.parquet") for name in meta["tables"]}
+        return cls(tables, meta["counts"], meta["details"])
+
+
+def _noop(name: str | None = None) -> None:
+    return None
+
+
+def stage_read(input_path: Path, input_format: str, log: StageLog | None = None, advance=_noop) -> Stage:
+    """Read and validate: the valid rows ("points") and the quarantined ones, with their counts."""
+    log = log or StageLog()
     with log.stage("read and validate"):
         if input_format == "geolife-plt":
             result = readers.read_geolife_plt(input_path)
         elif input_format == "positionfixes":
             result = readers.read_positionfixes(input_path)
-        else:
+        elif input_format == "staypoints":
             result = readers.read_staypoints(input_path)
-        counts["positionfixes_read"] = result.rows_read
-        counts["positionfixes_quarantined"] = result.quarantine.height
-        details["quarantine_reasons"] = dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
-        quarantine = result.quarantine
+        else:
+            raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+        counts = {"positionfixes_read": result.rows_read, "positionfixes_quarantined": result.quarantine.height}
+        details = {"quarantine_reasons": dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())}
         if result.table.height == 0:
             raise InputError(input_path, "no valid rows: every row was quarantined (see the reasons above)")
     advance("staypoints")
+    return Stage({"points": result.table, "quarantine": result.quarantine}, counts, details)
+
+
+def stage_staypoints(read: Stage, input_format: str, config: PreprocessConfig, log: StageLog | None = None,
+                     advance=_noop) -> Stage:
+    """Staypoints (sliding; given ones pass through), each user's tracked days, and the activity flag."""
+    log = log or StageLog()
+    points = read.tables["points"]
+    counts, details = dict(read.counts), dict(read.details)
     with log.stage("staypoints"):
         if input_format == "staypoints":
-            staypoints = result.table
+            staypoints = points
             tracking = tracking_days(staypoints, "started_at", "finished_at")
         else:
-            tracking = tracking_days(result.table, "tracked_at", "tracked_at")
-            staypoints = generate_staypoints(result.table, config.staypoint_dist_threshold_m,
+            tracking = tracking_days(points, "tracked_at", "tracked_at")
+            staypoints = generate_staypoints(points, config.staypoint_dist_threshold_m,
                                              config.staypoint_time_threshold_min, config.staypoint_gap_threshold_min)
-        del result
         counts["staypoints"] = staypoints.height
     advance("activity")
     with log.stage("activity"):
         staypoints = flag_activity(staypoints, config.activity_time_threshold_min)
         counts["activity_staypoints"] = int(staypoints["is_activity"].sum())
     advance("user filter")
+    return Stage({"staypoints": staypoints, "tracking": tracking, "quarantine": read.tables["quarantine"]}, counts, details)
+
+
+def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=_noop) -> Stage:
+    """The user filter, DBSCAN locations over the kept users' activities, and the merge of repeated visits."""
+    log = log or StageLog()
+    staypoints, tracking = found.tables["staypoints"], found.tables["tracking"]
+    counts, details = dict(found.counts), dict(found.details)
     with log.stage("user filter"):
         users = filter_users(tracking, staypoints, config.min_tracking_days, config.min_mean_window_quality,
                              config.quality_window_weeks)
@@ -222,6 +269,15 @@ def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, l
         merged = merge_staypoints(located, config.merge_max_gap_min)
         counts["staypoints_merged"] = merged.height
     advance("split and samples")
+    return Stage({"merged": merged, "locations": locations, "quarantine": found.tables["quarantine"]}, counts, details)
+
+
+def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | None = None,
+                    advance=_noop) -> tuple[dict, dict[str, pl.DataFrame]]:
+    """Time features, the per-user day split, samples and vocabularies: the manifest's counts and the output tables."""
+    log = log or StageLog()
+    merged, locations = located.tables["merged"], located.tables["locations"]
+    counts, details = dict(located.counts), dict(located.details)
     with log.stage("split and samples"):
         featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
                                      config.duration_bucket_min)
@@ -237,7 +293,7 @@ def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, l
                                          maintain_order="left")
     tables = {
         **{f"{split}.parquet": samples[split] for split in SPLITS},
-        "quarantine.parquet": quarantine,
+        "quarantine.parquet": located.tables["quarantine"],
         "staypoints.parquet": kept.drop("history_start", "is_activity", strict=False),
         "locations.parquet": located_vocab,
         "users.parquet": vocab.users,
@@ -245,6 +301,41 @@ def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, l
     manifest = {"counts": counts, "vocab": {"locations": vocab.location_size, "users": vocab.user_size},
                 "details": details}
     return manifest, tables
+
+
+def finish_manifest(manifest: dict, input_path: Path, input_format: str, sha: str, config: PreprocessConfig) -> dict:
+    manifest.update({"input": str(input_path), "input_format": input_format, "input_sha256": sha,
+                     "config": config.to_dict(), "version": code_version()})
+    return manifest
+
+
+def stage_key(sha: str, input_format: str, config: PreprocessConfig) -> str:
+    """What a cached stage depends on: the input's hash, its format, the config and the code version."""
+    text = json.dumps([sha, input_format, config.to_dict(), code_version()], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cached_stage(work_dir: Path, name: str, key: str, compute) -> Path:
+    """The folder of stage `name` for `key` under work_dir: reused when complete, else `compute()` (a Stage)
+    is saved there. A rerun after a failure continues from the last finished stage."""
+    folder = Path(work_dir) / f"{name}-{key}"
+    if not (folder / "stage.json").is_file():
+        compute().save(folder)
+    return folder
+
+
+def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance):
+    read = stage_read(input_path, input_format, log, advance)
+    found = stage_staypoints(read, input_format, config, log, advance)
+    del read
+    located = stage_locations(found, config, log, advance)
+    del found
+    return stage_sequences(located, config, log, advance)
+
+
+def write_output(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFrame], log: StageLog | None = None) -> None:
+    """The final output folder, written atomically."""
+    _write_atomically(Path(out_dir), manifest, tables, log or StageLog())
 
 
 def _write_atomically(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFrame], log: StageLog) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -219,3 +220,16 @@ def generate_positionfixes(cfg: SynthConfig | None = None) -> pl.DataFrame:
             "longitude": np.round(lon, 6),
         }))
     return pl.concat(frames)
+
+
+def write_positionfixes(cfg: SynthConfig, out_file: Path | str) -> Path:
+    """Generate and write the points as Parquet, atomically. The same config writes the same bytes."""
+    out_file = Path(out_file)
+    if out_file.suffix != ".parquet":
+        raise ValueError(f"{out_file}: the synthetic points are written as a .parquet file")
+    fixes = generate_positionfixes(cfg)
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_file.with_name(f".{out_file.name}.tmp")
+    fixes.write_parquet(tmp, compression="zstd")
+    tmp.replace(out_file)
+    return out_file

@@ -1,0 +1,99 @@
+"""The flow's parameters resolved once into paths and the typed configs of each package."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+@dataclass
+class FlowSettings:
+    input_path: Path | None  # None: the synthetic default
+    input_format: str  # geolife-plt, positionfixes or staypoints
+    config_file: Path | None  # PreprocessConfig settings (YAML, JSON or TOML); None: the reference protocol
+    workers: int  # Ray Train workers; 0 = in the flow's process
+    gpu: bool | None  # None: GPUs when Ray sees them
+    tune: bool  # a Ray Tune sweep instead of one training run
+    trials: int  # sweep size
+    epochs: int  # at most, per run or trial
+    tracking_uri: str  # MLflow
+    ray_address: str | None  # a Ray cluster, or None for a local Ray
+    model_name: str  # registered model name
+    state_dir: Path  # every output lives here
+    synthetic_users: int = 50  # the synthetic default's people
+    synthetic_days: int = 120  # and days of tracking
+    synthetic_seed: int = 0
+
+    @classmethod
+    def resolve(cls, input_path, input_format, config_file, workers, gpu, tune, trials, epochs, tracking_uri,
+                ray_address, model_name, state_dir, synthetic_users: int = 50, synthetic_days: int = 120) -> FlowSettings:
+        from preprocessing.pipeline import FORMATS
+        from pgt.tracking import resolve_tracking_uri, state_dir as default_state_dir
+
+        if input_format not in FORMATS:
+            raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
+        if input_path is None and input_format != "positionfixes":
+            raise ValueError("the synthetic default input is positionfixes; give input_path for other formats")
+        if workers < 0 or trials < 1 or epochs < 1:
+            raise ValueError(f"workers must be >= 0, trials and epochs >= 1 (got {workers}, {trials}, {epochs})")
+        state = Path(state_dir).resolve() if state_dir else default_state_dir()
+        return cls(Path(input_path).resolve() if input_path else None, input_format,
+                   Path(config_file).resolve() if config_file else None, workers, gpu, tune, trials, epochs,
+                   resolve_tracking_uri(tracking_uri, state), ray_address, model_name, state, synthetic_users, synthetic_days)
+
+    @property
+    def run_name(self) -> str:
+        return self.input_path.stem if self.input_path else "synthetic"
+
+    @property
+    def synthetic_file(self) -> Path:
+        return self.state_dir / "data" / f"synthetic-{self.synthetic_users}u-{self.synthetic_days}d-{self.synthetic_seed}.parquet"
+
+    @property
+    def sequences_dir(self) -> Path:
+        config = f"-{self.config_file.stem}" if self.config_file else ""
+        return self.state_dir / "sequences" / f"{self.run_name}{config}"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.state_dir / "stages"
+
+    def stage_key(self, sha: str) -> str:
+        from preprocessing.config import load_config
+        from preprocessing.pipeline import stage_key
+
+        return stage_key(sha, self.input_format, load_config(self.config_file))
+
+    def train_config(self) -> dict:
+        from pgt.train import TrainConfig
+
+        return TrainConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "runs" / self.run_name),
+                           epochs=self.epochs).to_dict()
+
+    def launch_config(self) -> dict:
+        from pgt.distributed import LaunchConfig
+
+        return dataclasses.asdict(LaunchConfig(workers=self.workers, use_gpu=self.gpu, address=self.ray_address))
+
+    def tracking_config(self) -> dict:
+        from pgt.tracking import TrackingConfig
+
+        return TrackingConfig(self.tracking_uri, experiment="pgt").to_dict()
+
+    def sweep_config(self) -> dict:
+        from tune.sweep import SweepConfig
+
+        return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
+                           trials=self.trials, epochs=self.epochs).to_dict()
+
+    def report(self, test: dict, validation_acc1: float, logged: dict, registered: dict) -> str:
+        from pgt.report import metrics_markdown
+        from pgt.tracking import run_url
+
+        verdict = ("now champion" if registered["promoted"]
+                   else f"champion stays version {registered['champion_version']}")
+        links = {"MLflow run": run_url(logged["tracking_uri"], logged["run_id"]),
+                 "registered model": f"models:/{registered['name']}/{registered['version']} ({verdict})",
+                 "sequences": str(self.sequences_dir)}
+        what = "sweep" if self.tune else f"training ({self.workers or 1} worker{'s' if self.workers > 1 else ''})"
+        return metrics_markdown(test, validation_acc1, f"preprocess-and-train: {self.run_name}, {what}", links)

@@ -1,0 +1,125 @@
+"""Prefect tasks of the pipeline: thin, typed, each calling one function of preprocessing/, pgt/ or tune/.
+
+Only tasks doing I/O that can fail transiently retry (reading the input, publishing the artifact), and only
+on OSError; bad input fails at once with its one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+
+def _transient_io(task, task_run, state) -> bool:
+    """Retry condition: an OSError other than a missing or unreadable path."""
+    exc = state.result(raise_on_failure=False)
+    return isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError))
+
+
+@task(name="synthetic input", cache_policy=NO_CACHE)
+def synthetic_input(out_file: Path, users: int, days: int, seed: int) -> Path:
+    """The synthetic GPS default; the same (users, days, seed) writes the same bytes, so preprocessing is reused."""
+    from preprocessing.synthetic import SynthConfig, write_positionfixes
+
+    return write_positionfixes(SynthConfig(users=users, days=days, seed=seed), out_file)
+
+
+@task(name="hash input", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
+def hash_input(input_path: Path, input_format: str) -> str:
+    from preprocessing.pipeline import input_sha256
+
+    return input_sha256(input_path, input_format)
+
+
+@task(name="cached sequences", cache_policy=NO_CACHE)
+def cached_sequences(out_dir: Path, sha: str, input_format: str, config_file: Path | None) -> dict | None:
+    """The manifest of out_dir when it already holds this input's sequences under this config."""
+    from preprocessing.config import load_config
+    from preprocessing.pipeline import reusable_manifest
+
+    return reusable_manifest(out_dir, sha, input_format, load_config(config_file))
+
+
+@task(name="read and validate", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
+def read_and_validate(input_path: Path, input_format: str, work_dir: Path, key: str) -> Path:
+    from preprocessing.pipeline import cached_stage, stage_read
+
+    return cached_stage(work_dir, "read", key, lambda: stage_read(input_path, input_format))
+
+
+@task(name="staypoints", cache_policy=NO_CACHE)
+def staypoints(read_dir: Path, input_format: str, config_file: Path | None, work_dir: Path, key: str) -> Path:
+    from preprocessing.config import load_config
+    from preprocessing.pipeline import Stage, cached_stage, stage_staypoints
+
+    return cached_stage(work_dir, "staypoints", key,
+                        lambda: stage_staypoints(Stage.load(read_dir), input_format, load_config(config_file)))
+
+
+@task(name="locations", cache_policy=NO_CACHE)
+def locations(staypoints_dir: Path, config_file: Path | None, work_dir: Path, key: str) -> Path:
+    from preprocessing.config import load_config
+    from preprocessing.pipeline import Stage, cached_stage, stage_locations
+
+    return cached_stage(work_dir, "locations", key, lambda: stage_locations(Stage.load(staypoints_dir), load_config(config_file)))
+
+
+@task(name="sequences", cache_policy=NO_CACHE)
+def sequences(locations_dir: Path, input_path: Path, input_format: str, sha: str, config_file: Path | None,
+              out_dir: Path) -> dict:
+    from preprocessing.config import load_config
+    from preprocessing.pipeline import Stage, finish_manifest, stage_sequences, write_output
+
+    config = load_config(config_file)
+    manifest, tables = stage_sequences(Stage.load(locations_dir), config)
+    write_output(out_dir, finish_manifest(manifest, input_path, input_format, sha, config), tables)
+    return json.loads((out_dir / "manifest.json").read_text())
+
+
+@task(name="train", cache_policy=NO_CACHE)
+def train(train_config: dict, launch_config: dict, tracking_config: dict) -> dict:
+    """Ray Train (or one process with workers=0); the run is logged to MLflow, not registered yet."""
+    from pgt.distributed import LaunchConfig, run_training
+    from pgt.tracking import TrackingConfig
+    from pgt.train import TrainConfig
+
+    return run_training(TrainConfig.from_dict(train_config), LaunchConfig(**launch_config),
+                        TrackingConfig.from_dict(tracking_config))
+
+
+@task(name="tune", cache_policy=NO_CACHE)
+def tune(sweep_config: dict, tracking_config: dict, ray_address: str | None) -> dict:
+    """A Ray Tune sweep; its best trial's model is logged to the sweep's MLflow run, not registered yet."""
+    from pgt.tracking import TrackingConfig
+    from tune.sweep import SweepConfig, run_sweep
+
+    out = Path(sweep_config["out_dir"])
+    resume = (out / "sweep.json").is_file()  # a rerun continues an interrupted sweep
+    return run_sweep(SweepConfig.from_dict(sweep_config), TrackingConfig.from_dict(tracking_config),
+                     address=ray_address, resume=resume)
+
+
+@task(name="evaluate", cache_policy=NO_CACHE)
+def evaluate(model_uri: str, data_dir: Path, tracking_uri: str) -> dict:
+    """The logged model loaded back from MLflow and scored on the test split."""
+    from pgt.serve import evaluate_model
+
+    return evaluate_model(model_uri, data_dir, "test", tracking_uri)
+
+
+@task(name="register", cache_policy=NO_CACHE)
+def register(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:
+    """A new registry version; the alias champion moves to it only if its validation Acc@1 is better."""
+    from pgt.tracking import register_model
+
+    return register_model(tracking_uri, name, model_uri, run_id, validation_acc1)
+
+
+@task(name="publish", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
+def publish(markdown: str) -> str:
+    """The run's metrics table and MLflow address as a Prefect markdown artifact."""
+    return str(create_markdown_artifact(key="pgt-metrics", markdown=markdown, description="PGT test metrics"))

@@ -1,0 +1,90 @@
+"""The flow under Prefect's test harness (a temporary Prefect server), on the synthetic default."""
+
+from __future__ import annotations
+
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def harness():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    from flows.preprocess_and_train import preprocess_and_train
+
+    state = tmp_path_factory.mktemp("flow_state")
+    params = dict(workers=0, epochs=2, state_dir=str(state), synthetic_users=8, synthetic_days=70, model_name="flowtest",
+                  tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
+    return state, params, preprocess_and_train(**params)
+
+
+def test_flow_trains_evaluates_registers_and_publishes(first_run):
+    from mlflow.tracking import MlflowClient
+    from prefect.client.orchestration import get_client
+
+    state, params, result = first_run
+    assert result["manifest_counts"]["samples"]["train"] > 100
+    assert result["test"]["n"] == result["manifest_counts"]["samples"]["test"]
+    # the model loaded back from MLflow scores the test split exactly as the training run logged it
+    client = MlflowClient(params["tracking_uri"])
+    logged = client.get_run(result["mlflow"]["run_id"]).data.metrics
+    assert logged["test_acc_at_1"] == pytest.approx(result["test"]["acc@1"])
+    assert result["registered"]["promoted"] and str(client.get_model_version_by_alias("flowtest", "champion").version) == "1"
+    with get_client(sync_client=True) as prefect:
+        artifact = prefect.read_latest_artifacts()[0]
+    assert artifact.key == "pgt-metrics" and "| test |" in artifact.data and result["mlflow"]["run_id"] in artifact.data
+
+
+def test_rerun_reuses_the_cached_sequences(first_run):
+    from flows.preprocess_and_train import preprocess_and_train
+
+    state, params, first = first_run
+    manifest = state / "sequences" / "synthetic" / "manifest.json"
+    before = manifest.stat().st_mtime_ns
+    second = preprocess_and_train(**params)
+    assert manifest.stat().st_mtime_ns == before  # not rewritten
+    assert second["manifest_counts"] == first["manifest_counts"]
+    assert second["registered"]["version"] == 2  # a new version; champion only if its validation Acc@1 is better
+
+
+def test_bad_config_fails_the_flow_with_its_message(tmp_path):
+    from flows.preprocess_and_train import preprocess_and_train
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("location_epsilon_m: -5\n")
+    state = preprocess_and_train(workers=0, epochs=1, state_dir=str(tmp_path / "state"), synthetic_users=3,
+                                 synthetic_days=20, config_file=str(bad), return_state=True)
+    assert state.is_failed()
+    message = str(state.result(raise_on_failure=False))
+    assert str(bad) in message and "location_epsilon_m must be positive, got -5" in message
+    assert not list((tmp_path / "state").glob("stages/*/stage.json"))  # it failed before any stage ran
+
+
+def test_rerun_continues_from_the_finished_stages(tmp_path):
+    """With the final output gone (as after a failure while writing it), a rerun recomputes only the
+    sequences: read and validate, staypoints and locations come from their cached stage folders."""
+    import polars as pl
+
+    from flows.preprocess_and_train import preprocess_and_train
+    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+
+    points = tmp_path / "points.parquet"
+    generate_positionfixes(SynthConfig(users=6, days=70, seed=5)).write_parquet(points)
+    params = dict(input_path=str(points), workers=0, epochs=1, state_dir=str(tmp_path / "state"), model_name="rerun",
+                  tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    first = preprocess_and_train(**params)
+    stages = sorted((tmp_path / "state" / "stages").glob("*/stage.json"))
+    assert [p.parent.name.split("-")[0] for p in stages] == ["locations", "read", "staypoints"]
+    stamps = [p.stat().st_mtime_ns for p in stages]
+    sequences = tmp_path / "state" / "sequences" / "points"
+    (sequences / "manifest.json").unlink()
+    second = preprocess_and_train(**params)
+    assert [p.stat().st_mtime_ns for p in stages] == stamps  # not recomputed
+    assert second["manifest_counts"] == first["manifest_counts"]
+    assert (sequences / "manifest.json").is_file() and pl.read_parquet(sequences / "train.parquet").height > 0
