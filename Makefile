@@ -1,5 +1,6 @@
 # make test: create .venv, install the project with its pinned stack, run the whole test suite.
-# make demo: the pipeline on the synthetic default data (the Prefect/MLflow stack arrives with its issue).
+# make demo: start the local stack (MLflow server, Prefect server and worker), deploy prefect.yaml, run the
+#            demo deployment on the synthetic default, print its metrics and the UI addresses.
 # make stop: stop what `make demo` started.
 
 PYTHON ?= python3
@@ -23,15 +24,15 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
-	$(PGT) synth --users 50 --days 120 --seed 0 --out $(STATE)/demo/synthetic.parquet
-	$(PGT) preprocess --input $(STATE)/demo/synthetic.parquet --format positionfixes --out $(STATE)/demo/sequences
-	$(PGT) manifest $(STATE)/demo/sequences
+	PGT_VENV_BIN=$(abspath $(VENV))/bin scripts/demo.sh
 
 stop:
-	@echo "make stop: nothing is running (the demo starts no services yet)"
+	scripts/stop-stack.sh
 
 bench: install
 	$(PY) benchmarks/preprocess.py
+	$(PY) benchmarks/train.py
+	$(PY) benchmarks/ddp.py
 
 clean:
 	rm -rf $(STATE) .pytest_cache

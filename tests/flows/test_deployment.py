@@ -1,0 +1,70 @@
+"""End to end as users run it: a real Prefect server and process worker, a real MLflow server, the
+deployments of prefect.yaml, `prefect deployment run preprocess-and-train/demo`, started and stopped by the
+project's scripts on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT, free_port
+
+pytestmark = pytest.mark.slow
+SCRIPTS = PROJECT_ROOT / "scripts"
+SMALL = ["--param", "synthetic_users=8", "--param", "synthetic_days=70", "--param", "epochs=2"]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    state = tmp_path_factory.mktemp("stack")
+    env = {**os.environ, "PGT_STATE_DIR": str(state), "PREFECT_PORT": str(free_port()), "MLFLOW_PORT": str(free_port()),
+           "PGT_VENV_BIN": str(Path(sys.executable).parent)}
+    for key in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI"):
+        env.pop(key, None)
+    started = subprocess.run([SCRIPTS / "start-stack.sh"], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "preprocess-and-train/demo" in started.stdout and "preprocess-and-train/sweep" in started.stdout
+        env |= {"PREFECT_API_URL": f"http://127.0.0.1:{env['PREFECT_PORT']}/api", "PREFECT_HOME": str(state / "prefect")}
+        yield state, env
+    finally:
+        stopped = subprocess.run([SCRIPTS / "stop-stack.sh"], env=env, capture_output=True, text=True, timeout=180)
+        assert stopped.stdout.count("stopped") == 3, stopped.stdout + stopped.stderr
+        for name in ("server.pid", "worker.pid"):
+            assert not (state / "prefect" / name).exists()
+
+
+def run_demo(env) -> subprocess.CompletedProcess:
+    prefect = Path(env["PGT_VENV_BIN"]) / "prefect"
+    subprocess.run([prefect, "deployment", "run", "preprocess-and-train/demo", *SMALL, "--watch", "--watch-timeout", "600"],
+                   env=env, capture_output=True, text=True, timeout=700)
+    return subprocess.run([sys.executable, SCRIPTS / "show_run.py", "preprocess-and-train/demo"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing(stack):
+    state, env = stack
+    first = run_demo(env)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert ": Completed" in first.stdout and "test, target in history" in first.stdout
+    assert f"http://127.0.0.1:{env['MLFLOW_PORT']}/#/experiments/" in first.stdout.replace("\n", "").replace(" ", "")
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
+    champion = client.get_model_version_by_alias("pgt-demo", "champion")
+    assert champion.version == "1" and float(champion.tags["validation_acc_at_1"]) > 0
+
+    manifest = state / "sequences" / "synthetic" / "manifest.json"
+    stamp = manifest.stat().st_mtime_ns
+    second = run_demo(env)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert manifest.stat().st_mtime_ns == stamp  # the rerun reused the cached sequences
+    log = (state / "prefect" / "worker.log").read_text()
+    assert "sequences reused from" in log
+    versions = client.search_model_versions("name = 'pgt-demo'")
+    assert len(versions) == 2 and client.get_model_version_by_alias("pgt-demo", "champion").version in ("1", "2")
