@@ -33,6 +33,7 @@ bench: install
 	$(PY) benchmarks/preprocess.py
 	$(PY) benchmarks/train.py
 	$(PY) benchmarks/ddp.py
+	$(PY) benchmarks/sweep.py
 
 clean:
 	rm -rf $(STATE) .pytest_cache

@@ -141,7 +141,8 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
                     param_space={} if spec.search == "optuna" else spec.space.random_space(),
                     tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
                                                 search_alg=_searcher(spec), num_samples=spec.trials,
-                                                max_concurrent_trials=spec.max_concurrent),
+                                                max_concurrent_trials=spec.max_concurrent,
+                                                trial_dirname_creator=trial_dirname),
                     run_config=tune.RunConfig(name=EXPERIMENT_NAME, storage_path=str(out / "ray"), verbose=1),
                 )
             grid = tuner.fit()
@@ -180,6 +181,11 @@ class SweepInterrupted(RuntimeError):
     """The sweep stopped (Ctrl+C, SIGINT) before every trial ended; its state is saved for --resume."""
 
 
+def trial_dirname(trial) -> str:
+    """Tune's folder of a trial: trial_<id>, the id also naming our trials/<id> folder."""
+    return f"trial_{trial.trial_id}"
+
+
 def _trial_resources(spec: SweepConfig) -> dict:
     if spec.workers_per_trial == 1:
         return {"CPU": spec.cpus_per_trial} | ({"GPU": spec.gpus_per_worker} if spec.gpus_per_worker else {})
@@ -202,7 +208,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
     rows = []
     for result in grid:
         metrics = result.metrics or {}
-        trial_id = metrics.get("trial_id") or Path(result.path).name.split("_")[-2]
+        trial_id = Path(result.path).name.removeprefix("trial_")
         trial_dir = Path(spec.out_dir) / "trials" / trial_id
         hyper = SearchSpace.resolve(result.config)
         node = json.loads((trial_dir / "node.json").read_text()) if (trial_dir / "node.json").is_file() else {}
