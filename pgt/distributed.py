@@ -31,6 +31,7 @@ class LaunchConfig:
     address: str | None = None  # a Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None = $RAY_ADDRESS or a local Ray
     max_failures: int = 0  # worker-group restarts (from the last checkpoint) before the run fails
     cpus_per_worker: float = 1.0  # Ray CPU resources each worker reserves
+    gpus_per_worker: float = 1.0  # Ray GPU resources each worker reserves when use_gpu (fractions share a GPU)
 
     def __post_init__(self) -> None:
         if self.workers < 0 or self.max_failures < -1 or self.cpus_per_worker <= 0:
@@ -110,7 +111,7 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
     use_gpu = launch.use_gpu
     if use_gpu is None:
         use_gpu = ray.cluster_resources().get("GPU", 0) >= launch.workers
-    resources = {"CPU": launch.cpus_per_worker} | ({"GPU": 1} if use_gpu else {})
+    resources = {"CPU": launch.cpus_per_worker} | ({"GPU": launch.gpus_per_worker} if use_gpu else {})
     if not config.get("threads"):  # a worker uses the CPUs it reserved, as Ray's OMP_NUM_THREADS says
         config = {**config, "threads": max(1, int(launch.cpus_per_worker))}
     trainer = TorchTrainer(

@@ -98,7 +98,7 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
         from ray.tune.integration.ray_train import TuneReportCallback
 
         launch = LaunchConfig(workers=spec.workers_per_trial, cpus_per_worker=spec.cpus_per_worker,
-                              use_gpu=spec.gpus_per_worker > 0)
+                              use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0)
         run_training(cfg, launch, child, callbacks=[TuneReportCallback()])
 
 
