@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pgt.train import BASELINES, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker
+from pgt.train import BASELINES, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker, write_json
 
 RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
 
@@ -38,11 +38,24 @@ class LaunchConfig:
             raise ValueError("workers must be >= 0, max_failures >= -1 (-1 = no limit), cpus_per_worker > 0")
 
 
+def prepare_ray_env(address: str | None = None) -> None:
+    """The environment of the Ray this process starts or joins; it must be set before `ray` is first imported.
+
+    Token auth is off (RAY_AUTH_MODE=disabled) unless the environment says otherwise. A local Ray (no
+    address, no $RAY_ADDRESS) runs in Ray's single-node mode, which binds every port to 127.0.0.1 (Ray
+    otherwise resolves even 127.0.0.1 to the machine's address), and without its Prometheus metrics
+    export, which costs ~10% of a 2-core machine and which nothing here reads."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not (address or os.environ.get("RAY_ADDRESS")):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_enable_metrics_collection", "0")
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
     """Join the Ray cluster at `address` (or $RAY_ADDRESS), or start a local Ray on 127.0.0.1 and shut it
-    down on exit. Token auth is off (RAY_AUTH_MODE=disabled) unless the environment says otherwise."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    down on exit. The dashboard stays on (127.0.0.1): it serves the State API that Ray Train polls."""
+    prepare_ray_env(address)
     import ray
 
     if ray.is_initialized():
@@ -52,10 +65,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        # Ray's Prometheus metrics export costs ~10% of a 2-core machine and nothing here reads it; the
-        # dashboard stays (it serves the State API that Ray Train's controller polls) on 127.0.0.1
-        os.environ.setdefault("RAY_enable_metrics_collection", "0")
-        ray.init(num_cpus=num_cpus or os.cpu_count(), log_to_driver=True, _node_ip_address="127.0.0.1")
+        ray.init(num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
     try:
         yield
     finally:
@@ -161,7 +171,7 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
             result["mlflow"]["registered"] = register_model(
                 tracking.tracking_uri, tracking.register, result["mlflow"]["model_uri"], tracking.run_id,
                 result["validation"]["acc@1"])
-            (out_dir / "metrics.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+            write_json(out_dir / "metrics.json", result)
         status = "FINISHED"
         return result
     except BaseException as exc:  # SystemExit: a Tune scheduler stopped the trial; Ctrl+C: the user did
@@ -178,19 +188,14 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
     """The MLflow run: the one recorded in out_dir/mlflow_run.json when resuming it, else a new one."""
     if tracking is None:
         return None
-    from pgt.tracking import start_run
+    from pgt.tracking import reopen_run, start_run
 
     record = out_dir / "mlflow_run.json"
     if cfg.resume and record.is_file():
         saved = json.loads(record.read_text())
-        if saved.get("tracking_uri") == tracking.tracking_uri and saved.get("experiment") == tracking.experiment:
-            from pgt.tracking import _client
-
-            try:
-                _client(tracking.tracking_uri).update_run(saved["run_id"], status="RUNNING")
-                return dataclasses.replace(tracking, run_id=saved["run_id"])
-            except Exception:  # the run was deleted from the store: start a new one
-                pass
+        same_store = saved.get("tracking_uri") == tracking.tracking_uri and saved.get("experiment") == tracking.experiment
+        if same_store and reopen_run(tracking.tracking_uri, saved["run_id"]):  # else deleted: start a new run
+            return dataclasses.replace(tracking, run_id=saved["run_id"])
     params = cfg.to_dict() | {"workers": max(1, launch.workers), "data_manifest": _manifest_summary(cfg.data_dir)}
     run_id = start_run(tracking, params, run_name=tracking.run_name or f"{cfg.model}-{out_dir.name}",
                        tags={"pgt.model": cfg.model, "pgt.out_dir": str(out_dir)}, parent_run_id=tracking.parent_run_id)

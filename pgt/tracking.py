@@ -63,7 +63,7 @@ def resolve_tracking_uri(uri: str | None, state: Path | None = None) -> str:
     return uri
 
 
-def _client(tracking_uri: str):
+def mlflow_client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
     return MlflowClient(tracking_uri=tracking_uri)
@@ -74,7 +74,7 @@ def experiment_id(tracking_uri: str, name: str) -> str:
     its database (MLflow's Default experiment would write a cwd-relative ./mlruns); a server keeps its own."""
     from mlflow.exceptions import MlflowException
 
-    client = _client(tracking_uri)
+    client = mlflow_client(tracking_uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
@@ -92,7 +92,7 @@ def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = Non
     """Create a run, log `params` (flattened, every value as text), and return its id."""
     from mlflow.entities import Param, RunTag
 
-    client = _client(tracking.tracking_uri)
+    client = mlflow_client(tracking.tracking_uri)
     all_tags = dict(tags or {})
     if parent_run_id:
         all_tags["mlflow.parentRunId"] = parent_run_id
@@ -106,8 +106,19 @@ def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = Non
     return run.info.run_id
 
 
+def reopen_run(tracking_uri: str, run_id: str) -> bool:
+    """Mark an earlier run RUNNING again (a resumed training or sweep logs into it); False if it is gone."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mlflow_client(tracking_uri).update_run(run_id, status="RUNNING")
+    except MlflowException:
+        return False
+    return True
+
+
 def end_run(tracking: TrackingConfig, status: str = "FINISHED") -> None:
-    _client(tracking.tracking_uri).set_terminated(tracking.run_id, status=status)
+    mlflow_client(tracking.tracking_uri).set_terminated(tracking.run_id, status=status)
 
 
 def metric_key(name: str) -> str:
@@ -130,7 +141,7 @@ class EpochLogger:
 
     def __init__(self, tracking: TrackingConfig):
         self.tracking = tracking
-        self.client = _client(tracking.tracking_uri)
+        self.client = mlflow_client(tracking.tracking_uri)
 
     def __call__(self, row: dict, checkpoint_dir=None) -> None:
         from mlflow.entities import Metric
@@ -148,7 +159,7 @@ def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: 
     PNGs and the best checkpoint as an MLflow PyTorch model. Returns the model's URI (None if not logged)."""
     import mlflow
 
-    client = _client(tracking.tracking_uri)
+    client = mlflow_client(tracking.tracking_uri)
     run_id = tracking.run_id
     from mlflow.entities import Metric
 
@@ -204,7 +215,7 @@ def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, va
     from mlflow.exceptions import MlflowException
 
     mlflow.set_tracking_uri(tracking_uri)
-    client = _client(tracking_uri)
+    client = mlflow_client(tracking_uri)
     version = mlflow.register_model(model_uri, name, tags={SCORE_TAG: repr(float(validation_acc1)), "run_id": run_id})
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
@@ -234,7 +245,7 @@ def load_model(model_uri: str, tracking_uri: str | None = None):
 def run_url(tracking_uri: str, run_id: str) -> str:
     """Where a person finds the run: the UI address for a server, the store URI otherwise."""
     if tracking_uri.startswith("http"):
-        client = _client(tracking_uri)
+        client = mlflow_client(tracking_uri)
         run = client.get_run(run_id)
         return f"{tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
     return f"{tracking_uri} run {run_id}"

@@ -390,13 +390,13 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         out_dir.mkdir(parents=True, exist_ok=True)
         torch.save({"model": best_state, "model_config": dataclasses.asdict(model_cfg), "config": cfg.to_dict(),
                     "best_epoch": best_epoch}, out_dir / "best.pt")
-        _write_json(out_dir / "metrics.json", result)
+        write_json(out_dir / "metrics.json", result)
         if tracking is not None:
             from pgt.tracking import log_result
 
             model_uri = log_result(tracking, result, out_dir, Path(cfg.data_dir))
             result["mlflow"] = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": model_uri}
-            _write_json(out_dir / "metrics.json", result)
+            write_json(out_dir / "metrics.json", result)
     return result
 
 
@@ -423,7 +423,7 @@ def evaluate_baseline(config: dict) -> dict:
               "best_epoch": 0, "epochs_run": 0, "early_stopped": False, "workers": 1,
               "train_seconds": round(fit_seconds, 3), "samples_per_second": 0.0, "parameters": 0,
               "history": [], "config": cfg.to_dict()}
-    _write_json(Path(cfg.out_dir) / "metrics.json", result)
+    write_json(Path(cfg.out_dir) / "metrics.json", result)
     return result
 
 
@@ -462,7 +462,7 @@ def _replicas_in_sync(model: torch.nn.Module) -> bool:
     return len(set(digests)) == 1
 
 
-def _write_json(path: Path, data: dict) -> None:
+def write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=float) + "\n")

@@ -18,8 +18,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ray.tune.schedulers import ASHAScheduler, TrialScheduler
-
 from pgt.train import TrainConfig
 from tune.space import SEARCHED, SearchSpace
 
@@ -109,10 +107,13 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
 def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resume: bool = False,
               register: str | None = None) -> dict:
     """Run (or resume) a sweep and return tune.json's content. `tracking` is a TrackingConfig or None."""
+    from pgt.distributed import prepare_ray_env, ray_session
+
+    prepare_ray_env(address)  # before the first import of ray
     import ray
     from ray import tune
 
-    from pgt.distributed import ray_session
+    from tune.scheduler import FinishingASHA
 
     out = Path(spec.out_dir).resolve()
     spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
@@ -164,17 +165,6 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
             from pgt.tracking import end_run
 
             end_run(tracking, status)
-
-
-class FinishingASHA(ASHAScheduler):
-    """ASHA whose rungs lie before the last epoch, and which lets a trial that reaches it finish: plain ASHA
-    stops a trial at max_t at once, cutting off its end (test metrics, metrics.json)."""
-
-    def on_trial_result(self, tune_controller, trial, result):
-        action = super().on_trial_result(tune_controller, trial, result)
-        if action == TrialScheduler.STOP and result.get(self._time_attr, 0) >= self._max_t:
-            return TrialScheduler.CONTINUE
-        return action
 
 
 class SweepInterrupted(RuntimeError):
@@ -258,13 +248,13 @@ def _trial_run_id(trial_dir: Path) -> str | None:
 def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
     if tracking is None:
         return None
-    from pgt.tracking import _client, start_run
+    from pgt.tracking import reopen_run, start_run
 
     saved = out / "sweep.json"
     if resume and saved.is_file():
         previous = json.loads(saved.read_text()).get("tracking")
-        if previous and previous["tracking_uri"] == tracking.tracking_uri:
-            _client(tracking.tracking_uri).update_run(previous["run_id"], status="RUNNING")
+        if previous and previous["tracking_uri"] == tracking.tracking_uri and reopen_run(tracking.tracking_uri,
+                                                                                        previous["run_id"]):
             return dataclasses.replace(tracking, run_id=previous["run_id"])
     params = {k: v for k, v in spec.to_dict().items() if k != "space"} | {"space": spec.space.to_dict()}
     run_id = start_run(tracking, params, run_name=f"sweep-{out.name}", tags={"pgt.kind": "sweep"})
@@ -282,10 +272,10 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     import mlflow
     from pgt.data import load_splits
     from pgt.explain import load_checkpoint
-    from pgt.tracking import _client, log_pytorch_model, metrics_of, register_model
+    from pgt.tracking import mlflow_client, log_pytorch_model, metrics_of, register_model
     from pgt.train import evaluate, model_scores
 
-    client = _client(tracking.tracking_uri)
+    client = mlflow_client(tracking.tracking_uri)
     model, cfg = load_checkpoint(result["best_checkpoint"])
     test = evaluate(model_scores(model), load_splits(spec.data_dir, cfg.max_len)["test"], 1024, torch.device("cpu"))
     result["best_test"] = {k: v for k, v in test.items() if not isinstance(v, dict)}
@@ -312,9 +302,9 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
 
 def _close_trial_runs(tracking, out: Path) -> None:
     """Child runs of trials that ASHA stopped (or that died) stay RUNNING in MLflow: mark them KILLED."""
-    from pgt.tracking import _client
+    from pgt.tracking import mlflow_client
 
-    client = _client(tracking.tracking_uri)
+    client = mlflow_client(tracking.tracking_uri)
     for record in (out / "trials").glob("*/mlflow_run.json"):
         run_id = json.loads(record.read_text())["run_id"]
         if client.get_run(run_id).info.status == "RUNNING":

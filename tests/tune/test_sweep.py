@@ -80,11 +80,19 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(geolife_seq
         assert (out / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
 
 
+def cluster_env() -> dict:
+    """The environment for a multi-node Ray: without the single-node switch that a local Ray of an
+    earlier test in this process may have set (pgt.distributed.prepare_ray_env)."""
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+    return env
+
+
 @pytest.fixture
 def two_node_cluster(tmp_path):
     """A head and a worker node on 127.0.0.1, each with 1 CPU and its own custom resource; stopped afterwards."""
     port = free_port()
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    env = cluster_env()
     ray = [str(os.path.join(os.path.dirname(sys.executable), "ray"))]
     common = ["--num-cpus", "1", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
     head = subprocess.run([*ray, "start", "--head", "--port", str(port), "--include-dashboard", "false",
@@ -102,7 +110,7 @@ def two_node_cluster(tmp_path):
 def test_sweep_spreads_over_a_two_node_cluster(geolife_sequences, tmp_path, two_node_cluster):
     out = tmp_path / "sweep"
     r = tune_cli("--data", geolife_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
-                 "--grace-period", 2, "--address", two_node_cluster)
+                 "--grace-period", 2, "--address", two_node_cluster, env=cluster_env())
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     nodes = {row["node_id"] for row in result["trials"]}
