@@ -117,3 +117,18 @@ def test_sweep_spreads_over_a_two_node_cluster(geolife_sequences, tmp_path, two_
     assert len(nodes) == 2 and None not in nodes  # one trial on each node (1 CPU each, 1 CPU per trial)
     assert all(row["epochs"] >= 1 for row in result["trials"])
     assert {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
+
+
+def test_trials_run_a_torch_trainer_of_two_workers(geolife_sequences, tmp_path):
+    """--workers-per-trial 2: each trial fits a TorchTrainer inside itself (0.5 CPU for the trial, 0.5 per worker)."""
+    out = tmp_path / "sweep"
+    r = tune_cli("--data", geolife_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 1,
+                 "--grace-period", 2, "--workers-per-trial", 2, "--cpus-per-worker", 0.5)
+    assert r.returncode == 0, r.stderr[-4000:]
+    result = json.loads((out / "tune.json").read_text())
+    finished = [row for row in result["trials"] if row["status"] == "finished"]
+    assert finished and len(result["trials"]) == 2
+    for row in finished:
+        metrics = json.loads((out / "trials" / row["trial_id"] / "metrics.json").read_text())
+        assert metrics["workers"] == 2 and all(h["replicas_in_sync"] for h in metrics["history"])
+        assert (out / "trials" / row["trial_id"] / "ray" / "train").is_dir()  # the trial's own Ray Train run
