@@ -88,12 +88,10 @@ class FlowSettings:
 
     def report(self, test: dict, validation_acc1: float, logged: dict, registered: dict) -> str:
         from pgt.report import metrics_markdown
-        from pgt.tracking import run_url
+        from pgt.tracking import champion_verdict, run_url
 
-        verdict = ("now champion" if registered["promoted"]
-                   else f"champion stays version {registered['champion_version']}")
         links = {"MLflow run": run_url(logged["tracking_uri"], logged["run_id"]),
-                 "registered model": f"models:/{registered['name']}/{registered['version']} ({verdict})",
+                 "registered model": f"models:/{registered['name']}/{registered['version']} ({champion_verdict(registered)})",
                  "sequences": str(self.sequences_dir)}
         what = "sweep" if self.tune else f"training ({self.workers or 1} worker{'s' if self.workers > 1 else ''})"
         return metrics_markdown(test, validation_acc1, f"preprocess-and-train: {self.run_name}, {what}", links)

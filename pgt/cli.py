@@ -120,7 +120,7 @@ def train(
     """Train a model with the paper's defaults (SPEC §3.8), log it to MLflow, write --out/metrics.json."""
     from pgt.distributed import LaunchConfig, run_training
     from pgt.report import EpochPrinter, print_metrics
-    from pgt.tracking import TrackingConfig, resolve_tracking_uri, run_url
+    from pgt.tracking import TrackingConfig, champion_verdict, resolve_tracking_uri, run_url
     from pgt.train import BASELINES, TrainConfig
 
     try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
@@ -140,9 +140,8 @@ def train(
     typer.echo(f"mlflow: {run_url(result['mlflow']['tracking_uri'], result['mlflow']['run_id'])}")
     registered = result["mlflow"].get("registered")
     if registered:
-        verdict = "now champion" if registered["promoted"] else f"champion stays version {registered['champion_version']}"
         typer.echo(f"registered {registered['name']} version {registered['version']} "
-                   f"(validation acc@1 {registered['validation_acc@1']:.2f}): {verdict}")
+                   f"(validation acc@1 {registered['validation_acc@1']:.2f}): {champion_verdict(registered)}")
 
 
 @app.command()
@@ -250,8 +249,7 @@ def tune(
         typer.echo(f"mlflow: {run_url(result['mlflow']['tracking_uri'], result['mlflow']['run_id'])}")
         registered = result["mlflow"].get("registered")
         if registered:
-            verdict = "now champion" if registered["promoted"] else f"champion stays version {registered['champion_version']}"
-            typer.echo(f"registered {registered['name']} version {registered['version']}: {verdict}")
+            typer.echo(f"registered {registered['name']} version {registered['version']}: {champion_verdict(registered)}")
 
 
 @app.command()

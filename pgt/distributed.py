@@ -87,9 +87,8 @@ def ray_train_loop(config: dict) -> None:
 
     context = ray.train.get_context()
     rank = context.get_world_rank()
-    config = dict(config)
     printer = None
-    if config.pop("print_epochs", False) and rank == 0:
+    if rank == 0:  # rank 0 prints the epoch table (Ray forwards it to the driver)
         from pgt.report import EpochPrinter
 
         printer = EpochPrinter()
@@ -111,8 +110,7 @@ def ray_train_loop(config: dict) -> None:
         train_loop_per_worker(config, worker=worker, on_epoch=report)
 
 
-def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: list | None = None,
-                 print_epochs: bool = True):
+def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: list | None = None):
     """Run `ray_train_loop` on launch.workers workers (inside an existing Ray session); returns Ray's Result."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -126,7 +124,7 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
         config = {**config, "threads": max(1, int(launch.cpus_per_worker))}
     trainer = TorchTrainer(
         ray_train_loop,
-        train_loop_config={**config, "print_epochs": print_epochs},
+        train_loop_config=config,
         scaling_config=ScalingConfig(num_workers=launch.workers, use_gpu=use_gpu, resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=RunConfig(name=RUN_NAME, storage_path=str((out_dir / "ray").resolve()),

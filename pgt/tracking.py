@@ -233,6 +233,11 @@ def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, va
             "validation_acc@1": validation_acc1, "champion_validation_acc@1": rival}
 
 
+def champion_verdict(registered: dict) -> str:
+    """What register_model decided, in words: "now champion" or "champion stays version N"."""
+    return "now champion" if registered["promoted"] else f"champion stays version {registered['champion_version']}"
+
+
 def load_model(model_uri: str, tracking_uri: str | None = None):
     """A logged PackedModel (models:/NAME@champion, runs:/ID/model, ...), in eval mode on the CPU."""
     import mlflow

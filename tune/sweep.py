@@ -203,7 +203,6 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
         hyper = SearchSpace.resolve(result.config)
         node = json.loads((trial_dir / "node.json").read_text()) if (trial_dir / "node.json").is_file() else {}
         done = json.loads((trial_dir / "metrics.json").read_text()) if (trial_dir / "metrics.json").is_file() else None
-        history = json.loads((trial_dir / "metrics.json").read_text())["history"] if done else []
         row = {
             "trial_id": trial_id, "config": hyper,
             "status": "error" if result.error else ("finished" if done else "stopped (ASHA)"),
@@ -215,7 +214,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "mlflow_run_id": _trial_run_id(trial_dir),
         }
         if done:
-            row["train_loss_last"] = history[-1]["train_loss"] if history else None
+            row["train_loss_last"] = done["history"][-1]["train_loss"] if done["history"] else None
         rows.append(row)
     finished = [r for r in rows if r["status"] == "finished"]
     if not finished:
