@@ -213,7 +213,7 @@ def tune(
     resume: Path | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
 ) -> None:
     """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE)."""
-    from pgt.tracking import TrackingConfig, resolve_tracking_uri, run_url
+    from pgt.tracking import TrackingConfig, champion_verdict, resolve_tracking_uri, run_url
     from tune.report import print_sweep
     from tune.sweep import SweepConfig, SweepInterrupted, run_sweep
 
