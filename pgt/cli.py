@@ -24,6 +24,13 @@ class InputFormat(str, Enum):
     staypoints = "staypoints"
 
 
+def _on_command_line(ctx: typer.Context, name: str) -> bool:
+    """Whether the option `name` was typed (not left at its default). Compared by name: typer may carry
+    its own copy of click's ParameterSource enum."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
 def _fail(message: str) -> None:
     """One line on stderr, exit code 2, no traceback."""
     typer.echo(f"error: {message}", err=True)
@@ -90,10 +97,20 @@ class ModelName(str, Enum):
     most_frequent = "most-frequent"
 
 
+class RecipeName(str, Enum):
+    paper = "paper"
+    tuned = "tuned"
+
+
 @app.command()
 def train(
+    ctx: typer.Context,
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
     model: ModelName = typer.Option(ModelName.pgt, "--model", help="The model or baseline to train."),
+    recipe: RecipeName = typer.Option(RecipeName.paper, "--recipe",
+                                      help="paper: SPEC §3.8's settings (the defaults below). tuned: ours for GeoLife, "
+                                           "d_model 128, feed-forward 256, dropout 0.3, lr 3e-4, --select-on loss, "
+                                           "--simulate-unseen. Options given on the command line override it."),
     out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with --workers)."),
     epochs: int = typer.Option(50, "--epochs", min=1, help="At most this many epochs (early stopping may end sooner)."),
     seed: int = typer.Option(42, "--seed"),
@@ -106,6 +123,12 @@ def train(
     dropout: float = typer.Option(0.15, "--dropout"),
     patience: int = typer.Option(5, "--patience", help="Epochs without a better validation score before stopping."),
     select_on: str = typer.Option("acc@1", "--select-on", help="Validation score for early stopping: acc@1 or loss."),
+    simulate_unseen: bool = typer.Option(False, "--simulate-unseen/--no-simulate-unseen",
+                                         help="Train on samples where locations first visited after a random cutoff are id 1 "
+                                              "(unseen in train), as in later splits."),
+    known_fraction: tuple[float, float] = typer.Option((0.8, 1.0), "--known-fraction",
+                                                       help="With --simulate-unseen: the cutoff's range, as fractions of the "
+                                                            "user's days before each sample."),
     resume: bool = typer.Option(True, "--resume/--no-resume", help="Continue from the latest checkpoint in --out."),
     threads: int = typer.Option(0, "--threads", help="torch CPU threads per worker; 0 = the cores / workers."),
     workers: int = typer.Option(0, "--workers", min=0, help="DDP workers under Ray Train; 0 = in this process, without Ray."),
@@ -117,17 +140,21 @@ def train(
     experiment: str = typer.Option("pgt", "--experiment", help="MLflow experiment."),
     register: str | None = typer.Option(None, "--register", help="Register the best checkpoint under this model name."),
 ) -> None:
-    """Train a model with the paper's defaults (SPEC §3.8), log it to MLflow, write --out/metrics.json."""
+    """Train a model (by default with the paper's settings, SPEC §3.8), log it to MLflow, write --out/metrics.json."""
     from pgt.distributed import LaunchConfig, run_training
     from pgt.report import EpochPrinter, print_metrics
     from pgt.tracking import TrackingConfig, champion_verdict, resolve_tracking_uri, run_url
     from pgt.train import BASELINES, TrainConfig
 
     try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
-        cfg = TrainConfig(data_dir=str(data), out_dir=str(out), model=model.value, epochs=epochs, seed=seed,
-                          batch_size=batch_size, lr=lr, d_model=d_model, nhead=nhead, num_layers=num_layers,
-                          dim_feedforward=dim_feedforward, dropout=dropout, patience=patience, select_on=select_on, resume=resume,
-                          threads=threads)
+        # the options a recipe sets: those typed on the command line win
+        given = {"lr": lr, "d_model": d_model, "nhead": nhead, "num_layers": num_layers, "dim_feedforward": dim_feedforward,
+                 "dropout": dropout, "select_on": select_on, "simulate_unseen": simulate_unseen}
+        overrides = {k: v for k, v in given.items() if _on_command_line(ctx, k)}
+        cfg = TrainConfig.from_recipe(
+            recipe.value, **overrides, data_dir=str(data), out_dir=str(out), model=model.value, epochs=epochs,
+            seed=seed, batch_size=batch_size, patience=patience, resume=resume, threads=threads,
+            known_fraction_min=known_fraction[0], known_fraction_max=known_fraction[1])
         if register and model.value in BASELINES:
             raise ValueError(f"--register needs a neural model; {model.value} has no checkpoint to register")
         launch = LaunchConfig(workers=workers, use_gpu=gpu, address=address, max_failures=max_failures)

@@ -168,3 +168,69 @@ class BucketBatchSampler(Sampler[list[int]]):
 
 def load_splits(data_dir: Path | str, max_len: int = 64) -> dict[str, SequenceDataset]:
     return {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len) for split in SPLITS}
+
+
+@dataclass
+class FirstVisits:
+    """When each user first visited each location in the train split, and the day of every train
+    sample's target; days count from the user's first tracked day (staypoints.parquet's start_day)."""
+
+    first_day: torch.Tensor  # (U, V) float32; +inf where the user never visited the location in train
+    sample_day: torch.Tensor  # (N,) float32, the day of each train sample's target, in train.parquet's row order
+
+    @classmethod
+    def from_data_dir(cls, data_dir: Path | str, vocab: Vocab) -> FirstVisits:
+        import polars as pl
+
+        data_dir = Path(data_dir)
+        path = data_dir / "staypoints.parquet"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file; simulating unseen locations needs the staypoints "
+                                    "that `pgt preprocess` writes next to the splits")
+        staypoints = pl.read_parquet(path, columns=["user", "location", "started_at", "start_day", "split"])
+        train = staypoints.filter(pl.col("split") == "train")
+        first = train.group_by("user", "location").agg(pl.col("start_day").min())
+        first_day = np.full((vocab.users, vocab.locations), np.inf, np.float32)
+        first_day[first["user"].to_numpy(), first["location"].to_numpy()] = first["start_day"].to_numpy()
+        samples = pl.read_parquet(data_dir / "train.parquet", columns=["user", "target_started_at"])
+        days = samples.join(staypoints.select("user", "started_at", "start_day"), how="left", maintain_order="left",
+                            left_on=["user", "target_started_at"], right_on=["user", "started_at"])["start_day"]
+        if len(days) != len(samples) or days.null_count():
+            raise ValueError(f"{data_dir / 'train.parquet'}: {days.null_count()} of {len(samples)} targets have no "
+                             f"staypoint in {path} (expected every target_started_at among the user's staypoints)")
+        return cls(torch.from_numpy(first_day), torch.from_numpy(days.to_numpy().astype(np.float32)))
+
+
+class UnseenSimulation(Dataset):
+    """The train split as later splits look to the model: there, locations first visited after the
+    train period are all id 1 ("unseen in train", a quarter of GeoLife's test histories and targets),
+    an id the train split never shows. For each sample this draws a known fraction f uniformly in
+    [known_min, known_max] and turns every location the user first visited at least a day after the
+    cutoff (f times the days from the user's first day to the sample) into id 1, in the history and the
+    target alike. Draws come from
+    torch's global RNG, which checkpoints save, so resumed runs draw the same."""
+
+    def __init__(self, dataset: SequenceDataset, visits: FirstVisits, known_min: float, known_max: float):
+        if len(visits.sample_day) != len(dataset):
+            raise ValueError(f"first visits cover {len(visits.sample_day)} samples, the dataset has {len(dataset)}")
+        self.dataset, self.visits = dataset, visits
+        self.known_min, self.known_max = known_min, known_max
+        self.lengths, self.targets = dataset.lengths, dataset.targets
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        batch = self.dataset.__getitems__(indices)
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        known = self.known_min + (self.known_max - self.known_min) * torch.rand(len(idx))  # (B,)
+        cutoff = known * self.visits.sample_day[idx] + 1  # (B,) locations first visited on this day or later are new
+        first_history = self.visits.first_day[batch.users.unsqueeze(1), batch.locations]  # (B, T)
+        first_target = self.visits.first_day[batch.users, batch.targets]  # (B,)
+        new_history = (first_history >= cutoff.unsqueeze(1)) & (batch.locations > 1)  # padding stays 0
+        new_target = (first_target >= cutoff) & (batch.targets > 1)
+        return batch._replace(locations=torch.where(new_history, 1, batch.locations),
+                              targets=torch.where(new_target, 1, batch.targets))

@@ -24,13 +24,23 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import Batch, BucketBatchSampler, SequenceDataset, Vocab, keep_batch, load_splits
+from pgt.data import (Batch, BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch,
+                      load_splits)
 from pgt.metrics import compute_all, target_ranks, top1
 from pgt.model import ModelConfig, build_model, count_parameters
 
 NEURAL_MODELS = ("pgt", "mhsa", "pointer", "lstm-pg")
 BASELINES = ("markov", "most-frequent")
 MODELS = NEURAL_MODELS + BASELINES
+
+# Named training recipes: the TrainConfig fields each sets over the defaults, which are the paper's (SPEC §3.8).
+RECIPES: dict[str, dict] = {
+    "paper": {},
+    # ours, found on GeoLife (benchmarks/train.py): wider, more dropout, a lower peak learning rate, the best
+    # epoch by validation loss, and train samples that show unseen locations as later splits do
+    "tuned": {"d_model": 128, "dim_feedforward": 256, "dropout": 0.3, "lr": 3e-4, "select_on": "loss",
+              "simulate_unseen": True},
+}
 
 
 @dataclass
@@ -59,6 +69,9 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.98
     label_smoothing: float = 0.03
+    simulate_unseen: bool = False  # train samples show id 1 as later splits do (data.UnseenSimulation)
+    known_fraction_min: float = 0.8  # with simulate_unseen, locations first visited after a fraction f of the
+    known_fraction_max: float = 1.0  # user's days before the sample become id 1; f is drawn uniformly in [min, max]
     grad_clip: float = 0.8  # max gradient norm
     seed: int = 42
     bucket_by_length: bool = True  # batch similar history lengths together (less padding)
@@ -72,8 +85,18 @@ class TrainConfig:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
         if self.select_on not in ("acc@1", "loss"):
             raise ValueError(f"select_on must be 'acc@1' or 'loss', got {self.select_on!r}")
+        if not 0.0 <= self.known_fraction_min <= self.known_fraction_max <= 1.0:
+            raise ValueError("known_fraction_min and known_fraction_max must satisfy 0 <= min <= max <= 1, got "
+                             f"{self.known_fraction_min} and {self.known_fraction_max}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("epochs and batch_size must be at least 1")
+
+    @classmethod
+    def from_recipe(cls, recipe: str, **fields) -> TrainConfig:
+        """A recipe's settings (RECIPES), then `fields` over them."""
+        if recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        return cls.from_dict({**RECIPES[recipe], **fields})
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
@@ -142,7 +165,7 @@ def lr_factor(epoch: int, cfg: TrainConfig) -> float:
     return (cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))) / cfg.lr
 
 
-def train_loader(dataset: SequenceDataset, cfg: TrainConfig, worker: Worker) -> DataLoader:
+def train_loader(dataset: SequenceDataset | UnseenSimulation, cfg: TrainConfig, worker: Worker) -> DataLoader:
     sampler = DistributedSampler(dataset, num_replicas=worker.world_size, rank=worker.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=False)
     per_worker = max(1, cfg.batch_size // worker.world_size)
@@ -284,7 +307,11 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     use_amp = cfg.amp and worker.device.type == "cuda"
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-    loader = train_loader(splits["train"], cfg, worker)
+    train_set = splits["train"]
+    if cfg.simulate_unseen:
+        train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab), cfg.known_fraction_min,
+                                     cfg.known_fraction_max)
+    loader = train_loader(train_set, cfg, worker)
 
     start_epoch, best_metric, best_epoch, bad_epochs, history, resumed_at = 0, -math.inf, -1, 0, [], []
     best_state = None

@@ -43,3 +43,17 @@ def test_train_then_explain(synthetic_sequences, tmp_path):
 def test_train_refuses_a_folder_without_manifest(tmp_path):
     r = run("train", "--data", tmp_path, "--out", tmp_path / "o")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no manifest.json" in r.stderr
+
+
+def test_recipe_sets_what_the_command_line_leaves(synthetic_sequences, tmp_path):
+    out = tmp_path / "tuned"
+    r = run("train", "--data", synthetic_sequences, "--recipe", "tuned", "--d-model", "32", "--dim-feedforward", "64",
+            "--epochs", "1", "--out", out)
+    assert r.returncode == 0, r.stderr
+    config = json.loads((out / "metrics.json").read_text())["config"]
+    # from the recipe
+    assert (config["dropout"], config["lr"], config["select_on"], config["simulate_unseen"]) == (0.3, 3e-4, "loss", True)
+    assert (config["d_model"], config["dim_feedforward"]) == (32, 64)  # given on the command line
+    assert config["nhead"] == 4  # neither: the default
+    r = run("train", "--data", synthetic_sequences, "--recipe", "fast", "--out", tmp_path / "x")
+    assert r.returncode == 2 and "fast" in r.stderr

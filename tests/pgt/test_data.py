@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timedelta, timezone
 
 import numpy as np
 import polars as pl
@@ -8,7 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import BucketBatchSampler, SequenceDataset, Vocab, keep_batch
+from pgt.data import BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch
 
 
 def write_split(path, histories, max_visits=None):
@@ -63,3 +64,56 @@ def test_vocab_from_manifest(tmp_path):
     assert Vocab.from_manifest(tmp_path) == Vocab(12, 4)
     with pytest.raises(FileNotFoundError, match="manifest.json"):
         Vocab.from_manifest(tmp_path / "nope")
+
+
+def write_first_visit_fixture(root):
+    """User 1's train staypoints: location 2 on day 0, 3 on day 1, 4 on day 5 and again on day 6,
+    5 on day 9. Two train samples: history 2, 3, 4, 4 with target 5 (day 9), and 2, 3 with target 4 (day 5)."""
+    root.mkdir()
+    days = [(0, 2), (1, 3), (5, 4), (6, 4), (9, 5)]
+    start = datetime(2008, 1, 1, 8, tzinfo=timezone.utc)
+    pl.DataFrame({"user": [1] * 5, "location": [loc for _, loc in days],
+                  "started_at": [start + timedelta(days=d) for d, _ in days], "start_day": [d for d, _ in days],
+                  "split": ["train"] * 5},
+                 schema={"user": pl.Int32, "location": pl.Int32, "started_at": pl.Datetime("ms", "UTC"),
+                         "start_day": pl.Int32, "split": pl.String}).write_parquet(root / "staypoints.parquet")
+    write_split(root / "train.parquet", [(1, [2, 3, 4, 4], 5), (1, [2, 3], 4)])
+    pl.read_parquet(root / "train.parquet").with_columns(target_started_at=pl.Series(
+        [start + timedelta(days=9), start + timedelta(days=5)], dtype=pl.Datetime("ms", "UTC"))).write_parquet(root / "train.parquet")
+    return root
+
+
+@pytest.mark.parametrize("known, history, target", [
+    (1.0, [2, 3, 4, 4], 5),  # cutoff day 10: everything known
+    (0.5, [2, 3, 4, 4], 1),  # cutoff 0.5 * 9 + 1 = 5.5: only location 5 (first seen on day 9) is new
+    (0.3, [2, 3, 1, 1], 1),  # cutoff 3.7: location 4 (day 5) is new too, at both of its visits
+    (0.0, [2, 1, 1, 1], 1),  # cutoff 1: only day 0's location stays known
+])
+def test_unseen_simulation_turns_later_first_visits_into_id_1(tmp_path, known, history, target):
+    root = write_first_visit_fixture(tmp_path / "data")
+    visits = FirstVisits.from_data_dir(root, Vocab(locations=6, users=2))
+    assert visits.sample_day.tolist() == [9.0, 5.0]
+    assert visits.first_day[1, 2:].tolist() == [0.0, 1.0, 5.0, 9.0] and visits.first_day[0, 2] == float("inf")
+    ds = SequenceDataset.from_parquet(root / "train.parquet")
+    batch = UnseenSimulation(ds, visits, known, known)[0]
+    assert batch.locations.tolist() == [history] and batch.targets.tolist() == [target]
+    assert batch.times.tolist() == ds[0].times.tolist()  # only locations change
+
+
+def test_unseen_simulation_draws_per_sample_and_keeps_padding(tmp_path):
+    root = write_first_visit_fixture(tmp_path / "data")
+    ds = SequenceDataset.from_parquet(root / "train.parquet")
+    sim = UnseenSimulation(ds, FirstVisits.from_data_dir(root, Vocab(locations=6, users=2)), 0.0, 1.0)
+    torch.manual_seed(0)
+    targets = np.array([sim[0].targets.item() for _ in range(1000)])
+    assert 0.84 < np.mean(targets == 1) < 0.94  # day 9 >= 9 f + 1 when f <= 8/9
+    batch = sim.__getitems__([0, 1])
+    assert batch.locations.shape == (2, 4) and (batch.locations[0] > 0).all()
+    assert batch.locations[1, 2:].tolist() == [0, 0] and (batch.locations[1, :2] > 0).all()  # padding stays padding
+
+
+def test_first_visits_refuse_targets_without_a_staypoint(tmp_path):
+    root = write_first_visit_fixture(tmp_path / "data")
+    pl.read_parquet(root / "staypoints.parquet").head(4).write_parquet(root / "staypoints.parquet")
+    with pytest.raises(ValueError, match=r"train.parquet: 1 of 2 targets have no staypoint"):
+        FirstVisits.from_data_dir(root, Vocab(locations=6, users=2))

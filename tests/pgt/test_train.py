@@ -32,8 +32,10 @@ def test_a_tiny_set_is_overfit(synthetic_sequences, tmp_path):
     assert (tmp_path / "run" / "metrics.json").is_file() and (tmp_path / "run" / "best.pt").is_file()
 
 
-def test_resuming_continues_exactly(synthetic_sequences, tmp_path):
-    base = {"data_dir": str(synthetic_sequences), "epochs": 3, "min_epochs": 3, "seed": 5, "keep_checkpoints": 5}
+@pytest.mark.parametrize("simulate_unseen", [False, True])
+def test_resuming_continues_exactly(synthetic_sequences, tmp_path, simulate_unseen):
+    base = {"data_dir": str(synthetic_sequences), "epochs": 3, "min_epochs": 3, "seed": 5, "keep_checkpoints": 5,
+            "simulate_unseen": simulate_unseen}
     full = train_loop_per_worker({**base, "out_dir": str(tmp_path / "full")})
     # a second run that starts from the full run's epoch-2 checkpoint (0-based epoch 1)
     resumed_dir = tmp_path / "resumed" / "checkpoints"
