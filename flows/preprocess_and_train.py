@@ -30,14 +30,16 @@ def preprocess_and_train(
     state_dir: str | None = None,
     synthetic_users: int = 50,
     synthetic_days: int = 120,
+    recipe: str = "paper",
 ) -> dict:
     """Preprocess (reusing cached stages), train or tune, evaluate the logged model, register it.
 
     input_path None uses the synthetic default (synthetic_users people over synthetic_days days). workers 0 trains in the flow's process; N >= 1 under Ray Train.
+    recipe is the training recipe: paper (SPEC §3.8) or tuned (ours for GeoLife).
     tune runs a sweep of `trials` instead of one training run. model_name is the registered model; the alias
     champion moves to the new version only when its validation Acc@1 is better. The state folder holds every output."""
     s = FlowSettings.resolve(input_path, input_format, config_file, workers, gpu, tune, trials, epochs, tracking_uri,
-                             ray_address, model_name, state_dir, synthetic_users, synthetic_days)
+                             ray_address, model_name, state_dir, synthetic_users, synthetic_days, recipe)
     log = get_run_logger()
     source = s.input_path or tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
     sha = tasks.hash_input(source, s.input_format)

@@ -23,15 +23,20 @@ class FlowSettings:
     synthetic_users: int = 50  # the synthetic default's people
     synthetic_days: int = 120  # and days of tracking
     synthetic_seed: int = 0
+    recipe: str = "paper"  # training recipe (pgt.train.RECIPES); a sweep takes its simulate_unseen
 
     @classmethod
     def resolve(cls, input_path, input_format, config_file, workers, gpu, tune, trials, epochs, tracking_uri,
-                ray_address, model_name, state_dir, synthetic_users: int = 50, synthetic_days: int = 120) -> FlowSettings:
+                ray_address, model_name, state_dir, synthetic_users: int = 50, synthetic_days: int = 120,
+                recipe: str = "paper") -> FlowSettings:
         from preprocessing.pipeline import FORMATS
+        from pgt.train import RECIPES
         from pgt.tracking import resolve_tracking_uri, state_dir as default_state_dir
 
         if input_format not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
+        if recipe not in RECIPES:
+            raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
         if input_path is None and input_format != "positionfixes":
             raise ValueError("the synthetic default input is positionfixes; give input_path for other formats")
         if workers < 0 or trials < 1 or epochs < 1:
@@ -39,7 +44,8 @@ class FlowSettings:
         state = Path(state_dir).resolve() if state_dir else default_state_dir()
         return cls(Path(input_path).resolve() if input_path else None, input_format,
                    Path(config_file).resolve() if config_file else None, workers, gpu, tune, trials, epochs,
-                   resolve_tracking_uri(tracking_uri, state), ray_address, model_name, state, synthetic_users, synthetic_days)
+                   resolve_tracking_uri(tracking_uri, state), ray_address, model_name, state, synthetic_users, synthetic_days,
+                   recipe=recipe)
 
     @property
     def run_name(self) -> str:
@@ -55,6 +61,11 @@ class FlowSettings:
         return self.state_dir / "sequences" / f"{self.run_name}{config}"
 
     @property
+    def runs_dir(self) -> Path:
+        """Training output; one per recipe, since a rerun resumes only a run of the same settings."""
+        return self.state_dir / "runs" / (self.run_name if self.recipe == "paper" else f"{self.run_name}-{self.recipe}")
+
+    @property
     def work_dir(self) -> Path:
         return self.state_dir / "stages"
 
@@ -67,8 +78,8 @@ class FlowSettings:
     def train_config(self) -> dict:
         from pgt.train import TrainConfig
 
-        return TrainConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "runs" / self.run_name),
-                           epochs=self.epochs).to_dict()
+        return TrainConfig.from_recipe(self.recipe, data_dir=str(self.sequences_dir),
+                                       out_dir=str(self.runs_dir), epochs=self.epochs).to_dict()
 
     def launch_config(self) -> dict:
         from pgt.distributed import LaunchConfig
@@ -81,10 +92,12 @@ class FlowSettings:
         return TrackingConfig(self.tracking_uri, experiment="pgt").to_dict()
 
     def sweep_config(self) -> dict:
+        from pgt.train import RECIPES
         from tune.sweep import SweepConfig
 
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
-                           trials=self.trials, epochs=self.epochs).to_dict()
+                           trials=self.trials, epochs=self.epochs,
+                           simulate_unseen=RECIPES[self.recipe].get("simulate_unseen", False)).to_dict()
 
     def report(self, test: dict, validation_acc1: float, logged: dict, registered: dict) -> str:
         from pgt.report import metrics_markdown

@@ -232,6 +232,8 @@ def tune(
     gpus_per_worker: float = typer.Option(0.0, "--gpus-per-worker", help="GPUs per training worker (fractions share one)."),
     search: SearchAlg = typer.Option(SearchAlg.optuna, "--search", help="optuna (TPE) or random."),
     grace_period: int = typer.Option(3, "--grace-period", min=1, help="ASHA: epochs before a trial may be stopped."),
+    simulate_unseen: bool = typer.Option(False, "--simulate-unseen/--no-simulate-unseen",
+                                         help="Trials train on samples that show unseen locations as later splits do."),
     seed: int = typer.Option(0, "--seed"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
@@ -259,7 +261,8 @@ def tune(
             spec = SweepConfig(data_dir=str(data), out_dir=str(out), trials=trials, epochs=epochs,
                                max_concurrent=max_concurrent, workers_per_trial=workers_per_trial,
                                cpus_per_trial=cpus_per_trial, cpus_per_worker=cpus_per_worker,
-                               gpus_per_worker=gpus_per_worker, search=search.value, grace_period=grace_period, seed=seed)
+                               gpus_per_worker=gpus_per_worker, search=search.value, grace_period=grace_period, seed=seed,
+                               simulate_unseen=simulate_unseen)
             tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), experiment=experiment)
             from pgt.data import Vocab
 

@@ -41,6 +41,7 @@ class SweepConfig:
     reduction_factor: int = 2  # ASHA: keep the best 1/reduction_factor at each rung
     seed: int = 0  # the searcher's seed and every trial's training seed
     select_on: str = "acc@1"  # training's early stopping inside a trial (see TrainConfig)
+    simulate_unseen: bool = False  # trials train on samples that show unseen locations (see TrainConfig)
     space: SearchSpace = field(default_factory=SearchSpace)
 
     def __post_init__(self) -> None:
@@ -61,7 +62,7 @@ class SweepConfig:
     def train_config(self, hyper: dict, out_dir: Path) -> TrainConfig:
         threads = max(1, int(self.cpus_per_trial)) if self.workers_per_trial == 1 else 0
         return TrainConfig(data_dir=self.data_dir, out_dir=str(out_dir), epochs=self.epochs, seed=self.seed,
-                           select_on=self.select_on, threads=threads, **hyper)
+                           select_on=self.select_on, simulate_unseen=self.simulate_unseen, threads=threads, **hyper)
 
 
 # ---------------------------------------------------------------------------------------------

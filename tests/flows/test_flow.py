@@ -42,15 +42,27 @@ def test_flow_trains_evaluates_registers_and_publishes(first_run):
 
 
 def test_rerun_reuses_the_cached_sequences(first_run):
+    from mlflow.tracking import MlflowClient
+
     from flows.preprocess_and_train import preprocess_and_train
 
     state, params, first = first_run
     manifest = state / "sequences" / "synthetic" / "manifest.json"
     before = manifest.stat().st_mtime_ns
-    second = preprocess_and_train(**params)
+    second = preprocess_and_train(**params, recipe="tuned")
     assert manifest.stat().st_mtime_ns == before  # not rewritten
     assert second["manifest_counts"] == first["manifest_counts"]
     assert second["registered"]["version"] == 2  # a new version; champion only if its validation Acc@1 is better
+    logged = MlflowClient(params["tracking_uri"]).get_run(second["mlflow"]["run_id"]).data.params
+    assert (logged["d_model"], logged["simulate_unseen"], logged["select_on"]) == ("128", "True", "loss")  # the recipe
+
+
+def test_unknown_recipe_is_refused_before_anything_runs(tmp_path):
+    from flows.settings import FlowSettings
+
+    with pytest.raises(ValueError, match="recipe must be one of paper, tuned, got 'fast'"):
+        FlowSettings.resolve(None, "positionfixes", None, 0, None, False, 1, 1, None, None, "m", str(tmp_path),
+                             recipe="fast")
 
 
 def test_bad_config_fails_the_flow_with_its_message(tmp_path):
