@@ -52,7 +52,7 @@ def test_recipe_sets_what_the_command_line_leaves(synthetic_sequences, tmp_path)
     assert r.returncode == 0, r.stderr
     config = json.loads((out / "metrics.json").read_text())["config"]
     # from the recipe
-    assert (config["dropout"], config["lr"], config["select_on"], config["simulate_unseen"]) == (0.3, 3e-4, "loss", True)
+    assert (config["dropout"], config["lr"], config["select_on"], config["simulate_unseen"]) == (0.6, 3e-4, "loss", True)
     assert (config["d_model"], config["dim_feedforward"]) == (32, 64)  # given on the command line
     assert config["nhead"] == 4  # neither: the default
     r = run("train", "--data", synthetic_sequences, "--recipe", "fast", "--out", tmp_path / "x")
