@@ -108,9 +108,8 @@ def train(
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
     model: ModelName = typer.Option(ModelName.pgt, "--model", help="The model or baseline to train."),
     recipe: RecipeName = typer.Option(RecipeName.paper, "--recipe",
-                                      help="paper: SPEC §3.8's settings (the defaults below). tuned: ours for GeoLife, "
-                                           "d_model 128, feed-forward 256, dropout 0.6, lr 3e-4, --select-on loss, "
-                                           "--simulate-unseen. Options given on the command line override it."),
+                                      help="paper: SPEC §3.8's settings (the defaults below). tuned: ours for GeoLife "
+                                           "(pgt.train.RECIPES). Options given on the command line override it."),
     out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with --workers)."),
     epochs: int = typer.Option(50, "--epochs", min=1, help="At most this many epochs (early stopping may end sooner)."),
     seed: int = typer.Option(42, "--seed"),

@@ -207,8 +207,8 @@ class UnseenSimulation(Dataset):
     an id the train split never shows. For each sample this draws a known fraction f uniformly in
     [known_min, known_max] and turns every location the user first visited at least a day after the
     cutoff (f times the days from the user's first day to the sample) into id 1, in the history and the
-    target alike. Draws come from
-    torch's global RNG, which checkpoints save, so resumed runs draw the same."""
+    target alike. Draws come from torch's global RNG, which checkpoints save, so resumed runs draw the
+    same."""
 
     def __init__(self, dataset: SequenceDataset, visits: FirstVisits, known_min: float, known_max: float):
         if len(visits.sample_day) != len(dataset):

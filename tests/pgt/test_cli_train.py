@@ -57,3 +57,10 @@ def test_recipe_sets_what_the_command_line_leaves(synthetic_sequences, tmp_path)
     assert config["nhead"] == 4  # neither: the default
     r = run("train", "--data", synthetic_sequences, "--recipe", "fast", "--out", tmp_path / "x")
     assert r.returncode == 2 and "fast" in r.stderr
+
+
+def test_the_command_offers_every_recipe():
+    from pgt.cli import RecipeName
+    from pgt.train import RECIPES
+
+    assert [r.value for r in RecipeName] == list(RECIPES)
