@@ -30,13 +30,12 @@ class FlowSettings:
                 ray_address, model_name, state_dir, synthetic_users: int = 50, synthetic_days: int = 120,
                 recipe: str = "paper") -> FlowSettings:
         from preprocessing.pipeline import FORMATS
-        from pgt.train import RECIPES
+        from pgt.train import recipe_settings
         from pgt.tracking import resolve_tracking_uri, state_dir as default_state_dir
 
         if input_format not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
-        if recipe not in RECIPES:
-            raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        recipe_settings(recipe)  # refuses an unknown recipe before anything runs
         if input_path is None and input_format != "positionfixes":
             raise ValueError("the synthetic default input is positionfixes; give input_path for other formats")
         if workers < 0 or trials < 1 or epochs < 1:
@@ -76,10 +75,13 @@ class FlowSettings:
         return stage_key(sha, self.input_format, load_config(self.config_file))
 
     def train_config(self) -> dict:
+        return self._train_config().to_dict()
+
+    def _train_config(self):
         from pgt.train import TrainConfig
 
-        return TrainConfig.from_recipe(self.recipe, data_dir=str(self.sequences_dir),
-                                       out_dir=str(self.runs_dir), epochs=self.epochs).to_dict()
+        return TrainConfig.from_recipe(self.recipe, data_dir=str(self.sequences_dir), out_dir=str(self.runs_dir),
+                                       epochs=self.epochs)
 
     def launch_config(self) -> dict:
         from pgt.distributed import LaunchConfig
@@ -92,12 +94,11 @@ class FlowSettings:
         return TrackingConfig(self.tracking_uri, experiment="pgt").to_dict()
 
     def sweep_config(self) -> dict:
-        from pgt.train import RECIPES
         from tune.sweep import SweepConfig
 
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
                            trials=self.trials, epochs=self.epochs,
-                           simulate_unseen=RECIPES[self.recipe].get("simulate_unseen", False)).to_dict()
+                           simulate_unseen=self._train_config().simulate_unseen).to_dict()
 
     def report(self, test: dict, validation_acc1: float, logged: dict, registered: dict) -> str:
         from pgt.report import metrics_markdown

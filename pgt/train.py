@@ -43,6 +43,13 @@ RECIPES: dict[str, dict] = {
 }
 
 
+def recipe_settings(recipe: str) -> dict:
+    """The TrainConfig fields a named recipe sets; ValueError for a name not in RECIPES."""
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+    return dict(RECIPES[recipe])
+
+
 @dataclass
 class TrainConfig:
     data_dir: str  # a `pgt preprocess` output folder
@@ -94,9 +101,7 @@ class TrainConfig:
     @classmethod
     def from_recipe(cls, recipe: str, **fields) -> TrainConfig:
         """A recipe's settings (RECIPES), then `fields` over them."""
-        if recipe not in RECIPES:
-            raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
-        return cls.from_dict({**RECIPES[recipe], **fields})
+        return cls.from_dict({**recipe_settings(recipe), **fields})
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
