@@ -37,7 +37,7 @@ def preprocess_and_train(
     input_path None uses the synthetic default (synthetic_users people over synthetic_days days). workers 0 trains in the flow's process; N >= 1 under Ray Train.
     recipe is the training recipe: paper (SPEC §3.8) or tuned (ours for GeoLife).
     tune runs a sweep of `trials` instead of one training run. model_name is the registered model; the alias
-    champion moves to the new version only when its validation Acc@1 is better. The state folder holds every output."""
+    champion moves to the new version only when its strict validation Acc@1 is better. The state folder holds every output."""
     s = FlowSettings.resolve(input_path, input_format, config_file, workers, gpu, tune, trials, epochs, tracking_uri,
                              ray_address, model_name, state_dir, synthetic_users, synthetic_days, recipe)
     log = get_run_logger()
@@ -54,14 +54,15 @@ def preprocess_and_train(
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
     if s.tune:
         result = tasks.tune(s.sweep_config(), s.tracking_config(), s.ray_address)
-        validation_acc1 = result["best_validation_acc@1"]
+        validation = result["best_validation"]
     else:
         result = tasks.train(s.train_config(), s.launch_config(), s.tracking_config())
-        validation_acc1 = result["validation"]["acc@1"]
+        validation = result["validation"]
     logged = result["mlflow"]
     evaluated = tasks.evaluate(logged["model_uri"], s.sequences_dir, s.tracking_uri)
-    registered = tasks.register(s.tracking_uri, s.model_name, logged["model_uri"], logged["run_id"], validation_acc1)
-    tasks.publish(s.report(evaluated, validation_acc1, logged, registered))
+    registered = tasks.register(s.tracking_uri, s.model_name, logged["model_uri"], logged["run_id"],
+                                validation["strict"]["acc@1"])
+    tasks.publish(s.report(evaluated, validation, logged, registered))
     return {"sequences": str(s.sequences_dir), "manifest_counts": manifest["counts"], "test": evaluated,
             "mlflow": logged, "registered": registered}
 

@@ -23,7 +23,7 @@ class FlowSettings:
     synthetic_users: int = 50  # the synthetic default's people
     synthetic_days: int = 120  # and days of tracking
     synthetic_seed: int = 0
-    recipe: str = "paper"  # training recipe (pgt.train.RECIPES); a sweep takes its simulate_unseen
+    recipe: str = "paper"  # training recipe (pgt.train.RECIPES); a sweep takes its simulate_unseen and unseen_slots
 
     @classmethod
     def resolve(cls, input_path, input_format, config_file, workers, gpu, tune, trials, epochs, tracking_uri,
@@ -96,11 +96,12 @@ class FlowSettings:
     def sweep_config(self) -> dict:
         from tune.sweep import SweepConfig
 
+        recipe = self._train_config()
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
                            trials=self.trials, epochs=self.epochs,
-                           simulate_unseen=self._train_config().simulate_unseen).to_dict()
+                           simulate_unseen=recipe.simulate_unseen, unseen_slots=recipe.unseen_slots).to_dict()
 
-    def report(self, test: dict, validation_acc1: float, logged: dict, registered: dict) -> str:
+    def report(self, test: dict, validation: dict, logged: dict, registered: dict) -> str:
         from pgt.report import metrics_markdown
         from pgt.tracking import champion_verdict, run_url
 
@@ -108,4 +109,4 @@ class FlowSettings:
                  "registered model": f"models:/{registered['name']}/{registered['version']} ({champion_verdict(registered)})",
                  "sequences": str(self.sequences_dir)}
         what = "sweep" if self.tune else f"training ({self.workers or 1} worker{'s' if self.workers > 1 else ''})"
-        return metrics_markdown(test, validation_acc1, f"preprocess-and-train: {self.run_name}, {what}", links)
+        return metrics_markdown(test, validation, f"preprocess-and-train: {self.run_name}, {what}", links)

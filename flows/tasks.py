@@ -112,11 +112,11 @@ def evaluate(model_uri: str, data_dir: Path, tracking_uri: str) -> dict:
 
 
 @task(name="register", cache_policy=NO_CACHE)
-def register(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:
-    """A new registry version; the alias champion moves to it only if its validation Acc@1 is better."""
+def register(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_strict_acc1: float) -> dict:
+    """A new registry version; the alias champion moves to it only if its strict validation Acc@1 is better."""
     from pgt.tracking import register_model
 
-    return register_model(tracking_uri, name, model_uri, run_id, validation_acc1)
+    return register_model(tracking_uri, name, model_uri, run_id, validation_strict_acc1)
 
 
 @task(name="publish", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)

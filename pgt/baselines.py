@@ -55,13 +55,18 @@ class MarkovChain:
 
 
 class MostFrequent:
-    """The history's most frequent location first; ties go to the most recently visited one."""
+    """The history's most frequent location first; ties go to the most recently visited one. With
+    `use_slots` the unseen places of the history are counted apart, each in its slot's column V + slot - 1
+    (the extended vocabulary); without, they all count as id 1, as the protocol has them."""
 
-    def scores(self, batch: Batch, num_locations: int) -> torch.Tensor:
+    def scores(self, batch: Batch, num_locations: int, use_slots: bool = False) -> torch.Tensor:
         B, T = batch.locations.shape
+        ids, width = batch.locations, num_locations
+        if use_slots and batch.slots.numel():
+            ids = torch.where(batch.slots > 0, num_locations - 1 + batch.slots, batch.locations)  # (B, T)
+            width = num_locations + int(batch.slots.max())
         valid = (batch.locations != 0).double()
         position = torch.arange(1, T + 1, dtype=torch.float64).expand(B, T)
-        counts = torch.zeros(B, num_locations, dtype=torch.float64).scatter_add(1, batch.locations, valid)
-        latest = torch.zeros(B, num_locations, dtype=torch.float64).scatter_reduce(
-            1, batch.locations, position * valid, reduce="amax")
-        return counts * (T + 1) + latest
+        counts = torch.zeros(B, width, dtype=torch.float64).scatter_add(1, ids, valid)
+        latest = torch.zeros(B, width, dtype=torch.float64).scatter_reduce(1, ids, position * valid, reduce="amax")
+        return counts * (T + 1) + latest  # (B, width)

@@ -102,6 +102,17 @@ class RecipeName(str, Enum):
     tuned = "tuned"
 
 
+class SelectOn(str, Enum):
+    acc1 = "acc@1"
+    strict_acc1 = "strict_acc@1"
+    loss = "loss"
+
+
+class Objective(str, Enum):
+    strict_acc1 = "strict_acc@1"
+    acc1 = "acc@1"
+
+
 @app.command()
 def train(
     ctx: typer.Context,
@@ -121,7 +132,12 @@ def train(
     dim_feedforward: int = typer.Option(128, "--dim-feedforward"),
     dropout: float = typer.Option(0.15, "--dropout"),
     patience: int = typer.Option(5, "--patience", help="Epochs without a better validation score before stopping."),
-    select_on: str = typer.Option("acc@1", "--select-on", help="Validation score for early stopping: acc@1 or loss."),
+    select_on: SelectOn = typer.Option("acc@1", "--select-on",
+                                       help="Validation score for early stopping and the best epoch: acc@1 (protocol), "
+                                            "strict_acc@1 (the exact place) or loss."),
+    unseen_slots: bool = typer.Option(False, "--unseen-slots/--no-unseen-slots",
+                                      help="Extended vocabulary: the pointer names the unseen places of the history "
+                                           "(each its own slot) and the generator's id 1 means a new place."),
     simulate_unseen: bool = typer.Option(False, "--simulate-unseen/--no-simulate-unseen",
                                          help="Train on samples where locations first visited after a random cutoff are id 1 "
                                               "(unseen in train), as in later splits."),
@@ -148,11 +164,12 @@ def train(
     try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
         # the options a recipe sets: those typed on the command line win
         given = {"lr": lr, "d_model": d_model, "nhead": nhead, "num_layers": num_layers, "dim_feedforward": dim_feedforward,
-                 "dropout": dropout, "select_on": select_on, "simulate_unseen": simulate_unseen}
+                 "dropout": dropout, "select_on": select_on.value, "simulate_unseen": simulate_unseen,
+                 "unseen_slots": unseen_slots, "patience": patience, "epochs": epochs}
         overrides = {k: v for k, v in given.items() if _on_command_line(ctx, k)}
         cfg = TrainConfig.from_recipe(
-            recipe.value, **overrides, data_dir=str(data), out_dir=str(out), model=model.value, epochs=epochs,
-            seed=seed, batch_size=batch_size, patience=patience, resume=resume, threads=threads,
+            recipe.value, **overrides, data_dir=str(data), out_dir=str(out), model=model.value,
+            seed=seed, batch_size=batch_size, resume=resume, threads=threads,
             known_fraction_min=known_fraction[0], known_fraction_max=known_fraction[1])
         if register and model.value in BASELINES:
             raise ValueError(f"--register needs a neural model; {model.value} has no checkpoint to register")
@@ -167,7 +184,7 @@ def train(
     registered = result["mlflow"].get("registered")
     if registered:
         typer.echo(f"registered {registered['name']} version {registered['version']} "
-                   f"(validation acc@1 {registered['validation_acc@1']:.2f}): {champion_verdict(registered)}")
+                   f"(strict validation acc@1 {registered['validation_strict_acc@1']:.2f}): {champion_verdict(registered)}")
 
 
 @app.command()
@@ -233,6 +250,11 @@ def tune(
     grace_period: int = typer.Option(3, "--grace-period", min=1, help="ASHA: epochs before a trial may be stopped."),
     simulate_unseen: bool = typer.Option(False, "--simulate-unseen/--no-simulate-unseen",
                                          help="Trials train on samples that show unseen locations as later splits do."),
+    unseen_slots: bool = typer.Option(False, "--unseen-slots/--no-unseen-slots",
+                                      help="Trials point at unseen places of the history (extended vocabulary)."),
+    objective: Objective = typer.Option("strict_acc@1", "--objective",
+                                        help="The validation score the sweep maximises and early stopping follows: "
+                                             "strict_acc@1 (the exact place) or acc@1 (the protocol's)."),
     seed: int = typer.Option(0, "--seed"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
@@ -261,7 +283,8 @@ def tune(
                                max_concurrent=max_concurrent, workers_per_trial=workers_per_trial,
                                cpus_per_trial=cpus_per_trial, cpus_per_worker=cpus_per_worker,
                                gpus_per_worker=gpus_per_worker, search=search.value, grace_period=grace_period, seed=seed,
-                               simulate_unseen=simulate_unseen)
+                               simulate_unseen=simulate_unseen, unseen_slots=unseen_slots,
+                               objective=objective.value, select_on=objective.value)
             tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), experiment=experiment)
             from pgt.data import Vocab
 

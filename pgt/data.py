@@ -16,29 +16,63 @@ from torch.utils.data import Dataset, Sampler
 SPLITS = ("train", "validation", "test")
 LIST_COLUMNS = ("locations", "time_slots", "weekdays", "recency", "durations")
 SHIFTED = ("time_slots", "weekdays", "recency", "durations")  # stored +1 so that 0 means padding
+PLACE_COLUMNS = ("places", "target_place")  # dataset-wide place ids (the DBSCAN location of each visit)
+UNSEEN = 1  # the location id of every place first visited after the train split ("new place" in the output)
 
 
 class Batch(NamedTuple):
-    locations: torch.Tensor  # (B, T) location ids, 0 = padding, right-padded
+    locations: torch.Tensor  # (B, T) location ids, 0 = padding, 1 = unseen in train, right-padded
     users: torch.Tensor  # (B,)
     times: torch.Tensor  # (B, T) time slot + 1
     weekdays: torch.Tensor  # (B, T) weekday + 1
     recency: torch.Tensor  # (B, T) days before the target + 1
     durations: torch.Tensor  # (B, T) duration bucket + 1
-    targets: torch.Tensor  # (B,)
+    targets: torch.Tensor  # (B,) the protocol's target: a known id, or 1 for any place unseen in train
+    slots: torch.Tensor  # (B, T) extended vocabulary: k >= 1 for the row's k-th distinct unseen place, else 0
+    target_slots: torch.Tensor  # (B,) the target's slot when its place is one of the history's slots, else 0
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
         """The model's positional arguments."""
-        return self.locations, self.users, self.times, self.weekdays, self.recency, self.durations
+        return self.locations, self.users, self.times, self.weekdays, self.recency, self.durations, self.slots
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
 
     def packed(self) -> torch.Tensor:
-        """The inputs as one (B, 6, T) int64 tensor (the user repeated along T): the interface of
+        """The inputs as one (B, 7, T) int64 tensor (the user repeated along T): the interface of
         `pgt.model.PackedModel`, which MLflow logs and serves."""
         users = self.users.unsqueeze(1).expand_as(self.locations)
-        return torch.stack([self.locations, users, self.times, self.weekdays, self.recency, self.durations], dim=1)
+        return torch.stack([self.locations, users, self.times, self.weekdays, self.recency, self.durations, self.slots],
+                           dim=1)
+
+    def extended_targets(self, num_locations: int) -> torch.Tensor:
+        """(B,) targets over the extended vocabulary of V = num_locations known ids plus the row's slots: a known
+        id stays, a revisited unseen place becomes its slot's column V + slot - 1, a new place is 1 ("new place")."""
+        return torch.where(self.target_slots > 0, num_locations + self.target_slots - 1, self.targets)
+
+    def strict_targets(self, num_locations: int) -> torch.Tensor:
+        """(B,) the column of the target's exact place, or -1 for a new place, which no column names."""
+        extended = self.extended_targets(num_locations)
+        return torch.where(extended == UNSEEN, -1, extended)
+
+
+def unseen_slots(locations: torch.Tensor, places: torch.Tensor, targets: torch.Tensor,
+                 target_places: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots of the extended vocabulary (See et al. 2017, "P(w) over V + max_oov").
+
+    In each row, the distinct places of the visits whose location id is UNSEEN get slots 1, 2, ... in
+    the order of their first visit; known locations and padding get 0. The target gets its place's slot
+    when it is unseen and its place is one of the row's slots, else 0. `places` (B, T) and
+    `target_places` (B,) are dataset-wide place ids. Returns (slots (B, T), target_slots (B,))."""
+    T = locations.shape[1]
+    unseen = locations == UNSEEN  # (B, T)
+    same = (places.unsqueeze(2) == places.unsqueeze(1)) & unseen.unsqueeze(1) & unseen.unsqueeze(2)  # (B, T, T)
+    first_visit = same.to(torch.uint8).argmax(dim=2)  # (B, T) first visit to the same unseen place
+    is_first = unseen & (first_visit == torch.arange(T, device=locations.device))  # (B, T)
+    numbered = torch.cumsum(is_first, dim=1) * is_first  # (B, T) slot number at each first visit
+    slots = numbered.gather(1, first_visit) * unseen  # (B, T)
+    hit = unseen & (places == target_places.unsqueeze(1)) & (targets == UNSEEN).unsqueeze(1)  # (B, T)
+    return slots, (slots * hit).amax(dim=1) if T else torch.zeros_like(targets)
 
 
 @dataclass
@@ -59,7 +93,8 @@ class SequenceDataset(Dataset):
     """One split as padded int64 tensors. `dataset[i]` is a one-sample Batch; `__getitems__` (which
     DataLoader uses when given a batch of indices) gathers a whole batch trimmed to its longest history."""
 
-    def __init__(self, locations: np.ndarray, users: np.ndarray, features: dict[str, np.ndarray], targets: np.ndarray):
+    def __init__(self, locations: np.ndarray, users: np.ndarray, features: dict[str, np.ndarray], targets: np.ndarray,
+                 places: np.ndarray, target_places: np.ndarray):
         self.locations = torch.from_numpy(locations)
         self.users = torch.from_numpy(users)
         self.times = torch.from_numpy(features["time_slots"])
@@ -67,19 +102,30 @@ class SequenceDataset(Dataset):
         self.recency = torch.from_numpy(features["recency"])
         self.durations = torch.from_numpy(features["durations"])
         self.targets = torch.from_numpy(targets)
+        self.places = torch.from_numpy(places)  # (N, T) dataset-wide place of each visit (0 on padding)
+        self.target_places = torch.from_numpy(target_places)  # (N,)
         self.lengths = (self.locations != 0).sum(dim=1)
+        self.slots, self.target_slots = torch.zeros_like(self.locations), torch.zeros_like(self.targets)
+        for start in range(0, len(self.targets), 4096):  # (chunk, T, T) at a time
+            part = slice(start, start + 4096)
+            self.slots[part], self.target_slots[part] = unseen_slots(self.locations[part], self.places[part],
+                                                                     self.targets[part], self.target_places[part])
 
     @classmethod
     def from_parquet(cls, path: Path | str, max_len: int = 64, require_target: bool = True) -> SequenceDataset:
         """Read a split; histories longer than max_len keep their most recent max_len visits. Without
-        `require_target` a file may lack the target column (new sequences to score): targets are then 0."""
+        `require_target` a file may lack the target columns (new sequences to score): targets are then 0."""
         path = Path(path)
         with_target = "target" in cls.check_columns(path, require_target)
-        table = pq.read_table(path, columns=["user", *LIST_COLUMNS] + (["target"] if with_target else []))
+        targets = ["target", "target_place"] if with_target else []
+        table = pq.read_table(path, columns=["user", *LIST_COLUMNS, "places", *targets])
         offsets = table.column("locations").combine_chunks().offsets.to_numpy()
         lengths = np.diff(offsets)
         if len(lengths) and lengths.min() < 1:
             raise ValueError(f"{path}: a sample has an empty history")
+        places_offsets = table.column("places").combine_chunks().offsets.to_numpy()
+        if not np.array_equal(places_offsets, offsets):
+            raise ValueError(f"{path}: column places does not have one place per visit of column locations")
         n = len(lengths)
         kept = np.minimum(lengths, max_len)
         width = int(kept.max()) if n else 1
@@ -88,14 +134,18 @@ class SequenceDataset(Dataset):
         col = np.arange(kept.sum()) - np.repeat(np.cumsum(kept) - kept, kept)
         flat = np.repeat(offsets[:-1] + lengths - kept, kept) + col
         padded = {}
-        for name in LIST_COLUMNS:
+        for name in (*LIST_COLUMNS, "places"):
             values = table.column(name).combine_chunks().values.to_numpy().astype(np.int64)
             matrix = np.zeros((n, width), dtype=np.int64)
             matrix[row, col] = values[flat] + (1 if name in SHIFTED else 0)
             padded[name] = matrix
         users = table.column("user").to_numpy().astype(np.int64)
-        targets = table.column("target").to_numpy().astype(np.int64) if with_target else np.zeros(n, np.int64)
-        return cls(padded.pop("locations"), users, padded, targets)
+
+        def column(name: str) -> np.ndarray:
+            return table.column(name).to_numpy().astype(np.int64) if with_target else np.zeros(n, np.int64)
+
+        return cls(padded.pop("locations"), users, padded, column("target"), padded.pop("places"),
+                   column("target_place"))
 
     @staticmethod
     def check_columns(path: Path | str, require_target: bool = True) -> set[str]:
@@ -109,6 +159,10 @@ class SequenceDataset(Dataset):
         if missing:
             raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns of a "
                              f"`pgt preprocess` split: {', '.join(needed)}")
+        places = ["places"] + (["target_place"] if "target" in present else [])
+        if any(c not in present for c in places):
+            raise ValueError(f"{path}: no column {' or '.join(c for c in places if c not in present)} (the place of "
+                             "each visit), which older `pgt preprocess` outputs lack; preprocess the input again")
         return present
 
     def __len__(self) -> int:
@@ -122,11 +176,21 @@ class SequenceDataset(Dataset):
         width = int(self.lengths[idx].max())
         return Batch(self.locations[idx, :width], self.users[idx], self.times[idx, :width],
                      self.weekdays[idx, :width], self.recency[idx, :width], self.durations[idx, :width],
-                     self.targets[idx])
+                     self.targets[idx], self.slots[idx, :width], self.target_slots[idx])
 
     def in_history(self) -> np.ndarray:
-        """Whether each sample's target appears among its history's locations."""
+        """Whether each sample's target id appears among its history's ids (the protocol's view: any unseen
+        target is "in the history" when any unseen place is)."""
         return (self.locations == self.targets.unsqueeze(1)).any(dim=1).numpy()
+
+    def place_in_history(self) -> np.ndarray:
+        """Whether each sample's exact target place appears in its history (a known id, or a slot)."""
+        known = (self.targets > UNSEEN) & (self.locations == self.targets.unsqueeze(1)).any(dim=1)
+        return (known | (self.target_slots > 0)).numpy()
+
+    def new_place(self) -> np.ndarray:
+        """Whether each sample's target is a new place: unseen in train and absent from the history."""
+        return ((self.targets == UNSEEN) & (self.target_slots == 0)).numpy()
 
 
 def keep_batch(batch: Batch) -> Batch:
@@ -230,7 +294,11 @@ class UnseenSimulation(Dataset):
         cutoff = known * self.visits.sample_day[idx] + 1  # (B,) locations first visited on this day or later are new
         first_history = self.visits.first_day[batch.users.unsqueeze(1), batch.locations]  # (B, T)
         first_target = self.visits.first_day[batch.users, batch.targets]  # (B,)
-        new_history = (first_history >= cutoff.unsqueeze(1)) & (batch.locations > 1)  # padding stays 0
-        new_target = (first_target >= cutoff) & (batch.targets > 1)
-        return batch._replace(locations=torch.where(new_history, 1, batch.locations),
-                              targets=torch.where(new_target, 1, batch.targets))
+        new_history = (first_history >= cutoff.unsqueeze(1)) & (batch.locations > UNSEEN)  # padding stays 0
+        new_target = (first_target >= cutoff) & (batch.targets > UNSEEN)
+        locations = torch.where(new_history, UNSEEN, batch.locations)
+        targets = torch.where(new_target, UNSEEN, batch.targets)
+        # the simulated unseen places get slots as real ones do (a train place is its own location id)
+        slots, target_slots = unseen_slots(locations, self.dataset.places[idx, :locations.shape[1]], targets,
+                                           self.dataset.target_places[idx])
+        return batch._replace(locations=locations, targets=targets, slots=slots, target_slots=target_slots)

@@ -76,6 +76,7 @@ def flat_metrics(row: dict) -> dict:
     """An epoch row as Ray reports it: scalars, validation metrics prefixed."""
     out = {k: v for k, v in row.items() if isinstance(v, (int, float, bool)) and k != "validation"}
     out |= {f"validation_{k}": v for k, v in row["validation"].items() if isinstance(v, (int, float))}
+    out |= {f"validation_strict_{k}": v for k, v in row["validation"]["strict"].items() if isinstance(v, (int, float))}
     return out
 
 
@@ -168,7 +169,7 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
 
             result["mlflow"]["registered"] = register_model(
                 tracking.tracking_uri, tracking.register, result["mlflow"]["model_uri"], tracking.run_id,
-                result["validation"]["acc@1"])
+                result["validation"]["strict"]["acc@1"])
             write_json(out_dir / "metrics.json", result)
         status = "FINISHED"
         return result

@@ -6,6 +6,12 @@ location 0; every feature index 0 is padding (the data loader shifts real values
     embeddings -> pre-LN transformer encoder -> context c at the last valid visit
     P = g * P_ptr + (1 - g) * P_gen,  g = sigmoid(MLP(c)),  output log(P + 1e-10)
 
+Extended vocabulary (`unseen_slots`, See et al. 2017's "P(w) over V + max_oov"): the distinct places of a
+history that are unseen in train (id 1) get per-sample slots after the V known ids. The pointer puts
+each visit's attention on its slot, so two unseen places are told apart; the generator spreads over
+the known ids plus id 1, which then means "a new place". The output is then (B, V + S), S the most
+slots of any row in the batch. Without it, the pointer scatters onto the location ids as SPEC §3 says.
+
 Variants: "pgt" (learned gate), "mhsa" (generation only, g = 0), "pointer" (pointer only, g = 1),
 and "lstm-pg": the original pointer-generator (See et al., 2017) adapted to one prediction step:
 BiLSTM encoder, additive (Bahdanau) attention from the reduced last state, p_gen from context,
@@ -38,6 +44,7 @@ class ModelConfig:
     dropout: float = 0.15  # dropout inside the encoder layers (and on the LSTM's inputs)
     max_len: int = 64  # longest history; longer ones keep their most recent max_len visits
     variant: str = "pgt"  # one of VARIANTS
+    unseen_slots: bool = False  # extended vocabulary: the pointer points at per-sample slots of unseen places
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -140,7 +147,7 @@ class PointerGeneratorTransformer(nn.Module):
         self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 1))
         _xavier(self)
 
-    def forward(self, locations, users, times, weekdays, recency, durations) -> Output:
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None) -> Output:
         B, T = locations.shape
         lengths, pos_end = positions_from_end(locations)  # (B,), (B, T)
         pad = pos_end == 0  # (B, T) True on padding
@@ -158,11 +165,8 @@ class PointerGeneratorTransformer(nn.Module):
         scores = torch.einsum("bd,btd->bt", self.query(c), self.key(h)) / math.sqrt(self.cfg.d_model)
         scores = (scores + self.position_bias[pos_end]).masked_fill(pad, float("-inf"))  # (B, T)
         attention = torch.softmax(scores, dim=-1)  # (B, T)
-        V = self.cfg.num_locations
-        p_ptr = torch.zeros(B, V, device=h.device, dtype=attention.dtype).scatter_add(1, locations, attention)
         p_gen = torch.softmax(self.generator(c), dim=-1)  # (B, V)
-        g = gate.unsqueeze(1).to(p_gen.dtype)
-        probs = g * p_ptr + (1 - g) * p_gen  # (B, V)
+        probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg), p_gen)  # (B, V + S)
         return Output(torch.log(probs + EPS), gate, attention)
 
 
@@ -186,7 +190,7 @@ class LSTMPointerGenerator(nn.Module):
         self.p_gen = nn.Linear(4 * d, 1)  # from context, state (h and c) and the input x
         _xavier(self)
 
-    def forward(self, locations, users, times, weekdays, recency, durations) -> Output:
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None) -> Output:
         B, T = locations.shape
         lengths, pos_end = positions_from_end(locations)
         pad = pos_end == 0
@@ -202,16 +206,45 @@ class LSTMPointerGenerator(nn.Module):
         x_last = x[torch.arange(B, device=x.device), lengths - 1]  # (B, d) the decoder's input
         p_gen = torch.sigmoid(self.p_gen(torch.cat([context, s, cell, x_last], dim=-1))).squeeze(-1)  # (B,)
         p_vocab = torch.softmax(self.vocab(torch.cat([s, context], dim=-1)), dim=-1)  # (B, V)
-        p_ptr = torch.zeros_like(p_vocab).scatter_add(1, locations, attention.to(p_vocab.dtype))
-        g = p_gen.unsqueeze(1)
-        probs = g * p_vocab + (1 - g) * p_ptr
-        return Output(torch.log(probs + EPS), 1 - p_gen, attention)  # gate = weight of the pointer
+        gate = 1 - p_gen  # weight of the pointer
+        probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg), p_vocab)  # (B, V + S)
+        return Output(torch.log(probs + EPS), gate, attention)
+
+
+def pointer_distribution(attention: torch.Tensor, locations: torch.Tensor, slots: torch.Tensor | None,
+                         cfg: ModelConfig) -> torch.Tensor:
+    """(B, T) attention -> (B, V + S) pointer distribution: each visit's weight goes to its location id, or
+    with cfg.unseen_slots to its slot's column V + slot - 1 (S = the batch's most slots; 0 without)."""
+    V = cfg.num_locations
+    targets, width = locations, V
+    if cfg.unseen_slots and slots is not None and slots.numel():
+        width = V + int(slots.max())
+        targets = torch.where(slots > 0, V - 1 + slots, locations)  # (B, T) extended ids
+    p_ptr = torch.zeros(locations.shape[0], width, device=attention.device, dtype=attention.dtype)
+    return p_ptr.scatter_add(1, targets, attention)  # (B, V + S)
+
+
+def mix(gate: torch.Tensor, p_ptr: torch.Tensor, p_gen: torch.Tensor) -> torch.Tensor:
+    """g * P_ptr + (1 - g) * P_gen, the generator's (B, V) padded with zeros to the pointer's (B, V + S)."""
+    p_gen = F.pad(p_gen, (0, p_ptr.shape[1] - p_gen.shape[1]))
+    g = gate.unsqueeze(1).to(p_gen.dtype)
+    return g * p_ptr.to(p_gen.dtype) + (1 - g) * p_gen
+
+
+def merge_slots(log_probs: torch.Tensor, num_locations: int) -> torch.Tensor:
+    """(B, V + S) extended log-probabilities -> (B, V) the protocol's: id 1 ("unseen in train") takes the
+    probability of a new place plus that of every slot, which are all places unseen in train."""
+    if log_probs.shape[1] == num_locations:
+        return log_probs
+    unseen = torch.logsumexp(torch.cat([log_probs[:, 1:2], log_probs[:, num_locations:]], dim=1), dim=1)  # (B,)
+    return torch.cat([log_probs[:, :1], unseen.unsqueeze(1), log_probs[:, 2:num_locations]], dim=1)
 
 
 class PackedModel(nn.Module):
-    """A trained model behind one input tensor, as MLflow logs and serves it: x (B, 6, T) int64 stacks
-    locations, users (repeated along T), time slots, weekdays, recency and durations, each as the data
-    loader gives them (`Batch.packed()`); the output is the (B, V) log-probabilities."""
+    """A trained model behind one input tensor, as MLflow logs and serves it: x (B, 7, T) int64 stacks
+    locations, users (repeated along T), time slots, weekdays, recency, durations and slots, each as the
+    data loader gives them (`Batch.packed()`; a (B, 6, T) input has no slots); the output is the
+    (B, V + S) log-probabilities, S = 0 for a model without `unseen_slots`."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -219,8 +252,9 @@ class PackedModel(nn.Module):
         self.cfg = model.cfg
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        locations, users, times, weekdays, recency, durations = x.unbind(1)  # (B, T) each
-        return self.model(locations, users[:, 0], times, weekdays, recency, durations).log_probs.float()
+        locations, users, times, weekdays, recency, durations, *slots = x.unbind(1)  # (B, T) each
+        slots = slots[0] if slots else None
+        return self.model(locations, users[:, 0], times, weekdays, recency, durations, slots).log_probs.float()
 
 
 def _xavier(model: nn.Module) -> None:

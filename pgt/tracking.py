@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CHAMPION = "champion"
-SCORE_TAG = "validation_acc_at_1"  # the registered version's own validation Acc@1
-RIVAL_TAG = "champion_validation_acc_at_1"  # the champion's validation Acc@1 when the version was compared
+SCORE_TAG = "validation_strict_acc_at_1"  # the registered version's own strict validation Acc@1
+RIVAL_TAG = "champion_validation_strict_acc_at_1"  # the champion's, when the version was compared
 
 
 @dataclass
@@ -200,8 +200,10 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     model, cfg = load_checkpoint(checkpoint)
     packed = PackedModel(model).eval()
     example = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len).__getitems__(list(range(5)))
-    signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.int64), (-1, 6, -1))]),
-                               outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, cfg.num_locations))]))
+    # (B, 7, T) in; (B, V) out, or (B, V + S) with the extended vocabulary's slots
+    width = -1 if cfg.unseen_slots else cfg.num_locations
+    signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.int64), (-1, 7, -1))]),
+                               outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, width))]))
     return mlflow.pytorch.log_model(
         packed, name=name, serialization_format="pickle", signature=signature,
         input_example=example.packed().numpy(), code_paths=[str(Path(pgt.__file__).parent)],
@@ -209,8 +211,9 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
 
 
 def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:
-    """Register a version; the alias `champion` moves to it only when its validation Acc@1 beats the
-    current champion's. Both values stay on the new version as tags."""
+    """Register a version; the alias `champion` moves to it only when its strict validation Acc@1
+    (`validation_acc1`: the exact place, metrics.py) beats the current champion's. Both values stay on the
+    new version as tags."""
     import mlflow
     from mlflow.exceptions import MlflowException
 
@@ -230,7 +233,7 @@ def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, va
         client.set_registered_model_alias(name, CHAMPION, version.version)
     return {"name": name, "version": int(version.version), "promoted": promoted,
             "champion_version": int(version.version) if promoted else int(champion.version),
-            "validation_acc@1": validation_acc1, "champion_validation_acc@1": rival}
+            "validation_strict_acc@1": validation_acc1, "champion_validation_strict_acc@1": rival}
 
 
 def champion_verdict(registered: dict) -> str:

@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
@@ -26,8 +26,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from pgt.data import (Batch, BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch,
                       load_splits)
-from pgt.metrics import compute_all, target_ranks, top1
-from pgt.model import ModelConfig, build_model, count_parameters
+from pgt.metrics import Scored, compute_all, target_ranks, top1
+from pgt.model import ModelConfig, build_model, count_parameters, merge_slots
 
 NEURAL_MODELS = ("pgt", "mhsa", "pointer", "lstm-pg")
 BASELINES = ("markov", "most-frequent")
@@ -41,6 +41,17 @@ RECIPES: dict[str, dict] = {
     "tuned": {"d_model": 128, "dim_feedforward": 256, "dropout": 0.6, "lr": 3e-4, "select_on": "loss",
               "simulate_unseen": True},
 }
+
+
+# validation scores that early stopping and the best epoch may follow; each is "higher is better" once signed
+SELECT_ON = ("acc@1", "strict_acc@1", "loss")
+
+
+def selection_score(validation: dict, select_on: str) -> float:
+    """The validation score named by select_on, signed so that higher is better."""
+    if select_on == "loss":
+        return -validation["loss"]
+    return validation["strict"]["acc@1"] if select_on == "strict_acc@1" else validation["acc@1"]
 
 
 def recipe_settings(recipe: str) -> dict:
@@ -66,7 +77,7 @@ class TrainConfig:
     epochs: int = 50  # at most
     min_epochs: int = 8  # no early stop before this many epochs
     patience: int = 5  # stop after this many epochs without a better validation score
-    select_on: str = "acc@1"  # validation score for early stopping and the best epoch: "acc@1" (higher) or "loss" (lower)
+    select_on: str = "acc@1"  # validation score for early stopping and the best epoch: one of SELECT_ON
     batch_size: int = 128  # global batch, split evenly over workers
     eval_batch_size: int = 1024
     lr: float = 6.5e-4  # peak learning rate, reached after warmup
@@ -76,6 +87,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.98
     label_smoothing: float = 0.03
+    unseen_slots: bool = False  # extended vocabulary: the pointer names unseen places of the history (ModelConfig)
     simulate_unseen: bool = False  # train samples show id 1 as later splits do (data.UnseenSimulation)
     known_fraction_min: float = 0.8  # with simulate_unseen, locations first visited after a fraction f of the
     known_fraction_max: float = 1.0  # user's days before the sample become id 1; f is drawn uniformly in [min, max]
@@ -90,8 +102,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if self.select_on not in ("acc@1", "loss"):
-            raise ValueError(f"select_on must be 'acc@1' or 'loss', got {self.select_on!r}")
+        if self.select_on not in SELECT_ON:
+            raise ValueError(f"select_on must be one of {', '.join(SELECT_ON)}, got {self.select_on!r}")
         if not 0.0 <= self.known_fraction_min <= self.known_fraction_max <= 1.0:
             raise ValueError("known_fraction_min and known_fraction_max must satisfy 0 <= min <= max <= 1, got "
                              f"{self.known_fraction_min} and {self.known_fraction_max}")
@@ -117,7 +129,8 @@ class TrainConfig:
     def model_config(self, vocab: Vocab) -> ModelConfig:
         return ModelConfig(num_locations=vocab.locations, num_users=vocab.users, d_model=self.d_model,
                            nhead=self.nhead, num_layers=self.num_layers, dim_feedforward=self.dim_feedforward,
-                           dropout=self.dropout, max_len=self.max_len, variant=self.model)
+                           dropout=self.dropout, max_len=self.max_len, variant=self.model,
+                           unseen_slots=self.unseen_slots)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -180,56 +193,83 @@ def train_loader(dataset: SequenceDataset | UnseenSimulation, cfg: TrainConfig, 
     return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch, num_workers=0)
 
 
-def model_scores(model: torch.nn.Module) -> Callable[[Batch], torch.Tensor]:
-    """A scorer for `predict`: the model's log-probabilities, in eval mode."""
+class Scores(NamedTuple):
+    extended: torch.Tensor  # (B, V + S) scores over the known ids and the batch's slots (S = 0 without slots)
+    protocol: torch.Tensor  # (B, V) scores over the known ids, every unseen place in id 1
+
+
+def model_scores(model: torch.nn.Module) -> Callable[[Batch], Scores]:
+    """A scorer for `predict`: the model's log-probabilities in eval mode; the protocol's id 1 takes the
+    probability of a new place and of every slot (model.merge_slots)."""
     model.eval()
-    return lambda batch: model(*batch.inputs()).log_probs.float()
+    V = model.cfg.num_locations
+
+    def score(batch: Batch) -> Scores:
+        extended = model(*batch.inputs()).log_probs.float()
+        return Scores(extended, merge_slots(extended, V))
+
+    return score
+
+
+def training_targets(batch: Batch, model_cfg: ModelConfig) -> torch.Tensor:
+    """What the loss asks for: with slots, the extended target (a slot, or 1 for a new place); else the protocol's."""
+    return batch.extended_targets(model_cfg.num_locations) if model_cfg.unseen_slots else batch.targets
+
+
+def cross_entropy_sum(model_cfg: ModelConfig, label_smoothing: float) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
+    """The training criterion summed over a batch, for `predict`'s validation loss."""
+    return lambda batch, log_probs: F.cross_entropy(log_probs, training_targets(batch, model_cfg),
+                                                    label_smoothing=label_smoothing, reduction="sum")
 
 
 @torch.no_grad()
-def predict(score: Callable[[Batch], torch.Tensor], dataset: SequenceDataset, batch_size: int, device: torch.device,
-            indices: np.ndarray | None = None, label_smoothing: float | None = None, worker: Worker | None = None
-            ) -> tuple[np.ndarray, np.ndarray, float | None]:
-    """(1-based target ranks, top-1 predictions, mean loss) for the given samples (all by default).
+def predict(score: Callable[[Batch], Scores], dataset: SequenceDataset, batch_size: int, device: torch.device,
+            indices: np.ndarray | None = None, loss: Callable[[Batch, torch.Tensor], torch.Tensor] | None = None,
+            worker: Worker | None = None) -> tuple[Scored, float | None]:
+    """(the predictions of the given samples, all by default, as metrics.Scored; the mean loss or None).
 
-    `score(batch)` gives (B, V) scores, higher first. The loss (cross-entropy of log-probability
-    scores) is computed only when `label_smoothing` is given, and is None otherwise. With a worker of
-    a larger world, each rank scores every world_size-th sample and the results are all-gathered, so
-    every rank returns the whole split's predictions."""
+    `score(batch)` gives Scores, higher first. `loss(batch, extended scores)`, when given, is summed and
+    averaged. With a worker of a larger world, each rank scores every world_size-th sample and the
+    results are summed across ranks (each sample is scored by one rank), so every rank returns the
+    whole split's predictions."""
     indices = np.arange(len(dataset)) if indices is None else indices
     order = indices[np.argsort(dataset.lengths[indices].numpy(), kind="stable")]  # little padding
     if worker is not None and worker.world_size > 1:
         order = order[worker.rank::worker.world_size]
-    ranks, best = np.zeros(len(dataset), np.int64), np.zeros(len(dataset), np.int64)
-    loss_sum = 0.0
+    # rows: protocol rank, protocol top-1, strict rank, strict top-1; every sample is written by one rank
+    found = torch.zeros(4, len(dataset), dtype=torch.int64)
+    loss_sum = torch.zeros((), dtype=torch.float64)
     for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
+        chunk = torch.from_numpy(order[start:start + batch_size])
         batch = dataset.__getitems__(chunk.tolist()).to(device)
         scores = score(batch)
-        if label_smoothing is not None:
-            loss_sum += float(F.cross_entropy(scores, batch.targets, label_smoothing=label_smoothing, reduction="sum"))
-        ranks[chunk] = target_ranks(scores, batch.targets).cpu().numpy()
-        best[chunk] = top1(scores).cpu().numpy()
+        if loss is not None:
+            loss_sum += float(loss(batch, scores.extended))
+        strict_targets = batch.strict_targets(scores.protocol.shape[1])
+        found[:, chunk] = torch.stack([target_ranks(scores.protocol, batch.targets), top1(scores.protocol),
+                                       target_ranks(scores.extended, strict_targets), top1(scores.extended)]).cpu()
     if worker is not None and worker.world_size > 1:
         import torch.distributed as dist
 
-        shards: list = [None] * worker.world_size
-        dist.all_gather_object(shards, (order, ranks[order], best[order], loss_sum))
-        loss_sum = 0.0
-        for part, part_ranks, part_best, part_loss in shards:
-            ranks[part], best[part] = part_ranks, part_best
-            loss_sum += part_loss
-    loss = loss_sum / max(len(indices), 1) if label_smoothing is not None else None
-    return ranks[indices], best[indices], loss
+        totals = torch.cat([found.flatten().double(), loss_sum.reshape(1)]).to(worker.device)
+        dist.all_reduce(totals)  # float64 holds every rank and id exactly
+        found, loss_sum = totals[:-1].cpu().round().long().view(4, -1), totals[-1].cpu()
+    pick = torch.from_numpy(indices)
+    ranks, best, strict_ranks, strict_best = (row[pick].numpy() for row in found)
+    scored = Scored(ranks=ranks, top1=best, targets=dataset.targets[pick].numpy(),
+                    in_history=dataset.in_history()[indices], strict_ranks=strict_ranks, strict_top1=strict_best,
+                    place_in_history=dataset.place_in_history()[indices], new_place=dataset.new_place()[indices])
+    mean_loss = float(loss_sum) / max(len(indices), 1) if loss is not None else None
+    return scored, mean_loss
 
 
-def evaluate(score: Callable[[Batch], torch.Tensor], dataset: SequenceDataset, batch_size: int, device: torch.device,
-             label_smoothing: float | None = None, worker: Worker | None = None) -> dict:
-    """Metrics over the whole split, plus `loss` (the training criterion's mean) when label_smoothing is given.
+def evaluate(score: Callable[[Batch], Scores], dataset: SequenceDataset, batch_size: int, device: torch.device,
+             loss: Callable[[Batch, torch.Tensor], torch.Tensor] | None = None, worker: Worker | None = None) -> dict:
+    """Metrics over the whole split (metrics.compute_all), plus `loss` (the training criterion's mean) when given.
     Under DDP every rank scores its share and gets the whole split's metrics."""
-    ranks, best, loss = predict(score, dataset, batch_size, device, label_smoothing=label_smoothing, worker=worker)
-    metrics = compute_all(ranks, best, dataset.targets.numpy(), dataset.in_history())
-    return metrics if loss is None else {**metrics, "loss": loss}
+    scored, mean_loss = predict(score, dataset, batch_size, device, loss=loss, worker=worker)
+    metrics = compute_all(scored)
+    return metrics if mean_loss is None else {**metrics, "loss": mean_loss}
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:
@@ -317,6 +357,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab), cfg.known_fraction_min,
                                      cfg.known_fraction_max)
     loader = train_loader(train_set, cfg, worker)
+    criterion = cross_entropy_sum(model_cfg, cfg.label_smoothing)
 
     start_epoch, best_metric, best_epoch, bad_epochs, history, resumed_at = 0, -math.inf, -1, 0, [], []
     best_state = None
@@ -352,7 +393,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
             batch = batch.to(worker.device, non_blocking=True)
             with torch.autocast(worker.device.type, dtype=amp_dtype, enabled=use_amp):
                 out = ddp_model(*batch.inputs())
-            loss = F.cross_entropy(out.log_probs.float(), batch.targets, label_smoothing=cfg.label_smoothing)
+            loss = F.cross_entropy(out.log_probs.float(), training_targets(batch, model_cfg),
+                                   label_smoothing=cfg.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
@@ -366,8 +408,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         scheduler.step()
         train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
         validation = evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
-                              cfg.label_smoothing, worker)
-        score = -validation["loss"] if cfg.select_on == "loss" else validation["acc@1"]  # higher is better
+                              criterion, worker)
+        score = selection_score(validation, cfg.select_on)
         if score > best_metric:
             best_metric, best_epoch, bad_epochs = score, epoch, 0
             best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -401,10 +443,10 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     model.load_state_dict(best_state)
     result = {
         "model": cfg.model,
-        "test": evaluate(model_scores(model), splits["test"], cfg.eval_batch_size, worker.device, cfg.label_smoothing,
-                         worker),
+        "test": evaluate(model_scores(model), splits["test"], cfg.eval_batch_size, worker.device, criterion, worker),
         "validation": evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
-                               cfg.label_smoothing, worker),
+                               criterion, worker),
+        "select_on": cfg.select_on,
         "best_epoch": best_epoch + 1,  # 1-based, as epochs_run
         "epochs_run": len(history),
         "early_stopped": early_stopped,
@@ -413,8 +455,9 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
         "parameters": parameters,
         "resumed_at_epochs": [e + 1 for e in resumed_at],  # 1-based epochs a resumption started with
-        "history": [{k: v for k, v in row.items() if k != "validation"} | {"validation_acc@1": row["validation"]["acc@1"]}
-                    for row in history],
+        "history": [{k: v for k, v in row.items() if k != "validation"}
+                    | {"validation_acc@1": row["validation"]["acc@1"],
+                       "validation_strict_acc@1": row["validation"]["strict"]["acc@1"]} for row in history],
         "config": cfg.to_dict(),
         "model_config": dataclasses.asdict(model_cfg),
     }
@@ -445,8 +488,13 @@ def evaluate_baseline(config: dict) -> dict:
 
     most_frequent = MostFrequent()
 
-    def score(batch: Batch) -> torch.Tensor:
-        return markov.scores(batch) if markov else most_frequent.scores(batch, vocab.locations)
+    def score(batch: Batch) -> Scores:
+        if markov:  # the chain knows no place unseen in train: the slots rank last
+            protocol = markov.scores(batch)
+            slots = int(batch.slots.max()) if batch.slots.numel() else 0
+            return Scores(F.pad(protocol, (0, slots), value=-math.inf), protocol)
+        return Scores(most_frequent.scores(batch, vocab.locations, use_slots=True),
+                      most_frequent.scores(batch, vocab.locations))
 
     def run(dataset: SequenceDataset) -> dict:
         return evaluate(score, dataset, cfg.eval_batch_size, torch.device("cpu"))

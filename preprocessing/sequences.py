@@ -117,7 +117,9 @@ def generate_samples(staypoints: pl.DataFrame, history_days: int = 7, min_histor
     Keeps only users that have samples in all three splits, fits the vocabularies on what remains,
     and returns ({split: samples}, the kept staypoints encoded, vocabularies). A sample holds the
     user, the history as list columns (locations, time_slots, weekdays, durations, recency in days
-    before the target's day) and the target location.
+    before the target's day, places) and the target location. `locations` are vocabulary ids (UNSEEN
+    for every place first visited after train); `places` are the dataset-wide DBSCAN location ids of
+    the same visits, which tell two unseen places apart (target_place likewise for the target).
     """
     marked = find_samples(staypoints, history_days, min_history)
     per_split = marked.filter("is_target").group_by("user_id").agg(pl.col("split").n_unique().alias("n"))
@@ -154,7 +156,9 @@ def _sample_table(kept: pl.DataFrame, split: str) -> pl.DataFrame:
         "weekdays": as_list(kept["weekday"].to_numpy()[gather], pa.int8()),
         "durations": as_list(kept["duration_bucket"].to_numpy()[gather], pa.int16()),
         "recency": as_list(recency, pa.int8()),
+        "places": as_list(kept["location_id"].to_numpy()[gather].astype(np.int64), pa.int64()),
         "target": targets["location"],
+        "target_place": targets["location_id"].cast(pl.Int64),
         "target_time_slot": targets["time_slot"],
         "target_weekday": targets["weekday"],
         "target_started_at": targets["started_at"],

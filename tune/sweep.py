@@ -21,7 +21,7 @@ from pathlib import Path
 from pgt.train import TrainConfig
 from tune.space import SEARCHED, SearchSpace
 
-METRIC = "validation_acc@1"  # what ASHA and the searcher maximise, reported every epoch
+OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.metrics: strict, protocol)
 EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
 
 
@@ -40,7 +40,9 @@ class SweepConfig:
     grace_period: int = 3  # ASHA: epochs every trial gets before it may be stopped
     reduction_factor: int = 2  # ASHA: keep the best 1/reduction_factor at each rung
     seed: int = 0  # the searcher's seed and every trial's training seed
-    select_on: str = "acc@1"  # training's early stopping inside a trial (see TrainConfig)
+    objective: str = "strict_acc@1"  # the validation score ASHA, the searcher and the best trial follow (OBJECTIVES)
+    select_on: str = "strict_acc@1"  # training's early stopping inside a trial (see TrainConfig)
+    unseen_slots: bool = False  # trials point at unseen places of the history (extended vocabulary, see TrainConfig)
     simulate_unseen: bool = False  # trials train on samples that show unseen locations (see TrainConfig)
     space: SearchSpace = field(default_factory=SearchSpace)
 
@@ -49,8 +51,15 @@ class SweepConfig:
             self.space = SearchSpace.from_dict(self.space)
         if self.search not in ("optuna", "random"):
             raise ValueError(f"search must be 'optuna' or 'random', got {self.search!r}")
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if min(self.trials, self.epochs, self.max_concurrent, self.workers_per_trial) < 1:
             raise ValueError("trials, epochs, max_concurrent and workers_per_trial must be at least 1")
+
+    @property
+    def metric(self) -> str:
+        """The name of the objective among the metrics each epoch reports (distributed.flat_metrics)."""
+        return f"validation_{self.objective}"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -62,7 +71,8 @@ class SweepConfig:
     def train_config(self, hyper: dict, out_dir: Path) -> TrainConfig:
         threads = max(1, int(self.cpus_per_trial)) if self.workers_per_trial == 1 else 0
         return TrainConfig(data_dir=self.data_dir, out_dir=str(out_dir), epochs=self.epochs, seed=self.seed,
-                           select_on=self.select_on, simulate_unseen=self.simulate_unseen, threads=threads, **hyper)
+                           select_on=self.select_on, simulate_unseen=self.simulate_unseen,
+                           unseen_slots=self.unseen_slots, threads=threads, **hyper)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,7 +151,7 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
                 tuner = tune.Tuner(
                     trainable,
                     param_space={} if spec.search == "optuna" else spec.space.random_space(),
-                    tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
+                    tune_config=tune.TuneConfig(metric=spec.metric, mode="max", scheduler=scheduler,
                                                 search_alg=_searcher(spec), num_samples=spec.trials,
                                                 max_concurrent_trials=spec.max_concurrent,
                                                 trial_dirname_creator=trial_dirname),
@@ -189,13 +199,14 @@ def _searcher(spec: SweepConfig):
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
 
-    searcher = OptunaSearch(space=spec.space.optuna_space(), metric=METRIC, mode="max", seed=spec.seed)
+    searcher = OptunaSearch(space=spec.space.optuna_space(), metric=spec.metric, mode="max", seed=spec.seed)
     return ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
 
 
 def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
-    """tune.json: a row per trial (config, status, epochs, best validation Acc@1, test metrics when it
-    finished), the best finished trial and its config."""
+    """tune.json: a row per trial (config, status, epochs, the best validation score of the objective, its
+    strict and protocol validation Acc@1, test metrics when it finished), the best finished trial by the
+    objective and its config."""
     rows = []
     for result in grid:
         metrics = result.metrics or {}
@@ -208,7 +219,10 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "trial_id": trial_id, "config": hyper,
             "status": "error" if result.error else ("finished" if done else "stopped (ASHA)"),
             "epochs": done["epochs_run"] if done else metrics.get("training_iteration", 0),
-            "best_validation_acc@1": done["validation"]["acc@1"] if done else _best_seen(result),
+            "best_validation_score": _objective(done["validation"], spec) if done else _best_seen(result, spec.metric),
+            "best_validation_acc@1": done["validation"]["acc@1"] if done else None,
+            "best_validation_strict_acc@1": done["validation"]["strict"]["acc@1"] if done else None,
+            "best_validation": done["validation"] if done else None,
             "test": {k: v for k, v in done["test"].items() if not isinstance(v, dict)} if done else None,
             "node_id": node.get("node_id"), "node_address": nodes.get(node.get("node_id", ""), None),
             "started_at": node.get("started_at"), "last_report_at": metrics.get("timestamp"),
@@ -221,19 +235,25 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
     if not finished:
         raise RuntimeError(f"{spec.out_dir}: no trial finished ({len(rows)} trials: "
                            f"{', '.join(sorted({r['status'] for r in rows}))})")
-    best = max(finished, key=lambda r: r["best_validation_acc@1"])
-    rows.sort(key=lambda r: -(r["best_validation_acc@1"] if r["best_validation_acc@1"] is not None else -math.inf))
-    return {"best_trial": best["trial_id"], "best_config": best["config"],
-            "best_validation_acc@1": best["best_validation_acc@1"], "best_test": best["test"],
+    best = max(finished, key=lambda r: r["best_validation_score"])
+    rows.sort(key=lambda r: -(r["best_validation_score"] if r["best_validation_score"] is not None else -math.inf))
+    return {"best_trial": best["trial_id"], "best_config": best["config"], "objective": spec.objective,
+            "best_validation_score": best["best_validation_score"], "best_validation_acc@1": best["best_validation_acc@1"],
+            "best_validation_strict_acc@1": best["best_validation_strict_acc@1"],
+            "best_validation": best["best_validation"], "best_test": best["test"],
             "best_checkpoint": str(Path(spec.out_dir) / "trials" / best["trial_id"] / "best.pt"),
             "trials": rows, "sweep": spec.to_dict()}
 
 
-def _best_seen(result) -> float | None:
+def _objective(validation: dict, spec: SweepConfig) -> float:
+    return validation["strict"]["acc@1"] if spec.objective == "strict_acc@1" else validation["acc@1"]
+
+
+def _best_seen(result, metric: str) -> float | None:
     frame = result.metrics_dataframe
-    if frame is None or METRIC not in frame:
+    if frame is None or metric not in frame:
         return None
-    return float(frame[METRIC].max())
+    return float(frame[metric].max())
 
 
 def _trial_run_id(trial_dir: Path) -> str | None:
@@ -278,15 +298,16 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     client = mlflow_client(tracking.tracking_uri)
     model, cfg = load_checkpoint(result["best_checkpoint"])
     test = evaluate(model_scores(model), load_splits(spec.data_dir, cfg.max_len)["test"], 1024, torch.device("cpu"))
-    result["best_test"] = {k: v for k, v in test.items() if not isinstance(v, dict)}
+    result["best_test"] = {k: v for k, v in test.items() if not isinstance(v, dict)} | {"strict": test["strict"]}
     now = int(time.time() * 1000)
     metrics = metrics_of("best_test", test) | {"best_validation_acc_at_1": result["best_validation_acc@1"],
+                                               "best_validation_strict_acc_at_1": result["best_validation_strict_acc@1"],
                                                "trials_finished": sum(r["status"] == "finished" for r in result["trials"]),
                                                "trials": len(result["trials"])}
     client.log_batch(tracking.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
                      params=[Param(f"best.{k}", str(v)) for k, v in result["best_config"].items()])
     out = Path(spec.out_dir)
-    plot = plot_trials(result["trials"], out / "trials.png")
+    plot = plot_trials(result["trials"], out / "trials.png", spec.objective)
     client.log_artifact(tracking.run_id, str(plot))
     (out / "tune.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
     client.log_artifact(tracking.run_id, str(out / "tune.json"))
@@ -296,7 +317,7 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": info.model_uri}
     if register:
         logged["registered"] = register_model(tracking.tracking_uri, register, info.model_uri, tracking.run_id,
-                                              result["best_validation_acc@1"])
+                                              result["best_validation_strict_acc@1"])
     return logged
 
 
@@ -311,8 +332,8 @@ def _close_trial_runs(tracking, out: Path) -> None:
             client.set_terminated(run_id, status="KILLED")
 
 
-def plot_trials(rows: list[dict], path: Path) -> Path:
-    """Best validation Acc@1 of every trial against each searched parameter (finished trials filled)."""
+def plot_trials(rows: list[dict], path: Path, objective: str = "strict_acc@1") -> Path:
+    """The best validation score (objective) of every trial against each searched parameter (finished trials filled)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -321,18 +342,18 @@ def plot_trials(rows: list[dict], path: Path) -> Path:
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
     for ax, name in zip(axes.flat, SEARCHED):
         for finished, marker in ((True, "o"), (False, "x")):
-            pts = [(r["config"][name], r["best_validation_acc@1"]) for r in rows
-                   if (r["status"] == "finished") == finished and r["best_validation_acc@1"] is not None]
+            pts = [(r["config"][name], r["best_validation_score"]) for r in rows
+                   if (r["status"] == "finished") == finished and r["best_validation_score"] is not None]
             if pts:
                 x, y = zip(*pts)
                 ax.scatter(x, y, marker=marker, alpha=0.8, label="finished" if finished else "stopped early")
         if name in ("lr", "weight_decay"):
             ax.set_xscale("log")
         ax.set_xlabel(name)
-        ax.set_ylabel("best validation Acc@1 (%)")
+        ax.set_ylabel(f"best validation {objective} (%)")
         ax.grid(alpha=0.3)
     axes.flat[0].legend(loc="lower right", fontsize=8)
-    fig.suptitle(f"{len(rows)} trials: validation Acc@1 against each searched parameter")
+    fig.suptitle(f"{len(rows)} trials: validation {objective} against each searched parameter")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -13,7 +13,8 @@ def tiny_batch() -> Batch:
     locations = torch.tensor([[5, 3, 5, 7], [2, 4, 0, 0], [9, 0, 0, 0]])
     valid = (locations != 0).long()
     return Batch(locations=locations, users=torch.tensor([1, 2, 1]), times=valid * 10, weekdays=valid * 2,
-                 recency=valid * 3, durations=valid * 4, targets=torch.tensor([5, 6, 9]))
+                 recency=valid * 3, durations=valid * 4, targets=torch.tensor([5, 6, 9]),
+                 slots=torch.zeros_like(locations), target_slots=torch.zeros(3, dtype=torch.long))
 
 
 @pytest.fixture

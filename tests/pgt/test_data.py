@@ -9,18 +9,24 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch
+from pgt.data import (BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch,
+                      unseen_slots)
 
 
-def write_split(path, histories, max_visits=None):
+def write_split(path, histories, places=None):
+    """A split of (user, locations, target) rows. `places` gives each row's (history places, target place);
+    by default a visit's place is its location id."""
     rows = []
-    for user, locs, target in histories:
+    for i, (user, locs, target) in enumerate(histories):
         n = len(locs)
+        visit_places, target_place = places[i] if places else (locs, target)
         rows.append({"user": user, "locations": locs, "time_slots": list(range(n)), "weekdays": [6] * n,
-                     "recency": list(range(n, 0, -1)), "durations": [95] * n, "target": target})
+                     "recency": list(range(n, 0, -1)), "durations": [95] * n, "places": visit_places, "target": target,
+                     "target_place": target_place})
     pl.DataFrame(rows, schema={"user": pl.Int32, "locations": pl.List(pl.Int32), "time_slots": pl.List(pl.Int16),
                                "weekdays": pl.List(pl.Int8), "recency": pl.List(pl.Int8),
-                               "durations": pl.List(pl.Int16), "target": pl.Int32}).write_parquet(path)
+                               "durations": pl.List(pl.Int16), "places": pl.List(pl.Int64), "target": pl.Int32,
+                               "target_place": pl.Int64}).write_parquet(path)
 
 
 def test_padded_tensors_shifted_features_and_truncation(tmp_path):
@@ -117,3 +123,49 @@ def test_first_visits_refuse_targets_without_a_staypoint(tmp_path):
     pl.read_parquet(root / "staypoints.parquet").head(4).write_parquet(root / "staypoints.parquet")
     with pytest.raises(ValueError, match=r"train.parquet: 1 of 2 targets have no staypoint"):
         FirstVisits.from_data_dir(root, Vocab(locations=6, users=2))
+
+
+def test_unseen_places_get_slots_in_order_of_first_visit(tmp_path):
+    """Row 0: known 5, unseen places 100, 200, 100 again; the target is place 100 -> slot 1.
+    Row 1: unseen 200, known 7, unseen 300; the target is place 999, in no history -> a new place.
+    Row 2: known 5 and 6; the target is known 6."""
+    path = tmp_path / "test.parquet"
+    write_split(path, [(1, [5, 1, 1, 1], 1), (2, [1, 7, 1], 1), (1, [5, 6], 6)],
+                places=[([50, 100, 200, 100], 100), ([200, 70, 300], 999), ([50, 60], 60)])
+    ds = SequenceDataset.from_parquet(path)
+    assert ds.slots.tolist() == [[0, 1, 2, 1], [1, 0, 2, 0], [0, 0, 0, 0]]  # two visits to place 100 share slot 1
+    assert ds.target_slots.tolist() == [1, 0, 0]
+    batch = ds.__getitems__([0, 1, 2])
+    V = 10  # known ids 2..9; slot k is column V + k - 1
+    assert batch.extended_targets(V).tolist() == [10, 1, 6]  # a new place is 1 ("new place") for the loss
+    assert batch.strict_targets(V).tolist() == [10, -1, 6]  # and no column for the strict metric
+    assert ds.place_in_history().tolist() == [True, False, True]
+    assert ds.new_place().tolist() == [False, True, False]
+    assert ds.in_history().tolist() == [True, True, True]  # the protocol sees id 1 in both unseen histories
+
+
+def test_slots_of_the_same_place_differ_between_rows_and_padding_has_none():
+    locations = torch.tensor([[1, 1, 0], [1, 4, 1]])
+    places = torch.tensor([[7, 8, 7], [8, 40, 8]])  # the padding's place (7) equals a real one: ignored
+    slots, target_slots = unseen_slots(locations, places, torch.tensor([1, 4]), torch.tensor([8, 40]))
+    assert slots.tolist() == [[1, 2, 0], [1, 0, 1]]
+    assert target_slots.tolist() == [2, 0]  # a known target (row 1) never takes a slot
+
+
+def test_outputs_without_places_are_refused_with_a_hint(tmp_path):
+    path = tmp_path / "test.parquet"
+    write_split(path, [(1, [5, 6, 7], 5)])
+    pl.read_parquet(path).drop("places", "target_place").write_parquet(path)
+    with pytest.raises(ValueError, match=r"test.parquet: no column places or target_place .* preprocess the input again"):
+        SequenceDataset.from_parquet(path)
+
+
+def test_simulated_unseen_places_get_slots(tmp_path):
+    root = write_first_visit_fixture(tmp_path / "data")
+    ds = SequenceDataset.from_parquet(root / "train.parquet")
+    visits = FirstVisits.from_data_dir(root, Vocab(locations=6, users=2))
+    batch = UnseenSimulation(ds, visits, 0.3, 0.3)[0]  # location 4 (two visits) and the target 5 become unseen
+    assert batch.locations.tolist() == [[2, 3, 1, 1]] and batch.slots.tolist() == [[0, 0, 1, 1]]
+    assert batch.target_slots.tolist() == [0]  # place 5 is not in the history: a new place
+    batch = UnseenSimulation(ds, visits, 0.0, 0.0)[1]  # history 2, 3 -> 2, 1; target 4 (day 5) unseen, not visited
+    assert batch.slots.tolist() == [[0, 1]] and batch.extended_targets(6).tolist() == [1]

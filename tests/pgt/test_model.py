@@ -77,3 +77,51 @@ def test_fast_dropout_keeps_the_expected_share():
     assert abs((y == 0).float().mean().item() - 0.15) < 0.005
     assert torch.allclose(y[y != 0], torch.tensor(1 / 0.85))
     assert torch.equal(d.eval()(torch.ones(3)), torch.ones(3))
+
+
+def test_a_pointer_at_a_slot_is_a_strict_and_a_protocol_hit(tiny_config):
+    """History: known 5, unseen place A, unseen place B, A again (slots 0, 1, 2, 1); the target is place A.
+    A pointer-only model whose attention goes to the last visit names slot 1 (column V) first."""
+    from pgt.data import Batch
+    from pgt.metrics import target_ranks
+    from pgt.train import model_scores
+
+    cfg = dataclasses.replace(tiny_config, variant="pointer", unseen_slots=True)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        model.position_bias[1] = 50.0  # position from end 1: the last visit takes the attention
+    locations = torch.tensor([[5, 1, 1, 1]])
+    batch = Batch(locations=locations, users=torch.tensor([1]), times=torch.ones_like(locations),
+                  weekdays=torch.ones_like(locations), recency=torch.ones_like(locations),
+                  durations=torch.ones_like(locations), targets=torch.tensor([1]), slots=torch.tensor([[0, 1, 2, 1]]),
+                  target_slots=torch.tensor([1]))
+    scores = model_scores(model)(batch)
+    assert scores.extended.shape == (1, 12) and scores.protocol.shape == (1, 10)  # V + 2 slots; V
+    assert torch.allclose(scores.extended.exp().sum(), torch.tensor(1.0), atol=1e-5)
+
+    assert target_ranks(scores.extended, batch.strict_targets(10)).tolist() == [1]  # slot 1 is column 10
+    assert target_ranks(scores.protocol, batch.targets).tolist() == [1]  # the slot counts as id 1
+    # without slots the same model puts the mass on id 1: a protocol hit, never a strict one
+    plain = build_model(dataclasses.replace(cfg, unseen_slots=False)).eval()
+    plain.load_state_dict(model.state_dict())
+    scores = model_scores(plain)(batch)
+    assert scores.extended.shape == (1, 10)
+    assert target_ranks(scores.extended, batch.strict_targets(10)).tolist() == [0]
+    assert target_ranks(scores.protocol, batch.targets).tolist() == [1]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_slots_move_the_unseen_mass_without_changing_the_protocols_probabilities(tiny_config, variant):
+    from pgt.model import merge_slots
+
+    torch.manual_seed(0)
+    locations = torch.tensor([[5, 1, 1, 1], [1, 2, 0, 0]])
+    inputs = (locations, torch.tensor([1, 2]), *(torch.where(locations > 0, 3, 0) for _ in range(4)))
+    slots = torch.tensor([[0, 1, 2, 1], [1, 0, 0, 0]])
+    model = build_model(dataclasses.replace(tiny_config, variant=variant, unseen_slots=True)).eval()
+    with_slots = model(*inputs, slots).log_probs
+    model.cfg.unseen_slots = False
+    without = model(*inputs, slots).log_probs
+    assert with_slots.shape == (2, 12) and without.shape == (2, 10)
+    assert torch.allclose(merge_slots(with_slots, 10).exp(), without.exp(), atol=1e-6)
