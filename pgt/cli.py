@@ -138,6 +138,11 @@ def train(
     unseen_slots: bool = typer.Option(False, "--unseen-slots/--no-unseen-slots",
                                       help="Extended vocabulary: the pointer names the unseen places of the history "
                                            "(each its own slot) and the generator's id 1 means a new place."),
+    slot_identity: bool = typer.Option(True, "--slot-identity/--no-slot-identity",
+                                       help="With --unseen-slots: visits to the same unseen place share a learned slot "
+                                            "embedding in the input."),
+    new_place_weight: float = typer.Option(1.0, "--new-place-weight",
+                                           help="With --unseen-slots: loss weight of train samples whose target is a new place."),
     simulate_unseen: bool = typer.Option(False, "--simulate-unseen/--no-simulate-unseen",
                                          help="Train on samples where locations first visited after a random cutoff are id 1 "
                                               "(unseen in train), as in later splits."),
@@ -165,7 +170,8 @@ def train(
         # the options a recipe sets: those typed on the command line win
         given = {"lr": lr, "d_model": d_model, "nhead": nhead, "num_layers": num_layers, "dim_feedforward": dim_feedforward,
                  "dropout": dropout, "select_on": select_on.value, "simulate_unseen": simulate_unseen,
-                 "unseen_slots": unseen_slots, "patience": patience, "epochs": epochs}
+                 "unseen_slots": unseen_slots, "slot_identity": slot_identity, "new_place_weight": new_place_weight,
+                 "patience": patience, "epochs": epochs}
         overrides = {k: v for k, v in given.items() if _on_command_line(ctx, k)}
         cfg = TrainConfig.from_recipe(
             recipe.value, **overrides, data_dir=str(data), out_dir=str(out), model=model.value,

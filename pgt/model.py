@@ -45,6 +45,7 @@ class ModelConfig:
     max_len: int = 64  # longest history; longer ones keep their most recent max_len visits
     variant: str = "pgt"  # one of VARIANTS
     unseen_slots: bool = False  # extended vocabulary: the pointer points at per-sample slots of unseen places
+    slot_identity: bool = True  # with unseen_slots: visits to the same unseen place share a learned slot embedding
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -62,7 +63,10 @@ class Output(NamedTuple):
 
 
 class VisitEmbedding(nn.Module):
-    """location (d) + user (d) + time, weekday, recency, duration, position-from-end (d/4 each) -> d."""
+    """location (d) + user (d) + time, weekday, recency, duration, position-from-end (d/4 each) -> d.
+    With cfg.unseen_slots and cfg.slot_identity, an unseen visit's location embedding (id 1's) gets its slot's
+    embedding added (slots number a history's distinct unseen places by first visit), so that the encoder
+    can tell which unseen visits are the same place."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -74,13 +78,17 @@ class VisitEmbedding(nn.Module):
         self.recency = nn.Embedding(RECENCY_ROWS, q, padding_idx=0)
         self.duration = nn.Embedding(DURATION_ROWS, q, padding_idx=0)
         self.pos_from_end = nn.Embedding(cfg.max_len + 1, q, padding_idx=0)
+        self.slot = nn.Embedding(cfg.max_len + 1, d, padding_idx=0) if cfg.unseen_slots and cfg.slot_identity else None
         self.proj = nn.Linear(2 * d + 5 * q, d)
         self.norm = nn.LayerNorm(d)
 
-    def forward(self, locations, users, times, weekdays, recency, durations, pos_from_end):
+    def forward(self, locations, users, times, weekdays, recency, durations, pos_from_end, slots=None):
         T = locations.shape[1]
+        location = self.location(locations)  # (B, T, d)
+        if self.slot is not None and slots is not None:
+            location = location + self.slot(slots.clamp_max(self.slot.num_embeddings - 1))  # slot 0 adds nothing
         parts = [
-            self.location(locations),  # (B, T, d)
+            location,
             self.user(users).unsqueeze(1).expand(-1, T, -1),  # (B, T, d)
             self.time(times), self.weekday(weekdays), self.recency(recency), self.duration(durations),
             self.pos_from_end(pos_from_end),  # (B, T, d/4) each
@@ -151,7 +159,7 @@ class PointerGeneratorTransformer(nn.Module):
         B, T = locations.shape
         lengths, pos_end = positions_from_end(locations)  # (B,), (B, T)
         pad = pos_end == 0  # (B, T) True on padding
-        x = self.embed(locations, users, times, weekdays, recency, durations, pos_end)  # (B, T, d)
+        x = self.embed(locations, users, times, weekdays, recency, durations, pos_end, slots)  # (B, T, d)
         h = self.encoder(x + self.pe[:T], src_key_padding_mask=pad)  # (B, T, d)
         c = h[torch.arange(B, device=h.device), lengths - 1]  # (B, d) context at the last valid visit
 
@@ -194,7 +202,7 @@ class LSTMPointerGenerator(nn.Module):
         B, T = locations.shape
         lengths, pos_end = positions_from_end(locations)
         pad = pos_end == 0
-        x = self.dropout(self.embed(locations, users, times, weekdays, recency, durations, pos_end))  # (B, T, d)
+        x = self.dropout(self.embed(locations, users, times, weekdays, recency, durations, pos_end, slots))  # (B, T, d)
         packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
         out, (h_n, c_n) = self.encoder(packed)
         H, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=T)  # (B, T, d)

@@ -44,8 +44,9 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
 
     Output columns: row (the input's row number), user, top_locations (location ids; 1 is a place unseen in
     train), top_places (the dataset-wide place id where a prediction is an unseen place of the history, i.e. a
-    slot of the extended vocabulary, else null), top_probabilities, new_place_probability (that the next
-    place is none of the known or visited ones), and target when the input has one. Returns the number of rows."""
+    slot of the extended vocabulary, else null), top_probabilities, new_place_probability (the probability of
+    id 1: a new place, none of the known or visited ones, for a model with slots; any place unseen in train
+    without), and target and target_place when the input has them. Returns the number of rows."""
     SequenceDataset.check_columns(input_path, require_target=False)  # before the model's download
     model = load_model(model_uri, tracking_uri)
     dataset = SequenceDataset.from_parquet(input_path, model.cfg.max_len, require_target=False)
@@ -80,6 +81,7 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     }
     if "target" in pq.read_schema(input_path).names:
         columns["target"] = pa.array(dataset.targets.numpy())
+        columns["target_place"] = pa.array(dataset.target_places.numpy())
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_path.with_name(f".{out_path.name}.tmp")

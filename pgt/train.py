@@ -8,6 +8,7 @@ latest one. The best epoch's weights are evaluated on test and written to metric
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -88,10 +89,14 @@ class TrainConfig:
     beta2: float = 0.98
     label_smoothing: float = 0.03
     unseen_slots: bool = False  # extended vocabulary: the pointer names unseen places of the history (ModelConfig)
+    slot_identity: bool = True  # with unseen_slots: same-place unseen visits share a slot embedding (ModelConfig)
+    new_place_weight: float = 1.0  # with unseen_slots: the loss weight of train samples whose target is a new place
     simulate_unseen: bool = False  # train samples show id 1 as later splits do (data.UnseenSimulation)
     known_fraction_min: float = 0.8  # with simulate_unseen, locations first visited after a fraction f of the
     known_fraction_max: float = 1.0  # user's days before the sample become id 1; f is drawn uniformly in [min, max]
     grad_clip: float = 0.8  # max gradient norm
+    weight_average: float = 0.0  # decay of a moving average of the weights, updated every step and evaluated (and
+    # kept) instead of them; 0 = off
     seed: int = 42
     bucket_by_length: bool = True  # batch similar history lengths together (less padding)
     amp: bool = True  # mixed precision (bfloat16/float16 autocast) when training on CUDA
@@ -107,6 +112,10 @@ class TrainConfig:
         if not 0.0 <= self.known_fraction_min <= self.known_fraction_max <= 1.0:
             raise ValueError("known_fraction_min and known_fraction_max must satisfy 0 <= min <= max <= 1, got "
                              f"{self.known_fraction_min} and {self.known_fraction_max}")
+        if not 0.0 <= self.weight_average < 1.0:
+            raise ValueError(f"weight_average must be in [0, 1), got {self.weight_average}")
+        if not self.new_place_weight >= 0.0:
+            raise ValueError(f"new_place_weight must be a number >= 0, got {self.new_place_weight}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("epochs and batch_size must be at least 1")
 
@@ -130,7 +139,7 @@ class TrainConfig:
         return ModelConfig(num_locations=vocab.locations, num_users=vocab.users, d_model=self.d_model,
                            nhead=self.nhead, num_layers=self.num_layers, dim_feedforward=self.dim_feedforward,
                            dropout=self.dropout, max_len=self.max_len, variant=self.model,
-                           unseen_slots=self.unseen_slots)
+                           unseen_slots=self.unseen_slots, slot_identity=self.slot_identity)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -216,10 +225,20 @@ def training_targets(batch: Batch, model_cfg: ModelConfig) -> torch.Tensor:
     return batch.extended_targets(model_cfg.num_locations) if model_cfg.unseen_slots else batch.targets
 
 
-def cross_entropy_sum(model_cfg: ModelConfig, label_smoothing: float) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
+def criterion(log_probs: torch.Tensor, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
+              reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy with label smoothing on the (B, V + S) log-probabilities; with slots, samples whose target
+    is a new place weigh cfg.new_place_weight. "mean" divides by the batch size, "sum" does not."""
+    targets = training_targets(batch, model_cfg)
+    losses = F.cross_entropy(log_probs, targets, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
+    if model_cfg.unseen_slots and cfg.new_place_weight != 1.0:
+        losses = torch.where(targets == 1, cfg.new_place_weight * losses, losses)
+    return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
     """The training criterion summed over a batch, for `predict`'s validation loss."""
-    return lambda batch, log_probs: F.cross_entropy(log_probs, training_targets(batch, model_cfg),
-                                                    label_smoothing=label_smoothing, reduction="sum")
+    return lambda batch, log_probs: criterion(log_probs, batch, model_cfg, cfg, reduction="sum")
 
 
 @torch.no_grad()
@@ -357,8 +376,10 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab), cfg.known_fraction_min,
                                      cfg.known_fraction_max)
     loader = train_loader(train_set, cfg, worker)
-    criterion = cross_entropy_sum(model_cfg, cfg.label_smoothing)
+    validation_loss = cross_entropy_sum(model_cfg, cfg)
 
+    averaged = copy.deepcopy(model) if cfg.weight_average else None  # the moving average of the weights
+    evaluated = averaged if averaged is not None else model  # what validation scores and the best state keeps
     start_epoch, best_metric, best_epoch, bad_epochs, history, resumed_at = 0, -math.inf, -1, 0, [], []
     best_state = None
     if not cfg.resume and worker.restored is None and worker.is_chief and (out_dir / "checkpoints").exists():
@@ -371,6 +392,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
+        if averaged is not None:
+            averaged.load_state_dict(state["averaged"])
         start_epoch, best_metric, best_epoch = state["epoch"] + 1, state["best_metric"], state["best_epoch"]
         bad_epochs, history, best_state = state["bad_epochs"], state["history"], state["best_model"]
         resumed_at = state.get("resumed_at", []) + [start_epoch]
@@ -393,26 +416,27 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
             batch = batch.to(worker.device, non_blocking=True)
             with torch.autocast(worker.device.type, dtype=amp_dtype, enabled=use_amp):
                 out = ddp_model(*batch.inputs())
-            loss = F.cross_entropy(out.log_probs.float(), training_targets(batch, model_cfg),
-                                   label_smoothing=cfg.label_smoothing)
+            loss = criterion(out.log_probs.float(), batch, model_cfg, cfg)
             optimizer.zero_grad(set_to_none=True)
             scaler.scale(loss).backward()
             scaler.unscale_(optimizer)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             scaler.step(optimizer)
             scaler.update()
+            if averaged is not None:
+                average_weights(averaged, model, cfg.weight_average)
             loss_sum += loss.detach() * len(batch.targets)
             seen += len(batch.targets)
         seconds = time.perf_counter() - began
         lr = optimizer.param_groups[0]["lr"]
         scheduler.step()
         train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
-        validation = evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
-                              criterion, worker)
+        validation = evaluate(model_scores(evaluated), splits["validation"], cfg.eval_batch_size, worker.device,
+                              validation_loss, worker)
         score = selection_score(validation, cfg.select_on)
         if score > best_metric:
             best_metric, best_epoch, bad_epochs = score, epoch, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            best_state = {k: v.detach().clone() for k, v in evaluated.state_dict().items()}
         else:
             bad_epochs += 1
         stop = epoch + 1 >= cfg.min_epochs and bad_epochs >= cfg.patience
@@ -428,7 +452,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         if worker.is_chief:
             checkpoint_dir = save_checkpoint({
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(), "epoch": epoch, "best_metric": best_metric, "best_epoch": best_epoch,
+                "scaler": scaler.state_dict(), "averaged": averaged.state_dict() if averaged is not None else None,
+                "epoch": epoch, "best_metric": best_metric, "best_epoch": best_epoch,
                 "bad_epochs": bad_epochs, "best_model": best_state, "history": history, "rng": rng_state(),
                 "resumed_at": resumed_at, "config": cfg.to_dict(), "model_config": dataclasses.asdict(model_cfg),
             }, out_dir, epoch, cfg.keep_checkpoints)
@@ -443,9 +468,10 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     model.load_state_dict(best_state)
     result = {
         "model": cfg.model,
-        "test": evaluate(model_scores(model), splits["test"], cfg.eval_batch_size, worker.device, criterion, worker),
+        "test": evaluate(model_scores(model), splits["test"], cfg.eval_batch_size, worker.device, validation_loss,
+                         worker),
         "validation": evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
-                               criterion, worker),
+                               validation_loss, worker),
         "select_on": cfg.select_on,
         "best_epoch": best_epoch + 1,  # 1-based, as epochs_run
         "epochs_run": len(history),
@@ -505,6 +531,14 @@ def evaluate_baseline(config: dict) -> dict:
               "history": [], "config": cfg.to_dict()}
     write_json(Path(cfg.out_dir) / "metrics.json", result)
     return result
+
+
+@torch.no_grad()
+def average_weights(averaged: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    """averaged <- decay * averaged + (1 - decay) * model, parameter by parameter (buffers are copied)."""
+    torch._foreach_lerp_(list(averaged.parameters()), list(model.parameters()), 1.0 - decay)
+    for mine, theirs in zip(averaged.buffers(), model.buffers()):
+        mine.copy_(theirs)
 
 
 def _all_reduce_mean(loss_sum: torch.Tensor, seen: int, worker: Worker) -> tuple[float, int]:

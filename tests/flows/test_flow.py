@@ -38,7 +38,12 @@ def test_flow_trains_evaluates_registers_and_publishes(first_run):
     assert result["registered"]["promoted"] and str(client.get_model_version_by_alias("flowtest", "champion").version) == "1"
     with get_client(sync_client=True) as prefect:
         artifact = prefect.read_latest_artifacts()[0]
-    assert artifact.key == "pgt-metrics" and "| test |" in artifact.data and result["mlflow"]["run_id"] in artifact.data
+    assert artifact.key == "pgt-metrics" and result["mlflow"]["run_id"] in artifact.data
+    # strict first, then the protocol's, and the new-place detection
+    assert artifact.data.index("| test, strict |") < artifact.data.index("| test, protocol |")
+    assert f"| test, strict | {result['test']['strict']['acc@1']:.2f} |" in artifact.data
+    assert "new places:" in artifact.data
+    assert logged["test_strict_acc_at_1"] == pytest.approx(result["test"]["strict"]["acc@1"])
 
 
 def test_rerun_reuses_the_cached_sequences(first_run):
@@ -52,7 +57,7 @@ def test_rerun_reuses_the_cached_sequences(first_run):
     second = preprocess_and_train(**params, recipe="tuned")
     assert manifest.stat().st_mtime_ns == before  # not rewritten
     assert second["manifest_counts"] == first["manifest_counts"]
-    assert second["registered"]["version"] == 2  # a new version; champion only if its validation Acc@1 is better
+    assert second["registered"]["version"] == 2  # a new version; champion only if its strict validation Acc@1 is better
     logged = MlflowClient(params["tracking_uri"]).get_run(second["mlflow"]["run_id"]).data.params
     assert (logged["d_model"], logged["simulate_unseen"], logged["select_on"]) == ("128", "True", "loss")  # the recipe
 

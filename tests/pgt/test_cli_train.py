@@ -22,14 +22,15 @@ def test_baselines(synthetic_sequences, tmp_path, model):
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["model"] == model and 0 < m["test"]["acc@1"] <= 100 and m["test"]["n"] > 0
     assert m["test"]["acc@10"] >= m["test"]["acc@5"] >= m["test"]["acc@1"]
-    assert "acc@1" in r.stdout  # the printed table
+    assert m["test"]["strict"]["acc@1"] <= m["test"]["acc@1"] and m["test"]["strict"]["n"] == m["test"]["n"]
+    assert "acc@1" in r.stdout and "strict" in r.stdout  # the printed table
 
 
 def test_train_then_explain(synthetic_sequences, tmp_path):
     out = tmp_path / "run"
     r = run("train", "--data", synthetic_sequences, "--model", "pgt", "--epochs", "2", "--out", out)
     assert r.returncode == 0, r.stderr
-    assert "val acc@1" in r.stdout and "best epoch" in r.stdout
+    assert "val strict@1" in r.stdout and "best epoch" in r.stdout
     m = json.loads((out / "metrics.json").read_text())
     assert m["epochs_run"] == 2 and m["samples_per_second"] > 0
     plots = tmp_path / "plots"
@@ -64,3 +65,25 @@ def test_the_command_offers_every_recipe():
     from pgt.train import RECIPES
 
     assert [r.value for r in RecipeName] == list(RECIPES)
+
+
+def test_the_command_offers_every_selection_score_and_sweep_objective():
+    from pgt.cli import Objective, SelectOn
+    from pgt.train import SELECT_ON
+    from tune.sweep import OBJECTIVES
+
+    assert [s.value for s in SelectOn] == list(SELECT_ON) and [o.value for o in Objective] == list(OBJECTIVES)
+
+
+def test_slot_options_reach_the_config(synthetic_sequences, tmp_path):
+    out = tmp_path / "slots"
+    r = run("train", "--data", synthetic_sequences, "--epochs", "1", "--out", out, "--unseen-slots", "--simulate-unseen",
+            "--new-place-weight", "0.25", "--no-slot-identity", "--select-on", "strict_acc@1")
+    assert r.returncode == 0, r.stderr
+    m = json.loads((out / "metrics.json").read_text())
+    config = m["config"]
+    assert (config["unseen_slots"], config["slot_identity"], config["new_place_weight"]) == (True, False, 0.25)
+    assert config["select_on"] == "strict_acc@1" and m["model_config"]["unseen_slots"] is True
+    assert "strict" in r.stdout and "new places:" in r.stdout  # the printed tables lead with strict
+    r = run("train", "--data", synthetic_sequences, "--epochs", "1", "--out", tmp_path / "x", "--select-on", "f1")
+    assert r.returncode == 2 and "f1" in r.stderr

@@ -86,7 +86,7 @@ def test_a_pointer_at_a_slot_is_a_strict_and_a_protocol_hit(tiny_config):
     from pgt.metrics import target_ranks
     from pgt.train import model_scores
 
-    cfg = dataclasses.replace(tiny_config, variant="pointer", unseen_slots=True)
+    cfg = dataclasses.replace(tiny_config, variant="pointer", unseen_slots=True, slot_identity=False)
     torch.manual_seed(0)
     model = build_model(cfg).eval()
     with torch.no_grad():
@@ -119,9 +119,23 @@ def test_slots_move_the_unseen_mass_without_changing_the_protocols_probabilities
     locations = torch.tensor([[5, 1, 1, 1], [1, 2, 0, 0]])
     inputs = (locations, torch.tensor([1, 2]), *(torch.where(locations > 0, 3, 0) for _ in range(4)))
     slots = torch.tensor([[0, 1, 2, 1], [1, 0, 0, 0]])
-    model = build_model(dataclasses.replace(tiny_config, variant=variant, unseen_slots=True)).eval()
+    # the pointer's routing alone (slot_identity would also change the inputs' embeddings)
+    model = build_model(dataclasses.replace(tiny_config, variant=variant, unseen_slots=True, slot_identity=False)).eval()
     with_slots = model(*inputs, slots).log_probs
     model.cfg.unseen_slots = False
     without = model(*inputs, slots).log_probs
     assert with_slots.shape == (2, 12) and without.shape == (2, 10)
     assert torch.allclose(merge_slots(with_slots, 10).exp(), without.exp(), atol=1e-6)
+
+
+def test_slot_identity_tells_unseen_visits_apart(tiny_config):
+    """Two histories of unseen visits that differ only in which visits are the same place: without the slot
+    embedding the model cannot tell them apart, with it their encodings differ."""
+    torch.manual_seed(0)
+    locations = torch.tensor([[1, 1, 1], [1, 1, 1]])
+    features = [torch.ones_like(locations)] * 4
+    slots = torch.tensor([[1, 2, 1], [1, 2, 2]])  # A B A against A B B
+    for identity in (False, True):
+        cfg = dataclasses.replace(tiny_config, variant="mhsa", unseen_slots=True, slot_identity=identity)
+        out = build_model(cfg).eval()(locations, torch.tensor([1, 1]), *features, slots).log_probs
+        assert torch.allclose(out[0, :10], out[1, :10]) != identity

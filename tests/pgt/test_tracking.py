@@ -24,7 +24,7 @@ def registered_run(synthetic_sequences, tmp_path_factory, mlflow_server):
     """`pgt train --register synth` against the server: 3 epochs on the synthetic sequences."""
     out = tmp_path_factory.mktemp("tracked") / "run"
     r = run("train", "--data", synthetic_sequences, "--out", out, "--epochs", "3", "--tracking-uri", mlflow_server,
-            "--experiment", "tracking-test", "--register", "synth")
+            "--experiment", "tracking-test", "--register", "synth", "--unseen-slots", "--simulate-unseen")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "registered synth version 1" in r.stdout and "now champion" in r.stdout
     assert f"{mlflow_server}/#/experiments/" in r.stdout  # where to look in the UI
@@ -40,13 +40,17 @@ def test_run_logs_config_epochs_test_metrics_artifacts_and_model(registered_run,
     assert data.params["d_model"] == "64" and data.params["model"] == "pgt" and data.params["label_smoothing"] == "0.03"
     assert data.metrics["test_acc_at_1"] == pytest.approx(registered_run["test"]["acc@1"])
     assert data.metrics["test_in_history_mrr"] == pytest.approx(registered_run["test"]["in_history"]["mrr"])
+    assert data.metrics["test_strict_acc_at_1"] == pytest.approx(registered_run["test"]["strict"]["acc@1"])
+    assert data.metrics["test_new_place_recall"] == pytest.approx(registered_run["test"]["new_place"]["recall"])
+    assert data.params["unseen_slots"] == "True"
     losses = client.get_metric_history(run_id, "train_loss")
     assert [m.step for m in sorted(losses, key=lambda m: m.step)] == [0, 1, 2]
     names = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "plots")}
     assert {"metrics.json", "data", "plots/gate.png", "plots/pointer_attention.png", "plots/position_bias.png",
             "plots/attention_entropy.png"} <= names
     version = client.get_model_version_by_alias("synth", "champion")
-    assert version.tags[SCORE_TAG] == repr(registered_run["validation"]["acc@1"]) and version.tags[RIVAL_TAG] == "none"
+    assert version.tags[SCORE_TAG] == repr(registered_run["validation"]["strict"]["acc@1"])
+    assert version.tags[RIVAL_TAG] == "none"
 
 
 def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_sequences, mlflow_server):
@@ -56,6 +60,8 @@ def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_
     logged = registered_run["test"]
     for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n"):
         assert printed[key] == pytest.approx(logged[key], abs=1e-9), key
+        assert key == "f1" or printed["strict"][key] == pytest.approx(logged["strict"][key], abs=1e-9), key
+    assert printed["new_place"] == pytest.approx(logged["new_place"], abs=1e-9)
     assert printed["in_history"]["n"] + printed["outside_history"]["n"] == printed["n"]
 
 
@@ -68,14 +74,20 @@ def test_predict_writes_top_k(registered_run, synthetic_sequences, mlflow_server
             "--out", out, "--top-k", "4", "--tracking-uri", mlflow_server)
     assert r.returncode == 0, r.stderr[-3000:]
     pred = pl.read_parquet(out)
-    assert pred.height == registered_run["test"]["n"] and pred.columns == ["row", "user", "top_locations",
-                                                                          "top_probabilities", "target"]
+    assert pred.height == registered_run["test"]["n"] and pred.columns == [
+        "row", "user", "top_locations", "top_places", "top_probabilities", "new_place_probability", "target",
+        "target_place"]
     top = np.stack(pred["top_locations"].to_list())
     probs = np.stack(pred["top_probabilities"].to_list())
     assert top.shape[1] == 4 and (top != 0).all()  # never the padding id
     assert (np.diff(probs, axis=1) <= 1e-7).all() and (probs.sum(axis=1) <= 1 + 1e-5).all() and (probs > 0).all()
-    hit_rate = 100 * (top[:, 0] == pred["target"].to_numpy()).mean()
-    assert hit_rate == pytest.approx(registered_run["test"]["acc@1"], abs=100 / pred.height + 1e-9)
+    # the exact place first: a known id, or a slot's place (top_places) for a place unseen in train
+    target, target_place = pred["target"].to_numpy(), pred["target_place"].to_numpy()
+    first_place = pred["top_places"].list.first().fill_null(-1).to_numpy()
+    exact = ((top[:, 0] == target) & (target > 1)) | (first_place == target_place)
+    assert 100 * exact.mean() == pytest.approx(registered_run["test"]["strict"]["acc@1"], abs=100 / pred.height + 1e-9)
+    assert ((first_place >= 0) <= (top[:, 0] == 1)).all()  # a place is named only for an unseen prediction
+    assert pred["new_place_probability"].is_between(0, 1).all()
 
 
 def test_predict_rejects_a_file_without_history_columns(registered_run, mlflow_server, tmp_path):

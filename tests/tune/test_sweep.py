@@ -31,13 +31,16 @@ def test_four_trials_two_at_once(geolife_sequences, tmp_path, mlflow_server):
     assert len(rows) == 4 and len({row["trial_id"] for row in rows}) == 4
     assert all(row["config"]["d_model"] % row["config"]["nhead"] == 0 for row in rows)
     finished = [row for row in rows if row["status"] == "finished"]
-    assert finished and result["best_validation_acc@1"] == max(row["best_validation_acc@1"] for row in finished)
+    # the best trial by the objective, strict validation Acc@1 by default
+    assert result["objective"] == "strict_acc@1"
+    assert finished and result["best_validation_score"] == max(row["best_validation_score"] for row in finished)
+    assert all(row["best_validation_score"] == row["best_validation_strict_acc@1"] for row in finished)
     best = next(row for row in rows if row["trial_id"] == result["best_trial"])
     assert best["config"] == result["best_config"] and 0 < result["best_test"]["acc@1"] <= 100
     # two trials ran at the same time: some pair's [start, last report] intervals overlap
     spans = sorted((row["started_at"], row["last_report_at"]) for row in rows)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
-    assert "trials;" in r.stdout and "val acc@1" in r.stdout  # the printed table
+    assert "trials;" in r.stdout and "val strict@1" in r.stdout  # the printed table
 
     from mlflow.tracking import MlflowClient
 
@@ -47,9 +50,12 @@ def test_four_trials_two_at_once(geolife_sequences, tmp_path, mlflow_server):
                                   filter_string=f"tags.mlflow.parentRunId = '{parent}'")
     assert len(children) == 4 and {c.info.status for c in children} <= {"FINISHED", "KILLED"}
     assert all(len(client.get_metric_history(c.info.run_id, "validation_acc_at_1")) >= 1 for c in children)
+    assert all(len(client.get_metric_history(c.info.run_id, "validation_strict_acc_at_1")) >= 1 for c in children)
     assert client.get_run(parent).info.status == "FINISHED"
     assert {"trials.png", "tune.json"} <= {a.path for a in client.list_artifacts(parent)}
     assert client.get_run(parent).data.metrics["best_test_acc_at_1"] == pytest.approx(result["best_test"]["acc@1"])
+    assert client.get_run(parent).data.metrics["best_test_strict_acc_at_1"] == pytest.approx(
+        result["best_test"]["strict"]["acc@1"])
     assert client.get_model_version_by_alias("swept", "champion").version == "1"
 
 
