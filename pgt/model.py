@@ -46,6 +46,7 @@ class ModelConfig:
     variant: str = "pgt"  # one of VARIANTS
     unseen_slots: bool = False  # extended vocabulary: the pointer points at per-sample slots of unseen places
     slot_identity: bool = True  # with unseen_slots: visits to the same unseen place share a learned slot embedding
+    previous_location: bool = False  # each visit also embeds the location visited before it (its transition source)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -66,7 +67,9 @@ class VisitEmbedding(nn.Module):
     """location (d) + user (d) + time, weekday, recency, duration, position-from-end (d/4 each) -> d.
     With cfg.unseen_slots and cfg.slot_identity, an unseen visit's location embedding (id 1's) gets its slot's
     embedding added (slots number a history's distinct unseen places by first visit), so that the encoder
-    can tell which unseen visits are the same place."""
+    can tell which unseen visits are the same place. With cfg.previous_location each visit also carries the
+    embedding of the location visited before it (d more inputs to the projection), so that attention from
+    the current location finds in one hop the visits that followed it earlier in the history."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -79,7 +82,8 @@ class VisitEmbedding(nn.Module):
         self.duration = nn.Embedding(DURATION_ROWS, q, padding_idx=0)
         self.pos_from_end = nn.Embedding(cfg.max_len + 1, q, padding_idx=0)
         self.slot = nn.Embedding(cfg.max_len + 1, d, padding_idx=0) if cfg.unseen_slots and cfg.slot_identity else None
-        self.proj = nn.Linear(2 * d + 5 * q, d)
+        self.previous = cfg.previous_location
+        self.proj = nn.Linear((3 if self.previous else 2) * d + 5 * q, d)
         self.norm = nn.LayerNorm(d)
 
     def forward(self, locations, users, times, weekdays, recency, durations, pos_from_end, slots=None):
@@ -93,6 +97,8 @@ class VisitEmbedding(nn.Module):
             self.time(times), self.weekday(weekdays), self.recency(recency), self.duration(durations),
             self.pos_from_end(pos_from_end),  # (B, T, d/4) each
         ]
+        if self.previous:
+            parts.append(F.pad(location[:, :-1], (0, 0, 1, 0)))  # (B, T, d) the location before each visit
         return self.norm(self.proj(torch.cat(parts, dim=-1)))  # (B, T, d)
 
 

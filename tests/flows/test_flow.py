@@ -59,7 +59,7 @@ def test_rerun_reuses_the_cached_sequences(first_run):
     assert second["manifest_counts"] == first["manifest_counts"]
     assert second["registered"]["version"] == 2  # a new version; champion only if its strict validation Acc@1 is better
     logged = MlflowClient(params["tracking_uri"]).get_run(second["mlflow"]["run_id"]).data.params
-    assert (logged["d_model"], logged["simulate_unseen"], logged["select_on"]) == ("128", "True", "loss")  # the recipe
+    assert (logged["unseen_slots"], logged["simulate_unseen"], logged["select_on"]) == ("True", "True", "strict_acc@1")
 
 
 def test_unknown_recipe_is_refused_before_anything_runs(tmp_path):

@@ -49,13 +49,14 @@ def test_train_refuses_a_folder_without_manifest(tmp_path):
 def test_recipe_sets_what_the_command_line_leaves(synthetic_sequences, tmp_path):
     out = tmp_path / "tuned"
     r = run("train", "--data", synthetic_sequences, "--recipe", "tuned", "--d-model", "32", "--dim-feedforward", "64",
-            "--epochs", "1", "--out", out)
+            "--epochs", "1", "--patience", "9", "--out", out)
     assert r.returncode == 0, r.stderr
     config = json.loads((out / "metrics.json").read_text())["config"]
     # from the recipe
-    assert (config["dropout"], config["lr"], config["select_on"], config["simulate_unseen"]) == (0.6, 3e-4, "loss", True)
-    assert (config["d_model"], config["dim_feedforward"]) == (32, 64)  # given on the command line
-    assert config["nhead"] == 4  # neither: the default
+    assert (config["dropout"], config["lr"], config["select_on"], config["simulate_unseen"]) == (0.3, 1e-3, "strict_acc@1", True)
+    assert (config["unseen_slots"], config["new_place_weight"]) == (True, 0.5)
+    assert (config["d_model"], config["dim_feedforward"], config["patience"]) == (32, 64, 9)  # given on the command line
+    assert config["nhead"] == 4 and config["epochs"] == 1  # the default; the command line
     r = run("train", "--data", synthetic_sequences, "--recipe", "fast", "--out", tmp_path / "x")
     assert r.returncode == 2 and "fast" in r.stderr
 

@@ -139,3 +139,19 @@ def test_slot_identity_tells_unseen_visits_apart(tiny_config):
         cfg = dataclasses.replace(tiny_config, variant="mhsa", unseen_slots=True, slot_identity=identity)
         out = build_model(cfg).eval()(locations, torch.tensor([1, 1]), *features, slots).log_probs
         assert torch.allclose(out[0, :10], out[1, :10]) != identity
+
+
+def test_previous_location_reaches_the_next_visits_embedding(tiny_config):
+    """Per-visit embeddings see only their own visit, unless previous_location adds the visit before."""
+    from pgt.model import VisitEmbedding
+
+    torch.manual_seed(0)
+    ones = torch.ones(2, 3, dtype=torch.long)
+    locations = torch.tensor([[2, 5, 6], [3, 5, 6]])  # only the first visit differs
+    pos = torch.tensor([[3, 2, 1], [3, 2, 1]])
+    for previous in (False, True):
+        embed = VisitEmbedding(dataclasses.replace(tiny_config, previous_location=previous)).eval()
+        x = embed(locations, torch.tensor([1, 1]), ones, ones, ones, ones, pos)  # (2, 3, d)
+        assert not torch.allclose(x[0, 0], x[1, 0])
+        assert torch.allclose(x[0, 1], x[1, 1]) != previous  # visit 2 sees visit 1's location only with the option
+        assert torch.allclose(x[0, 2], x[1, 2])  # two visits back: never

@@ -1,0 +1,163 @@
+"""Benchmark: how the `tuned` recipe was found, on validation only.
+
+Trains each named configuration (settings over the paper's recipe) with each seed on the published
+GeoLife variant and records its validation metrics; the test split is never scored (TrainConfig
+evaluate_test=False). Runs go two at a time, one thread each (this machine has 2 cores), and each run's
+record is kept under .state/benchmarks/recipe_search/, so an interrupted search continues where it
+stopped. Writes JSON (default benchmarks/results/recipe_search.json) and prints a table, best mean
+strict validation Acc@1 first.
+
+    python benchmarks/recipe_search.py [--variant published] [--seeds 0 1] [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from preprocess import DEFAULT_INPUT, machine  # noqa: E402
+from train import VARIANTS, sequences  # noqa: E402
+
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "recipe_search.json"
+RECORDS = ROOT / ".state" / "benchmarks" / "recipe_search"
+SIM = {"simulate_unseen": True}
+SLOTS = {**SIM, "unseen_slots": True, "select_on": "strict_acc@1"}
+W05 = {**SLOTS, "new_place_weight": 0.5}
+BEST = {**W05, "dropout": 0.3}
+# name -> (what changes, settings over the paper recipe); one change at a time where the table reads down
+CONFIGS: dict[str, tuple[str, dict]] = {
+    "paper": ("the paper's recipe (SPEC §3.8)", {}),
+    "tuned-2025": ("the earlier tuned recipe, chosen on test: d_model 128, dropout 0.6, lr 3e-4, select on loss, "
+                   "simulated unseen places", {"d_model": 128, "dim_feedforward": 256, "dropout": 0.6, "lr": 3e-4,
+                                               "select_on": "loss", **SIM}),
+    "sim": ("simulated unseen places, select on strict Acc@1", {**SIM, "select_on": "strict_acc@1"}),
+    "slots": ("+ extended vocabulary (slots), no slot identity", {**SLOTS, "slot_identity": False}),
+    "slots-id": ("+ slot identity embedding", SLOTS),
+    "slots-id-w05": ("+ new-place loss weight 0.5", W05),
+    "slots-id-w025": ("new-place loss weight 0.25 instead", {**SLOTS, "new_place_weight": 0.25}),
+    "w05-loss": ("w 0.5, select on validation loss instead", {**W05, "select_on": "loss"}),
+    "w05-d96": ("w 0.5, d_model 96", {**W05, "d_model": 96, "dim_feedforward": 192}),
+    "w05-do3": ("w 0.5, dropout 0.3", BEST),
+    "w05-do3-d96": ("+ d_model 96", {**BEST, "d_model": 96, "dim_feedforward": 192}),
+    "w05-do4-d128": ("d_model 128, dropout 0.4, lr 3e-4", {**W05, "d_model": 128, "dim_feedforward": 256,
+                                                           "dropout": 0.4, "lr": 3e-4}),
+    "w05-do3-kf06": ("+ known fraction in [0.6, 1.0]", {**BEST, "known_fraction_min": 0.6}),
+    "w05-do3-ls0": ("+ no label smoothing", {**BEST, "label_smoothing": 0.0}),
+    "w05-do3-wa99": ("+ weight average 0.99", {**BEST, "weight_average": 0.99}),
+    "w05-do3-wa995": ("+ weight average 0.995", {**BEST, "weight_average": 0.995}),
+    "w05-do3-lr1e3": ("+ lr 1e-3", {**BEST, "lr": 1e-3}),
+    "w05-do3-lr15e4": ("+ lr 1.5e-3", {**BEST, "lr": 1.5e-3}),
+    "w05-do3-lr2e3": ("+ lr 2e-3", {**BEST, "lr": 2e-3}),
+    "w05-do3-l3": ("+ 3 layers", {**BEST, "num_layers": 3}),
+    "w05-do3-b64": ("+ batch 64", {**BEST, "batch_size": 64}),
+    "w05-do3-pat8": ("+ patience 8", {**BEST, "patience": 8}),
+    "w05-do3-prev": ("+ previous location embedding", {**BEST, "previous_location": True}),
+    "lr1e3-prev": ("lr 1e-3 + previous location embedding", {**BEST, "lr": 1e-3, "previous_location": True}),
+    "lr1e3-l3": ("lr 1e-3 + 3 layers", {**BEST, "lr": 1e-3, "num_layers": 3}),
+}
+
+
+def run_one(name: str, seed: int, data_dir: str, record: str) -> dict:
+    """One training run on validation only; its record is written to `record` (JSON)."""
+    from pgt.train import TrainConfig, train_loop_per_worker
+
+    settings = CONFIGS[name][1]
+    out = Path(record).with_suffix("")
+    cfg = TrainConfig.from_recipe("paper", **settings, data_dir=data_dir, out_dir=str(out), seed=seed, resume=False,
+                                  threads=1, evaluate_test=False)
+    began = time.perf_counter()
+    result = train_loop_per_worker(cfg.to_dict())
+    v = result["validation"]
+    row = {"name": name, "seed": seed, "settings": settings, "wall_s": round(time.perf_counter() - began, 1),
+           "validation": {"strict_acc@1": v["strict"]["acc@1"], "strict_mrr": v["strict"]["mrr"], "acc@1": v["acc@1"],
+                          "mrr": v["mrr"], "new_place": v["new_place"], "loss": v["loss"]},
+           "best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"],
+           "samples_per_second_one_thread": result["samples_per_second"]}
+    Path(record).write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+def summarise(records: list[dict]) -> list[dict]:
+    rows = []
+    for name in CONFIGS:
+        runs = [r for r in records if r["name"] == name]
+        if not runs:
+            continue
+
+        def stat(key: str) -> dict:
+            values = np.array([r["validation"][key] for r in runs])
+            return {"mean": round(float(values.mean()), 2), "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
+
+        rows.append({"name": name, "change": CONFIGS[name][0], "settings": CONFIGS[name][1],
+                     "seeds": [r["seed"] for r in runs], "validation_strict_acc@1": stat("strict_acc@1"),
+                     "validation_acc@1": stat("acc@1"), "validation_mrr": stat("mrr"),
+                     "validation_strict_mrr": stat("strict_mrr"),
+                     "new_place_precision": round(float(np.mean([r["validation"]["new_place"]["precision"] for r in runs])), 1),
+                     "new_place_recall": round(float(np.mean([r["validation"]["new_place"]["recall"] for r in runs])), 1),
+                     "best_epoch": [r["best_epoch"] for r in runs]})
+    return sorted(rows, key=lambda r: -r["validation_strict_acc@1"]["mean"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
+    parser.add_argument("--variant", choices=list(VARIANTS), default="published")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1])
+    parser.add_argument("--only", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    args = parser.parse_args()
+    if not args.input.exists():
+        raise SystemExit(f"error: {args.input}: no such file (the full GeoLife Parquet lives in ../shared/data)")
+    data_dir = sequences(args.input, VARIANTS[args.variant])
+    folder = RECORDS / args.variant
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [(n, s) for n in args.only for s in args.seeds if not (folder / f"{n}-s{s}.json").is_file()]
+    with ProcessPoolExecutor(max_workers=args.parallel) as pool:
+        futures = [pool.submit(run_one, n, s, str(data_dir), str(folder / f"{n}-s{s}.json")) for n, s in todo]
+        for future in futures:
+            row = future.result()
+            print(f"{row['name']} seed {row['seed']}: validation strict acc@1 {row['validation']['strict_acc@1']:.2f}, "
+                  f"acc@1 {row['validation']['acc@1']:.2f} ({row['wall_s']} s)", file=sys.stderr)
+    records = [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
+    records = [r for r in records if r["name"] in CONFIGS and r["seed"] in args.seeds]
+    rows = summarise(records)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    result = {"benchmark": "recipe_search", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), "variant": args.variant, "data": {"config": manifest["config"],
+                                                                     "counts": manifest["counts"]},
+              "selection": "validation only: every run has evaluate_test=False, so test was never scored here",
+              "seeds": args.seeds, "chosen": rows[0]["name"] if rows else None, "configurations": rows, "runs": records}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(f"wrote {args.results}")
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Recipe search on GeoLife ({result['variant']}), validation only, mean ± std over seeds "
+                        f"{result['seeds']}")
+    for col in ("configuration", "change", "val strict acc@1", "val acc@1", "val mrr", "new place P/R", "best epochs"):
+        table.add_column(col, justify="left" if col in ("configuration", "change") else "right")
+    for r in result["configurations"]:
+        s, p = r["validation_strict_acc@1"], r["validation_acc@1"]
+        table.add_row(r["name"], r["change"], f"{s['mean']:.2f} ± {s['std']:.2f}", f"{p['mean']:.2f} ± {p['std']:.2f}",
+                      f"{r['validation_mrr']['mean']:.2f}", f"{r['new_place_precision']:.0f}/{r['new_place_recall']:.0f}",
+                      str(r["best_epoch"]))
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    main()
