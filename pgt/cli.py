@@ -143,6 +143,11 @@ def train(
                                             "embedding in the input."),
     new_place_weight: float = typer.Option(1.0, "--new-place-weight",
                                            help="With --unseen-slots: loss weight of train samples whose target is a new place."),
+    previous_location: bool = typer.Option(False, "--previous-location/--no-previous-location",
+                                           help="Each visit also embeds the location visited before it."),
+    weight_average: float = typer.Option(0.0, "--weight-average",
+                                         help="Decay of a moving average of the weights, evaluated and kept instead "
+                                              "of them (e.g. 0.99); 0 = off."),
     simulate_unseen: bool = typer.Option(False, "--simulate-unseen/--no-simulate-unseen",
                                          help="Train on samples where locations first visited after a random cutoff are id 1 "
                                               "(unseen in train), as in later splits."),
@@ -171,6 +176,7 @@ def train(
         given = {"lr": lr, "d_model": d_model, "nhead": nhead, "num_layers": num_layers, "dim_feedforward": dim_feedforward,
                  "dropout": dropout, "select_on": select_on.value, "simulate_unseen": simulate_unseen,
                  "unseen_slots": unseen_slots, "slot_identity": slot_identity, "new_place_weight": new_place_weight,
+                 "previous_location": previous_location, "weight_average": weight_average,
                  "patience": patience, "epochs": epochs}
         overrides = {k: v for k, v in given.items() if _on_command_line(ctx, k)}
         cfg = TrainConfig.from_recipe(
