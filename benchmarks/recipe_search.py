@@ -28,6 +28,14 @@ from preprocess import DEFAULT_INPUT, machine  # noqa: E402
 from train import VARIANTS, sequences  # noqa: E402
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "recipe_search.json"
+SELECTION = ("Choices use validation metrics only. Runs made by this script never score test (evaluate_test=False). "
+             "The records of the first search (all but tuned-2025 seed 1) came from an exploration script that trained "
+             "the same way before evaluate_test existed: those trainings scored test at the end, but only their "
+             "validation metrics were recorded or looked at.")
+# the configuration pgt.train.RECIPES["tuned"] holds, and why where it is not the top row
+RECIPE = ("w05-do3-lr1e3", "lr1e3-l3 (3 layers) is 0.17 higher on mean strict validation Acc@1, less than either's "
+          "seed-to-seed spread (std 0.57 and 0.55), while training about 28% slower and scoring 0.87 lower on the "
+          "protocol's validation Acc@1; the recipe keeps the paper's 2 layers")
 RECORDS = ROOT / ".state" / "benchmarks" / "recipe_search"
 SIM = {"simulate_unseen": True}
 SLOTS = {**SIM, "unseen_slots": True, "select_on": "strict_acc@1"}
@@ -135,8 +143,11 @@ def main() -> None:
     result = {"benchmark": "recipe_search", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "variant": args.variant, "data": {"config": manifest["config"],
                                                                      "counts": manifest["counts"]},
-              "selection": "validation only: every run has evaluate_test=False, so test was never scored here",
-              "seeds": args.seeds, "chosen": rows[0]["name"] if rows else None, "configurations": rows, "runs": records}
+              "selection": SELECTION,
+              "seeds": args.seeds, "best_by_strict_validation": rows[0]["name"] if rows else None,
+              "recipe": {"name": RECIPE[0], "settings": CONFIGS[RECIPE[0]][1],
+                         "why": "the best mean strict validation Acc@1" if rows and rows[0]["name"] == RECIPE[0] else RECIPE[1]},
+              "configurations": rows, "runs": records}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
@@ -157,6 +168,7 @@ def print_table(result: dict) -> None:
                       f"{r['validation_mrr']['mean']:.2f}", f"{r['new_place_precision']:.0f}/{r['new_place_recall']:.0f}",
                       str(r["best_epoch"]))
     Console(width=200).print(table)
+    print(f"tuned recipe: {result['recipe']['name']} ({result['recipe']['why']})")
 
 
 if __name__ == "__main__":

@@ -50,14 +50,14 @@ def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing
     state, env = stack
     first = run_demo(env)
     assert first.returncode == 0, first.stdout + first.stderr
-    assert ": Completed" in first.stdout and "test, target in history" in first.stdout
+    assert ": Completed" in first.stdout and "test, strict" in first.stdout and "target id in history" in first.stdout
     assert f"http://127.0.0.1:{env['MLFLOW_PORT']}/#/experiments/" in first.stdout.replace("\n", "").replace(" ", "")
 
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
     champion = client.get_model_version_by_alias("pgt-demo", "champion")
-    assert champion.version == "1" and float(champion.tags["validation_acc_at_1"]) > 0
+    assert champion.version == "1" and float(champion.tags["validation_strict_acc_at_1"]) > 0
 
     manifest = state / "sequences" / "synthetic" / "manifest.json"
     stamp = manifest.stat().st_mtime_ns

@@ -172,3 +172,18 @@ def test_weight_average_is_what_gets_evaluated(synthetic_sequences, tmp_path):
     expected = 0.9 * a.weight.detach().clone() + 0.1 * b.weight.detach()
     average_weights(a, b, 0.9)
     assert torch.allclose(a.weight, expected)
+
+
+def test_the_tuned_recipe_is_the_configuration_the_search_chose():
+    """RECIPES["tuned"] and benchmarks/recipe_search.py's RECIPE name the same settings (validation-only choice)."""
+    import importlib.util
+    from pathlib import Path
+
+    from pgt.train import RECIPES
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "recipe_search.py"
+    spec = importlib.util.spec_from_file_location("recipe_search", path)
+    search = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(search)
+    assert RECIPES["tuned"] == search.CONFIGS[search.RECIPE[0]][1]
+    assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".").select_on == "strict_acc@1"
