@@ -51,6 +51,10 @@ def main() -> None:
                            epochs=args.epochs, max_concurrent=2)
         sweep = run_sweep(spec)
     spec = sweep["sweep"]
+    # the best trial's own metrics.json holds its whole test metrics (protocol and strict)
+    best_metrics = json.loads((Path(spec["out_dir"]) / "trials" / sweep["best_trial"] / "metrics.json").read_text())
+    sweep["best_test"] = {k: v for k, v in best_metrics["test"].items() if not isinstance(v, dict)} | {
+        "strict": {k: v for k, v in best_metrics["test"]["strict"].items() if not isinstance(v, dict)}}
     default = run_training(TrainConfig(data_dir=spec["data_dir"], out_dir=str(WORK / "tune" / "default"),
                                        epochs=spec["epochs"], seed=spec["seed"], threads=1, resume=False,
                                        select_on=spec["select_on"]))

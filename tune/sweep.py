@@ -223,7 +223,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "best_validation_acc@1": done["validation"]["acc@1"] if done else None,
             "best_validation_strict_acc@1": done["validation"]["strict"]["acc@1"] if done else None,
             "best_validation": done["validation"] if done else None,
-            "test": {k: v for k, v in done["test"].items() if not isinstance(v, dict)} if done else None,
+            "test": _headline(done["test"]) if done else None,
             "node_id": node.get("node_id"), "node_address": nodes.get(node.get("node_id", ""), None),
             "started_at": node.get("started_at"), "last_report_at": metrics.get("timestamp"),
             "mlflow_run_id": _trial_run_id(trial_dir),
@@ -243,6 +243,13 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "best_validation": best["best_validation"], "best_test": best["test"],
             "best_checkpoint": str(Path(spec.out_dir) / "trials" / best["trial_id"] / "best.pt"),
             "trials": rows, "sweep": spec.to_dict()}
+
+
+def _headline(metrics: dict) -> dict:
+    """A split's overall metrics, protocol and strict, without the in/outside-history breakdowns."""
+    strict = {k: v for k, v in metrics["strict"].items() if not isinstance(v, dict)}
+    return {k: v for k, v in metrics.items() if not isinstance(v, dict)} | {"strict": strict,
+                                                                           "new_place": metrics["new_place"]}
 
 
 def _objective(validation: dict, spec: SweepConfig) -> float:
@@ -298,7 +305,7 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     client = mlflow_client(tracking.tracking_uri)
     model, cfg = load_checkpoint(result["best_checkpoint"])
     test = evaluate(model_scores(model), load_splits(spec.data_dir, cfg.max_len)["test"], 1024, torch.device("cpu"))
-    result["best_test"] = {k: v for k, v in test.items() if not isinstance(v, dict)} | {"strict": test["strict"]}
+    result["best_test"] = _headline(test)
     now = int(time.time() * 1000)
     metrics = metrics_of("best_test", test) | {"best_validation_acc_at_1": result["best_validation_acc@1"],
                                                "best_validation_strict_acc_at_1": result["best_validation_strict_acc@1"],
