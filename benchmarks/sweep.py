@@ -40,8 +40,8 @@ def main() -> None:
     from rich.table import Table
 
     from pgt.distributed import run_training
-    from pgt.train import TrainConfig
-    from tune.sweep import SweepConfig, run_sweep
+    from pgt.train import TrainConfig, selection_score
+    from tune.sweep import SweepConfig, headline_metrics, run_sweep
 
     data_dir = sequences(args.input, None)
     if args.sweep:
@@ -53,8 +53,7 @@ def main() -> None:
     spec = sweep["sweep"]
     # the best trial's own metrics.json holds its whole test metrics (protocol and strict)
     best_metrics = json.loads((Path(spec["out_dir"]) / "trials" / sweep["best_trial"] / "metrics.json").read_text())
-    sweep["best_test"] = {k: v for k, v in best_metrics["test"].items() if not isinstance(v, dict)} | {
-        "strict": {k: v for k, v in best_metrics["test"]["strict"].items() if not isinstance(v, dict)}}
+    sweep["best_test"] = headline_metrics(best_metrics["test"])
     default = run_training(TrainConfig(data_dir=spec["data_dir"], out_dir=str(WORK / "tune" / "default"),
                                        epochs=spec["epochs"], seed=spec["seed"], threads=1, resume=False,
                                        select_on=spec["select_on"]))
@@ -73,11 +72,9 @@ def main() -> None:
                                                               "dropout", "lr", "weight_decay")},
         "default_validation_strict_acc@1": default["validation"]["strict"]["acc@1"],
         "default_validation_acc@1": default["validation"]["acc@1"],
-        "default_test": {k: v for k, v in default["test"].items() if not isinstance(v, dict)}
-                        | {"strict": {k: v for k, v in default["test"]["strict"].items() if not isinstance(v, dict)}},
-        "sweep_beats_default": sweep["best_validation_score"] >= (default["validation"]["strict"]["acc@1"]
-                                                                  if sweep["objective"] == "strict_acc@1"
-                                                                  else default["validation"]["acc@1"]),
+        "default_test": headline_metrics(default["test"]),
+        "sweep_beats_default": sweep["best_validation_score"] >= selection_score(default["validation"],
+                                                                                 sweep["objective"]),
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,7 @@ import scipy.sparse as sp
 import torch
 
 from pgt.data import Batch, Vocab
+from pgt.model import extended_ids
 
 
 class MarkovChain:
@@ -61,10 +62,7 @@ class MostFrequent:
 
     def scores(self, batch: Batch, num_locations: int, use_slots: bool = False) -> torch.Tensor:
         B, T = batch.locations.shape
-        ids, width = batch.locations, num_locations
-        if use_slots and batch.slots.numel():
-            ids = torch.where(batch.slots > 0, num_locations - 1 + batch.slots, batch.locations)  # (B, T)
-            width = num_locations + int(batch.slots.max())
+        ids, width = extended_ids(batch.locations, batch.slots if use_slots else None, num_locations)  # (B, T)
         valid = (batch.locations != 0).double()
         position = torch.arange(1, T + 1, dtype=torch.float64).expand(B, T)
         counts = torch.zeros(B, width, dtype=torch.float64).scatter_add(1, ids, valid)

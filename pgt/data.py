@@ -117,8 +117,8 @@ class SequenceDataset(Dataset):
         `require_target` a file may lack the target columns (new sequences to score): targets are then 0."""
         path = Path(path)
         with_target = "target" in cls.check_columns(path, require_target)
-        targets = ["target", "target_place"] if with_target else []
-        table = pq.read_table(path, columns=["user", *LIST_COLUMNS, "places", *targets])
+        places, target_place = PLACE_COLUMNS
+        table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places] + (["target", target_place] if with_target else []))
         offsets = table.column("locations").combine_chunks().offsets.to_numpy()
         lengths = np.diff(offsets)
         if len(lengths) and lengths.min() < 1:
@@ -159,7 +159,7 @@ class SequenceDataset(Dataset):
         if missing:
             raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns of a "
                              f"`pgt preprocess` split: {', '.join(needed)}")
-        places = ["places"] + (["target_place"] if "target" in present else [])
+        places = PLACE_COLUMNS if "target" in present else PLACE_COLUMNS[:1]
         if any(c not in present for c in places):
             raise ValueError(f"{path}: no column {' or '.join(c for c in places if c not in present)} (the place of "
                              "each visit), which older `pgt preprocess` outputs lack; preprocess the input again")
@@ -185,8 +185,7 @@ class SequenceDataset(Dataset):
 
     def place_in_history(self) -> np.ndarray:
         """Whether each sample's exact target place appears in its history (a known id, or a slot)."""
-        known = (self.targets > UNSEEN) & (self.locations == self.targets.unsqueeze(1)).any(dim=1)
-        return (known | (self.target_slots > 0)).numpy()
+        return (self.in_history() & (self.targets > UNSEEN).numpy()) | (self.target_slots > 0).numpy()
 
     def new_place(self) -> np.ndarray:
         """Whether each sample's target is a new place: unseen in train and absent from the history."""

@@ -225,17 +225,21 @@ class LSTMPointerGenerator(nn.Module):
         return Output(torch.log(probs + EPS), gate, attention)
 
 
+def extended_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations: int) -> tuple[torch.Tensor, int]:
+    """((B, T) each visit's column in the extended vocabulary, its width V + S): a slot k is column V + k - 1,
+    every other visit keeps its location id; S is the batch's most slots (0 without slots)."""
+    if slots is None or not slots.numel():
+        return locations, num_locations
+    return torch.where(slots > 0, num_locations - 1 + slots, locations), num_locations + int(slots.max())
+
+
 def pointer_distribution(attention: torch.Tensor, locations: torch.Tensor, slots: torch.Tensor | None,
                          cfg: ModelConfig) -> torch.Tensor:
     """(B, T) attention -> (B, V + S) pointer distribution: each visit's weight goes to its location id, or
-    with cfg.unseen_slots to its slot's column V + slot - 1 (S = the batch's most slots; 0 without)."""
-    V = cfg.num_locations
-    targets, width = locations, V
-    if cfg.unseen_slots and slots is not None and slots.numel():
-        width = V + int(slots.max())
-        targets = torch.where(slots > 0, V - 1 + slots, locations)  # (B, T) extended ids
+    with cfg.unseen_slots to its slot's column (extended_ids)."""
+    ids, width = extended_ids(locations, slots if cfg.unseen_slots else None, cfg.num_locations)  # (B, T)
     p_ptr = torch.zeros(locations.shape[0], width, device=attention.device, dtype=attention.dtype)
-    return p_ptr.scatter_add(1, targets, attention)  # (B, V + S)
+    return p_ptr.scatter_add(1, ids, attention)  # (B, V + S)
 
 
 def mix(gate: torch.Tensor, p_ptr: torch.Tensor, p_gen: torch.Tensor) -> torch.Tensor:

@@ -12,20 +12,13 @@ import torch
 
 from pgt.data import UNSEEN, Batch, SequenceDataset
 from pgt.metrics import compute_all
-from pgt.model import merge_slots
 from pgt.tracking import load_model
 from pgt.train import Scores, predict
 
 
 def packed_scores(model) -> Callable[[Batch], Scores]:
     """A `predict` scorer for a logged PackedModel: its extended log-probabilities and the protocol's merge."""
-    V = model.cfg.num_locations
-
-    def score(batch: Batch) -> Scores:
-        extended = model(batch.packed())
-        return Scores(extended, merge_slots(extended, V))
-
-    return score
+    return lambda batch: Scores.from_log_probs(model(batch.packed()), model.cfg.num_locations)
 
 
 def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking_uri: str | None = None) -> dict:

@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import (Batch, BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch,
-                      load_splits)
+from pgt.data import (UNSEEN, Batch, BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab,
+                      keep_batch, load_splits)
 from pgt.metrics import Scored, compute_all, target_ranks, top1
-from pgt.model import ModelConfig, build_model, count_parameters, merge_slots
+from pgt.model import ModelConfig, build_model, count_parameters, extended_ids, merge_slots
 
 NEURAL_MODELS = ("pgt", "mhsa", "pointer", "lstm-pg")
 BASELINES = ("markov", "most-frequent")
@@ -210,18 +210,17 @@ class Scores(NamedTuple):
     extended: torch.Tensor  # (B, V + S) scores over the known ids and the batch's slots (S = 0 without slots)
     protocol: torch.Tensor  # (B, V) scores over the known ids, every unseen place in id 1
 
+    @classmethod
+    def from_log_probs(cls, extended: torch.Tensor, num_locations: int) -> Scores:
+        """A model's (B, V + S) log-probabilities and the protocol's merge of them (model.merge_slots)."""
+        return cls(extended, merge_slots(extended, num_locations))
+
 
 def model_scores(model: torch.nn.Module) -> Callable[[Batch], Scores]:
     """A scorer for `predict`: the model's log-probabilities in eval mode; the protocol's id 1 takes the
     probability of a new place and of every slot (model.merge_slots)."""
     model.eval()
-    V = model.cfg.num_locations
-
-    def score(batch: Batch) -> Scores:
-        extended = model(*batch.inputs()).log_probs.float()
-        return Scores(extended, merge_slots(extended, V))
-
-    return score
+    return lambda batch: Scores.from_log_probs(model(*batch.inputs()).log_probs.float(), model.cfg.num_locations)
 
 
 def training_targets(batch: Batch, model_cfg: ModelConfig) -> torch.Tensor:
@@ -236,7 +235,7 @@ def criterion(log_probs: torch.Tensor, batch: Batch, model_cfg: ModelConfig, cfg
     targets = training_targets(batch, model_cfg)
     losses = F.cross_entropy(log_probs, targets, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
     if model_cfg.unseen_slots and cfg.new_place_weight != 1.0:
-        losses = torch.where(targets == 1, cfg.new_place_weight * losses, losses)
+        losses = torch.where(targets == UNSEEN, cfg.new_place_weight * losses, losses)
     return losses.sum() if reduction == "sum" else losses.mean()
 
 
@@ -521,8 +520,8 @@ def evaluate_baseline(config: dict) -> dict:
     def score(batch: Batch) -> Scores:
         if markov:  # the chain knows no place unseen in train: the slots rank last
             protocol = markov.scores(batch)
-            slots = int(batch.slots.max()) if batch.slots.numel() else 0
-            return Scores(F.pad(protocol, (0, slots), value=-math.inf), protocol)
+            width = extended_ids(batch.locations, batch.slots, vocab.locations)[1]
+            return Scores(F.pad(protocol, (0, width - vocab.locations), value=-math.inf), protocol)
         return Scores(most_frequent.scores(batch, vocab.locations, use_slots=True),
                       most_frequent.scores(batch, vocab.locations))
 

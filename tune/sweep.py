@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgt.train import TrainConfig
+from pgt.train import TrainConfig, selection_score
 from tune.space import SEARCHED, SearchSpace
 
 OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.metrics: strict, protocol)
@@ -219,11 +219,12 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "trial_id": trial_id, "config": hyper,
             "status": "error" if result.error else ("finished" if done else "stopped (ASHA)"),
             "epochs": done["epochs_run"] if done else metrics.get("training_iteration", 0),
-            "best_validation_score": _objective(done["validation"], spec) if done else _best_seen(result, spec.metric),
+            "best_validation_score": (selection_score(done["validation"], spec.objective) if done
+                                      else _best_seen(result, spec.metric)),
             "best_validation_acc@1": done["validation"]["acc@1"] if done else None,
             "best_validation_strict_acc@1": done["validation"]["strict"]["acc@1"] if done else None,
             "best_validation": done["validation"] if done else None,
-            "test": _headline(done["test"]) if done else None,
+            "test": headline_metrics(done["test"]) if done else None,
             "node_id": node.get("node_id"), "node_address": nodes.get(node.get("node_id", ""), None),
             "started_at": node.get("started_at"), "last_report_at": metrics.get("timestamp"),
             "mlflow_run_id": _trial_run_id(trial_dir),
@@ -245,15 +246,11 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "trials": rows, "sweep": spec.to_dict()}
 
 
-def _headline(metrics: dict) -> dict:
+def headline_metrics(metrics: dict) -> dict:
     """A split's overall metrics, protocol and strict, without the in/outside-history breakdowns."""
     strict = {k: v for k, v in metrics["strict"].items() if not isinstance(v, dict)}
     return {k: v for k, v in metrics.items() if not isinstance(v, dict)} | {"strict": strict,
                                                                            "new_place": metrics["new_place"]}
-
-
-def _objective(validation: dict, spec: SweepConfig) -> float:
-    return validation["strict"]["acc@1"] if spec.objective == "strict_acc@1" else validation["acc@1"]
 
 
 def _best_seen(result, metric: str) -> float | None:
@@ -305,7 +302,7 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     client = mlflow_client(tracking.tracking_uri)
     model, cfg = load_checkpoint(result["best_checkpoint"])
     test = evaluate(model_scores(model), load_splits(spec.data_dir, cfg.max_len)["test"], 1024, torch.device("cpu"))
-    result["best_test"] = _headline(test)
+    result["best_test"] = headline_metrics(test)
     now = int(time.time() * 1000)
     metrics = metrics_of("best_test", test) | {"best_validation_acc_at_1": result["best_validation_acc@1"],
                                                "best_validation_strict_acc_at_1": result["best_validation_strict_acc@1"],

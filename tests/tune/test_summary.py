@@ -2,21 +2,22 @@
 
 from __future__ import annotations
 
-from tune.sweep import SweepConfig, _headline, _objective
+from pgt.train import selection_score
+from tune.sweep import SweepConfig, headline_metrics
 
 
 def test_headline_keeps_protocol_and_strict_overall_metrics():
     metrics = {"acc@1": 50.0, "n": 10, "in_history": {"acc@1": 70.0},
                "strict": {"acc@1": 40.0, "n": 10, "in_history": {"acc@1": 60.0}},
                "new_place": {"rate": 15.0, "predicted": 5.0, "precision": 50.0, "recall": 20.0}}
-    assert _headline(metrics) == {"acc@1": 50.0, "n": 10, "strict": {"acc@1": 40.0, "n": 10},
+    assert headline_metrics(metrics) == {"acc@1": 50.0, "n": 10, "strict": {"acc@1": 40.0, "n": 10},
                                   "new_place": {"rate": 15.0, "predicted": 5.0, "precision": 50.0, "recall": 20.0}}
 
 
 def test_the_objective_picks_the_strict_or_the_protocol_score():
     validation = {"acc@1": 50.0, "strict": {"acc@1": 40.0}}
-    assert _objective(validation, SweepConfig(data_dir=".", out_dir=".")) == 40.0
-    assert _objective(validation, SweepConfig(data_dir=".", out_dir=".", objective="acc@1")) == 50.0
+    assert selection_score(validation, SweepConfig(data_dir=".", out_dir=".").objective) == 40.0
+    assert selection_score(validation, SweepConfig(data_dir=".", out_dir=".", objective="acc@1").objective) == 50.0
     assert SweepConfig(data_dir=".", out_dir=".").metric == "validation_strict_acc@1"
 
 
