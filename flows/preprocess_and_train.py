@@ -46,7 +46,7 @@ def preprocess_and_train(
     manifest = tasks.cached_sequences(s.sequences_dir, sha, s.input_format, s.config_file)
     if manifest is None:
         key = s.stage_key(sha)
-        read = tasks.read_and_validate(source, s.input_format, s.work_dir, key)
+        read = tasks.read_and_validate(source, s.input_format, s.config_file, s.work_dir, key)
         found = tasks.staypoints(read, s.input_format, s.config_file, s.work_dir, key)
         located = tasks.locations(found, s.config_file, s.work_dir, key)
         manifest = tasks.sequences(located, source, s.input_format, sha, s.config_file, s.sequences_dir)

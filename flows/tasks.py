@@ -45,10 +45,12 @@ def cached_sequences(out_dir: Path, sha: str, input_format: str, config_file: Pa
 
 
 @task(name="read and validate", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
-def read_and_validate(input_path: Path, input_format: str, work_dir: Path, key: str) -> Path:
+def read_and_validate(input_path: Path, input_format: str, config_file: Path | None, work_dir: Path, key: str) -> Path:
+    from preprocessing.config import load_config
     from preprocessing.pipeline import cached_stage, stage_read
 
-    return cached_stage(work_dir, "read", key, lambda: stage_read(input_path, input_format))
+    return cached_stage(work_dir, "read", key,
+                        lambda: stage_read(input_path, input_format, config=load_config(config_file)))
 
 
 @task(name="staypoints", cache_policy=NO_CACHE)

@@ -77,16 +77,51 @@ def unseen_slots(locations: torch.Tensor, places: torch.Tensor, targets: torch.T
 
 @dataclass
 class Vocab:
+    """Table sizes from the manifest's `vocab`. Manifests written before the feature sizes were recorded
+    get the reference protocol's sizes (which the model's tables then had)."""
+
     locations: int  # location table size (0 padding, 1 unseen)
     users: int  # user table size (0 padding)
+    time_slots: int = 96  # time-of-day slot values 0 .. time_slots - 1
+    weekdays: int = 7  # weekday values 0 (Monday) .. 6
+    recency: int = 8  # recency values 0 (the target's day) .. history_days
+    durations: int = 99  # duration bucket values 0 .. durations - 1
+
+    FEATURES = {"time_slots": "time_slots", "weekdays": "weekdays", "recency": "recency", "durations": "durations"}
 
     @classmethod
     def from_manifest(cls, data_dir: Path | str) -> Vocab:
         path = Path(data_dir) / "manifest.json"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no manifest.json; expected a `pgt preprocess` output folder")
-        vocab = json.loads(path.read_text())["vocab"]
-        return cls(locations=int(vocab["locations"]), users=int(vocab["users"]))
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: corrupt manifest, not JSON ({str(exc).splitlines()[0]})") from None
+        vocab = manifest.get("vocab") if isinstance(manifest, dict) else None
+        if not isinstance(vocab, dict):
+            raise ValueError(f"{path}: no `vocab` mapping; expected the manifest of a `pgt preprocess` output folder")
+        sizes = {}
+        for name in ("locations", "users", *cls.FEATURES):
+            value = vocab.get(name, getattr(cls, name, None))
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{path}: vocab.{name} must be a positive integer, got {value!r}")
+            sizes[name] = value
+        return cls(**sizes)
+
+    def check_features(self, dataset: SequenceDataset, path: Path | str) -> None:
+        """ValueError naming the file and column when a stored feature lies outside its table."""
+        for name, column in self.FEATURES.items():
+            values = getattr(dataset, {"time_slots": "times"}.get(column, column))
+            top = int(values.max()) if values.numel() else 0  # stored + 1
+            if top > getattr(self, name):
+                raise ValueError(f"{path}: column {column} holds {top - 1}, but the manifest's vocab.{name} allows "
+                                 f"0..{getattr(self, name) - 1}; preprocess the input again")
+        for name, values in (("locations", dataset.locations), ("users", dataset.users)):
+            top = int(values.max()) if values.numel() else 0
+            if top >= getattr(self, name):
+                raise ValueError(f"{path}: column {name[:-1] if name == 'users' else name} holds id {top}, outside the "
+                                 f"manifest's vocab.{name} of {getattr(self, name)} rows; preprocess the input again")
 
 
 class SequenceDataset(Dataset):
@@ -229,8 +264,13 @@ class BucketBatchSampler(Sampler[list[int]]):
         return (n // chunk) * self.bucket_batches + -(-(n % chunk) // self.batch_size)
 
 
-def load_splits(data_dir: Path | str, max_len: int = 64) -> dict[str, SequenceDataset]:
-    return {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len) for split in SPLITS}
+def load_splits(data_dir: Path | str, max_len: int = 64, vocab: Vocab | None = None) -> dict[str, SequenceDataset]:
+    """The three splits; with `vocab`, each is checked against the manifest's table sizes."""
+    splits = {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len) for split in SPLITS}
+    if vocab is not None:
+        for split, dataset in splits.items():
+            vocab.check_features(dataset, Path(data_dir) / f"{split}.parquet")
+    return splits
 
 
 @dataclass

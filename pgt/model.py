@@ -29,7 +29,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")
-TIME_ROWS, WEEKDAY_ROWS, RECENCY_ROWS, DURATION_ROWS = 97, 8, 9, 100  # value + 1, with 0 for padding
 EPS = 1e-10
 
 
@@ -47,6 +46,10 @@ class ModelConfig:
     unseen_slots: bool = False  # extended vocabulary: the pointer points at per-sample slots of unseen places
     slot_identity: bool = True  # with unseen_slots: visits to the same unseen place share a learned slot embedding
     previous_location: bool = False  # each visit also embeds the location visited before it (its transition source)
+    time_slots: int = 96  # time-of-day slot values (the manifest's vocab); tables get one more row for padding
+    weekdays: int = 7  # weekday values
+    recency_days: int = 8  # recency values: days 0 .. history_days before the target's day
+    duration_buckets: int = 99  # duration bucket values
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -55,6 +58,9 @@ class ModelConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
         if self.num_locations < 3 or self.num_users < 2:
             raise ValueError(f"vocabularies too small: {self.num_locations} locations, {self.num_users} users")
+        small = [name for name in ("time_slots", "weekdays", "recency_days", "duration_buckets") if getattr(self, name) < 1]
+        if small:
+            raise ValueError(f"feature tables need at least one value: {', '.join(small)}")
 
 
 class Output(NamedTuple):
@@ -76,10 +82,10 @@ class VisitEmbedding(nn.Module):
         d, q = cfg.d_model, cfg.d_model // 4
         self.location = nn.Embedding(cfg.num_locations, d, padding_idx=0)
         self.user = nn.Embedding(cfg.num_users, d, padding_idx=0)
-        self.time = nn.Embedding(TIME_ROWS, q, padding_idx=0)
-        self.weekday = nn.Embedding(WEEKDAY_ROWS, q, padding_idx=0)
-        self.recency = nn.Embedding(RECENCY_ROWS, q, padding_idx=0)
-        self.duration = nn.Embedding(DURATION_ROWS, q, padding_idx=0)
+        self.time = nn.Embedding(cfg.time_slots + 1, q, padding_idx=0)  # values are stored + 1: 0 is padding
+        self.weekday = nn.Embedding(cfg.weekdays + 1, q, padding_idx=0)
+        self.recency = nn.Embedding(cfg.recency_days + 1, q, padding_idx=0)
+        self.duration = nn.Embedding(cfg.duration_buckets + 1, q, padding_idx=0)
         self.pos_from_end = nn.Embedding(cfg.max_len + 1, q, padding_idx=0)
         self.slot = nn.Embedding(cfg.max_len + 1, d, padding_idx=0) if cfg.unseen_slots and cfg.slot_identity else None
         self.previous = cfg.previous_location

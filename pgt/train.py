@@ -143,7 +143,8 @@ class TrainConfig:
                            nhead=self.nhead, num_layers=self.num_layers, dim_feedforward=self.dim_feedforward,
                            dropout=self.dropout, max_len=self.max_len, variant=self.model,
                            unseen_slots=self.unseen_slots, slot_identity=self.slot_identity,
-                           previous_location=self.previous_location)
+                           previous_location=self.previous_location, time_slots=vocab.time_slots,
+                           weekdays=vocab.weekdays, recency_days=vocab.recency, duration_buckets=vocab.durations)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -360,7 +361,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     if worker.device.type == "cpu":
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // worker.world_size))
     vocab = Vocab.from_manifest(cfg.data_dir)
-    splits = load_splits(cfg.data_dir, cfg.max_len)
+    splits = load_splits(cfg.data_dir, cfg.max_len, vocab)
     if min(len(s) for s in splits.values()) == 0:
         raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
     model_cfg = cfg.model_config(vocab)
@@ -510,7 +511,7 @@ def evaluate_baseline(config: dict) -> dict:
 
     cfg = TrainConfig.from_dict(config)
     vocab = Vocab.from_manifest(cfg.data_dir)
-    splits = load_splits(cfg.data_dir, cfg.max_len)
+    splits = load_splits(cfg.data_dir, cfg.max_len, vocab)
     began = time.perf_counter()
     markov = MarkovChain.from_data_dir(cfg.data_dir) if cfg.model == "markov" else None
     fit_seconds = time.perf_counter() - began

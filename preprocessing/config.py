@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import tomllib
 from dataclasses import dataclass
+from datetime import date, datetime, timezone
 from pathlib import Path
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -43,17 +45,26 @@ class PreprocessConfig:
     duration_cap_min: int = 2879  # durations are capped at this many minutes (two days less a minute)
     duration_bucket_min: int = 30  # duration bucket = capped minutes // this (0..95)
     timezone: str = "UTC"  # days, slots and weekdays are taken in this IANA zone (the reference: UTC)
+    # plausibility: fixes and staypoints outside this window are quarantined
+    earliest_valid_time: str = "1990-01-01"  # ISO 8601 date or time (UTC if no offset)
+    latest_valid_time: str | None = None  # ISO 8601; None: one day after the run
+
+    TEXT_SETTINGS = ("timezone", "min_mean_window_quality", "location_axis_order", "earliest_valid_time",
+                     "latest_valid_time")
 
     def __post_init__(self) -> None:
         problems = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.name in ("timezone", "min_mean_window_quality", "location_axis_order"):
+            if f.name in self.TEXT_SETTINGS:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 problems.append(f"{f.name} must be a number, got {value!r}")
+            elif not math.isfinite(value):
+                problems.append(f"{f.name} must be a finite number, got {value!r}")
             elif value <= 0:
                 problems.append(f"{f.name} must be positive, got {value!r}")
+        problems += self._range_problems()
         for name in ("min_tracking_days", "quality_window_weeks", "location_min_samples", "history_days",
                      "min_history_staypoints", "time_slot_min", "duration_cap_min", "duration_bucket_min"):
             if not isinstance(getattr(self, name), int):
@@ -61,7 +72,7 @@ class PreprocessConfig:
         if self.train_fraction + self.validation_fraction >= 1.0:
             problems.append("train_fraction + validation_fraction must be below 1 (the test split takes the rest)")
         q = self.min_mean_window_quality
-        if q is not None and not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0):
+        if q is not None and (isinstance(q, bool) or not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0)):
             problems.append(f"min_mean_window_quality must be in [0, 1] or null, got {q!r}")
         if self.location_axis_order not in ("lat_lon", "lon_lat"):
             problems.append(f"location_axis_order must be 'lat_lon' or 'lon_lat', got {self.location_axis_order!r}")
@@ -69,18 +80,47 @@ class PreprocessConfig:
             ZoneInfo(str(self.timezone))
         except (ZoneInfoNotFoundError, ValueError):
             problems.append(f"timezone must be an IANA zone such as 'UTC' or 'Asia/Shanghai', got {self.timezone!r}")
+        for name in ("earliest_valid_time", "latest_valid_time"):
+            value = getattr(self, name)
+            if value is None and name == "latest_valid_time":
+                continue
+            try:
+                _parse_time(value)
+            except (TypeError, ValueError):
+                problems.append(f"{name} must be an ISO 8601 date or time such as 1990-01-01, got {value!r}")
         if problems:
             raise ValueError("; ".join(problems))
 
+    def _range_problems(self) -> list[str]:
+        """Values that would overflow the stored types (recency int8, slots and buckets int16) or make no sense."""
+        limits = {"history_days": 127, "time_slot_min": 1440, "train_fraction": 1, "validation_fraction": 1}
+        problems = [f"{name} must be at most {limit}, got {getattr(self, name)!r}" for name, limit in limits.items()
+                    if isinstance(getattr(self, name), (int, float)) and getattr(self, name) > limit]
+        cap, bucket = self.duration_cap_min, self.duration_bucket_min
+        if isinstance(cap, int) and isinstance(bucket, int) and bucket > 0 and cap // bucket + 1 > 32_000:
+            problems.append(f"duration_cap_min // duration_bucket_min gives {cap // bucket + 1:,} duration buckets; "
+                            "at most 32,000 are supported")
+        return problems
+
     @property
     def time_slots(self) -> int:
-        """Number of time-of-day slots (96 for 15-minute slots)."""
-        return (24 * 60) // self.time_slot_min
+        """Number of time-of-day slots (96 for 15-minute slots): values 0 .. 1439 // time_slot_min."""
+        return 1439 // self.time_slot_min + 1
 
     @property
     def duration_buckets(self) -> int:
         """Number of duration buckets (96 for 30-minute buckets capped at 2,879 min)."""
         return self.duration_cap_min // self.duration_bucket_min + 1
+
+    @property
+    def recency_days(self) -> int:
+        """Number of recency values: 0 (the target's day) .. history_days."""
+        return self.history_days + 1
+
+    def time_window(self) -> tuple[datetime, datetime | None]:
+        """(earliest, latest or None for one day after the run), as UTC datetimes."""
+        latest = _parse_time(self.latest_valid_time) if self.latest_valid_time is not None else None
+        return _parse_time(self.earliest_valid_time), latest
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -91,10 +131,18 @@ class PreprocessConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise InputError(source, f"unknown setting(s) {', '.join(unknown)}; expected some of: {', '.join(sorted(known))}")
+        values = {k: v.isoformat() if isinstance(v, (date, datetime)) else v for k, v in values.items()}  # YAML dates
         try:
             return cls(**values)
         except (TypeError, ValueError) as exc:
             raise InputError(source, str(exc)) from None
+
+
+def _parse_time(value: str) -> datetime:
+    if not isinstance(value, str):
+        raise TypeError(value)
+    parsed = datetime.fromisoformat(value.strip())
+    return parsed.replace(tzinfo=timezone.utc) if parsed.tzinfo is None else parsed.astimezone(timezone.utc)
 
 
 def load_config(path: Path | None) -> PreprocessConfig:

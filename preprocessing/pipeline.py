@@ -11,7 +11,6 @@ import json
 import shutil
 import threading
 import time
-import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -23,6 +22,8 @@ from preprocessing import readers
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import InputError
 from preprocessing.locations import generate_locations, merge_staypoints
+from preprocessing.output import (PRODUCER, check_output_folder, clean_stale_temporaries, is_own_manifest, output_lock,
+                                  read_manifest, temporary_sibling, write_folder)
 from preprocessing.quality import filter_users, tracking_days
 from preprocessing.sequences import SPLITS, add_time_features, generate_samples, split_by_day
 from preprocessing.staypoints import flag_activity, generate_staypoints
@@ -30,6 +31,7 @@ from preprocessing.staypoints import flag_activity, generate_staypoints
 FORMATS = ("geolife-plt", "positionfixes", "staypoints")
 OUTPUT_FILES = ("train.parquet", "validation.parquet", "test.parquet", "quarantine.parquet", "staypoints.parquet",
                 "locations.parquet", "users.parquet", "manifest.json")
+OWN_FILES = OUTPUT_FILES
 STAGES = ("hash input", "read and validate", "staypoints", "activity", "user filter", "locations", "merge",
           "split and samples", "write")
 
@@ -119,12 +121,13 @@ def _progress(enabled: bool):
 
 def reusable_manifest(out_dir: Path, sha: str, input_format: str, config: PreprocessConfig) -> dict | None:
     """The existing manifest if out_dir holds a complete output of the same input, format, config and code."""
-    manifest_path = out_dir / "manifest.json"
-    if not manifest_path.is_file() or not all((out_dir / f).is_file() for f in OUTPUT_FILES):
+    if not all((Path(out_dir) / f).is_file() for f in OUTPUT_FILES):
         return None
     try:
-        manifest = json.loads(manifest_path.read_text())
-    except json.JSONDecodeError:
+        manifest = read_manifest(out_dir)
+    except InputError:
+        return None
+    if not is_own_manifest(manifest):
         return None
     same = (manifest.get("input_sha256") == sha and manifest.get("input_format") == input_format
             and manifest.get("config") == config.to_dict() and manifest.get("version") == code_version())
@@ -135,14 +138,22 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
                force: bool = False, progress: bool = True) -> PreprocessResult:
     """Run the protocol on one input and write out_dir atomically (a temporary folder, then a rename).
 
-    A rerun with the same input, format, config and code reuses out_dir unless `force`.
+    A rerun with the same input, format, config and code reuses out_dir unless `force`. Only a folder that
+    `pgt preprocess` wrote, holding nothing else, is ever replaced; a second run into the same out_dir waits
+    for the first.
     """
     config = config or PreprocessConfig()
     if input_format not in FORMATS:
         raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
     input_path, out_dir = Path(input_path), Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or (any(out_dir.iterdir()) and not (out_dir / "manifest.json").exists())):
-        raise InputError(out_dir, "exists and is not a `pgt preprocess` output folder; choose another --out")
+    check_output_folder(out_dir, OWN_FILES)
+    with output_lock(out_dir):
+        check_output_folder(out_dir, OWN_FILES)  # what the run we waited for left there
+        return _preprocess_locked(input_path, input_format, out_dir, config, force, progress)
+
+
+def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, config: PreprocessConfig, force: bool,
+                       progress: bool) -> PreprocessResult:
     log = StageLog()
     with _progress(progress) as bar:
         task = bar.add_task(STAGES[0], total=len(STAGES))
@@ -180,8 +191,10 @@ class Stage:
     def save(self, folder: Path) -> Path:
         """Write the tables as Parquet and the counts as stage.json, atomically (a temporary folder, then a rename)."""
         folder = Path(folder)
-        tmp = folder.parent / f".{folder.name}.tmp-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir(parents=True)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temporaries(folder)
+        tmp = temporary_sibling(folder)
+        tmp.mkdir()
         for name, table in self.tables.items():
             table.write_parquet(tmp / f"{name}.parquet", compression="zstd")
         (tmp / "stage.json").write_text(json.dumps({"counts": self.counts, "details": self.details,
@@ -201,22 +214,28 @@ def _noop(name: str | None = None) -> None:
     return None
 
 
-def stage_read(input_path: Path, input_format: str, log: StageLog | None = None, advance=_noop) -> Stage:
+def stage_read(input_path: Path, input_format: str, log: StageLog | None = None, advance=_noop,
+               config: PreprocessConfig | None = None) -> Stage:
     """Read and validate: the valid rows ("points") and the quarantined ones, with their counts."""
     log = log or StageLog()
+    earliest, latest = (config or PreprocessConfig()).time_window()
+    window = readers.TimeWindow(earliest, latest)
     with log.stage("read and validate"):
         if input_format == "geolife-plt":
-            result = readers.read_geolife_plt(input_path)
+            result = readers.read_geolife_plt(input_path, window)
         elif input_format == "positionfixes":
-            result = readers.read_positionfixes(input_path)
+            result = readers.read_positionfixes(input_path, window)
         elif input_format == "staypoints":
-            result = readers.read_staypoints(input_path)
+            result = readers.read_staypoints(input_path, window)
         else:
             raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
         counts = {"positionfixes_read": result.rows_read, "positionfixes_quarantined": result.quarantine.height}
-        details = {"quarantine_reasons": dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())}
+        reasons = dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
+        details = {"quarantine_reasons": reasons, "time_window": window.describe(), **result.notes}
         if result.table.height == 0:
-            raise InputError(input_path, "no valid rows: every row was quarantined (see the reasons above)")
+            top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            listed = "; ".join(f"{reason}: {n:,}" for reason, n in top)
+            raise InputError(input_path, f"no valid rows: all {result.rows_read:,} rows were quarantined ({listed})")
     advance("staypoints")
     return Stage({"points": result.table, "quarantine": result.quarantine}, counts, details)
 
@@ -298,13 +317,21 @@ def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | No
         "locations.parquet": located_vocab,
         "users.parquet": vocab.users,
     }
-    manifest = {"counts": counts, "vocab": {"locations": vocab.location_size, "users": vocab.user_size},
+    manifest = {"counts": counts, "vocab": feature_vocab(vocab.location_size, vocab.user_size, config,
+                                                         details["history_length_max"]),
                 "details": details}
     return manifest, tables
 
 
+def feature_vocab(locations: int, users: int, config: PreprocessConfig, max_history: int) -> dict:
+    """The manifest's `vocab`: every table size the model needs, so that any valid config trains.
+    locations and users count their embedding rows (with padding); the features count their values."""
+    return {"locations": locations, "users": users, "time_slots": config.time_slots, "weekdays": 7,
+            "recency": config.recency_days, "durations": config.duration_buckets, "max_history": max_history}
+
+
 def finish_manifest(manifest: dict, input_path: Path, input_format: str, sha: str, config: PreprocessConfig) -> dict:
-    manifest.update({"input": str(input_path), "input_format": input_format, "input_sha256": sha,
+    manifest.update({"producer": PRODUCER, "input": str(input_path), "input_format": input_format, "input_sha256": sha,
                      "config": config.to_dict(), "version": code_version()})
     return manifest
 
@@ -325,7 +352,7 @@ def cached_stage(work_dir: Path, name: str, key: str, compute) -> Path:
 
 
 def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance):
-    read = stage_read(input_path, input_format, log, advance)
+    read = stage_read(input_path, input_format, log, advance, config)
     found = stage_staypoints(read, input_format, config, log, advance)
     del read
     located = stage_locations(found, config, log, advance)
@@ -334,28 +361,22 @@ def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, l
 
 
 def write_output(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFrame], log: StageLog | None = None) -> None:
-    """The final output folder, written atomically."""
-    _write_atomically(Path(out_dir), manifest, tables, log or StageLog())
+    """The final output folder, written atomically; refused if out_dir holds anything `pgt preprocess` did not write."""
+    out_dir = Path(out_dir)
+    check_output_folder(out_dir, OWN_FILES)
+    with output_lock(out_dir):
+        check_output_folder(out_dir, OWN_FILES)
+        _write_atomically(out_dir, manifest, tables, log or StageLog())
 
 
 def _write_atomically(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFrame], log: StageLog) -> None:
     """Write everything into a temporary sibling folder, then swap it into place: a crash leaves no half output."""
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
-    old = out_dir.parent / f".{out_dir.name}.old-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+
+    def write(tmp: Path) -> None:
         with log.stage("write"):
             for name, table in tables.items():
                 table.write_parquet(tmp / name, compression="zstd")
         manifest["stages"] = log.stages
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
-        if out_dir.exists():
-            out_dir.rename(old)
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old.exists() and not out_dir.exists():
-            old.rename(out_dir)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+
+    write_folder(out_dir, write)

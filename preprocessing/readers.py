@@ -3,22 +3,31 @@
 - `read_geolife_plt(folder)`: the GeoLife layout `Data/<user>/Trajectory/*.plt`.
 - `read_positionfixes(file)`: GPS points as Parquet or CSV (user_id, tracked_at, latitude, longitude).
 - `read_staypoints(file)`: staypoints as Parquet or CSV (started_at, finished_at, user_id and either
-  a WKT/WKB `geom` POINT (lon lat) or latitude/longitude), as trackintel writes them.
+  a WKT/WKB `geom` (or GeoPandas' `geometry`) POINT (lon lat) or latitude/longitude), as trackintel writes them.
 
 Whole-file problems raise `InputError` naming the file. Bad rows inside a good file are set aside
 with the reason in a quarantine table holding the original values as text, so that
 rows read = rows kept + rows quarantined.
 
 Times: text without an offset is taken as UTC (GeoLife is in GMT); offsets are honoured.
+Plausibility: fixes at exactly (0, 0) and times outside a window (default 1990-01-01 to one day after
+the run) are quarantined. User ids are compared as the text written unless the column is numeric:
+"07" and "7" are two users.
 """
 
 from __future__ import annotations
 
+import csv
+import functools
+import re
 import struct
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from preprocessing.errors import InputError
@@ -31,6 +40,25 @@ TIME_FORMATS = ("%Y-%m-%d %H:%M:%S%.f%#z", "%Y-%m-%dT%H:%M:%S%.f%#z", "%Y-%m-%d 
                 "%Y-%m-%d %H:%M%#z", "%Y-%m-%dT%H:%M%#z", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M")
 UTC_MS = pl.Datetime("ms", "UTC")
 QUARANTINE_KEYS = ("source_file", "source_row", "reason")
+EXTRA = "__pgt_extra_fields__"  # holds the first field beyond the header's (CSV) or the 7 of a .plt row
+EARLIEST_VALID_TIME = datetime(1990, 1, 1, tzinfo=timezone.utc)
+PLT_FIX = re.compile(r"^\s*[-+]?[\d.]+\s*,\s*[-+]?[\d.]+\s*,[^,]*,[^,]*,[^,]*,\s*\d{4}-\d{1,2}-\d{1,2}\s*,")
+
+
+@dataclass(frozen=True)
+class TimeWindow:
+    """Times outside [earliest, latest] are implausible for a GPS fix and quarantined."""
+
+    earliest: datetime = EARLIEST_VALID_TIME
+    latest: datetime | None = None  # None: one day after now
+
+    def bounds(self) -> tuple[datetime, datetime]:
+        latest = self.latest or datetime.now(timezone.utc) + timedelta(days=1)
+        return self.earliest, latest
+
+    def describe(self) -> str:
+        earliest, latest = self.bounds()
+        return f"{earliest:%Y-%m-%d %H:%M} to {latest:%Y-%m-%d %H:%M} UTC"
 
 
 @dataclass
@@ -40,6 +68,7 @@ class ReadResult:
     table: pl.DataFrame  # positionfixes: user_id, tracked_at, latitude, longitude; staypoints: + started/finished_at
     quarantine: pl.DataFrame  # source_file, source_row (0-based data row), reason, original columns as text
     rows_read: int
+    notes: dict = field(default_factory=dict)  # what was read in an unusual way (e.g. .plt files with short headers)
 
     def __post_init__(self) -> None:
         if self.rows_read != self.table.height + self.quarantine.height:
@@ -53,68 +82,93 @@ class ReadResult:
 # public readers
 
 
-def read_positionfixes(path: Path | str) -> ReadResult:
+def _unreadable_as_input_error(reader):
+    """Turn a failure of the Parquet/CSV engine deep inside a reader into one line naming the file (and, for
+    Parquet, the column that cannot be decoded)."""
+
+    @functools.wraps(reader)
+    def wrapper(path, *args, **kwargs):
+        try:
+            return reader(path, *args, **kwargs)
+        except (pl.exceptions.PolarsError, pa.ArrowException, OSError) as exc:
+            path = Path(path)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if path.is_file() and _sniff(path) == "parquet":
+                raise InputError(path, f"unreadable Parquet{_failing_parquet_column(path)}: {first}") from None
+            raise InputError(path, f"unreadable input: {first}") from None
+
+    return wrapper
+
+
+@_unreadable_as_input_error
+def read_positionfixes(path: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
     """GPS points from a Parquet or CSV file with user_id, tracked_at, latitude, longitude."""
     path = _existing_file(path)
     kind = _sniff(path)
     lf, schema = _scan_table(path, kind, POSITIONFIX_COLUMNS)
-    lf = lf.select(*POSITIONFIX_COLUMNS).with_row_index("source_row")
+    lf = lf.select(*POSITIONFIX_COLUMNS, *_extra(schema)).with_row_index("source_row")
     parsed = lf.select(
         "source_row",
-        _user_expr(schema["user_id"]).alias("user_id"),
+        _user_expr(path, schema["user_id"]).alias("user_id"),
         pl.col("tracked_at").is_null().alias("_t_missing"),
         _time_expr(path, "tracked_at", schema["tracked_at"]).alias("tracked_at"),
         *_coordinate_exprs(path, schema),
+        *_extra_flag(schema),
     )
-    checks = [("missing user_id", pl.col("user_id").is_null()), *_time_checks("tracked_at"), *_coordinate_checks()]
+    checks = [*_field_count_checks(schema), ("missing user_id", pl.col("user_id").is_null()),
+              *_time_checks("tracked_at", window=window), *_coordinate_checks()]
     good, bad = _validate(parsed, checks, ("user_id", "tracked_at"), "repeats the (user_id, tracked_at) of an earlier fix")
-    good = _finalize_users(good.select("user_id", "tracked_at", "latitude", "longitude"))
+    good = _finalize_users(good.select("user_id", "tracked_at", "latitude", "longitude"), schema["user_id"])
     quarantine = _quarantine(path, bad, _originals_from_file(path, kind, POSITIONFIX_COLUMNS, bad["source_row"]))
     return ReadResult(good, quarantine, rows_read=good.height + bad.height)
 
 
-def read_staypoints(path: Path | str) -> ReadResult:
-    """Staypoints from Parquet or CSV: started_at, finished_at, user_id and geom or latitude/longitude."""
+@_unreadable_as_input_error
+def read_staypoints(path: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
+    """Staypoints from Parquet or CSV: started_at, finished_at, user_id and geom (or geometry) or latitude/longitude."""
     path = _existing_file(path)
     kind = _sniff(path)
     lf, schema = _scan_table(path, kind, STAYPOINT_TIME_COLUMNS)
-    if "geom" in schema:
-        geometry = ("geom",)
+    geom_column = next((name for name in ("geom", "geometry") if name in schema), None)
+    if geom_column:
+        geometry = (geom_column,)
     elif "latitude" in schema and "longitude" in schema:
         geometry = ("latitude", "longitude")
     else:
-        raise InputError(path, f"missing column geom (or latitude and longitude); found: {', '.join(schema)}")
+        raise InputError(path, f"missing column geom or geometry (or latitude and longitude); found: {', '.join(schema)}")
     columns = (*STAYPOINT_TIME_COLUMNS, *geometry)
-    lf = lf.select(*columns).with_row_index("source_row")
-    if geometry == ("geom",):
-        lf = lf.with_columns(_point_from_geom(path, schema["geom"]))
+    lf = lf.select(*columns, *_extra(schema)).with_row_index("source_row")
+    if geom_column:
+        lf = lf.with_columns(_point_from_geom(path, geom_column, schema[geom_column]))
         coords = [pl.col("_lat_raw").is_null().alias("_latitude_missing"), pl.col("_lat_raw").alias("latitude"),
                   pl.col("_lon_raw").is_null().alias("_longitude_missing"), pl.col("_lon_raw").alias("longitude")]
-        geom_checks = [("missing geom", pl.col("_geom_missing")),
-                       ("unparseable geom (expected a WKT or WKB POINT (lon lat))", pl.col("latitude").is_null())]
+        geom_checks = [(f"missing {geom_column}", pl.col("_geom_missing")),
+                       (f"unparseable {geom_column} (expected a WKT or WKB POINT (lon lat))", pl.col("latitude").is_null())]
     else:
         coords = _coordinate_exprs(path, schema)
         geom_checks = []
     parsed = lf.select(
         "source_row",
-        _user_expr(schema["user_id"]).alias("user_id"),
+        _user_expr(path, schema["user_id"]).alias("user_id"),
         pl.col("started_at").is_null().alias("_s_missing"),
         _time_expr(path, "started_at", schema["started_at"]).alias("started_at"),
         pl.col("finished_at").is_null().alias("_f_missing"),
         _time_expr(path, "finished_at", schema["finished_at"]).alias("finished_at"),
         *([pl.col("_geom_missing")] if geom_checks else []),
         *coords,
+        *_extra_flag(schema),
     )
     checks = [
+        *_field_count_checks(schema),
         ("missing user_id", pl.col("user_id").is_null()),
-        *_time_checks("started_at", "_s_missing"),
-        *_time_checks("finished_at", "_f_missing"),
+        *_time_checks("started_at", "_s_missing", window=window),
+        *_time_checks("finished_at", "_f_missing", window=window),
         *geom_checks,
         *_coordinate_checks(),
         ("finished_at before started_at", pl.col("finished_at") < pl.col("started_at")),
     ]
     good, bad = _validate(parsed, checks, ("user_id", "started_at"), "repeats the (user_id, started_at) of an earlier staypoint")
-    good = _finalize_users(good.select("user_id", "started_at", "finished_at", "latitude", "longitude"))
+    good = _finalize_users(good.select("user_id", "started_at", "finished_at", "latitude", "longitude"), schema["user_id"])
     quarantine = _quarantine(path, bad, _originals_from_file(path, kind, columns, bad["source_row"]))
     return ReadResult(good, quarantine, rows_read=good.height + bad.height)
 
@@ -127,24 +181,30 @@ def find_plt_files(folder: Path | str) -> list[Path]:
     if not folder.is_dir():
         raise InputError(folder, "not a folder: --format geolife-plt expects the GeoLife folder holding Data/<user>/Trajectory/*.plt")
     data = folder / "Data" if (folder / "Data").is_dir() else folder
-    files = sorted(data.glob("*/Trajectory/*.plt"))
+    files = sorted(f for f in data.glob("*/Trajectory/*") if f.suffix.lower() == ".plt" and f.is_file())
     if not files:
         found = ", ".join(sorted(p.name for p in folder.iterdir())[:5]) or "nothing"
         raise InputError(folder, f"not the GeoLife layout: expected Data/<user>/Trajectory/*.plt, found {found}")
     return files
 
 
-def read_geolife_plt(folder: Path | str) -> ReadResult:
-    """GPS points from the GeoLife layout: six header lines, then lat,lon,0,altitude_ft,days,date,time."""
+def read_geolife_plt(folder: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
+    """GPS points from the GeoLife layout: six header lines, then lat,lon,0,altitude_ft,days,date,time.
+
+    A file whose header is shorter (its fixes start earlier) is read from its first fix and listed in the
+    notes; a row with more than the 7 fields is quarantined; `.PLT` counts like `.plt`."""
     files = find_plt_files(folder)
-    for f in files:
-        _check_plt_file(f)
+    header_lines = {f: _check_plt_file(f) for f in files}
     user_of = {str(f): f.parent.parent.name for f in files}
-    lf = pl.scan_csv(
-        files, has_header=False, skip_rows=PLT_HEADER_LINES, new_columns=list(PLT_FIELDS),
-        schema={name: pl.String for name in PLT_FIELDS}, include_file_paths="source_file",
-        truncate_ragged_lines=True, encoding="utf8-lossy", quote_char=None,
-    )
+    by_header: dict[int, list[Path]] = {}
+    for f in files:
+        by_header.setdefault(header_lines[f], []).append(f)
+    schema = {**{name: pl.String for name in PLT_FIELDS}, EXTRA: pl.String}
+    lf = pl.concat([
+        pl.scan_csv(group, has_header=False, skip_rows=skip, schema=schema, include_file_paths="source_file",
+                    missing_columns="insert", truncate_ragged_lines=True, encoding="utf8-lossy", quote_char=None)
+        for skip, group in sorted(by_header.items())
+    ])
     lf = lf.with_columns(
         pl.int_range(pl.len(), dtype=pl.Int64).over("source_file").alias("source_row"),
         pl.col("source_file").replace_strict(user_of, return_dtype=pl.String).alias("user_id"),
@@ -156,19 +216,23 @@ def read_geolife_plt(folder: Path | str) -> ReadResult:
         (pl.col("date").is_null() | pl.col("time").is_null()).alias("_t_missing"),
         stamp.str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False, time_unit="ms", time_zone="UTC").alias("tracked_at"),
         *_coordinate_exprs(folder, {"latitude": pl.String, "longitude": pl.String}),
+        *_extra_flag({EXTRA: pl.String}),
     )
-    checks = [*_time_checks("tracked_at", unparseable="unparseable date/time (expected yyyy-mm-dd,HH:MM:SS)"),
+    checks = [(f"more than the {len(PLT_FIELDS)} fields of a .plt row", pl.col("_extra_fields")),
+              *_time_checks("tracked_at", unparseable="unparseable date/time (expected yyyy-mm-dd,HH:MM:SS)", window=window),
               *_coordinate_checks()]
     good, bad = _validate(parsed, checks, ("user_id", "tracked_at"), "repeats the (user_id, tracked_at) of an earlier fix",
                           keep=("source_file",))
-    good = _finalize_users(good.select("user_id", "tracked_at", "latitude", "longitude"))
+    good = good.select("user_id", "tracked_at", "latitude", "longitude")
     originals = (
         lf.join(bad.lazy().select("source_file", "source_row"), on=["source_file", "source_row"], how="semi")
         .select("source_file", "source_row", "user_id", *PLT_FIELDS).collect()
     )
     quarantine = bad.select(*QUARANTINE_KEYS).join(originals, on=["source_file", "source_row"], how="left",
                                                    maintain_order="left")
-    return ReadResult(good, quarantine, rows_read=good.height + bad.height)
+    short = sorted(str(f) for f, lines in header_lines.items() if lines != PLT_HEADER_LINES)
+    notes = {"plt_files": len(files), "plt_files_with_short_header": short} if short else {"plt_files": len(files)}
+    return ReadResult(good, quarantine, rows_read=good.height + bad.height, notes=notes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -204,61 +268,131 @@ def _sniff(path: Path) -> str:
     return "csv"
 
 
+def _csv_header(path: Path) -> list[str]:
+    """The header's field names as written (a UTF-8 byte order mark removed); duplicates are refused."""
+    with path.open(encoding="utf-8-sig", errors="replace", newline="") as fh:
+        try:
+            header = next(csv.reader(fh), [])
+        except csv.Error as exc:
+            raise InputError(path, f"unreadable CSV header: {exc}") from None
+    names = [name.strip() for name in header]
+    _refuse_duplicates(path, names)
+    if not any(names):
+        raise InputError(path, "empty header line: expected column names such as user_id,tracked_at,latitude,longitude")
+    return names
+
+
+def _refuse_duplicates(path: Path, names: list[str]) -> None:
+    repeated = sorted(name for name, n in Counter(names).items() if n > 1)
+    if repeated:
+        raise InputError(path, f"duplicate column name{'s' if len(repeated) > 1 else ''} {', '.join(repeated)}: "
+                               "each column must be named once")
+
+
+def _scan_csv(path: Path) -> pl.LazyFrame:
+    """The CSV as text columns named by its header, plus EXTRA holding the first field beyond them (a row
+    with too many fields); missing trailing fields read as null. Rows are aligned with `source_row`."""
+    names = _csv_header(path)
+    columns = [*names, EXTRA]
+    return pl.scan_csv(path, has_header=False, skip_rows=1, new_columns=columns, infer_schema=False,
+                       schema_overrides={name: pl.String for name in columns}, missing_columns="insert",
+                       truncate_ragged_lines=True, encoding="utf8-lossy")
+
+
 def _scan_table(path: Path, kind: str, required: tuple[str, ...]) -> tuple[pl.LazyFrame, dict[str, pl.DataType]]:
     if kind == "parquet":
         try:
             meta = pq.read_metadata(path)
+            _refuse_duplicates(path, list(meta.schema.names))
+        except InputError:
+            raise
         except Exception as exc:  # pyarrow raises several types for broken files
             raise InputError(path, f"unreadable Parquet: {str(exc).splitlines()[0]}") from None
         lf = pl.scan_parquet(path)
         rows = meta.num_rows
     else:
-        lf = pl.scan_csv(path, infer_schema=False, encoding="utf8-lossy")
+        lf = _scan_csv(path)
         try:
             rows = lf.select(pl.len()).collect().item()
+        except pl.exceptions.NoDataError:
+            rows = 0
         except pl.exceptions.PolarsError as exc:
             raise InputError(path, f"unreadable CSV: {str(exc).splitlines()[0]}") from None
-    schema = dict(lf.collect_schema())
+    if kind == "csv":
+        schema = {name: pl.String for name in [*_csv_header(path), EXTRA]}
+    else:
+        try:
+            schema = dict(lf.collect_schema())
+        except pl.exceptions.PolarsError as exc:
+            raise InputError(path, f"unreadable Parquet: {str(exc).splitlines()[0]}") from None
     missing = [c for c in required if c not in schema]
     if missing:
+        found = ", ".join(c for c in schema if c != EXTRA) or "none"
         raise InputError(path, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
-                               f"expected {', '.join(required)}; found: {', '.join(schema) or 'none'}")
+                               f"expected {', '.join(required)}; found: {found}")
     if rows == 0:
         raise InputError(path, "header only: no data rows")
     return lf, schema
 
 
-def _check_plt_file(path: Path) -> None:
+def _failing_parquet_column(path: Path) -> str:
+    """' (column x)' for the first column whose pages cannot be decoded, '' when none alone fails."""
+    try:
+        names = pq.read_schema(path).names
+    except Exception:  # noqa: BLE001 - the caller reports the original error
+        return ""
+    for name in names:
+        try:
+            pq.read_table(path, columns=[name])
+        except Exception:  # noqa: BLE001
+            return f" (column {name})"
+    return ""
+
+
+def _check_plt_file(path: Path) -> int:
+    """The number of header lines before the first fix (6 in GeoLife); InputError for binary or fix-less files."""
     with path.open("rb") as fh:
         head = fh.read(4096)
     if b"\x00" in head:
         raise InputError(path, "binary content: expected a GeoLife .plt text file")
-    lines = [line for line in head.splitlines() if line.strip()]
-    if len(head) < 4096 and len(lines) <= PLT_HEADER_LINES:
-        raise InputError(path, f"header only: no GPS fixes after the {PLT_HEADER_LINES} header lines")
+    lines = head.decode("utf-8", errors="replace").splitlines()
+    header = next((i for i, line in enumerate(lines[:PLT_HEADER_LINES]) if PLT_FIX.match(line)), PLT_HEADER_LINES)
+    if len(head) < 4096 and not any(line.strip() for line in lines[header:]):
+        raise InputError(path, f"header only: no GPS fixes after the {header} header lines")
+    return header
 
 
 # ---------------------------------------------------------------------------------------------
 # column parsing
 
 
-def _user_expr(dtype: pl.DataType) -> pl.Expr:
-    """user_id as given: integers stay integers; integral floats (trackintel's 0.0) become integers;
-    text is stripped (empty means missing). `_finalize_users` turns all-digit text into integers."""
+def _user_expr(path: Path, dtype: pl.DataType) -> pl.Expr:
+    """user_id as given: integers stay integers; integral floats (trackintel's 0.0) become integers (see
+    `_finalize_users`); text stays the text written, surrounding spaces removed (empty means missing), so
+    "07" and "7" are two users."""
     col = pl.col("user_id")
     if dtype.is_integer():
         return col
     if dtype.is_float():
         integral = col.is_finite() & (col == col.round(0))
         return pl.when(integral).then(col.cast(pl.Int64).cast(pl.String)).when(col.is_finite()).then(col.cast(pl.String))
-    text = col.cast(pl.String).str.strip_chars()
-    text = text.str.replace(r"^(-?\d+)\.0*$", "$1")
-    return pl.when(text.str.len_chars() > 0).then(text)
+    if dtype in (pl.String, pl.Categorical) or isinstance(dtype, (pl.Categorical, pl.Enum)):
+        text = col.cast(pl.String).str.strip_chars()
+        return pl.when(text.str.len_chars() > 0).then(text)
+    raise InputError(path, f"column user_id has type {dtype}, expected integers or text")
 
 
-def _finalize_users(df: pl.DataFrame) -> pl.DataFrame:
-    if df.schema["user_id"] == pl.String and df.height and df["user_id"].str.contains(r"^-?\d{1,18}$").all():
+def _finalize_users(df: pl.DataFrame, source_dtype: pl.DataType) -> pl.DataFrame:
+    """A float user_id column whose values are all integral becomes integers; so does a text column in which
+    every value is written as an integral float (0.0, 1.0: a float column as pandas writes it to CSV, as in
+    trackintel's files). Any other text column stays text: "7", "07" and "7.0" together are three users."""
+    if not df.height or df.schema["user_id"] != pl.String:
+        return df
+    ids = df["user_id"]
+    if source_dtype.is_float() and ids.str.contains(r"^-?\d{1,18}$").all():
         return df.with_columns(pl.col("user_id").cast(pl.Int64))
+    if ids.str.contains(r"^-?\d{1,18}\.0+$").all():
+        return df.with_columns(pl.col("user_id").str.replace(r"\.0+$", "").cast(pl.Int64))
     return df
 
 
@@ -273,6 +407,24 @@ def _time_expr(path: Path, name: str, dtype: pl.DataType) -> pl.Expr:
         text = col.str.strip_chars()
         return pl.coalesce([text.str.to_datetime(f, strict=False, time_unit="ms", time_zone="UTC") for f in TIME_FORMATS])
     raise InputError(path, f"column {name} has type {dtype}, expected a timestamp or ISO 8601 text")
+
+
+def _extra(schema: dict) -> tuple[str, ...]:
+    return (EXTRA,) if EXTRA in schema else ()
+
+
+def _extra_flag(schema: dict) -> list[pl.Expr]:
+    """_extra_fields: the row has a non-empty field beyond the expected ones (a trailing separator is fine)."""
+    if EXTRA not in schema:
+        return [pl.lit(False).alias("_extra_fields")]
+    return [(pl.col(EXTRA).str.strip_chars().str.len_chars() > 0).fill_null(False).alias("_extra_fields")]
+
+
+def _field_count_checks(schema: dict) -> list[tuple[str, pl.Expr]]:
+    if EXTRA not in schema:
+        return []
+    header = len([c for c in schema if c != EXTRA])
+    return [(f"more fields than the header's {header}", pl.col("_extra_fields"))]
 
 
 def _float_expr(path: Path, name: str, dtype: pl.DataType) -> pl.Expr:
@@ -295,9 +447,9 @@ def _coordinate_exprs(path: Path, schema: dict) -> list[pl.Expr]:
     ]
 
 
-def _point_from_geom(path: Path, dtype: pl.DataType) -> list[pl.Expr]:
-    """geom as WKT text `POINT (lon lat)` or WKB bytes -> _lon_raw, _lat_raw (null if unparseable)."""
-    col = pl.col("geom")
+def _point_from_geom(path: Path, name: str, dtype: pl.DataType) -> list[pl.Expr]:
+    """geom (or geometry) as WKT text `POINT (lon lat)` or WKB bytes -> _lon_raw, _lat_raw (null if unparseable)."""
+    col = pl.col(name)
     if dtype == pl.String:
         parts = col.str.extract_groups(r"(?i)^\s*POINT\s*\(\s*([^\s()]+)\s+([^\s()]+)\s*\)\s*$")
         lon = parts.struct.field("1").cast(pl.Float64, strict=False)
@@ -306,7 +458,7 @@ def _point_from_geom(path: Path, dtype: pl.DataType) -> list[pl.Expr]:
         xy = col.map_elements(_wkb_point, return_dtype=pl.List(pl.Float64))
         lon, lat = xy.list.get(0, null_on_oob=True), xy.list.get(1, null_on_oob=True)
     else:
-        raise InputError(path, f"column geom has type {dtype}, expected WKT text or WKB bytes of a POINT")
+        raise InputError(path, f"column {name} has type {dtype}, expected WKT text or WKB bytes of a POINT")
     return [
         col.is_null().alias("_geom_missing"),
         pl.when(lon.is_finite() & lat.is_finite()).then(lon).alias("_lon_raw"),
@@ -315,7 +467,7 @@ def _point_from_geom(path: Path, dtype: pl.DataType) -> list[pl.Expr]:
 
 
 def _wkb_point(blob: bytes) -> list[float] | None:
-    if blob is None or len(blob) < 21:
+    if blob is None or len(blob) < 21 or blob[0] not in (0, 1):
         return None
     order = "<" if blob[0] == 1 else ">"
     (geom_type,) = struct.unpack(order + "I", blob[1:5])
@@ -327,10 +479,14 @@ def _wkb_point(blob: bytes) -> list[float] | None:
     return list(struct.unpack(order + "dd", blob[offset:offset + 16]))
 
 
-def _time_checks(name: str, missing_flag: str = "_t_missing", unparseable: str | None = None) -> list[tuple[str, pl.Expr]]:
+def _time_checks(name: str, missing_flag: str = "_t_missing", unparseable: str | None = None,
+                 window: TimeWindow = TimeWindow()) -> list[tuple[str, pl.Expr]]:
+    earliest, latest = window.bounds()
     return [
         (f"missing {name}", pl.col(missing_flag)),
         (unparseable or f"unparseable {name} (expected ISO 8601 such as 2008-10-23 02:53:04)", pl.col(name).is_null()),
+        (f"{name} outside the plausible window {window.describe()}",
+         (pl.col(name) < pl.lit(earliest, UTC_MS)) | (pl.col(name) > pl.lit(latest, UTC_MS))),
     ]
 
 
@@ -342,6 +498,7 @@ def _coordinate_checks() -> list[tuple[str, pl.Expr]]:
         ("missing longitude", pl.col("_longitude_missing")),
         ("unparseable longitude (expected decimal degrees)", pl.col("longitude").is_null()),
         ("longitude outside [-180, 180]", pl.col("longitude").abs() > 180),
+        ("at (0, 0): a fix without a real position", (pl.col("latitude") == 0) & (pl.col("longitude") == 0)),
     ]
 
 
@@ -381,15 +538,21 @@ def _validate(parsed: pl.LazyFrame, checks: list[tuple[str, pl.Expr]], key: tupl
 
 
 def _originals_from_file(path: Path, kind: str, columns: tuple[str, ...], rows: pl.Series) -> pl.DataFrame:
-    """The original values of the given 0-based data rows, as text."""
-    if kind == "parquet":
-        lf = pl.scan_parquet(path)
-    else:
-        lf = pl.scan_csv(path, infer_schema=False, encoding="utf8-lossy")
+    """The original values of the given 0-based data rows, as text (bytes such as WKB as hex)."""
+    lf = pl.scan_parquet(path) if kind == "parquet" else _scan_csv(path)
+    schema = lf.collect_schema()
+
+    def as_text(c: str) -> pl.Expr:
+        if schema[c] == pl.Binary:
+            return pl.col(c).bin.encode("hex")
+        if isinstance(schema[c], (pl.List, pl.Array, pl.Struct)):
+            return pl.col(c).map_elements(str, return_dtype=pl.String)
+        return pl.col(c).cast(pl.String)
+
     return (
         lf.select(*columns).with_row_index("source_row")
         .join(pl.LazyFrame({"source_row": rows.cast(pl.UInt32)}), on="source_row", how="semi")
-        .select("source_row", *[pl.col(c).cast(pl.String) for c in columns])
+        .select("source_row", *[as_text(c) for c in columns])
         .collect()
     )
 

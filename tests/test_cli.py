@@ -39,8 +39,9 @@ def test_synth_then_preprocess_then_reuse(tmp_path):
     assert manifest["config"]["timezone"] == "Asia/Shanghai" and min(manifest["counts"]["samples"].values()) > 0
     assert set(manifest["counts"]) == {"positionfixes_read", "positionfixes_quarantined", "staypoints",
                                        "activity_staypoints", "users_kept", "locations", "staypoints_merged", "samples"}
-    assert set(manifest["vocab"]) == {"locations", "users"}
-    assert {"config", "input_sha256", "version"} <= set(manifest)
+    assert set(manifest["vocab"]) == {"locations", "users", "time_slots", "weekdays", "recency", "durations", "max_history"}
+    assert (manifest["vocab"]["time_slots"], manifest["vocab"]["recency"], manifest["vocab"]["durations"]) == (96, 8, 96)
+    assert {"config", "input_sha256", "version"} <= set(manifest) and manifest["producer"] == "pgt preprocess"
     r = run("preprocess", "--input", fixes, "--format", "positionfixes", "--out", out, "--config", config, "--no-progress")
     assert r.returncode == 0 and r.stdout.startswith(f"reused {out}") and r.stderr == ""
 

@@ -155,6 +155,6 @@ def test_an_occupied_folder_is_not_overwritten(tmp_path):
     (tmp_path / "mine" / "notes.txt").write_text("precious")
     from preprocessing.errors import InputError
 
-    with pytest.raises(InputError, match="not a `pgt preprocess` output folder"):
+    with pytest.raises(InputError, match="holds files that `pgt preprocess` did not write \\(notes.txt\\)"):
         preprocess(src, "positionfixes", tmp_path / "mine", progress=False)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"

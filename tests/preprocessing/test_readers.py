@@ -18,9 +18,9 @@ def test_geolife_plt_sample(plt_sample):
     assert r.rows_read == 164_531  # the README's count for the 11 users' 111 files
     assert r.rows_read == r.table.height + r.quarantine.height
     assert set(r.quarantine["reason"]) == {"repeats the (user_id, tracked_at) of an earlier fix"}
-    assert r.table["user_id"].unique().sort().to_list() == list(range(11))
+    assert r.table["user_id"].unique().sort().to_list() == [f"{i:03d}" for i in range(11)]  # folder names, as text
     first = r.table.row(0, named=True)  # Data/000/Trajectory/20081023025304.plt, first fix
-    assert first == {"user_id": 0, "tracked_at": datetime(2008, 10, 23, 2, 53, 4, tzinfo=UTC),
+    assert first == {"user_id": "000", "tracked_at": datetime(2008, 10, 23, 2, 53, 4, tzinfo=UTC),
                      "latitude": 39.984702, "longitude": 116.318417}
     q = r.quarantine.row(0, named=True)  # originals kept as text, with file and row
     assert q["source_file"].endswith(".plt") and q["user_id"] == "010" and q["date"] and q["time"]

@@ -1,0 +1,177 @@
+"""The output folder of `pgt preprocess`: recognised by its manifest, written atomically, one writer at a time.
+
+- `check_output_folder(out_dir)` refuses a folder that `pgt preprocess` did not write, or one that also holds
+  files it did not write: nothing of the user's is ever replaced or deleted, `--force` included.
+- `output_lock(out_dir)` holds an exclusive lock on `.<name>.lock` beside the folder (removed after): a second
+  run into the same folder waits for the first (and then usually reuses its result).
+- `write_folder(out_dir, files)` writes into a hidden temporary sibling, then swaps it into place; temporary
+  folders left by killed runs (their process is gone) are removed by the next run.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from preprocessing.errors import InputError
+
+PRODUCER = "pgt preprocess"  # the manifest's `producer`: the folder is this program's output
+LEGACY_KEYS = ("input_sha256", "input_format", "config", "version", "counts")  # manifests written before the marker
+TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+def temporary_sibling(path: Path, kind: str = "tmp") -> Path:
+    """A hidden sibling `.<name>.<kind>-<pid>-<random>`: unique, and recognisable as this process's."""
+    return path.parent / f".{path.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temporaries(path: Path) -> list[Path]:
+    """Remove the hidden temporary siblings of `path` whose writing process no longer runs; returns them."""
+    removed = []
+    if not path.parent.is_dir():
+        return removed
+    for entry in path.parent.iterdir():
+        match = TEMPORARY.match(entry.name)
+        if match and match["name"] == path.name and int(match["pid"]) != os.getpid() and not _alive(int(match["pid"])):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
+
+
+def write_json_atomically(path: Path, data, **dump_kwargs) -> Path:
+    """Write JSON to a unique temporary sibling, then rename it over `path`: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temporary_sibling(path)
+    try:
+        tmp.write_text(json.dumps(data, **dump_kwargs) + "\n")
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_manifest(out_dir: Path) -> dict | None:
+    """The folder's manifest.json as a dict, None if there is none; InputError if it is not a JSON object."""
+    path = Path(out_dir) / "manifest.json"
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"corrupt manifest, not JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise InputError(path, f"corrupt manifest: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+def is_own_manifest(manifest: dict | None) -> bool:
+    """Whether a manifest was written by `pgt preprocess` (the producer marker, or an older one's keys)."""
+    if not manifest:
+        return False
+    return manifest.get("producer") == PRODUCER or all(key in manifest for key in LEGACY_KEYS)
+
+
+def check_output_folder(out_dir: Path, own_files: tuple[str, ...]) -> None:
+    """Refuse (InputError, exit 2) an --out that is a file, or a non-empty folder that is not wholly
+    `pgt preprocess` output: one without our manifest, or one that also holds files we did not write."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
+    if not out_dir.is_dir():
+        raise InputError(out_dir, "exists and is not a folder; choose another --out")
+    entries = sorted(p.name for p in out_dir.iterdir())
+    if not entries:
+        return
+    try:
+        manifest = read_manifest(out_dir)
+    except InputError:
+        manifest = None
+    if not is_own_manifest(manifest):
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise InputError(out_dir, f"holds files that `pgt preprocess` did not write ({shown}); "
+                                  "nothing there is replaced: choose another --out")
+    foreign = [name for name in entries if name not in own_files]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise InputError(out_dir, f"also holds files that `pgt preprocess` did not write ({shown}); they would be "
+                                  "lost when the folder is replaced: move them out or choose another --out")
+
+
+@contextmanager
+def output_lock(out_dir: Path, wait: bool = True) -> Iterator[Path]:
+    """An exclusive lock on `.<name>.lock` beside out_dir for the whole run, removed after it. Another run
+    holding it is waited for (a line on stderr says so), or refused with InputError when `wait` is False."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = out_dir.parent / f".{out_dir.name}.lock"
+    while True:
+        fh = lock_path.open("a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            if not wait:
+                fh.close()
+                raise InputError(out_dir, f"another `pgt preprocess` ({holder}) is writing this folder; "
+                                          f"wait for it or choose another --out (lock: {lock_path})") from None
+            print(f"waiting: another `pgt preprocess` ({holder}) is writing {out_dir}", file=sys.stderr, flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            same = os.fstat(fh.fileno()).st_ino == os.stat(lock_path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:  # not a lock file its previous holder removed while we waited
+            break
+        fh.close()
+    try:
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()}\n")
+        fh.flush()
+        yield lock_path
+    finally:
+        lock_path.unlink(missing_ok=True)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        fh.close()
+
+
+def write_folder(out_dir: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` fills a hidden temporary sibling, which then replaces out_dir: a crash or a kill leaves
+    out_dir as it was. Call under `output_lock` after `check_output_folder`."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temporaries(out_dir)
+    tmp, old = temporary_sibling(out_dir, "tmp"), temporary_sibling(out_dir, "old")
+    tmp.mkdir()
+    try:
+        write(tmp)
+        if out_dir.exists():
+            out_dir.rename(old)
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old.exists() and not out_dir.exists():
+            old.rename(out_dir)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
