@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path  # noqa: F401 - Prefect resolves the flow's string annotations at run time
 
 from prefect import flow, get_run_logger
 

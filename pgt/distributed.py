@@ -199,8 +199,7 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
     run_id = start_run(tracking, params, run_name=tracking.run_name or f"{cfg.model}-{out_dir.name}",
                        tags={"pgt.model": cfg.model, "pgt.out_dir": str(out_dir)}, parent_run_id=tracking.parent_run_id)
     out_dir.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps({"tracking_uri": tracking.tracking_uri, "experiment": tracking.experiment,
-                                  "run_id": run_id}) + "\n")
+    write_json(record, {"tracking_uri": tracking.tracking_uri, "experiment": tracking.experiment, "run_id": run_id})
     return dataclasses.replace(tracking, run_id=run_id)
 
 

@@ -24,16 +24,15 @@ from pgt.model import ModelConfig, build_model  # noqa: E402
 
 def load_checkpoint(path: Path | str, device: str = "cpu") -> tuple[torch.nn.Module, ModelConfig]:
     """A model from best.pt or an epoch checkpoint (both hold model_config and the weights)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint")
-    state = torch.load(path, map_location=device, weights_only=False)
-    if "model_config" not in state:
-        raise ValueError(f"{path}: not a pgt checkpoint (no model_config)")
-    cfg = ModelConfig(**state["model_config"])
-    model = build_model(cfg)
-    weights = state.get("best_model") or state["model"]
-    model.load_state_dict(weights)
+    from pgt.train import read_checkpoint
+
+    state = read_checkpoint(path, device, ("model_config", "model"))
+    try:
+        cfg = ModelConfig(**state["model_config"])
+        model = build_model(cfg)
+        model.load_state_dict(state.get("best_model") or state["model"])
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"{path}: not a checkpoint of this pgt ({str(exc).splitlines()[0]})") from None
     return model.eval(), cfg
 
 

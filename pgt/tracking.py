@@ -183,10 +183,13 @@ def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: 
 
 
 def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
-    """Log best.pt as `pgt.model.PackedModel` (pickled, with the pgt package as code, so that loading it
-    gives the class back; torch.export's pt2 format would return an fx graph with a fixed history length).
-    The signature leaves batch and history length free; the input example is five test samples."""
-    import mlflow.pytorch
+    """Log best.pt as a models-from-code pyfunc (`pgt/mlflow_model.py`): the weights as a state_dict, the
+    model's configuration as JSON (and in the model's metadata), the pgt package as code. Nothing is
+    pickled, so it loads with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. The signature leaves batch and
+    history length free; the input example is five test samples."""
+    import tempfile
+
+    import mlflow.pyfunc
     import numpy as np
     import torch
     from mlflow.models import ModelSignature
@@ -195,19 +198,24 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     import pgt
     from pgt.data import SequenceDataset
     from pgt.explain import load_checkpoint
-    from pgt.model import PackedModel
+    from pgt.mlflow_model import CONFIG, WEIGHTS
 
     model, cfg = load_checkpoint(checkpoint)
-    packed = PackedModel(model).eval()
     example = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len).__getitems__(list(range(5)))
     # (B, 7, T) in; (B, V) out, or (B, V + S) with the extended vocabulary's slots
     width = -1 if cfg.unseen_slots else cfg.num_locations
     signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.int64), (-1, 7, -1))]),
                                outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, width))]))
-    return mlflow.pytorch.log_model(
-        packed, name=name, serialization_format="pickle", signature=signature,
-        input_example=example.packed().numpy(), code_paths=[str(Path(pgt.__file__).parent)],
-        pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"])
+    package = Path(pgt.__file__).parent
+    with tempfile.TemporaryDirectory() as tmp:
+        weights, config = Path(tmp) / "weights.pt", Path(tmp) / "model_config.json"
+        torch.save(model.state_dict(), weights)
+        config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        return mlflow.pyfunc.log_model(
+            name=name, python_model=str(package / "mlflow_model.py"), artifacts={WEIGHTS: str(weights), CONFIG: str(config)},
+            code_paths=[str(package)], signature=signature, input_example=example.packed().numpy(),
+            metadata={"model_config": dataclasses.asdict(cfg)},
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"])
 
 
 def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:
@@ -242,12 +250,22 @@ def champion_verdict(registered: dict) -> str:
 
 
 def load_model(model_uri: str, tracking_uri: str | None = None):
-    """A logged PackedModel (models:/NAME@champion, runs:/ID/model, ...), in eval mode on the CPU."""
+    """A logged model's PackedModel (models:/NAME@champion, runs:/ID/model, ...), in eval mode on the CPU.
+    Models logged by this version load without unpickling anything; those logged before it (the pickled
+    PyTorch flavour) load only where MLflow allows pickle."""
     import mlflow
-    import mlflow.pytorch
+    import mlflow.pyfunc
+    from mlflow.models import get_model_info
 
     mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
-    return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval()
+    if "pytorch" in get_model_info(model_uri).flavors:  # logged before models-from-code
+        import mlflow.pytorch
+
+        return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval()
+    wrapper = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+    if getattr(wrapper, "packed", None) is None:
+        raise ValueError(f"{model_uri}: not a pgt model (its python model is {type(wrapper).__name__})")
+    return wrapper.packed
 
 
 def run_url(tracking_uri: str, run_id: str) -> str:

@@ -175,18 +175,47 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """Every generator's state as tensors and plain numbers, which `torch.load(weights_only=True)` reads back."""
+    version, words, gauss = random.getstate()
+    _, keys, position, has_gauss, cached = np.random.get_state()
+    state = {"python": {"version": version, "state": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
+             "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+             "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    python, numpy = state["python"], state["numpy"]
+    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
+    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"],
+                         numpy["cached_gaussian"]))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "best_metric", "best_epoch", "bad_epochs",
+                   "history", "best_model", "rng", "config")
+
+
+def read_checkpoint(path: Path | str, device: torch.device | str = "cpu", required: tuple[str, ...] = CHECKPOINT_KEYS) -> dict:
+    """A checkpoint or best.pt read without running code (`weights_only=True`). A missing, corrupt or foreign
+    file raises FileNotFoundError/ValueError in one line naming it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for truncated, foreign or unsafe files
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {first[:200]})") from None
+    missing = [key for key in required if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise ValueError(f"{path}: not a pgt checkpoint (missing {', '.join(missing)})")
+    return state
 
 
 def lr_factor(epoch: int, cfg: TrainConfig) -> float:
@@ -322,12 +351,23 @@ def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | Non
     candidates = [p for p in (worker.restored, latest_checkpoint(out_dir) if cfg.resume or worker.restored else None) if p]
     chosen = max(candidates, key=lambda p: p.parent.name) if candidates else None  # epoch_NNN sorts by epoch
     if worker.world_size > 1:
-        import torch.distributed as dist
-
-        box = [chosen]
-        dist.broadcast_object_list(box, src=0)
-        chosen = box[0]
+        text = broadcast_text(str(chosen) if chosen else "", worker)
+        chosen = Path(text) if text else None
     return chosen
+
+
+def broadcast_text(text: str, worker: Worker, src: int = 0) -> str:
+    """Rank `src`'s text on every rank, sent as tensors (no pickling; works under gloo and NCCL)."""
+    import torch.distributed as dist
+
+    data = torch.tensor(list(text.encode()), dtype=torch.int64, device=worker.device)
+    length = torch.tensor([len(data)], dtype=torch.int64, device=worker.device)
+    dist.broadcast(length, src=src)
+    if worker.rank != src:
+        data = torch.zeros(int(length), dtype=torch.int64, device=worker.device)
+    if int(length):
+        dist.broadcast(data, src=src)
+    return bytes(data.cpu().tolist()).decode()
 
 
 # settings that may differ between a run and its resumption
@@ -390,7 +430,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
         shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
     resume_from = _resume_point(cfg, worker, out_dir)
     if resume_from is not None:
-        state = torch.load(resume_from, map_location=worker.device, weights_only=False)
+        state = read_checkpoint(resume_from, worker.device)
         _check_resumable(state["config"], cfg, resume_from)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -448,7 +488,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
                "samples_per_second": seen / seconds, "validation": validation, "best_epoch": best_epoch,
                "stop": stop}
         if worker.world_size > 1:
-            row["replicas_in_sync"] = _replicas_in_sync(model)
+            row["replicas_in_sync"] = _replicas_in_sync(model, worker.device)
         history.append(row)
         train_seconds += seconds
         samples_seen += seen
@@ -566,8 +606,8 @@ def _wrap_ddp(model: torch.nn.Module, worker: Worker) -> torch.nn.Module:
                                    gradient_as_bucket_view=True)
 
 
-def _replicas_in_sync(model: torch.nn.Module) -> bool:
-    """Whether every rank holds bit-identical parameters (a digest of their bytes, all-gathered)."""
+def _replicas_in_sync(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether every rank holds bit-identical parameters (a digest of their bytes, all-gathered as tensors)."""
     import hashlib
 
     import torch.distributed as dist
@@ -575,13 +615,14 @@ def _replicas_in_sync(model: torch.nn.Module) -> bool:
     digest = hashlib.sha256()
     for p in model.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    digests: list = [None] * dist.get_world_size()
-    dist.all_gather_object(digests, digest.hexdigest())
-    return len(set(digests)) == 1
+    mine = torch.tensor(list(digest.digest()), dtype=torch.int64, device=device)  # (32,)
+    digests = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(digests, mine)
+    return all(torch.equal(d, digests[0]) for d in digests)
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=float) + "\n")
-    tmp.replace(path)
+    """Atomically, through a uniquely named temporary file (two writers never share one)."""
+    from preprocessing.output import write_json_atomically
+
+    write_json_atomically(path, data, indent=2, default=float)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgt.train import TrainConfig, selection_score
+from preprocessing.output import write_json_atomically
 from tune.space import SEARCHED, SearchSpace
 
 OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.metrics: strict, protocol)
@@ -44,6 +45,7 @@ class SweepConfig:
     select_on: str = "strict_acc@1"  # training's early stopping inside a trial (see TrainConfig)
     unseen_slots: bool = False  # trials point at unseen places of the history (extended vocabulary, see TrainConfig)
     simulate_unseen: bool = False  # trials train on samples that show unseen locations (see TrainConfig)
+    max_failures: int = 2  # a crashed trial restarts from its last reported checkpoint this many times (-1: no limit)
     space: SearchSpace = field(default_factory=SearchSpace)
 
     def __post_init__(self) -> None:
@@ -92,8 +94,8 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
     trial_id = context.get_trial_id()
     out_dir = Path(spec.out_dir) / "trials" / trial_id
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "node.json").write_text(json.dumps({"node_id": ray.get_runtime_context().get_node_id(),
-                                                   "hostname": os.uname().nodename, "started_at": time.time()}) + "\n")
+    write_json_atomically(out_dir / "node.json", {"node_id": ray.get_runtime_context().get_node_id(),
+                                                  "hostname": os.uname().nodename, "started_at": time.time()})
     cfg = spec.train_config(SearchSpace.resolve(config), out_dir)
     child = None
     if tracking:
@@ -101,14 +103,39 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
         child = dataclasses.replace(parent, run_id=None, parent_run_id=parent.run_id, log_model=False, register=None,
                                     run_name=f"trial-{trial_id}")
     if spec.workers_per_trial == 1:
-        run_training(cfg, LaunchConfig(workers=0), child,
-                     on_epoch=lambda row, checkpoint_dir: ray.tune.report(flat_metrics(row)))
-    else:
+        restore_trial_checkpoint(ray.tune.get_checkpoint(), out_dir)
+
+        def report(row: dict, checkpoint_dir: Path | None) -> None:
+            checkpoint = ray.tune.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
+            ray.tune.report(flat_metrics(row), checkpoint=checkpoint)
+
+        run_training(cfg, LaunchConfig(workers=0), child, on_epoch=report)
+    else:  # the TorchTrainer restarts its own workers; Tune restarts the trial's driver
         from ray.tune.integration.ray_train import TuneReportCallback
 
         launch = LaunchConfig(workers=spec.workers_per_trial, cpus_per_worker=spec.cpus_per_worker,
-                              use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0)
+                              use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0,
+                              max_failures=spec.max_failures)
         run_training(cfg, launch, child, callbacks=[TuneReportCallback()])
+
+
+def restore_trial_checkpoint(checkpoint, out_dir: Path) -> Path | None:
+    """Put the checkpoint Tune hands a restarted trial back under out_dir/checkpoints/epoch_NNN (unless it is
+    there already), where training resumes from the newest epoch. Returns its path, None without one."""
+    if checkpoint is None:
+        return None
+    import shutil
+
+    from pgt.train import read_checkpoint
+
+    with checkpoint.as_directory() as folder:
+        source = Path(folder) / "checkpoint.pt"
+        epoch = int(read_checkpoint(source, "cpu", ("epoch",))["epoch"])
+        target = out_dir / "checkpoints" / f"epoch_{epoch:03d}" / "checkpoint.pt"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, target)
+    return target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,8 +161,8 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
             raise ValueError(f"{out} holds a sweep already; resume it with --resume {out}, or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
     tracking = _parent_run(spec, tracking, out, resume)
-    (out / "sweep.json").write_text(json.dumps({"sweep": spec.to_dict(), "tracking": tracking.to_dict() if tracking else None,
-                                                "register": register}, indent=2) + "\n")
+    write_json_atomically(out / "sweep.json", {"sweep": spec.to_dict(), "tracking": tracking.to_dict() if tracking else None,
+                                               "register": register}, indent=2)
     status = "FAILED"
     try:
         with ray_session(address):
@@ -155,7 +182,9 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
                                                 search_alg=_searcher(spec), num_samples=spec.trials,
                                                 max_concurrent_trials=spec.max_concurrent,
                                                 trial_dirname_creator=trial_dirname),
-                    run_config=tune.RunConfig(name=EXPERIMENT_NAME, storage_path=str(out / "ray"), verbose=1),
+                    run_config=tune.RunConfig(name=EXPERIMENT_NAME, storage_path=str(out / "ray"), verbose=1,
+                                              failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                                              checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
                 )
             grid = tuner.fit()
             nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
@@ -167,7 +196,7 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
         result = summarise(spec, grid, nodes)
         if tracking:
             result["mlflow"] = _log_sweep(spec, tracking, result, register)
-        (out / "tune.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+        write_json_atomically(out / "tune.json", result, indent=2, default=float)
         status = "FINISHED"
         return result
     finally:
@@ -313,7 +342,7 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     out = Path(spec.out_dir)
     plot = plot_trials(result["trials"], out / "trials.png", spec.objective)
     client.log_artifact(tracking.run_id, str(plot))
-    (out / "tune.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
+    write_json_atomically(out / "tune.json", result, indent=2, default=float)
     client.log_artifact(tracking.run_id, str(out / "tune.json"))
     mlflow.set_tracking_uri(tracking.tracking_uri)
     with mlflow.start_run(run_id=tracking.run_id):
