@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, Sampler
@@ -153,7 +154,10 @@ class SequenceDataset(Dataset):
         path = Path(path)
         with_target = "target" in cls.check_columns(path, require_target)
         places, target_place = PLACE_COLUMNS
-        table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places] + (["target", target_place] if with_target else []))
+        try:
+            table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places] + (["target", target_place] if with_target else []))
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
         offsets = table.column("locations").combine_chunks().offsets.to_numpy()
         lengths = np.diff(offsets)
         if len(lengths) and lengths.min() < 1:
@@ -188,7 +192,11 @@ class SequenceDataset(Dataset):
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file; run `pgt preprocess` first")
-        present = set(pq.read_schema(path).names)
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+        present = set(schema.names)
         needed = ["user", *LIST_COLUMNS] + (["target"] if require_target else [])
         missing = [c for c in needed if c not in present]
         if missing:
@@ -198,6 +206,14 @@ class SequenceDataset(Dataset):
         if any(c not in present for c in places):
             raise ValueError(f"{path}: no column {' or '.join(c for c in places if c not in present)} (the place of "
                              "each visit), which older `pgt preprocess` outputs lack; preprocess the input again")
+        for name in [*needed, *places]:
+            column_type = schema.field(name).type
+            is_list = pa.types.is_list(column_type) or pa.types.is_large_list(column_type)
+            wants_list = name in (*LIST_COLUMNS, PLACE_COLUMNS[0])
+            value_type = column_type.value_type if is_list else column_type
+            if not pa.types.is_integer(value_type) or is_list != wants_list:
+                raise ValueError(f"{path}: column {name} has type {column_type}, expected "
+                                 f"{'lists of integers' if wants_list else 'integers'}")
         return present
 
     def __len__(self) -> int:

@@ -204,9 +204,13 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
 
 
 def _manifest_summary(data_dir: str) -> dict:
-    path = Path(data_dir) / "manifest.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no manifest.json; expected a `pgt preprocess` output folder")
-    manifest = json.loads(path.read_text())
-    return {"input_sha256": manifest.get("input_sha256"), "samples": manifest["counts"]["samples"],
-            "vocab": manifest["vocab"]}
+    """What the run's params say of its data; the manifest and the splits' columns are checked first, so that
+    a bad --data fails in one line before an MLflow run or Ray starts."""
+    from pgt.data import SPLITS, SequenceDataset, Vocab
+
+    Vocab.from_manifest(data_dir)
+    for split in SPLITS:
+        SequenceDataset.check_columns(Path(data_dir) / f"{split}.parquet")
+    manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
+    counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
+    return {"input_sha256": manifest.get("input_sha256"), "samples": counts.get("samples"), "vocab": manifest["vocab"]}

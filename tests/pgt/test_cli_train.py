@@ -91,3 +91,49 @@ def test_slot_options_reach_the_config(synthetic_sequences, tmp_path):
     assert "strict" in r.stdout and "new places:" in r.stdout  # the printed tables lead with strict
     r = run("train", "--data", synthetic_sequences, "--epochs", "1", "--out", tmp_path / "x", "--select-on", "f1")
     assert r.returncode == 2 and "f1" in r.stderr
+
+
+def test_any_valid_preprocessing_config_trains(tmp_path):
+    """10-minute slots, 3 history days, hourly duration buckets: the model's tables follow the manifest's vocab
+    (before, 144 slots overflowed a 97-row table and `pgt train` died with an IndexError)."""
+    from preprocessing.config import PreprocessConfig
+    from preprocessing.pipeline import preprocess
+    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+
+    generate_positionfixes(SynthConfig(users=4, days=60, seed=3)).write_parquet(tmp_path / "fixes.parquet")
+    config = PreprocessConfig(time_slot_min=10, history_days=3, duration_bucket_min=60)
+    vocab = preprocess(tmp_path / "fixes.parquet", "positionfixes", tmp_path / "seq", config, progress=False).manifest["vocab"]
+    r = run("train", "--data", tmp_path / "seq", "--epochs", "1", "--d-model", "16", "--nhead", "2", "--out", tmp_path / "run")
+    assert r.returncode == 0, r.stderr[-2000:]
+    model_config = json.loads((tmp_path / "run" / "metrics.json").read_text())["model_config"]
+    assert (model_config["time_slots"], model_config["recency_days"], model_config["duration_buckets"]) == (
+        vocab["time_slots"], vocab["recency"], vocab["durations"]) == (144, 4, 48)
+
+
+def _one_line(r, *needles):
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert all(n in lines[0] for n in needles), lines[0]
+
+
+def test_corrupt_or_foreign_files_are_named_in_one_line(synthetic_sequences, tmp_path):
+    import shutil
+
+    import polars as pl
+
+    data = tmp_path / "seq"
+    shutil.copytree(synthetic_sequences, data)
+    (data / "manifest.json").write_text("{oops")
+    _one_line(run("train", "--data", data, "--out", tmp_path / "a"), str(data / "manifest.json"), "corrupt manifest")
+    (data / "manifest.json").write_text('{"vocab": {"locations": 30}}')
+    _one_line(run("train", "--data", data, "--out", tmp_path / "a"), "manifest.json", "vocab.users must be a positive integer")
+    shutil.copy(synthetic_sequences / "manifest.json", data / "manifest.json")
+    (data / "test.parquet").write_bytes((synthetic_sequences / "test.parquet").read_bytes()[:2000])
+    _one_line(run("train", "--data", data, "--out", tmp_path / "a"), str(data / "test.parquet"), "unreadable Parquet")
+    pl.read_parquet(synthetic_sequences / "test.parquet").with_columns(pl.col("target").cast(pl.String)).write_parquet(
+        data / "test.parquet")
+    _one_line(run("train", "--data", data, "--out", tmp_path / "a"), "test.parquet", "column target has type")
+    shutil.copy(synthetic_sequences / "test.parquet", data / "test.parquet")
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
+    _one_line(run("explain", "--checkpoint", tmp_path / "garbage.pt", "--data", data, "--out", tmp_path / "p"),
+              str(tmp_path / "garbage.pt"), "unreadable checkpoint")

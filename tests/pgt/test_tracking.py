@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,9 @@ pytestmark = pytest.mark.slow
 
 def run(*args, **kwargs):
     return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, timeout=600, **kwargs)
+
+
+NO_PICKLE = {**os.environ, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}  # loading a model must not need pickle
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +58,27 @@ def test_run_logs_config_epochs_test_metrics_artifacts_and_model(registered_run,
     assert version.tags[RIVAL_TAG] == "none"
 
 
+def test_the_logged_model_holds_no_pickle(registered_run, mlflow_server, tmp_path):
+    """models-from-code: the code file, a state_dict read with weights_only=True and the config as JSON."""
+    import mlflow
+    import torch
+    import yaml
+
+    mlflow.set_tracking_uri(mlflow_server)
+    local = mlflow.artifacts.download_artifacts(registered_run["mlflow"]["model_uri"], dst_path=str(tmp_path))
+    files = {p.relative_to(local).as_posix() for p in Path(local).rglob("*") if p.is_file()}
+    assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pth"))], files
+    mlmodel = yaml.safe_load((Path(local) / "MLmodel").read_text())
+    assert set(mlmodel["flavors"]) == {"python_function"} and "model_code_path" in mlmodel["flavors"]["python_function"]
+    assert mlmodel["metadata"]["model_config"]["unseen_slots"] is True
+    weights = next(Path(local).rglob("weights.pt"))
+    state = torch.load(weights, weights_only=True)
+    assert all(isinstance(v, torch.Tensor) for v in state.values())
+
+
 def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_sequences, mlflow_server):
-    r = run("evaluate", "--model", "models:/synth@champion", "--data", synthetic_sequences, "--tracking-uri", mlflow_server)
+    r = run("evaluate", "--model", "models:/synth@champion", "--data", synthetic_sequences, "--tracking-uri", mlflow_server,
+            env=NO_PICKLE)
     assert r.returncode == 0, r.stderr[-3000:]
     printed = json.loads(r.stdout)
     logged = registered_run["test"]
@@ -71,7 +95,7 @@ def test_predict_writes_top_k(registered_run, synthetic_sequences, mlflow_server
 
     out = tmp_path / "pred.parquet"
     r = run("predict", "--model", "models:/synth@champion", "--input", synthetic_sequences / "test.parquet",
-            "--out", out, "--top-k", "4", "--tracking-uri", mlflow_server)
+            "--out", out, "--top-k", "4", "--tracking-uri", mlflow_server, env=NO_PICKLE)
     assert r.returncode == 0, r.stderr[-3000:]
     pred = pl.read_parquet(out)
     assert pred.height == registered_run["test"]["n"] and pred.columns == [

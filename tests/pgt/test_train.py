@@ -110,7 +110,7 @@ def torch_load_history(out_dir):
 
     from pgt.train import latest_checkpoint
 
-    return torch.load(latest_checkpoint(out_dir), weights_only=False)["history"]
+    return torch.load(latest_checkpoint(out_dir), weights_only=True)["history"]
 
 
 def test_selection_on_strict_validation_accuracy(synthetic_sequences, tmp_path):

@@ -45,9 +45,27 @@ def test_unknown_setting_is_named(tmp_path):
     ("train_fraction: 0.9\n", "must be below 1"),
     ("location_min_samples: 2.5\n", "location_min_samples must be an integer"),
     ("[1, 2]\n", "expected a mapping"),
+    ("staypoint_dist_threshold_m: .nan\n", "staypoint_dist_threshold_m must be a finite number, got nan"),
+    ("activity_time_threshold_min: .inf\n", "activity_time_threshold_min must be a finite number"),
+    ("history_days: 200\n", "history_days must be at most 127"),  # recency is stored as int8
+    ("time_slot_min: 2000\n", "time_slot_min must be at most 1440"),
+    ("duration_bucket_min: 1\nduration_cap_min: 100000\n", "100,001 duration buckets; at most 32,000"),
+    ("earliest_valid_time: yesterday\n", "earliest_valid_time must be an ISO 8601 date"),
+    ("min_mean_window_quality: true\n", r"min_mean_window_quality must be in \[0, 1\] or null, got True"),
 ])
 def test_bad_values_are_explained(tmp_path, text, message):
     path = tmp_path / "c.yaml"
     path.write_text(text)
     with pytest.raises(InputError, match=message):
         load_config(path)
+
+
+def test_feature_sizes_and_time_window_follow_the_settings(tmp_path):
+    c = PreprocessConfig(time_slot_min=10, history_days=3, duration_bucket_min=60)
+    assert (c.time_slots, c.recency_days, c.duration_buckets) == (144, 4, 48)
+    assert PreprocessConfig(time_slot_min=7).time_slots == 206  # 1439 // 7 + 1: the last slot is partial
+    path = tmp_path / "c.yaml"
+    path.write_text("earliest_valid_time: 2000-01-01\nlatest_valid_time: 2030-06-01T12:00:00+02:00\n")  # YAML dates
+    earliest, latest = load_config(path).time_window()
+    assert (earliest.isoformat(), latest.isoformat()) == ("2000-01-01T00:00:00+00:00", "2030-06-01T10:00:00+00:00")
+    assert PreprocessConfig().time_window()[1] is None  # one day after the run

@@ -52,7 +52,8 @@ def test_hand_built_commuter(tmp_path):
         # split on, two a day: train days 7..35, validation 43..47, test 55..59
         "samples": {"train": 58, "validation": 10, "test": 10},
     }
-    assert m["vocab"] == {"locations": 4, "users": 2}
+    assert m["vocab"] == {"locations": 4, "users": 2, "time_slots": 96, "weekdays": 7, "recency": 8, "durations": 96,
+                          "max_history": 16}
     assert set(m["details"]["quarantine_reasons"]) == {"latitude outside [-90, 90]",
                                                       "repeats the (user_id, tracked_at) of an earlier fix"}
     out = tmp_path / "out"
@@ -158,3 +159,88 @@ def test_an_occupied_folder_is_not_overwritten(tmp_path):
     with pytest.raises(InputError, match="holds files that `pgt preprocess` did not write \\(notes.txt\\)"):
         preprocess(src, "positionfixes", tmp_path / "mine", progress=False)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "precious"
+
+
+def test_force_never_deletes_files_it_did_not_write(tmp_path):
+    """An output folder in which the user keeps a notes file: reuse, --force and a changed config all refuse,
+    naming the file; nothing is replaced. Taking the file out lets the run replace the folder."""
+    from preprocessing.errors import InputError
+
+    src = tmp_path / "fixes.csv"
+    commuter_csv(src)
+    out = tmp_path / "out"
+    first = preprocess(src, "positionfixes", out, progress=False)
+    assert first.manifest["producer"] == "pgt preprocess"
+    (out / "notes.txt").write_text("precious")
+    (out / "runs").mkdir()
+    for kwargs in ({}, {"force": True}, {"config": PreprocessConfig(history_days=6)}):
+        with pytest.raises(InputError, match=r"also holds files that `pgt preprocess` did not write \(notes.txt, runs\)"):
+            preprocess(src, "positionfixes", out, progress=False, **kwargs)
+        assert (out / "notes.txt").read_text() == "precious"
+    (out / "notes.txt").unlink()
+    (out / "runs").rmdir()
+    assert not preprocess(src, "positionfixes", out, force=True, progress=False).reused
+
+
+def test_a_folder_with_someone_elses_manifest_is_refused(tmp_path):
+    from preprocessing.errors import InputError
+
+    src = tmp_path / "fixes.csv"
+    commuter_csv(src)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"name": "my npm package"}')
+    with pytest.raises(InputError, match="did not write \\(manifest.json\\)"):
+        preprocess(src, "positionfixes", out, force=True, progress=False)
+    (out / "manifest.json").write_text("{not json")
+    with pytest.raises(InputError, match="did not write"):
+        preprocess(src, "positionfixes", out, progress=False)
+    assert (out / "manifest.json").read_text() == "{not json"
+
+
+def test_stale_temporaries_of_killed_runs_are_removed(tmp_path):
+    """A hidden temporary folder of a process that no longer runs goes; one of a live process stays."""
+    import os
+    import subprocess
+
+    src = tmp_path / "fixes.csv"
+    commuter_csv(src)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = tmp_path / f".out.tmp-{dead.pid}-0123abcd"
+    stale.mkdir()
+    (stale / "train.parquet").write_bytes(b"half")
+    live = tmp_path / f".out.tmp-{os.getppid()}-0123abcd"
+    live.mkdir()
+    preprocess(src, "positionfixes", tmp_path / "out", progress=False)
+    assert not stale.exists() and live.exists()
+
+
+def test_a_second_run_waits_for_the_first_and_reuses_its_output(tmp_path):
+    """Two `pgt preprocess` into one --out at once: the lock makes the second wait, then reuse."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "fixes.csv"
+    commuter_csv(src)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "pgt.cli", "preprocess", "--input", str(src), "--format", "positionfixes",
+           "--out", str(out), "--no-progress"]
+    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = [p.communicate(timeout=120) + (p.returncode,) for p in (first, second)]
+    assert [rc for _, _, rc in results] == [0, 0], results
+    verbs = sorted(stdout.split()[0] for stdout, _, _ in results)
+    assert verbs == ["reused", "wrote"], results  # never both "wrote"
+    assert not (tmp_path / ".out.lock").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["fixes.csv", "out"]
+
+
+def test_the_manifest_records_every_feature_table_size(tmp_path):
+    src = tmp_path / "fixes.csv"
+    commuter_csv(src)
+    config = PreprocessConfig(time_slot_min=10, history_days=5, duration_bucket_min=60)
+    vocab = preprocess(src, "positionfixes", tmp_path / "out", config, progress=False).manifest["vocab"]
+    assert {k: vocab[k] for k in ("time_slots", "weekdays", "recency", "durations")} == {
+        "time_slots": 144, "weekdays": 7, "recency": 6, "durations": 48}
+    train = pl.read_parquet(tmp_path / "out" / "train.parquet")
+    assert train["time_slots"].explode().max() < 144 and train["recency"].explode().max() <= 5
