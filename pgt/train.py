@@ -107,7 +107,31 @@ class TrainConfig:
     keep_checkpoints: int = 2  # epoch checkpoints kept on disk (the best model is kept apart)
     evaluate_test: bool = True  # score the best model on test at the end; off while choosing settings on validation
 
+    # (low, high, whether high is allowed) of every numeric setting that has bounds
+    RANGES = {"lr": (0.0, math.inf, False), "min_lr": (0.0, math.inf, False), "dropout": (0.0, 1.0, False),
+              "label_smoothing": (0.0, 1.0, False), "beta1": (0.0, 1.0, False), "beta2": (0.0, 1.0, False),
+              "weight_decay": (0.0, math.inf, False), "grad_clip": (0.0, math.inf, False),
+              "d_model": (1, 1 << 16, True), "nhead": (1, 1 << 10, True), "num_layers": (1, 64, True),
+              "dim_feedforward": (1, 1 << 18, True), "max_len": (1, 1 << 16, True), "min_epochs": (0, 1 << 20, True),
+              "patience": (1, 1 << 20, True), "eval_batch_size": (1, 1 << 24, True), "warmup_epochs": (0, 1 << 20, True),
+              "threads": (0, 4096, True), "keep_checkpoints": (1, 1 << 20, True)}
+
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise ValueError(f"{f.name} must be a number, got {value!r}")
+            if f.type == "int" and not isinstance(value, int):
+                raise ValueError(f"{f.name} must be an integer, got {value!r}")
+            if f.type == "float" and not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
+        for name, (low, high, closed) in self.RANGES.items():
+            value = getattr(self, name)
+            if not (low <= value <= high if closed else low <= value < high):
+                raise ValueError(f"{name} must be in [{low}, {high}{']' if closed else ')'}, got {value!r}")
+        if self.lr <= 0 or self.grad_clip <= 0 or self.min_lr > self.lr:
+            raise ValueError(f"lr and grad_clip must be positive and min_lr at most lr, got lr={self.lr!r}, "
+                             f"grad_clip={self.grad_clip!r}, min_lr={self.min_lr!r}")
         if self.model not in MODELS:
             raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
         if self.select_on not in SELECT_ON:

@@ -95,7 +95,8 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
     out_dir = Path(spec.out_dir) / "trials" / trial_id
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomically(out_dir / "node.json", {"node_id": ray.get_runtime_context().get_node_id(),
-                                                  "hostname": os.uname().nodename, "started_at": time.time()})
+                                                  "hostname": os.uname().nodename, "pid": os.getpid(),
+                                                  "started_at": time.time()})
     cfg = spec.train_config(SearchSpace.resolve(config), out_dir)
     child = None
     if tracking:
@@ -121,7 +122,8 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
 
 def restore_trial_checkpoint(checkpoint, out_dir: Path) -> Path | None:
     """Put the checkpoint Tune hands a restarted trial back under out_dir/checkpoints/epoch_NNN (unless it is
-    there already), where training resumes from the newest epoch. Returns its path, None without one."""
+    there already) and drop later epochs written after Tune's last registered report, so that training resumes
+    exactly where Tune's iteration count does. Returns its path, None without one."""
     if checkpoint is None:
         return None
     import shutil
@@ -135,6 +137,9 @@ def restore_trial_checkpoint(checkpoint, out_dir: Path) -> Path | None:
         if not target.is_file():
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, target)
+    for later in (out_dir / "checkpoints").glob("epoch_*"):
+        if later.name > target.parent.name:
+            shutil.rmtree(later, ignore_errors=True)
     return target
 
 

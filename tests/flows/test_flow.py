@@ -84,8 +84,10 @@ def test_bad_config_fails_the_flow_with_its_message(tmp_path):
 
 
 def test_rerun_continues_from_the_finished_stages(tmp_path):
-    """With the final output gone (as after a failure while writing it), a rerun recomputes only the
-    sequences: read and validate, staypoints and locations come from their cached stage folders."""
+    """With the final output gone (a failure while writing it leaves none: it is written atomically), a rerun
+    recomputes only the sequences: read and validate, staypoints and locations come from their cached stage folders."""
+    import shutil
+
     import polars as pl
 
     from flows.preprocess_and_train import preprocess_and_train
@@ -100,7 +102,7 @@ def test_rerun_continues_from_the_finished_stages(tmp_path):
     assert [p.parent.name.split("-")[0] for p in stages] == ["locations", "read", "staypoints"]
     stamps = [p.stat().st_mtime_ns for p in stages]
     sequences = tmp_path / "state" / "sequences" / "points"
-    (sequences / "manifest.json").unlink()
+    shutil.rmtree(sequences)
     second = preprocess_and_train(**params)
     assert [p.stat().st_mtime_ns for p in stages] == stamps  # not recomputed
     assert second["manifest_counts"] == first["manifest_counts"]

@@ -187,3 +187,18 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     spec.loader.exec_module(search)
     assert RECIPES["tuned"] == search.CONFIGS[search.RECIPE[0]][1]
     assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".").select_on == "strict_acc@1"
+
+
+@pytest.mark.parametrize("setting,message", [
+    ({"lr": float("nan")}, "lr must be a finite number, got nan"),
+    ({"weight_decay": float("inf")}, "weight_decay must be a finite number"),
+    ({"dropout": 1.0}, "dropout must be in [0.0, 1.0), got 1.0"),
+    ({"epochs": 2.5}, "epochs must be an integer, got 2.5"),
+    ({"d_model": True}, "d_model must be a number, got True"),
+    ({"lr": 0.0}, "lr and grad_clip must be positive"),
+    ({"max_len": 0}, "max_len must be in [1, 65536], got 0"),
+])
+def test_training_settings_are_checked(setting, message):
+    with pytest.raises(ValueError) as info:
+        TrainConfig(data_dir="d", out_dir="o", **setting)
+    assert message in str(info.value)

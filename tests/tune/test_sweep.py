@@ -86,6 +86,35 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(geolife_seq
         assert (out / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
 
 
+def test_a_crashed_trial_restarts_from_its_last_checkpoint(geolife_sequences, tmp_path):
+    """SIGKILL the trial's process after its third epoch is registered: Tune's FailureConfig restarts the trial,
+    which resumes from the checkpoint it reported, and finishes every epoch."""
+    out, epochs = tmp_path / "sweep", 6
+    proc = subprocess.Popen([*PGT, "tune", "--data", str(geolife_sequences), "--out", str(out), "--trials", "1",
+                             "--epochs", str(epochs), "--grace-period", str(epochs), "--search", "random"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not list((out / "ray").glob("sweep/*/checkpoint_000002")):  # Tune registered the third report
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no third checkpoint within 300 s"
+            time.sleep(0.2)
+        node = json.loads(next((out / "trials").glob("*/node.json")).read_text())
+        os.kill(node["pid"], signal.SIGKILL)
+        output, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, output[-3000:]
+    result = json.loads((out / "tune.json").read_text())
+    assert [row["status"] for row in result["trials"]] == ["finished"]
+    trial = next((out / "trials").iterdir())
+    m = json.loads((trial / "metrics.json").read_text())
+    assert m["epochs_run"] == epochs and [row["epoch"] for row in m["history"]] == list(range(epochs))
+    assert len(m["resumed_at_epochs"]) == 1 and 4 <= m["resumed_at_epochs"][0] <= epochs
+    assert json.loads((trial / "node.json").read_text())["pid"] != node["pid"]  # a new process took over
+
+
 def cluster_env() -> dict:
     """The environment for a multi-node Ray: without the single-node switch that a local Ray of an
     earlier test in this process may have set (pgt.distributed.prepare_ray_env)."""
