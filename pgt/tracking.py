@@ -1,9 +1,9 @@
 """MLflow tracking and the Model Registry's champion rule.
 
 A run logs the whole training config as params, per-epoch train loss and validation metrics, the
-test metrics, the dataset manifest, the `pgt explain` PNGs and the best checkpoint as an MLflow
-PyTorch model (`pgt.model.PackedModel`: one (B, 6, T) int64 tensor in, (B, V) log-probabilities
-out). The driver creates the run; rank 0 of the training logs into it.
+test metrics, the dataset manifest, the `pgt explain` PNGs and the best checkpoint as a pickle-free
+models-from-code pyfunc (`pgt/mlflow_model.py` around `pgt.model.PackedModel`: one (B, 7, T) int64
+tensor in, (B, V + S) log-probabilities out). The driver creates the run; rank 0 of the training logs into it.
 
 MLflow names allow no "@", so metric keys read `validation_acc_at_1`, `test_ndcg_at_10`.
 """

@@ -51,7 +51,10 @@ def clean_stale_temporaries(path: Path) -> list[Path]:
     for entry in path.parent.iterdir():
         match = TEMPORARY.match(entry.name)
         if match and match["name"] == path.name and int(match["pid"]) != os.getpid() and not _alive(int(match["pid"])):
-            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
 

@@ -68,3 +68,24 @@ def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing
     assert "sequences reused from" in log
     versions = client.search_model_versions("name = 'pgt-demo'")
     assert len(versions) == 2 and client.get_model_version_by_alias("pgt-demo", "champion").version in ("1", "2")
+
+
+def test_every_deployment_runs_one_at_a_time(stack):
+    """prefect.yaml's concurrency_limit reached the server: runs that share the state folder queue up."""
+    _, env = stack
+    code = """
+import asyncio
+from prefect.client.orchestration import get_client
+
+async def main():
+    async with get_client() as client:
+        for name in ("demo", "geolife", "sweep"):
+            d = await client.read_deployment_by_name(f"preprocess-and-train/{name}")
+            limit = d.global_concurrency_limit.limit if d.global_concurrency_limit else d.concurrency_limit
+            print(name, limit)
+
+asyncio.run(main())
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["demo", "1", "geolife", "1", "sweep", "1"]
