@@ -93,3 +93,22 @@ def test_not_parquet_and_not_geolife(tmp_path):
 def test_bad_format_choice_is_a_usage_error(tmp_path):
     r = run("preprocess", "--input", tmp_path, "--format", "gpx", "--out", tmp_path / "o")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "gpx" in r.stderr
+
+
+def test_force_refuses_an_out_holding_the_users_files(tmp_path):
+    """exit 2 in one line naming the folder and the files; nothing in it changes, --force included."""
+    fixes = tmp_path / "synth.parquet"
+    assert run("synth", "--users", 3, "--days", 60, "--out", fixes).returncode == 0
+    out = tmp_path / "seq"
+    assert run("preprocess", "--input", fixes, "--format", "positionfixes", "--out", out, "--no-progress").returncode == 0
+    (out / "notes.md").write_text("my notes")
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir())
+    r = run("preprocess", "--input", fixes, "--format", "positionfixes", "--out", out, "--force", "--no-progress")
+    _single_error_line(r, str(out), "notes.md", "did not write")
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in out.iterdir()) == before
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "thesis.tex").write_text("chapter 1")
+    r = run("preprocess", "--input", fixes, "--format", "positionfixes", "--out", home, "--force", "--no-progress")
+    _single_error_line(r, str(home), "thesis.tex")
+    assert [p.name for p in home.iterdir()] == ["thesis.tex"]
