@@ -184,7 +184,8 @@ def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: 
 
 def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     """Log best.pt as a models-from-code pyfunc (`pgt/mlflow_model.py`): the weights as a state_dict, the
-    model's configuration as JSON (and in the model's metadata), the pgt package as code. Nothing is
+    model's configuration as JSON (and in the model's metadata), the training data's location and user
+    tables and manifest (preprocessing config, feature sizes), the pgt package as code. Nothing is
     pickled, so it loads with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. The signature leaves batch and
     history length free; the input example is five test samples."""
     import tempfile
@@ -198,7 +199,7 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     import pgt
     from pgt.data import SequenceDataset
     from pgt.explain import load_checkpoint
-    from pgt.mlflow_model import CONFIG, WEIGHTS
+    from pgt.mlflow_model import CONFIG, LOCATIONS, MANIFEST, USERS, WEIGHTS
 
     model, cfg = load_checkpoint(checkpoint)
     example = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len).__getitems__(list(range(5)))
@@ -211,11 +212,15 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
         weights, config = Path(tmp) / "weights.pt", Path(tmp) / "model_config.json"
         torch.save(model.state_dict(), weights)
         config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
+        data = {key: Path(data_dir) / f"{key}{suffix}" for key, suffix in
+                ((LOCATIONS, ".parquet"), (USERS, ".parquet"), (MANIFEST, ".json"))}
+        artifacts = {WEIGHTS: str(weights), CONFIG: str(config)} | {k: str(v) for k, v in data.items() if v.is_file()}
         return mlflow.pyfunc.log_model(
-            name=name, python_model=str(package / "mlflow_model.py"), artifacts={WEIGHTS: str(weights), CONFIG: str(config)},
+            name=name, python_model=str(package / "mlflow_model.py"), artifacts=artifacts,
             code_paths=[str(package)], signature=signature, input_example=example.packed().numpy(),
             metadata={"model_config": dataclasses.asdict(cfg)},
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy"])
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy",
+                              "pyarrow"])
 
 
 def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:

@@ -76,6 +76,26 @@ def test_the_logged_model_holds_no_pickle(registered_run, mlflow_server, tmp_pat
     assert all(isinstance(v, torch.Tensor) for v in state.values())
 
 
+def test_the_logged_model_is_self_contained(registered_run, synthetic_sequences, mlflow_server):
+    """The model carries the training data's location and user tables and its manifest, loaded without pickle."""
+    import mlflow.pyfunc
+    import polars as pl
+
+    os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "false"
+    try:
+        mlflow.set_tracking_uri(mlflow_server)
+        wrapper = mlflow.pyfunc.load_model("models:/synth@champion").unwrap_python_model()
+    finally:
+        os.environ.pop("MLFLOW_ALLOW_PICKLE_DESERIALIZATION")
+    manifest = json.loads((synthetic_sequences / "manifest.json").read_text())
+    assert wrapper.manifest["config"] == manifest["config"] and wrapper.manifest["vocab"] == manifest["vocab"]
+    locations = pl.from_arrow(wrapper.locations)
+    assert locations.equals(pl.read_parquet(synthetic_sequences / "locations.parquet"))
+    assert locations.height + 2 == wrapper.packed.cfg.num_locations  # ids 0 and 1 are not places
+    assert {"location", "source_location_id", "latitude", "longitude"} <= set(locations.columns)
+    assert pl.from_arrow(wrapper.users).height + 1 == wrapper.packed.cfg.num_users
+
+
 def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_sequences, mlflow_server):
     r = run("evaluate", "--model", "models:/synth@champion", "--data", synthetic_sequences, "--tracking-uri", mlflow_server,
             env=NO_PICKLE)
