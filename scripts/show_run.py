@@ -25,13 +25,13 @@ def main(deployment_name: str) -> int:
             console.print(f"error: {deployment_name} has no runs")
             return 1
         run = runs[0]
-        console.print(f"flow run {run.name} ({run.id}): {run.state.name}")
+        console.print(f"flow run {run.name} ({run.id}): {run.state.name}", soft_wrap=True)
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
             key=ArtifactFilterKey(any_=["pgt-metrics"]), flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
         for artifact in artifacts:
             console.print(Markdown(artifact.data))
         if not run.state.is_completed():
-            console.print(f"error: the run ended {run.state.name}: {run.state.message}")
+            console.print(f"error: the run ended {run.state.name}: {run.state.message}", soft_wrap=True)
             return 1
     return 0
 
