@@ -45,17 +45,36 @@ def preprocess(
     config: Path | None = typer.Option(None, "--config", help="YAML, JSON or TOML file of PreprocessConfig settings."),
     force: bool = typer.Option(False, "--force", help="Recompute even if --out holds the result for this input and config."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar per stage."),
+    fitted: Path | None = typer.Option(None, "--fitted",
+                                       help="Apply the preprocessing fitted in this folder (the output a model was trained "
+                                            "on) to new data: its places, users and settings; writes latest.parquet "
+                                            "(one sample per user) and evaluation.parquet."),
 ) -> None:
     """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol (SPEC §2)."""
     from preprocessing.config import load_config
     from preprocessing.errors import InputError
     from preprocessing.pipeline import preprocess as run
+    from preprocessing.pipeline import preprocess_fitted
 
     try:
-        result = run(input, format.value, out, load_config(config), force=force, progress=progress)
+        if fitted is not None:
+            if config is not None:
+                raise InputError(config, "--config cannot be combined with --fitted: the fitted run's settings apply")
+            result = preprocess_fitted(input, format.value, fitted, out, force=force, progress=progress)
+        else:
+            result = run(input, format.value, out, load_config(config), force=force, progress=progress)
     except InputError as exc:
         _fail(str(exc))
     counts = result.manifest["counts"]
+    if fitted is not None:
+        samples = counts["samples"]
+        typer.echo(
+            f"{'reused' if result.reused else 'wrote'} {result.out_dir}: {counts['positionfixes_read']:,} rows read, "
+            f"{counts['positionfixes_quarantined']:,} quarantined, {counts['staypoints']:,} staypoints "
+            f"({counts['staypoints_on_fitted_places']:,} at fitted places, {counts['staypoints_on_new_places']:,} at "
+            f"{counts['new_places']:,} new places), {counts['users']} users ({counts['users_unknown']} unknown), "
+            f"samples latest {samples['latest']:,} / evaluation {samples['evaluation']:,}")
+        return
     if min(counts["samples"].values()) == 0:
         typer.echo(f"warning: {result.out_dir}: a split has no samples: {counts['users_kept']} users track more than "
                    f"{result.manifest['config']['min_tracking_days']} days, "
@@ -203,14 +222,15 @@ def train(
 def evaluate(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` folder (its test split is scored)."),
-    split: str = typer.Option("test", "--split", help="test, validation or train."),
+    split: str = typer.Option("test", "--split", help="test, validation or train; evaluation for an output of "
+                                                      "`pgt preprocess --fitted`."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
 ) -> None:
     """Load a logged or registered model and print its metrics on a split as JSON."""
     from pgt.serve import evaluate_model
 
-    if split not in ("train", "validation", "test"):
-        _fail(f"--split must be train, validation or test, got {split!r}")
+    if split not in ("train", "validation", "test", "evaluation"):
+        _fail(f"--split must be train, validation, test or evaluation, got {split!r}")
     try:
         metrics = evaluate_model(model, data, split, tracking_uri)
     except (ValueError, FileNotFoundError) as exc:
@@ -224,21 +244,40 @@ def evaluate(
 @app.command()
 def predict(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
-    input: Path = typer.Option(..., "--input", help="Parquet of sequences in the columns of a `pgt preprocess` split."),
-    out: Path = typer.Option(..., "--out", help="Parquet: the input's row, top-k locations and probabilities."),
+    input: Path = typer.Option(..., "--input", help="Raw GPS points or staypoints (with --format), or Parquet of sequences "
+                                                    "in the columns of a `pgt preprocess` split."),
+    format: InputFormat | None = typer.Option(None, "--format",
+                                              help="What --input holds, as for `pgt preprocess`; it then goes through "
+                                                   "the model's own fitted preprocessing. Without it: sequences."),
+    out: Path = typer.Option(..., "--out", help="With --format: .parquet or .csv, one row per user (and evaluation "
+                                                "sample) and rank, with the place's coordinates. Else Parquet: the "
+                                                "input's row, top-k locations and probabilities."),
     top_k: int = typer.Option(5, "--top-k", min=1),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
 ) -> None:
-    """Score new sequences: the top-k next locations of each, with their probabilities."""
-    from pgt.serve import predict_file
+    """Where each person goes next: the top-k next places, with coordinates and probabilities."""
+    from pgt.serve import predict_file, predict_raw
+    from preprocessing.errors import InputError
 
     try:
+        if format is not None:
+            frame = predict_raw(model, input, format.value, out, top_k, tracking_uri)
+            latest = frame.filter(pl_col_eq(frame, "sample", "latest"))
+            typer.echo(f"wrote {out}: top-{top_k} next places of {latest['sample_index'].n_unique():,} users, and of "
+                       f"{frame.filter(pl_col_eq(frame, 'sample', 'evaluation'))['sample_index'].n_unique():,} "
+                       "evaluation samples")
+            return
         rows = predict_file(model, input, out, top_k, tracking_uri)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, InputError) as exc:
         _fail(str(exc))
     except Exception as exc:
         _fail(f"{model}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     typer.echo(f"wrote {out}: top-{top_k} locations for {rows:,} sequences")
+
+
+def pl_col_eq(frame, column: str, value: str):
+    """A polars mask `frame[column] == value` (polars is imported only by the commands that need it)."""
+    return frame[column] == value
 
 
 class SearchAlg(str, Enum):

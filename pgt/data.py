@@ -158,6 +158,12 @@ class SequenceDataset(Dataset):
             table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places] + (["target", target_place] if with_target else []))
         except (pa.ArrowException, OSError) as exc:
             raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+        return cls.from_arrow(table, max_len, path)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table, max_len: int = 64, path: Path | str = "sequences") -> SequenceDataset:
+        """Samples from an Arrow table in the columns of a split (targets 0 where it has none)."""
+        with_target = "target" in table.column_names
         offsets = table.column("locations").combine_chunks().offsets.to_numpy()
         lengths = np.diff(offsets)
         if len(lengths) and lengths.min() < 1:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable
+import os
+from typing import Callable, NamedTuple
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
 from pgt.data import UNSEEN, Batch, SequenceDataset
 from pgt.metrics import compute_all
-from pgt.tracking import load_model
+from pgt.tracking import load_model, load_pgt_model
 from pgt.train import Scores, predict
 
 
@@ -31,6 +33,110 @@ def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking
     return compute_all(scored)
 
 
+class TopK(NamedTuple):
+    locations: np.ndarray  # (N, k) location ids, UNSEEN (1) for a new place and for a slot
+    places: np.ndarray  # (N, k) the dataset-wide place of a slot prediction (an unseen place of the history), else -1
+    probabilities: np.ndarray  # (N, k) highest first
+    new_place: np.ndarray  # (N,) the probability of id 1: a new place (with slots) or any place unseen in train
+
+
+@torch.no_grad()
+def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: int = 1024) -> TopK:
+    """The k most probable next locations of every sample of `dataset` under a PackedModel."""
+    V = model.cfg.num_locations
+    k = min(top_k, V - 1)
+    locations = np.zeros((len(dataset), k), np.int64)
+    places = np.full((len(dataset), k), -1, np.int64)
+    probabilities = np.zeros((len(dataset), k), np.float32)
+    new_place = np.zeros(len(dataset), np.float32)
+    for start in range(0, len(dataset), batch_size):
+        idx = list(range(start, min(start + batch_size, len(dataset))))
+        batch = dataset.__getitems__(idx)
+        log_probs = model(batch.packed())  # (B, V + S)
+        new_place[idx] = log_probs[:, UNSEEN].exp().numpy()
+        log_probs[:, 0] = -torch.inf  # id 0 pads histories; it is never a place
+        top = torch.topk(log_probs, min(k, log_probs.shape[1] - 1), dim=1)
+        slot = (top.indices - V + 1).clamp_min(0)  # (B, k) the slot of each prediction, 0 for known ids and 1
+        # the place of a slot: that of its first visit in the history
+        first = (batch.slots.unsqueeze(1) == slot.unsqueeze(2)) & (slot.unsqueeze(2) > 0)  # (B, k, T)
+        slot_place = dataset.places[idx, :batch.slots.shape[1]].gather(1, first.to(torch.uint8).argmax(dim=2))
+        places[idx] = torch.where(slot > 0, slot_place, -1).numpy()
+        locations[idx] = torch.where(slot > 0, UNSEEN, top.indices).numpy()
+        probabilities[idx] = top.values.exp().numpy()
+    return TopK(locations, places, probabilities, new_place)
+
+
+def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, kind: str) -> pl.DataFrame:
+    """Long format, one row per (sample, rank): sample (`kind`), sample_index, source_user_id, user, time (when
+    the target started for evaluation samples, when the history ended for latest ones), rank (1 = most
+    probable), place_id (null for a new place), location (the model's id: >= 2 known, 1 unseen in train),
+    latitude, longitude, probability, new_place_probability and, for evaluation samples, target_place.
+
+    `places` (location_id, latitude, longitude, location) names the fitted and new places; a known id is the
+    place the fitted vocabulary gave it, a slot is the history's place it points at."""
+    n, k = top.locations.shape
+    known = places.filter(pl.col("location") >= 2).select(pl.col("location").cast(pl.Int64), pl.col("location_id").alias("_known"))
+    time = samples["target_started_at"] if "target_started_at" in samples.columns else samples["history_end"]
+    frame = pl.DataFrame({
+        "sample": pl.Series([kind] * (n * k), dtype=pl.String),
+        "sample_index": np.repeat(np.arange(n), k),
+        "source_user_id": samples["source_user_id"].gather(np.repeat(np.arange(n), k)) if n else samples["source_user_id"],
+        "user": np.repeat(samples["user"].to_numpy().astype(np.int64), k),
+        "time": time.gather(np.repeat(np.arange(n), k)) if n else time,
+        "rank": np.tile(np.arange(1, k + 1), n),
+        "location": top.locations.reshape(-1),
+        "_slot_place": top.places.reshape(-1),
+        "probability": top.probabilities.reshape(-1),
+        "new_place_probability": np.repeat(top.new_place, k),
+    })
+    if "target_place" in samples.columns:
+        frame = frame.with_columns(target_place=samples["target_place"].cast(pl.Int64).gather(np.repeat(np.arange(n), k))
+                                   if n else samples["target_place"].cast(pl.Int64))
+    else:
+        frame = frame.with_columns(target_place=pl.lit(None, pl.Int64))
+    frame = frame.join(known, on="location", how="left", maintain_order="left").with_columns(
+        place_id=pl.when(pl.col("_slot_place") >= 0).then(pl.col("_slot_place")).otherwise(pl.col("_known")))
+    coordinates = places.select(pl.col("location_id").alias("place_id"), "latitude", "longitude")
+    frame = frame.join(coordinates, on="place_id", how="left", maintain_order="left")
+    return frame.select("sample", "sample_index", "source_user_id", "user", "time", "rank", "place_id", "location",
+                        "latitude", "longitude", "probability", "new_place_probability", "target_place")
+
+
+def predict_applied(model, applied, top_k: int, evaluation: bool = True) -> pl.DataFrame:
+    """place_predictions for the latest samples (and the evaluation samples) of fitted.AppliedData."""
+    frames = []
+    for kind, samples in (("latest", applied.latest), ("evaluation", applied.evaluation if evaluation else None)):
+        if samples is None:
+            continue
+        dataset = SequenceDataset.from_arrow(samples.to_arrow(), model.cfg.max_len, f"{kind} samples")
+        _check_vocab(model, dataset, f"{kind} samples")
+        frames.append(place_predictions(top_k_predictions(model, dataset, top_k), samples, applied.places, kind))
+    return pl.concat(frames, how="vertical_relaxed")
+
+
+def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: Path, top_k: int = 5,
+                tracking_uri: str | None = None) -> pl.DataFrame:
+    """`pgt predict --format F`: raw GPS points or staypoints through the model's own fitted preprocessing, then
+    the top-k next places of every user (the latest sample) and of every evaluation sample, written to
+    out_path (.parquet or .csv; place_predictions gives the columns). Returns the written frame."""
+    from preprocessing.pipeline import apply_fitted
+
+    out_path = Path(out_path)
+    if out_path.suffix not in (".parquet", ".csv"):
+        raise ValueError(f"{out_path}: --out must end in .parquet or .csv")
+    wrapper = load_pgt_model(model_uri, tracking_uri)
+    applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri))
+    frame = predict_applied(wrapper.packed, applied, top_k)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    if out_path.suffix == ".csv":
+        frame.write_csv(tmp)
+    else:
+        frame.write_parquet(tmp)
+    tmp.replace(out_path)
+    return frame
+
+
 @torch.no_grad()
 def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 5, tracking_uri: str | None = None) -> int:
     """Write, for every sequence of `input_path`, its top-k predictions and their probabilities (highest first).
@@ -44,26 +150,8 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     model = load_model(model_uri, tracking_uri)
     dataset = SequenceDataset.from_parquet(input_path, model.cfg.max_len, require_target=False)
     _check_vocab(model, dataset, input_path)
-    V = model.cfg.num_locations
-    k = min(top_k, V - 1)
-    locations = np.zeros((len(dataset), k), np.int64)
-    places = np.full((len(dataset), k), -1, np.int64)
-    probabilities = np.zeros((len(dataset), k), np.float32)
-    new_place = np.zeros(len(dataset), np.float32)
-    for start in range(0, len(dataset), 1024):
-        idx = list(range(start, min(start + 1024, len(dataset))))
-        batch = dataset.__getitems__(idx)
-        log_probs = model(batch.packed())  # (B, V + S)
-        new_place[idx] = log_probs[:, UNSEEN].exp().numpy()
-        log_probs[:, 0] = -torch.inf  # id 0 pads histories; it is never a place
-        top = torch.topk(log_probs, k, dim=1)
-        slot = (top.indices - V + 1).clamp_min(0)  # (B, k) the slot of each prediction, 0 for known ids and 1
-        # the place of a slot: that of its first visit in the history
-        first = (batch.slots.unsqueeze(1) == slot.unsqueeze(2)) & (slot.unsqueeze(2) > 0)  # (B, k, T)
-        slot_place = dataset.places[idx, :batch.slots.shape[1]].gather(1, first.to(torch.uint8).argmax(dim=2))
-        places[idx] = torch.where(slot > 0, slot_place, -1).numpy()
-        locations[idx] = torch.where(slot > 0, UNSEEN, top.indices).numpy()
-        probabilities[idx] = top.values.exp().numpy()
+    top = top_k_predictions(model, dataset, top_k)
+    locations, places, probabilities, new_place = top.locations, top.places, top.probabilities, top.new_place
     columns = {
         "row": pa.array(np.arange(len(dataset))),
         "user": pa.array(dataset.users.numpy()),

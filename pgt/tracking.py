@@ -186,41 +186,39 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     """Log best.pt as a models-from-code pyfunc (`pgt/mlflow_model.py`): the weights as a state_dict, the
     model's configuration as JSON (and in the model's metadata), the training data's location and user
     tables and manifest (preprocessing config, feature sizes), the pgt package as code. Nothing is
-    pickled, so it loads with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. The signature leaves batch and
-    history length free; the input example is five test samples."""
+    pickled, so it loads with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. With the places, the staypoints
+    DBSCAN clustered and the preprocessing package, it applies the fitted preprocessing to raw GPS
+    (mlflow_model.py lists the inputs it takes). The signature declares only the `top_k` parameter."""
     import tempfile
+    from importlib.metadata import version
 
     import mlflow.pyfunc
-    import numpy as np
     import torch
     from mlflow.models import ModelSignature
-    from mlflow.types.schema import Schema, TensorSpec
+    from mlflow.types.schema import ParamSchema, ParamSpec
 
     import pgt
-    from pgt.data import SequenceDataset
+    import preprocessing
     from pgt.explain import load_checkpoint
-    from pgt.mlflow_model import CONFIG, LOCATIONS, MANIFEST, USERS, WEIGHTS
+    from pgt.mlflow_model import CONFIG, DATA_FILES, TOP_K, WEIGHTS
 
     model, cfg = load_checkpoint(checkpoint)
-    example = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len).__getitems__(list(range(5)))
-    # (B, 7, T) in; (B, V) out, or (B, V + S) with the extended vocabulary's slots
-    width = -1 if cfg.unseen_slots else cfg.num_locations
-    signature = ModelSignature(inputs=Schema([TensorSpec(np.dtype(np.int64), (-1, 7, -1))]),
-                               outputs=Schema([TensorSpec(np.dtype(np.float32), (-1, width))]))
+    # no input schema: the model takes packed (B, 7, T) arrays, GPS points, staypoints or sequences
+    signature = ModelSignature(inputs=None, outputs=None, params=ParamSchema([ParamSpec("top_k", "long", TOP_K)]))
     package = Path(pgt.__file__).parent
     with tempfile.TemporaryDirectory() as tmp:
         weights, config = Path(tmp) / "weights.pt", Path(tmp) / "model_config.json"
         torch.save(model.state_dict(), weights)
         config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        data = {key: Path(data_dir) / f"{key}{suffix}" for key, suffix in
-                ((LOCATIONS, ".parquet"), (USERS, ".parquet"), (MANIFEST, ".json"))}
+        data = {key: Path(data_dir) / name for key, name in DATA_FILES.items()}
         artifacts = {WEIGHTS: str(weights), CONFIG: str(config)} | {k: str(v) for k, v in data.items() if v.is_file()}
         return mlflow.pyfunc.log_model(
             name=name, python_model=str(package / "mlflow_model.py"), artifacts=artifacts,
-            code_paths=[str(package)], signature=signature, input_example=example.packed().numpy(),
+            code_paths=[str(package), str(Path(preprocessing.__file__).parent)], signature=signature,
             metadata={"model_config": dataclasses.asdict(cfg)},
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}", "numpy",
-                              "pyarrow"])
+            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}",
+                              *(f"{name}=={version(name)}" for name in ("numpy", "pyarrow", "polars", "scikit-learn",
+                                                                        "pyyaml", "pandas"))])
 
 
 def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:
@@ -254,12 +252,28 @@ def champion_verdict(registered: dict) -> str:
     return "now champion" if registered["promoted"] else f"champion stays version {registered['champion_version']}"
 
 
+def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
+    """A logged pgt model's pyfunc wrapper (`pgt.mlflow_model.PGTModel`): `.packed` (the torch module),
+    its training data's tables and `.fitted()` (the fitted preprocessing). Nothing is unpickled."""
+    import mlflow
+    import mlflow.pyfunc
+    from mlflow.models import get_model_info
+
+    mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
+    if "pytorch" in get_model_info(model_uri).flavors:
+        raise ValueError(f"{model_uri}: logged before models carried their preprocessing (a pickled PyTorch model); "
+                         "train it again to score raw GPS")
+    wrapper = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
+    if getattr(wrapper, "packed", None) is None:
+        raise ValueError(f"{model_uri}: not a pgt model (its python model is {type(wrapper).__name__})")
+    return wrapper
+
+
 def load_model(model_uri: str, tracking_uri: str | None = None):
     """A logged model's PackedModel (models:/NAME@champion, runs:/ID/model, ...), in eval mode on the CPU.
     Models logged by this version load without unpickling anything; those logged before it (the pickled
     PyTorch flavour) load only where MLflow allows pickle."""
     import mlflow
-    import mlflow.pyfunc
     from mlflow.models import get_model_info
 
     mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
@@ -267,10 +281,7 @@ def load_model(model_uri: str, tracking_uri: str | None = None):
         import mlflow.pytorch
 
         return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval()
-    wrapper = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
-    if getattr(wrapper, "packed", None) is None:
-        raise ValueError(f"{model_uri}: not a pgt model (its python model is {type(wrapper).__name__})")
-    return wrapper.packed
+    return load_pgt_model(model_uri, tracking_uri).packed
 
 
 def run_url(tracking_uri: str, run_id: str) -> str:

@@ -15,8 +15,9 @@ def generate_locations(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Cluster staypoints of all users together (shared location ids) with DBSCAN, haversine metric.
 
-    Returns (staypoints with location_id, null for noise; locations: location_id, latitude,
-    longitude as the mean of its staypoints, n_staypoints, n_users). Input order decides the
+    Returns (staypoints with location_id, null for noise, and is_core, whether the staypoint is a
+    core sample of its cluster; locations: location_id, latitude, longitude as the mean of its
+    staypoints, n_staypoints, n_users). Input order decides the
     labels, so pass staypoints sorted by (user_id, started_at) for reproducible ids.
 
     axis_order "lat_lon" is the haversine distance as written. "lon_lat" reproduces trackintel 1.x,
@@ -28,12 +29,15 @@ def generate_locations(
     if staypoints.height == 0:
         empty = pl.DataFrame(schema={"location_id": pl.Int64, "latitude": pl.Float64, "longitude": pl.Float64,
                                      "n_staypoints": pl.UInt32, "n_users": pl.UInt32})
-        return staypoints.with_columns(pl.lit(None, pl.Int64).alias("location_id")), empty
+        return staypoints.with_columns(pl.lit(None, pl.Int64).alias("location_id"), pl.lit(False).alias("is_core")), empty
     axes = ("latitude", "longitude") if axis_order == "lat_lon" else ("longitude", "latitude")
     coords = np.radians(staypoints.select(*axes).to_numpy())
-    labels = DBSCAN(eps=epsilon_m / EARTH_RADIUS_M, min_samples=min_samples, metric="haversine",
-                    algorithm="ball_tree").fit_predict(coords)
-    sp = staypoints.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None))
+    dbscan = DBSCAN(eps=epsilon_m / EARTH_RADIUS_M, min_samples=min_samples, metric="haversine",
+                    algorithm="ball_tree").fit(coords)
+    is_core = np.zeros(len(coords), dtype=bool)
+    is_core[dbscan.core_sample_indices_] = True
+    sp = staypoints.with_columns(pl.Series("location_id", dbscan.labels_, dtype=pl.Int64).replace(-1, None),
+                                 pl.Series("is_core", is_core))
     locations = (
         sp.filter(pl.col("location_id").is_not_null())
         .group_by("location_id")

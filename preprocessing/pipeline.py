@@ -21,17 +21,18 @@ import polars as pl
 from preprocessing import readers
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import InputError
+from preprocessing.fitted import APPLIED_FILES, AppliedData, FittedPreprocessing, apply_fitted_stages, fitted_summary
 from preprocessing.locations import generate_locations, merge_staypoints
 from preprocessing.output import (PRODUCER, check_output_folder, clean_stale_temporaries, is_own_manifest, output_lock,
                                   read_manifest, temporary_sibling, write_folder)
 from preprocessing.quality import filter_users, tracking_days
-from preprocessing.sequences import SPLITS, add_time_features, generate_samples, split_by_day
+from preprocessing.sequences import SPLITS, UNSEEN, add_time_features, generate_samples, split_by_day
 from preprocessing.staypoints import flag_activity, generate_staypoints
 
 FORMATS = ("geolife-plt", "positionfixes", "staypoints")
 OUTPUT_FILES = ("train.parquet", "validation.parquet", "test.parquet", "quarantine.parquet", "staypoints.parquet",
-                "locations.parquet", "users.parquet", "manifest.json")
-OWN_FILES = OUTPUT_FILES
+                "locations.parquet", "users.parquet", "places.parquet", "location_staypoints.parquet", "manifest.json")
+OWN_FILES = (*OUTPUT_FILES, "evaluation.parquet", "latest.parquet")  # a full run's files and those of --fitted
 STAGES = ("hash input", "read and validate", "staypoints", "activity", "user filter", "locations", "merge",
           "split and samples", "write")
 
@@ -119,9 +120,10 @@ def _progress(enabled: bool):
                     transient=False)
 
 
-def reusable_manifest(out_dir: Path, sha: str, input_format: str, config: PreprocessConfig) -> dict | None:
-    """The existing manifest if out_dir holds a complete output of the same input, format, config and code."""
-    if not all((Path(out_dir) / f).is_file() for f in OUTPUT_FILES):
+def reusable_manifest(out_dir: Path, sha: str, input_format: str, config: PreprocessConfig,
+                      files: tuple[str, ...] = OUTPUT_FILES) -> dict | None:
+    """The existing manifest if out_dir holds a complete output (`files`) of the same input, format, config and code."""
+    if not all((Path(out_dir) / f).is_file() for f in files):
         return None
     try:
         manifest = read_manifest(out_dir)
@@ -283,12 +285,14 @@ def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None
         counts["locations"] = locations.height
         located = labelled.filter(pl.col("location_id").is_not_null())
         details["staypoints_noise"] = labelled.height - located.height
+        clustered = labelled.select("location_id", "latitude", "longitude", "is_core")
     advance("merge")
     with log.stage("merge"):
         merged = merge_staypoints(located, config.merge_max_gap_min)
         counts["staypoints_merged"] = merged.height
     advance("split and samples")
-    return Stage({"merged": merged, "locations": locations, "quarantine": found.tables["quarantine"]}, counts, details)
+    return Stage({"merged": merged, "locations": locations, "clustered": clustered, "quarantine": found.tables["quarantine"]},
+                 counts, details)
 
 
 def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | None = None,
@@ -310,12 +314,17 @@ def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | No
     advance("write")
     located_vocab = vocab.locations.join(locations, left_on="source_location_id", right_on="location_id", how="left",
                                          maintain_order="left")
+    places = locations.join(vocab.locations, left_on="location_id", right_on="source_location_id", how="left",
+                            maintain_order="left").with_columns(pl.col("location").fill_null(UNSEEN))
     tables = {
         **{f"{split}.parquet": samples[split] for split in SPLITS},
         "quarantine.parquet": located.tables["quarantine"],
         "staypoints.parquet": kept.drop("history_start", "is_activity", strict=False),
         "locations.parquet": located_vocab,
         "users.parquet": vocab.users,
+        "places.parquet": places,  # every DBSCAN location: its vocabulary id (1 when unseen in train), coordinates
+        # the staypoints DBSCAN clustered (location_id null for noise): what new staypoints join (fitted.py)
+        "location_staypoints.parquet": located.tables["clustered"],
     }
     manifest = {"counts": counts, "vocab": feature_vocab(vocab.location_size, vocab.user_size, config,
                                                          details["history_length_max"]),
@@ -380,3 +389,55 @@ def _write_atomically(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFr
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 
     write_folder(out_dir, write)
+
+
+def apply_fitted(input_path: Path | str, input_format: str, fitted: FittedPreprocessing,
+                 log: StageLog | None = None) -> AppliedData:
+    """New data through a fitted preprocessing, in memory (preprocessing/fitted.py): read and validate with
+    the fitted run's rules, then staypoints, fitted places, samples."""
+    if input_format not in FORMATS:
+        raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+    log = log or StageLog()
+    read = stage_read(Path(input_path), input_format, log, config=fitted.config)
+    with log.stage("fitted places and samples"):
+        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted)
+
+
+def preprocess_fitted(input_path: Path | str, input_format: str, fitted_dir: Path | str, out_dir: Path | str,
+                      force: bool = False, progress: bool = True) -> PreprocessResult:
+    """`pgt preprocess --fitted DIR`: apply the preprocessing fitted in DIR (a full run's output) to new data
+    and write evaluation.parquet, latest.parquet, staypoints, places, users, quarantine and the manifest,
+    with the locking, reuse and atomic write of `preprocess`."""
+    fitted = FittedPreprocessing.from_folder(fitted_dir)
+    input_path, out_dir = Path(input_path), Path(out_dir)
+    if input_format not in FORMATS:
+        raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+    check_output_folder(out_dir, OWN_FILES)
+    with output_lock(out_dir):
+        check_output_folder(out_dir, OWN_FILES)
+        log = StageLog()
+        with _progress(progress) as bar:
+            task = bar.add_task("hash input", total=3)
+            try:
+                with log.stage("hash input"):
+                    sha = input_sha256(input_path, input_format)
+                previous = None if force else reusable_manifest(out_dir, sha, input_format, fitted.config,
+                                                                APPLIED_FILES)
+                if previous is not None and previous.get("fitted", {}).get("input_sha256") == fitted.input_sha256:
+                    bar.update(task, completed=3, description="reused")
+                    return PreprocessResult(previous, out_dir, reused=True)
+                bar.update(task, advance=1, description="apply fitted")
+                applied = apply_fitted(input_path, input_format, fitted, log)
+                bar.update(task, advance=1, description="write")
+                manifest = {"mode": "fitted", "counts": applied.counts, "vocab": fitted.vocab,
+                            "fitted": fitted_summary(fitted), "details": applied.details}
+                finish_manifest(manifest, input_path, input_format, sha, fitted.config)
+                tables = {"evaluation.parquet": applied.evaluation, "latest.parquet": applied.latest,
+                          "quarantine.parquet": applied.quarantine, "staypoints.parquet": applied.staypoints,
+                          "places.parquet": applied.places, "users.parquet": applied.users}
+                _write_atomically(out_dir, manifest, tables, log)
+                bar.update(task, advance=1)
+            except BaseException:
+                bar.update(task, visible=False)
+                raise
+    return PreprocessResult(manifest, out_dir, reused=False)

@@ -131,32 +131,40 @@ def generate_samples(staypoints: pl.DataFrame, history_days: int = 7, min_histor
     kept = kept.with_columns((pl.col("history_start") - pl.Series(shift[kept["history_start"].to_numpy()])).alias("history_start"))
     vocab = fit_vocabularies(kept)
     kept = encode(kept, vocab)
-    samples = {split: _sample_table(kept, split) for split in SPLITS}
+    samples = {split: sample_table(kept, split) for split in SPLITS}
     return samples, kept, vocab
 
 
-def _sample_table(kept: pl.DataFrame, split: str) -> pl.DataFrame:
-    rows = np.flatnonzero((kept["is_target"] & (kept["split"] == split)).to_numpy())
-    starts = kept["history_start"].to_numpy()[rows]
-    lengths = rows - starts
+def history_lists(kept: pl.DataFrame, starts: np.ndarray, ends: np.ndarray, target_days: np.ndarray) -> dict[str, pa.Array]:
+    """The history list columns of samples whose histories are the rows starts[i] .. ends[i] - 1 of `kept`
+    (encoded staypoints with time features), recency counted back from target_days[i]."""
+    lengths = ends - starts
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     gather = (np.repeat(starts - offsets[:-1], lengths) + np.arange(offsets[-1])).astype(np.int64)
     day = kept["start_day"].to_numpy()
-    recency = (np.repeat(day[rows], lengths) - day[gather]).astype(np.int8)
+    recency = (np.repeat(target_days, lengths) - day[gather]).astype(np.int8)
 
     def as_list(values: np.ndarray, dtype: pa.DataType) -> pa.Array:
         return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(values, dtype))
 
-    targets = kept[rows]
-    return pl.DataFrame({
-        "user": targets["user"],
-        "source_user_id": targets["user_id"],
+    return {
         "locations": as_list(kept["location"].to_numpy()[gather], pa.int32()),
         "time_slots": as_list(kept["time_slot"].to_numpy()[gather], pa.int16()),
         "weekdays": as_list(kept["weekday"].to_numpy()[gather], pa.int8()),
         "durations": as_list(kept["duration_bucket"].to_numpy()[gather], pa.int16()),
         "recency": as_list(recency, pa.int8()),
         "places": as_list(kept["location_id"].to_numpy()[gather].astype(np.int64), pa.int64()),
+    }
+
+
+def sample_table(kept: pl.DataFrame, split: str) -> pl.DataFrame:
+    """The samples of one split: every target row of `kept` (find_samples) with the history before it."""
+    rows = np.flatnonzero((kept["is_target"] & (kept["split"] == split)).to_numpy())
+    targets = kept[rows]
+    return pl.DataFrame({
+        "user": targets["user"],
+        "source_user_id": targets["user_id"],
+        **history_lists(kept, kept["history_start"].to_numpy()[rows], rows, kept["start_day"].to_numpy()[rows]),
         "target": targets["location"],
         "target_place": targets["location_id"].cast(pl.Int64),
         "target_time_slot": targets["time_slot"],

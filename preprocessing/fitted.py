@@ -1,0 +1,275 @@
+"""Apply a fitted preprocessing to new data: the run a model was trained on decides every id.
+
+New GPS points (or staypoints) go through the same staypoint, activity and merge rules as the fitted
+run. Their activity staypoints are clustered by the fitted run's DBSCAN as if they had been part of it:
+DBSCAN runs over the new staypoints and the fitted staypoints within `location_epsilon_m` of them, the
+fitted core staypoints weighted to stay core. A new staypoint whose cluster holds fitted core
+staypoints takes the place of the nearest of them (it is within epsilon of a core, or chained to one
+through other new staypoints, as in a whole-data run); clusters without one are new places, numbered
+after the fitted ones. Staypoints left as noise are dropped, as in the fitted run. With the protocol's
+min_samples = 2 this is whole-data DBSCAN restricted to the new staypoints; with more, the fitted
+non-core staypoints count once although their fitted neighbours may lie outside the neighbourhood. Known
+users keep their ids; users the fitted data never saw get UNKNOWN_USER, the user table's zero row
+(a zero embedding the model accepts). No user filter applies: every person is scored.
+
+The result holds, per user, the latest sample (the history up to the end of the new data, nothing to
+predict yet) and, where the new data has them, evaluation samples with targets, built like a test
+split (the first `history_days` of the new data only serve as history).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from preprocessing.config import PreprocessConfig
+from preprocessing.errors import InputError
+from preprocessing.locations import merge_staypoints
+from preprocessing.output import read_manifest
+from preprocessing.sequences import UNSEEN, add_time_features, find_samples, history_lists, sample_table
+from preprocessing.staypoints import EARTH_RADIUS_M
+
+UNKNOWN_USER = 0  # the user id of people absent from the fitted data (the padding row of the user table)
+FITTED_FILES = ("manifest.json", "places.parquet", "location_staypoints.parquet", "users.parquet")
+APPLIED_FILES = ("evaluation.parquet", "latest.parquet", "quarantine.parquet", "staypoints.parquet", "places.parquet",
+                 "users.parquet", "manifest.json")
+
+
+@dataclass
+class FittedPreprocessing:
+    """What a fitted run hands new data: its config, table sizes, places, their core staypoints and users."""
+
+    config: PreprocessConfig  # the fitted run's settings (latest_valid_time dropped: new data is later)
+    vocab: dict  # the fitted manifest's `vocab`: the table sizes the model was built with
+    places: pl.DataFrame  # location_id, latitude, longitude, location (vocabulary id; 1 = unseen in train)
+    clustered: pl.DataFrame  # location_id (null: noise), latitude, longitude, is_core: the staypoints DBSCAN saw
+    users: pl.DataFrame  # user (1..), source_user_id
+    source: str  # where it came from: a folder or a model URI
+    input_sha256: str = ""  # the fitted run's input
+    _tree: object = field(default=None, repr=False)  # BallTree over `clustered`, built on first use
+
+    @classmethod
+    def from_tables(cls, manifest: dict, places: pl.DataFrame, clustered: pl.DataFrame, users: pl.DataFrame,
+                    source: str) -> FittedPreprocessing:
+        if not isinstance(manifest.get("config"), dict) or not isinstance(manifest.get("vocab"), dict):
+            raise InputError(source, "the manifest has no `config` and `vocab`; expected a `pgt preprocess` output")
+        config = PreprocessConfig.from_dict({**manifest["config"], "latest_valid_time": None}, source)
+        for name, table, columns in (("places", places, ("location_id", "latitude", "longitude", "location")),
+                                     ("location_staypoints", clustered, ("location_id", "latitude", "longitude", "is_core")),
+                                     ("users", users, ("user", "source_user_id"))):
+            missing = [c for c in columns if c not in table.columns]
+            if missing:
+                raise InputError(source, f"{name} table lacks column(s) {', '.join(missing)}")
+        return cls(config, manifest["vocab"], places.select("location_id", "latitude", "longitude", "location"),
+                   clustered.select("location_id", "latitude", "longitude", "is_core"),
+                   users.select("user", "source_user_id"),
+                   source, str(manifest.get("input_sha256", "")))
+
+    @classmethod
+    def from_folder(cls, folder: Path | str) -> FittedPreprocessing:
+        """The fitted tables of a full `pgt preprocess` output folder."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise InputError(folder, "no such folder; expected the `pgt preprocess` output a model was trained on")
+        manifest = read_manifest(folder)
+        if manifest is None:
+            raise InputError(folder, "no manifest.json; expected the `pgt preprocess` output a model was trained on")
+        if manifest.get("mode") == "fitted":
+            raise InputError(folder, "is itself the output of --fitted; pass the folder of the run the model was trained on")
+        missing = [name for name in FITTED_FILES if not (folder / name).is_file()]
+        if missing:
+            raise InputError(folder, f"lacks {', '.join(missing)}, which `pgt preprocess` writes since the fitted "
+                                     "pipeline exists; preprocess the training input again")
+        tables = {}
+        for name in FITTED_FILES[1:]:
+            try:
+                tables[name] = pl.read_parquet(folder / name)
+            except (pl.exceptions.PolarsError, OSError) as exc:
+                raise InputError(folder / name, f"unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+        return cls.from_tables(manifest, tables["places.parquet"], tables["location_staypoints.parquet"],
+                               tables["users.parquet"], str(folder))
+
+    def _coordinates(self, frame: pl.DataFrame) -> np.ndarray:
+        axes = ("latitude", "longitude") if self.config.location_axis_order == "lat_lon" else ("longitude", "latitude")
+        return np.radians(frame.select(*axes).to_numpy().astype(np.float64)).reshape(-1, 2)
+
+    def fitted_neighbours(self, staypoints: pl.DataFrame) -> np.ndarray:
+        """Row numbers of `clustered` within epsilon of any of the staypoints."""
+        from sklearn.neighbors import BallTree
+
+        if self.clustered.height == 0 or staypoints.height == 0:
+            return np.zeros(0, np.int64)
+        if self._tree is None:
+            self._tree = BallTree(self._coordinates(self.clustered), metric="haversine")
+        radius = self.config.location_epsilon_m / EARTH_RADIUS_M
+        found = self._tree.query_radius(self._coordinates(staypoints), r=radius)
+        return np.unique(np.concatenate(found)).astype(np.int64) if len(found) else np.zeros(0, np.int64)
+
+    @property
+    def first_new_place(self) -> int:
+        """New places are numbered from here: after every fitted place id."""
+        return int(self.places["location_id"].max()) + 1 if self.places.height else 0
+
+
+def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """location_id for each new activity staypoint by the fitted run's DBSCAN (module docstring): a fitted place,
+    a new place (ids from fitted.first_new_place) or null (noise).
+
+    Input sorted by (user_id, started_at) gives reproducible new ids. Returns (staypoints with location_id
+    and is_new_place, new places: location_id, latitude, longitude, n_staypoints, n_users, location = 1)."""
+    from sklearn.cluster import DBSCAN
+
+    epsilon_m, min_samples = fitted.config.location_epsilon_m, fitted.config.location_min_samples
+    n = activities.height
+    near = fitted.fitted_neighbours(activities)  # rows of fitted.clustered
+    neighbours = fitted.clustered[near]
+    labels = np.full(n, -1, np.int64)
+    is_new = np.ones(n, bool)
+    if n:
+        coords = np.concatenate([fitted._coordinates(activities), fitted._coordinates(neighbours)])
+        core = neighbours["is_core"].to_numpy()
+        weight = np.concatenate([np.ones(n), np.where(core, min_samples, 1)])  # fitted cores stay core
+        union = DBSCAN(eps=epsilon_m / EARTH_RADIUS_M, min_samples=min_samples, metric="haversine",
+                       algorithm="ball_tree").fit_predict(coords, sample_weight=weight)
+        new_label, fitted_label = union[:n], union[n:]
+        anchored = np.unique(fitted_label[core & (fitted_label >= 0)])  # union clusters that hold fitted cores
+        joins = np.flatnonzero(np.isin(new_label, anchored) & (new_label >= 0))
+        if len(joins):
+            labels[joins] = _nearest_core_place(coords[joins], new_label[joins], coords[n:], fitted_label,
+                                                core, neighbours["location_id"].to_numpy())
+            is_new[joins] = False
+        fresh = np.flatnonzero(is_new & (new_label >= 0))
+        _, numbered = np.unique(new_label[fresh], return_inverse=True)  # new places 0.. in order of their label
+        labels[fresh] = numbered + fitted.first_new_place
+    labelled = activities.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None),
+                                       pl.Series("is_new_place", is_new))
+    new_places = (
+        labelled.filter(pl.col("is_new_place") & pl.col("location_id").is_not_null())
+        .group_by("location_id")
+        .agg(pl.col("latitude").mean(), pl.col("longitude").mean(), pl.len().alias("n_staypoints"),
+             pl.col("user_id").n_unique().cast(pl.UInt32).alias("n_users"))
+        .sort("location_id")
+        .with_columns(pl.lit(UNSEEN, pl.Int32).alias("location"))
+    )
+    return labelled, new_places
+
+
+def _nearest_core_place(points: np.ndarray, point_label: np.ndarray, fitted_coords: np.ndarray, fitted_label: np.ndarray,
+                        core: np.ndarray, place: np.ndarray) -> np.ndarray:
+    """The place of each point's nearest fitted core staypoint in the same union cluster (radians, haversine)."""
+    from sklearn.neighbors import BallTree
+
+    cores = np.flatnonzero(core & (fitted_label >= 0))
+    k = min(16, len(cores))
+    _, index = BallTree(fitted_coords[cores], metric="haversine").query(points, k=k)  # (J, k) nearest first
+    same = fitted_label[cores][index] == point_label[:, None]  # (J, k)
+    chosen = index[np.arange(len(points)), same.argmax(axis=1)]
+    result = place[cores][chosen]
+    for j in np.flatnonzero(~same.any(axis=1)):  # rare: the k nearest cores lie in other clusters
+        members = cores[fitted_label[cores] == point_label[j]]
+        d = np.abs(fitted_coords[members] - points[j]).sum(axis=1)
+        result[j] = place[members[d.argmin()]]
+    return result
+
+
+def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.DataFrame:
+    """Add location (the fitted vocabulary's id; UNSEEN for places unseen in train and new places) and user
+    (the fitted id; UNKNOWN_USER for people the fitted data never saw). User ids match as text."""
+    vocab = fitted.places.select("location_id", pl.col("location").cast(pl.Int32))
+    users = fitted.users.select(pl.col("source_user_id").cast(pl.String).alias("_user_key"), pl.col("user").cast(pl.Int32))
+    return (
+        merged.join(vocab, on="location_id", how="left", maintain_order="left")
+        .with_columns(pl.col("user_id").cast(pl.String).alias("_user_key"))
+        .join(users, on="_user_key", how="left", maintain_order="left")
+        .with_columns(pl.col("location").fill_null(UNSEEN), pl.col("user").fill_null(UNKNOWN_USER))
+        .drop("_user_key")
+    )
+
+
+def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig
+                             ) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(evaluation samples, latest samples) from encoded merged staypoints with time features.
+
+    Evaluation samples are the test split's rule applied to the whole new period: targets on or after
+    its `history_days`-th day with at least `min_history_staypoints` visits in the days before. The latest
+    sample of a user has as history the visits of the last `history_days` days before the day of the
+    user's last visit, that one included (recency counted from that day); users with fewer than
+    `min_history_staypoints` such visits get none. Its columns are those of a split without the targets,
+    plus source_user_id and history_end (when the last visit ended)."""
+    marked = find_samples(staypoints.with_columns(pl.lit("test").alias("split")), config.history_days,
+                          config.min_history_staypoints)
+    evaluation = sample_table(marked, "test")
+    last = np.flatnonzero(marked["user_id"].is_last_distinct().to_numpy())
+    day = marked["start_day"].to_numpy().astype(np.int64)
+    user_rank = marked.select(pl.col("user_id").rle_id()).to_series().to_numpy().astype(np.int64)
+    key = (user_rank << 32) + day
+    starts = np.searchsorted(key, key[last] - config.history_days, side="left")
+    enough = (last + 1 - starts) >= config.min_history_staypoints
+    last, starts = last[enough], starts[enough]
+    rows = marked[last]
+    latest = pl.DataFrame({
+        "user": rows["user"],
+        "source_user_id": rows["user_id"],
+        **history_lists(marked, starts, last + 1, day[last]),
+        "history_end": rows["finished_at"],
+    })
+    return evaluation, latest
+
+
+@dataclass
+class AppliedData:
+    """The output of applying a fitted preprocessing: samples, tables and counts."""
+
+    evaluation: pl.DataFrame  # samples with targets (the columns of a split)
+    latest: pl.DataFrame  # one sample per user, without a target
+    staypoints: pl.DataFrame  # merged, encoded staypoints of the new data
+    places: pl.DataFrame  # the fitted places and the new ones: location_id, latitude, longitude, location, is_new
+    users: pl.DataFrame  # source_user_id, user (UNKNOWN_USER = 0 for people the fitted data never saw), known
+    quarantine: pl.DataFrame
+    counts: dict
+    details: dict
+
+
+def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
+                        fitted: FittedPreprocessing) -> AppliedData:
+    """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
+    (pipeline.stage_read's tables). Counts reconcile: activity staypoints = on fitted places + on new places + noise."""
+    from preprocessing.pipeline import Stage, stage_staypoints
+
+    config = fitted.config
+    found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config)
+    counts, details = found.counts, found.details
+    staypoints = found.tables["staypoints"]
+    activities = staypoints.filter("is_activity").sort("user_id", "started_at", maintain_order=True)
+    labelled, new_places = join_fitted_places(activities, fitted)
+    located = labelled.filter(pl.col("location_id").is_not_null())
+    counts["staypoints_on_fitted_places"] = int((~located["is_new_place"]).sum())
+    counts["staypoints_on_new_places"] = int(located["is_new_place"].sum())
+    counts["staypoints_noise"] = labelled.height - located.height
+    counts["new_places"] = new_places.height
+    merged = merge_staypoints(located, config.merge_max_gap_min)
+    counts["staypoints_merged"] = merged.height
+    featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
+                                 config.duration_bucket_min)
+    encoded = encode_applied(featured, fitted)
+    evaluation, latest = generate_applied_samples(encoded, config)
+    users = (encoded.group_by("user_id").agg(pl.col("user").first()).sort("user_id")
+             .rename({"user_id": "source_user_id"}).with_columns((pl.col("user") != UNKNOWN_USER).alias("known")))
+    counts["users"] = users.height
+    counts["users_unknown"] = int((~users["known"]).sum())
+    counts["samples"] = {"evaluation": evaluation.height, "latest": latest.height}
+    places = pl.concat([fitted.places.with_columns(pl.col("location").cast(pl.Int32), pl.lit(False).alias("is_new")),
+                        new_places.select("location_id", "latitude", "longitude", "location",
+                                          pl.lit(True).alias("is_new"))])
+    return AppliedData(evaluation, latest, encoded.drop("history_start", "is_activity", "is_target", strict=False),
+                       places, users, found.tables["quarantine"], counts, details)
+
+
+def fitted_summary(fitted: FittedPreprocessing) -> dict:
+    """The manifest's `fitted` entry: where the ids come from."""
+    return {"source": fitted.source, "input_sha256": fitted.input_sha256, "places": fitted.places.height,
+            "users": fitted.users.height, "config": dataclasses.asdict(fitted.config)}
