@@ -86,7 +86,18 @@ class PGTModel(PythonModel):
         import pandas as pd
 
         if isinstance(model_input, pd.DataFrame):
-            return self._predict_table(model_input, int((params or {}).get("top_k", TOP_K)))
+            from mlflow.exceptions import MlflowException
+            from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+
+            from preprocessing.errors import InputError
+
+            top_k = int((params or {}).get("top_k", TOP_K))
+            try:
+                if top_k < 1:
+                    raise ValueError(f"top_k must be at least 1, got {top_k}")
+                return self._predict_table(model_input, top_k)
+            except (InputError, ValueError, KeyError) as exc:  # a bad request: HTTP 400 with the reason
+                raise MlflowException(f"bad request: {exc}", error_code=INVALID_PARAMETER_VALUE) from None
         x = torch.as_tensor(np.asarray(model_input), dtype=torch.int64)
         if x.dim() != 3 or x.shape[1] not in (6, 7):
             raise ValueError(f"expected int64 input of shape (B, 7, T) as Batch.packed() gives it, got {tuple(x.shape)}")
@@ -118,12 +129,14 @@ class PGTModel(PythonModel):
             result = place_predictions(top_k_predictions(self.packed, dataset, top_k), samples, places, "request")
         else:
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
-            with tempfile.TemporaryDirectory() as tmp:
+            shm = Path("/dev/shm")  # a memory-backed folder where there is one: the request never touches disk
+            with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
                 path = Path(tmp) / "request.parquet"
                 pl.from_pandas(frame).write_parquet(path)
                 applied = apply_fitted(path, input_format, self.fitted())
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
-        return result.with_columns(pl.col("time").cast(pl.String)).to_pandas()
+        frame = result.with_columns(pl.col("time").cast(pl.String)).to_pandas()
+        return frame.astype(object).where(frame.notna(), None)  # JSON null, not NaN, for a missing place
 
 
 # predict takes several input kinds (the module docstring), so it has no type hints for MLflow to enforce

@@ -97,17 +97,17 @@ class FittedPreprocessing:
         axes = ("latitude", "longitude") if self.config.location_axis_order == "lat_lon" else ("longitude", "latitude")
         return np.radians(frame.select(*axes).to_numpy().astype(np.float64)).reshape(-1, 2)
 
-    def fitted_neighbours(self, staypoints: pl.DataFrame) -> np.ndarray:
-        """Row numbers of `clustered` within epsilon of any of the staypoints."""
+    def fitted_neighbours(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Pairs (i, row of `clustered`, distance in radians) for every fitted staypoint within epsilon of
+        coords[i] (radians, in the DBSCAN axis order)."""
         from sklearn.neighbors import BallTree
 
-        if self.clustered.height == 0 or staypoints.height == 0:
-            return np.zeros(0, np.int64)
+        if self.clustered.height == 0 or len(coords) == 0:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
         if self._tree is None:
             self._tree = BallTree(self._coordinates(self.clustered), metric="haversine")
-        radius = self.config.location_epsilon_m / EARTH_RADIUS_M
-        found = self._tree.query_radius(self._coordinates(staypoints), r=radius)
-        return np.unique(np.concatenate(found)).astype(np.int64) if len(found) else np.zeros(0, np.int64)
+        return _pairs(self._tree.query_radius(coords, r=self.config.location_epsilon_m / EARTH_RADIUS_M,
+                                              return_distance=True))
 
     @property
     def first_new_place(self) -> int:
@@ -115,36 +115,86 @@ class FittedPreprocessing:
         return int(self.places["location_id"].max()) + 1 if self.places.height else 0
 
 
+def _pairs(found: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """query_radius's per-point arrays as flat (query, neighbour, distance) pairs."""
+    index, distance = found
+    counts = np.fromiter((len(a) for a in index), np.int64, len(index))
+    if counts.sum() == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    return np.repeat(np.arange(len(index)), counts), np.concatenate(index).astype(np.int64), np.concatenate(distance)
+
+
 def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing) -> tuple[pl.DataFrame, pl.DataFrame]:
     """location_id for each new activity staypoint by the fitted run's DBSCAN (module docstring): a fitted place,
     a new place (ids from fitted.first_new_place) or null (noise).
 
+    DBSCAN's clusters are the connected components of core staypoints joined when within epsilon; a
+    non-core staypoint joins the cluster of its nearest core neighbour. Here the graph holds the new
+    staypoints and the fitted ones within epsilon of them; a fitted core stays core and is joined to its
+    place. A new staypoint is core when it, its new neighbours and its fitted neighbours number at least
+    min_samples. Its place is that of the nearest fitted core of its cluster, else a new place.
+
     Input sorted by (user_id, started_at) gives reproducible new ids. Returns (staypoints with location_id
     and is_new_place, new places: location_id, latitude, longitude, n_staypoints, n_users, location = 1)."""
-    from sklearn.cluster import DBSCAN
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+    from sklearn.neighbors import BallTree
 
-    epsilon_m, min_samples = fitted.config.location_epsilon_m, fitted.config.location_min_samples
+    min_samples = fitted.config.location_min_samples
     n = activities.height
-    near = fitted.fitted_neighbours(activities)  # rows of fitted.clustered
-    neighbours = fitted.clustered[near]
     labels = np.full(n, -1, np.int64)
     is_new = np.ones(n, bool)
     if n:
-        coords = np.concatenate([fitted._coordinates(activities), fitted._coordinates(neighbours)])
-        core = neighbours["is_core"].to_numpy()
-        weight = np.concatenate([np.ones(n), np.where(core, min_samples, 1)])  # fitted cores stay core
-        union = DBSCAN(eps=epsilon_m / EARTH_RADIUS_M, min_samples=min_samples, metric="haversine",
-                       algorithm="ball_tree").fit_predict(coords, sample_weight=weight)
-        new_label, fitted_label = union[:n], union[n:]
-        anchored = np.unique(fitted_label[core & (fitted_label >= 0)])  # union clusters that hold fitted cores
-        joins = np.flatnonzero(np.isin(new_label, anchored) & (new_label >= 0))
+        coords = fitted._coordinates(activities)
+        new_i, new_j, new_d = _pairs(BallTree(coords, metric="haversine").query_radius(
+            coords, r=fitted.config.location_epsilon_m / EARTH_RADIUS_M, return_distance=True))
+        keep = new_i != new_j
+        new_i, new_j, new_d = new_i[keep], new_j[keep], new_d[keep]
+        fit_i, fit_row, fit_d = fitted.fitted_neighbours(coords)
+        rows, fit_j = np.unique(fit_row, return_inverse=True)  # fitted node k = n + fit_j
+        near = fitted.clustered[rows]
+        m = len(rows)
+        fitted_core = near["is_core"].to_numpy()
+        place = near["location_id"].fill_null(-1).to_numpy()
+        new_degree = np.bincount(new_i, minlength=n) + np.bincount(fit_i, minlength=n)
+        fitted_new_degree = np.bincount(fit_j, minlength=m)
+        core = np.concatenate([1 + new_degree >= min_samples, fitted_core | (1 + fitted_new_degree >= min_samples)])
+        # edges between cores: new-new, new-fitted, and each fitted core to the first core of its place
+        src = np.concatenate([new_i, fit_i])
+        dst = np.concatenate([new_j, n + fit_j])
+        place_cores = np.flatnonzero(fitted_core & (place >= 0))
+        _, first = np.unique(place[place_cores], return_index=True)
+        anchor = dict(zip(place[place_cores][first].tolist(), place_cores[first].tolist()))
+        src = np.concatenate([src, n + place_cores])
+        dst = np.concatenate([dst, n + np.array([anchor[p] for p in place[place_cores].tolist()], np.int64)])
+        both = core[src] & core[dst]
+        graph = coo_matrix((np.ones(both.sum()), (src[both], dst[both])), shape=(n + m, n + m))
+        _, component = connected_components(graph, directed=False)
+        # a non-core new staypoint joins the component of its nearest core neighbour, if any
+        cluster = np.where(core, component, -1)
+        src, dst = src[:len(new_i) + len(fit_i)], dst[:len(new_i) + len(fit_i)]  # the edges that have a distance
+        distance = np.concatenate([new_d, fit_d])
+        border = ~core[src] & core[dst]
+        order = np.argsort(distance[border], kind="stable")
+        b_src, b_dst = src[border][order], dst[border][order]
+        _, nearest = np.unique(b_src, return_index=True)
+        cluster[b_src[nearest]] = component[b_dst[nearest]]
+        new_cluster = cluster[:n]
+        # the place of each new staypoint: that of the nearest fitted core in its cluster
+        core_cluster = cluster[n:][place_cores]
+        anchored = np.isin(new_cluster, core_cluster) & (new_cluster >= 0)
+        joins = np.flatnonzero(anchored)
         if len(joins):
-            labels[joins] = _nearest_core_place(coords[joins], new_label[joins], coords[n:], fitted_label,
-                                                core, neighbours["location_id"].to_numpy())
+            labels[joins] = _nearest_core_place(coords[joins], new_cluster[joins],
+                                                fitted._coordinates(near[place_cores]), core_cluster,
+                                                np.ones(len(place_cores), bool), place[place_cores])
             is_new[joins] = False
-        fresh = np.flatnonzero(is_new & (new_label >= 0))
-        _, numbered = np.unique(new_label[fresh], return_inverse=True)  # new places 0.. in order of their label
-        labels[fresh] = numbered + fitted.first_new_place
+        fresh = np.flatnonzero(is_new & (new_cluster >= 0))
+        _, first_seen = np.unique(new_cluster[fresh], return_index=True)  # new places numbered in input order
+        rank = np.empty(len(first_seen), np.int64)
+        rank[np.argsort(first_seen)] = np.arange(len(first_seen))
+        _, inverse = np.unique(new_cluster[fresh], return_inverse=True)
+        labels[fresh] = rank[inverse] + fitted.first_new_place
     labelled = activities.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None),
                                        pl.Series("is_new_place", is_new))
     new_places = (

@@ -95,3 +95,29 @@ def mlflow_server(tmp_path_factory):
     stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-mlflow.sh"], env=env, capture_output=True, text=True,
                              timeout=120)
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+
+
+def split_days(points, fraction: float = 0.8):
+    """(early, late): each user's GPS points before and from `fraction` of the user's days (the 80/20 split of
+    the fitted-pipeline tests). `points` is a polars frame with user_id and tracked_at."""
+    import polars as pl
+
+    day = (pl.col("tracked_at").dt.date() - pl.col("tracked_at").dt.date().min().over("user_id")).dt.total_days()
+    cut = day.max().over("user_id") * fraction
+    return points.filter(day < cut), points.filter(day >= cut)
+
+
+def place_agreement(full_dir, fitted_dir, applied_dir) -> tuple[int, int]:
+    """(agreeing, compared) for the later period's staypoints at places that a whole-data run and the
+    fitted run share: the applied run's place, mapped to the whole-data run by the fitted period's
+    staypoints, equals the whole-data run's place. Staypoints are matched by (user_id, started_at)."""
+    import polars as pl
+
+    key = ["user_id", "started_at"]
+    full = pl.read_parquet(full_dir / "staypoints.parquet").select(*key, pl.col("location_id").alias("full_id"))
+    early = pl.read_parquet(fitted_dir / "staypoints.parquet").select(*key, "location_id").join(full, on=key)
+    mapping = early.group_by("location_id").agg(pl.col("full_id").mode().first().alias("mapped"))
+    late = pl.read_parquet(applied_dir / "staypoints.parquet").select(*key, "location_id").join(full, on=key)
+    shared = late.filter(pl.col("full_id").is_in(early["full_id"].implode()))
+    joined = shared.join(mapping, on="location_id", how="left")
+    return int((joined["mapped"] == joined["full_id"]).fill_null(False).sum()), joined.height

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Serve a registered model over HTTP with `mlflow models serve`, bound to 127.0.0.1:${SERVE_PORT:-5056}.
+#   scripts/start-serve.sh [MODEL_URI]    (default models:/${PGT_MODEL_NAME:-pgt-demo}@champion)
+# The model loads from MLFLOW_TRACKING_URI (default: the local server of start-mlflow.sh) in this project's
+# environment (--env-manager local). Waits for /ping; prints the address and a request to try. Idempotent.
+set -euo pipefail
+source "$(dirname "$0")/_lib.sh"
+PORT="${SERVE_PORT:-5056}"
+MODEL="${1:-models:/${PGT_MODEL_NAME:-pgt-demo}@champion}"
+DIR="$STATE/serve"
+mkdir -p "$DIR"
+PIDFILE="$DIR/server.pid"
+URL="http://127.0.0.1:$PORT"
+export PATH="$VENV_BIN:$PATH"  # mlflow runs uvicorn from PATH
+export MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI:-http://127.0.0.1:${MLFLOW_PORT:-5055}}"
+if running "$PIDFILE"; then
+    echo "serve: already running at $URL (pid $(cat "$PIDFILE"), model $(cat "$DIR/model"))"
+    exit 0
+fi
+# Nothing is unpickled: the model is models-from-code (pgt/mlflow_model.py).
+MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false setsid "$VENV_BIN/mlflow" models serve -m "$MODEL" \
+    --env-manager local --host 127.0.0.1 --port "$PORT" --workers "${SERVE_WORKERS:-1}" >"$DIR/server.log" 2>&1 &
+echo $! >"$PIDFILE"
+echo "$MODEL" >"$DIR/model"
+if ! wait_healthy serve "$URL/ping" "${SERVE_START_TIMEOUT_S:-120}" "$(cat "$PIDFILE")"; then
+    tail -5 "$DIR/server.log" >&2
+    rm -f "$PIDFILE"
+    exit 1
+fi
+echo "serve: $MODEL at $URL/invocations (pid $(cat "$PIDFILE"), log $DIR/server.log)"

@@ -1,0 +1,173 @@
+"""Applying a fitted preprocessing to new data: DBSCAN joins on a hand-built case, ids, samples, GeoLife 80/20."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import polars as pl
+import pytest
+
+from preprocessing.config import PreprocessConfig
+from preprocessing.errors import InputError
+from preprocessing.fitted import UNKNOWN_USER, FittedPreprocessing, encode_applied, join_fitted_places
+from preprocessing.pipeline import preprocess, preprocess_fitted
+from preprocessing.synthetic import SynthConfig, generate_positionfixes
+from tests.conftest import place_agreement, split_days
+
+M_PER_DEG = 111_195.0  # metres per degree of latitude (haversine, mean earth radius)
+A, C = (39.9, 116.3), (39.95, 116.3)
+
+
+def north(point: tuple[float, float], metres: float) -> tuple[float, float]:
+    return point[0] + metres / M_PER_DEG, point[1]
+
+
+def hand_fitted() -> FittedPreprocessing:
+    """Place 0 (vocabulary id 2) with core staypoints at A and 5 m north of it; a noise staypoint at C."""
+    clustered = pl.DataFrame({"location_id": [0, 0, None], "latitude": [A[0], north(A, 5)[0], C[0]],
+                              "longitude": [A[1], A[1], C[1]], "is_core": [True, True, False]},
+                             schema_overrides={"location_id": pl.Int64})
+    places = pl.DataFrame({"location_id": [0], "latitude": [A[0]], "longitude": [A[1]], "location": [2]})
+    users = pl.DataFrame({"user": [1], "source_user_id": ["u1"]})
+    manifest = {"config": PreprocessConfig().to_dict(), "vocab": {"locations": 3, "users": 2}}
+    return FittedPreprocessing.from_tables(manifest, places, clustered, users, "hand-built")
+
+
+def test_new_staypoints_join_fitted_places_by_dbscan_rules():
+    """p0 is 10 m from A's cores: place 0. p1 is 23 m from the nearest core but 18 m from p0: chained to place 0.
+    p2 and p3 are 5 m apart, 500 m away: a new place, numbered first after the fitted ids (1). p4 is 10 m from the
+    fitted noise staypoint C: together a place the fitted run did not have (2). p5 is alone: noise."""
+    points = [north(A, 10), north(A, 28), north(A, 500), north(A, 505), north(C, 10), north(A, 3000)]
+    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    activities = pl.DataFrame({"user_id": ["u1"] * 6, "started_at": [t0 + timedelta(hours=h) for h in range(6)],
+                               "latitude": [p[0] for p in points], "longitude": [p[1] for p in points]})
+    labelled, new_places = join_fitted_places(activities, hand_fitted())
+    assert labelled["location_id"].to_list() == [0, 0, 1, 1, 2, None]
+    assert labelled["is_new_place"].to_list() == [False, False, True, True, True, True]
+    assert new_places["location_id"].to_list() == [1, 2] and new_places["location"].to_list() == [1, 1]
+    assert new_places["n_staypoints"].to_list() == [2, 1]  # the fitted staypoint C is not a new staypoint
+
+
+def test_known_users_keep_their_id_and_unknown_users_get_zero():
+    merged = pl.DataFrame({"user_id": ["u1", "u9"], "location_id": [0, 7]}, schema_overrides={"location_id": pl.Int64})
+    encoded = encode_applied(merged, hand_fitted())
+    assert encoded["user"].to_list() == [1, UNKNOWN_USER]
+    assert encoded["location"].to_list() == [2, 1]  # place 0 is vocabulary id 2; a new place is 1 (unseen in train)
+
+
+@pytest.fixture(scope="module")
+def synthetic_80_20(tmp_path_factory):
+    """Synthetic people: a whole-data run, a run on each person's first 80% of days, and that run applied to the
+    last 20% plus a person it never saw (user 999)."""
+    root = tmp_path_factory.mktemp("fitted_synth")
+    points = generate_positionfixes(SynthConfig(users=10, days=90, seed=5))
+    early, late = split_days(points)
+    stranger = generate_positionfixes(SynthConfig(users=1, days=20, seed=99)).with_columns(
+        pl.lit(999, points.schema["user_id"]).alias("user_id"),
+        pl.col("tracked_at") + (late["tracked_at"].min() - pl.col("tracked_at").min()))
+    points.write_parquet(root / "all.parquet")
+    early.write_parquet(root / "early.parquet")
+    pl.concat([late, stranger.select(late.columns)]).write_parquet(root / "late.parquet")
+    preprocess(root / "all.parquet", "positionfixes", root / "full", progress=False)
+    preprocess(root / "early.parquet", "positionfixes", root / "early", progress=False)
+    result = preprocess_fitted(root / "late.parquet", "positionfixes", root / "early", root / "late", progress=False)
+    return root, result
+
+
+def test_places_in_both_periods_keep_the_whole_data_ids(synthetic_80_20):
+    root, _ = synthetic_80_20
+    agree, compared = place_agreement(root / "full", root / "early", root / "late")
+    assert compared > 200 and agree / compared >= 0.98, (agree, compared)
+
+
+def test_every_user_with_enough_history_gets_a_latest_sample(synthetic_80_20):
+    root, result = synthetic_80_20
+    config = PreprocessConfig()
+    staypoints = pl.read_parquet(root / "late" / "staypoints.parquet")
+    recent = staypoints.filter(pl.col("start_day") >= pl.col("start_day").max().over("user_id") - config.history_days)
+    enough = recent.group_by("user_id").len().filter(pl.col("len") >= config.min_history_staypoints)["user_id"]
+    latest = pl.read_parquet(root / "late" / "latest.parquet")
+    assert sorted(latest["source_user_id"].to_list()) == sorted(enough.to_list()) and latest.height >= 9
+    # each history ends with the user's last visit
+    last = staypoints.group_by("user_id").agg(pl.col("location_id").sort_by("started_at").last())
+    ends = latest.select(pl.col("source_user_id").alias("user_id"), pl.col("places").list.last().alias("end"))
+    assert ends.join(last, on="user_id").select((pl.col("end") == pl.col("location_id")).all()).item()
+    stranger = latest.filter(pl.col("source_user_id") == 999)
+    assert stranger["user"].to_list() == [UNKNOWN_USER]
+    assert result.manifest["counts"]["users_unknown"] == 1
+
+
+def test_counts_reconcile_and_the_manifest_names_the_fitted_run(synthetic_80_20):
+    root, result = synthetic_80_20
+    counts = result.manifest["counts"]
+    assert counts["activity_staypoints"] == (counts["staypoints_on_fitted_places"] + counts["staypoints_on_new_places"]
+                                             + counts["staypoints_noise"])
+    fitted_manifest = json.loads((root / "early" / "manifest.json").read_text())
+    assert result.manifest["vocab"] == fitted_manifest["vocab"]  # the model's tables still fit
+    assert result.manifest["fitted"]["input_sha256"] == fitted_manifest["input_sha256"]
+    evaluation = pl.read_parquet(root / "late" / "evaluation.parquet")
+    assert evaluation.height == counts["samples"]["evaluation"] > 50
+    assert evaluation["user"].max() < fitted_manifest["vocab"]["users"]
+    assert evaluation["locations"].list.max().max() < fitted_manifest["vocab"]["locations"]
+    places = pl.read_parquet(root / "late" / "places.parquet")
+    assert places.filter("is_new").height == counts["new_places"]
+    assert places["location_id"].n_unique() == places.height  # new ids never reuse a fitted one
+
+
+def test_a_rerun_is_reused_and_a_changed_fit_is_not(synthetic_80_20):
+    root, _ = synthetic_80_20
+    again = preprocess_fitted(root / "late.parquet", "positionfixes", root / "early", root / "late", progress=False)
+    assert again.reused
+    other = preprocess_fitted(root / "late.parquet", "positionfixes", root / "full", root / "late", progress=False)
+    assert not other.reused and other.manifest["fitted"]["source"] == str(root / "full")
+
+
+def test_a_folder_from_before_the_fitted_pipeline_is_refused(synthetic_80_20, tmp_path):
+    root, _ = synthetic_80_20
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    for f in (root / "early").iterdir():
+        if f.name != "location_staypoints.parquet":
+            (legacy / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(InputError, match="lacks location_staypoints.parquet.*preprocess the training input again"):
+        FittedPreprocessing.from_folder(legacy)
+    with pytest.raises(InputError, match="itself the output of --fitted"):
+        FittedPreprocessing.from_folder(root / "late")
+
+
+def test_cli_fitted_prints_counts_and_refuses_a_config(synthetic_80_20, tmp_path):
+    root, _ = synthetic_80_20
+    cli = [sys.executable, "-m", "pgt.cli", "preprocess", "--input", str(root / "late.parquet"), "--format",
+           "positionfixes", "--fitted", str(root / "early"), "--no-progress"]
+    r = subprocess.run([*cli, "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "at fitted places" in r.stdout and "(1 unknown)" in r.stdout and "samples latest" in r.stdout
+    (tmp_path / "c.yaml").write_text("history_days: 5\n")
+    r = subprocess.run([*cli, "--out", str(tmp_path / "o2"), "--config", str(tmp_path / "c.yaml")], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "cannot be combined with --fitted" in r.stderr
+
+
+@pytest.mark.slow
+def test_geolife_80_20_keeps_place_ids_and_scores_every_user(geolife_parquet, tmp_path):
+    """All of GeoLife: fit on each user's first 80% of days, apply to the last 20%. Measured: 2,876 of the 2,881
+    later staypoints at places both runs share get the whole-data place (the rest: places that new visits bridge)."""
+    early, late = split_days(pl.read_parquet(geolife_parquet))
+    early.write_parquet(tmp_path / "early.parquet")
+    late.write_parquet(tmp_path / "late.parquet")
+    del early, late
+    preprocess(geolife_parquet, "positionfixes", tmp_path / "full", progress=False)
+    preprocess(tmp_path / "early.parquet", "positionfixes", tmp_path / "early", progress=False)
+    result = preprocess_fitted(tmp_path / "late.parquet", "positionfixes", tmp_path / "early", tmp_path / "late",
+                               progress=False)
+    agree, compared = place_agreement(tmp_path / "full", tmp_path / "early", tmp_path / "late")
+    assert compared > 2000 and agree / compared >= 0.99, (agree, compared)
+    latest = pl.read_parquet(tmp_path / "late" / "latest.parquet")
+    staypoints = pl.read_parquet(tmp_path / "late" / "staypoints.parquet")
+    recent = staypoints.filter(pl.col("start_day") >= pl.col("start_day").max().over("user_id") - 7)
+    enough = recent.group_by("user_id").len().filter(pl.col("len") >= 3)["user_id"]
+    assert sorted(latest["source_user_id"].to_list()) == sorted(enough.to_list()) and latest.height >= 80
+    assert result.manifest["counts"]["samples"]["evaluation"] > 3000
