@@ -1,0 +1,150 @@
+"""A registered model on new raw GPS: `pgt predict --format`, and `mlflow models serve` over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from preprocessing.pipeline import preprocess, preprocess_fitted
+from preprocessing.synthetic import SynthConfig, generate_positionfixes
+from tests.conftest import PROJECT_ROOT, free_port, split_days
+
+pytestmark = pytest.mark.slow
+PGT = [sys.executable, "-m", "pgt.cli"]
+NO_PICKLE = {**os.environ, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
+
+
+def run(*args, env=None):
+    return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, timeout=600, env=env or NO_PICKLE)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, mlflow_server):
+    """A model trained on each synthetic person's first 80% of days and registered as `raw`; the last 20% as raw
+    GPS points and through `pgt preprocess --fitted`."""
+    root = tmp_path_factory.mktemp("raw")
+    early, late = split_days(generate_positionfixes(SynthConfig(users=10, days=90, seed=5)))
+    early.write_parquet(root / "early.parquet")
+    late.write_parquet(root / "late.parquet")
+    preprocess(root / "early.parquet", "positionfixes", root / "early", progress=False)
+    preprocess_fitted(root / "late.parquet", "positionfixes", root / "early", root / "late", progress=False)
+    r = run("train", "--data", root / "early", "--out", root / "run", "--epochs", "3", "--unseen-slots",
+            "--tracking-uri", mlflow_server, "--experiment", "raw", "--register", "raw")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root, mlflow_server
+
+
+def test_predict_from_raw_gps_names_places_with_coordinates(trained):
+    root, server = trained
+    r = run("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format", "positionfixes",
+            "--out", root / "pred.parquet", "--top-k", "3", "--tracking-uri", server)
+    assert r.returncode == 0, r.stderr[-3000:]
+    pred = pl.read_parquet(root / "pred.parquet")
+    latest = pred.filter(sample="latest")
+    expected = pl.read_parquet(root / "late" / "latest.parquet")["source_user_id"]
+    assert sorted(latest["source_user_id"].unique().to_list()) == sorted(expected.to_list())
+    assert latest.group_by("sample_index").len()["len"].to_list() == [3] * expected.len()
+    places = latest.filter(pl.col("location") != 1)  # known places
+    assert places["latitude"].null_count() == 0 and places["place_id"].null_count() == 0
+    assert latest.filter(pl.col("place_id").is_null())["location"].to_list() == [1] * latest["place_id"].null_count()
+    assert (latest.group_by("sample_index").agg(pl.col("probability").sum())["probability"] <= 1.0001).all()
+    # the strict Acc@1 of these predictions equals pgt evaluate on the same samples
+    first = pred.filter(sample="evaluation", rank=1)
+    strict = 100 * (first["place_id"] == first["target_place"]).fill_null(False).mean()
+    r = run("evaluate", "--model", "models:/raw@champion", "--data", root / "late", "--split", "evaluation",
+            "--tracking-uri", server)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert first.height == json.loads(r.stdout)["strict"]["n"] > 50
+    assert strict == pytest.approx(json.loads(r.stdout)["strict"]["acc@1"], abs=1e-9)
+
+
+def test_predict_writes_csv_and_refuses_other_suffixes(trained):
+    root, server = trained
+    r = run("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format", "positionfixes",
+            "--out", root / "pred.csv", "--tracking-uri", server)
+    assert r.returncode == 0 and pl.read_csv(root / "pred.csv")["rank"].max() == 5
+    r = run("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format", "positionfixes",
+            "--out", root / "pred.txt", "--tracking-uri", server)
+    assert r.returncode == 2 and "must end in .parquet or .csv" in r.stderr and r.stderr.count("\n") == 1
+
+
+@pytest.fixture(scope="module")
+def served(trained, tmp_path_factory):
+    """`mlflow models serve` of the champion, started and stopped by the project's scripts."""
+    root, server = trained
+    env = {**os.environ, "PGT_STATE_DIR": str(tmp_path_factory.mktemp("serve")), "SERVE_PORT": str(free_port()),
+           "MLFLOW_TRACKING_URI": server}
+    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-serve.sh", "models:/raw@champion"], env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    yield f"http://127.0.0.1:{env['SERVE_PORT']}/invocations", root, server
+    stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-serve.sh"], env=env, capture_output=True, text=True,
+                             timeout=120)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def one_user_staypoints(root: Path) -> pl.DataFrame:
+    """One person's staypoints of the later period, as a client would send them (ISO 8601 text times)."""
+    from preprocessing.staypoints import generate_staypoints
+
+    points = pl.read_parquet(root / "late.parquet")
+    user = points["user_id"].min()
+    staypoints = generate_staypoints(points.filter(pl.col("user_id") == user).sort("tracked_at"), 200, 30, 1440)
+    return staypoints.select("user_id", *(pl.col(c).dt.strftime("%Y-%m-%dT%H:%M:%S%z") for c in
+                                          ("started_at", "finished_at")), "latitude", "longitude")
+
+
+def test_the_served_model_answers_staypoints_with_the_places_of_pgt_predict(served, tmp_path):
+    url, root, server = served
+    staypoints = one_user_staypoints(root)
+    status, body = post(url, {"dataframe_records": staypoints.to_dicts(), "params": {"top_k": 3}})
+    assert status == 200, body
+    answer = pl.DataFrame(body["predictions"])
+    assert answer["rank"].to_list() == [1, 2, 3] and answer["sample"].unique().to_list() == ["latest"]
+    # the same staypoints through pgt predict
+    staypoints.write_csv(tmp_path / "staypoints.csv")
+    r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--format",
+            "staypoints", "--out", tmp_path / "pred.parquet", "--top-k", "3",
+            "--tracking-uri", server)
+    assert r.returncode == 0, r.stderr[-2000:]
+    expected = pl.read_parquet(tmp_path / "pred.parquet").filter(sample="latest")
+    assert answer["place_id"].to_list() == expected["place_id"].to_list()
+    assert answer["probability"].to_list() == pytest.approx(expected["probability"].to_list(), abs=1e-6)
+    assert answer["latitude"].to_list() == pytest.approx(expected["latitude"].to_list(), nan_ok=True)
+
+
+def test_the_served_model_answers_sequences(served):
+    url, root, _ = served
+    latest = pl.read_parquet(root / "late" / "latest.parquet").head(2).drop("history_end")
+    records = [{k: (list(v) if isinstance(v, list) else v) for k, v in row.items()} for row in latest.to_dicts()]
+    status, body = post(url, {"dataframe_records": records, "params": {"top_k": 2}})
+    assert status == 200, body
+    answer = pl.DataFrame(body["predictions"])
+    assert answer.height == 4 and answer["sample_index"].to_list() == [0, 0, 1, 1]
+    assert answer["source_user_id"].to_list() == [r["source_user_id"] for r in records for _ in range(2)]
+
+
+def test_a_bad_request_gets_400_naming_the_column(served):
+    url, root, _ = served
+    records = one_user_staypoints(root).drop("finished_at").to_dicts()
+    status, body = post(url, {"dataframe_records": records})
+    assert status == 400 and "finished_at" in body["message"], body
+    status, body = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts(), "params": {"top_k": 0}})
+    assert status == 400 and "top_k" in body["message"], body
