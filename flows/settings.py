@@ -110,3 +110,54 @@ class FlowSettings:
                  "sequences": str(self.sequences_dir)}
         what = "sweep" if self.tune else f"training ({self.workers or 1} worker{'s' if self.workers > 1 else ''})"
         return metrics_markdown(test, validation, f"preprocess-and-train: {self.run_name}, {what}", links)
+
+
+@dataclass
+class PredictSettings:
+    """The predict flow's parameters resolved into paths."""
+
+    model_uri: str  # models:/NAME@ALIAS
+    input_path: Path | None  # None: the last recent_days of the synthetic default
+    input_format: str
+    top_k: int
+    recent_days: float
+    tracking_uri: str
+    state_dir: Path
+    synthetic_users: int = 50  # the demo's synthetic default
+    synthetic_days: int = 120
+    synthetic_seed: int = 0
+
+    @classmethod
+    def resolve(cls, model_name: str, alias: str, input_path, input_format: str, top_k: int, recent_days: float,
+                tracking_uri, state_dir, synthetic_users: int = 50, synthetic_days: int = 120) -> PredictSettings:
+        from preprocessing.pipeline import FORMATS
+        from pgt.tracking import resolve_tracking_uri, state_dir as default_state_dir
+
+        if input_format not in FORMATS:
+            raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
+        if top_k < 1 or not recent_days > 0:
+            raise ValueError(f"top_k must be >= 1 and recent_days > 0 (got {top_k}, {recent_days})")
+        state = Path(state_dir).resolve() if state_dir else default_state_dir()
+        return cls(f"models:/{model_name}@{alias}", Path(input_path).resolve() if input_path else None, input_format,
+                   top_k, recent_days, resolve_tracking_uri(tracking_uri, state), state, synthetic_users, synthetic_days)
+
+    @property
+    def synthetic_file(self) -> Path:
+        return self.state_dir / "data" / f"synthetic-{self.synthetic_users}u-{self.synthetic_days}d-{self.synthetic_seed}.parquet"
+
+    @property
+    def recent_file(self) -> Path:
+        return self.state_dir / "data" / f"{self.synthetic_file.stem}-last{self.recent_days:g}d.parquet"
+
+    @property
+    def out_dir(self) -> Path:
+        name = self.model_uri.removeprefix("models:/").replace("@", "-").replace("/", "-")
+        return self.state_dir / "predictions" / name
+
+    @property
+    def predictions_file(self) -> Path:
+        return self.out_dir / "predictions.parquet"
+
+    @property
+    def map_file(self) -> Path:
+        return self.out_dir / "map.png"

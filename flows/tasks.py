@@ -125,3 +125,73 @@ def register(tracking_uri: str, name: str, model_uri: str, run_id: str, validati
 def publish(markdown: str) -> str:
     """The run's metrics table and MLflow address as a Prefect markdown artifact."""
     return str(create_markdown_artifact(key="pgt-metrics", markdown=markdown, description="PGT test metrics"))
+
+
+@task(name="recent input", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
+def recent_input(source: Path, days: float, out_file: Path) -> Path:
+    """Each user's last `days` days of a positionfixes Parquet file (the demo's stand-in for new data)."""
+    import polars as pl
+
+    from pgt.serve import last_days
+
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    last_days(pl.read_parquet(source), days).write_parquet(out_file)
+    return out_file
+
+
+@task(name="predict places", cache_policy=NO_CACHE)
+def predict_places(model_uri: str, input_path: Path, input_format: str, out_file: Path, top_k: int,
+                   tracking_uri: str) -> Path:
+    """Raw GPS through the model's fitted preprocessing: the top-k next places of every user, with coordinates."""
+    from pgt.serve import predict_raw
+
+    predict_raw(model_uri, input_path, input_format, out_file, top_k, tracking_uri)
+    return out_file
+
+
+@task(name="map", cache_policy=NO_CACHE)
+def map_png(predictions_file: Path, out_png: Path) -> Path:
+    import polars as pl
+
+    from pgt.serve import plot_predicted_places
+
+    return plot_predicted_places(pl.read_parquet(predictions_file), out_png)
+
+
+@task(name="log predictions", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
+def log_predictions(tracking_uri: str, model_uri: str, predictions_file: Path, png: Path, input_path: Path,
+                    top_k: int) -> dict:
+    """An MLflow run holding the predictions and the map; the summary (users, strict Acc@1 on evaluation samples)."""
+    import polars as pl
+
+    from pgt.serve import prediction_summary
+    from pgt.tracking import log_predictions as log
+
+    summary = prediction_summary(pl.read_parquet(predictions_file))
+    logged = log(tracking_uri, model_uri, [predictions_file, png], {"input": input_path, "top_k": top_k}, summary)
+    return {**logged, "summary": summary}
+
+
+@task(name="publish predictions", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io,
+      cache_policy=NO_CACHE)
+def publish_predictions(predictions_file: Path, logged: dict, model_uri: str, max_rows: int = 500) -> list[str]:
+    """Prefect artifacts: a table of each user's next places, the map as an image, a summary with the MLflow run."""
+    import polars as pl
+    from prefect.artifacts import create_image_artifact, create_table_artifact
+
+    latest = pl.read_parquet(predictions_file).filter(sample="latest").head(max_rows)
+    rows = latest.select("source_user_id", "rank", "place_id", pl.col("latitude").round(6), pl.col("longitude").round(6),
+                         pl.col("probability").round(4), pl.col("new_place_probability").round(4)).to_dicts()
+    made = [str(create_table_artifact(rows, key="pgt-predictions",
+                                      description=f"next places per user from {model_uri} (first {max_rows} rows)"))]
+    png = logged["artifact_urls"].get("map.png")
+    if png:
+        made.append(str(create_image_artifact(png, key="pgt-predictions-map", description="predicted next places")))
+    s = logged["summary"]
+    strict = "n/a" if s["evaluation_strict_acc@1"] is None else f"{s['evaluation_strict_acc@1']:.2f}"
+    made.append(str(create_markdown_artifact(key="pgt-predictions-summary", markdown=(
+        f"# predict: {model_uri}\n\n| users scored | evaluation samples | strict Acc@1 | mean P(new place) |\n"
+        f"|---|---|---|---|\n| {s['users']} | {s['evaluation_samples']} | {strict} | "
+        f"{s['mean_new_place_probability']:.3f} |\n\nMLflow run: {logged['run_url']}\n\nmap: {png or 'logged to the run'}\n"),
+        description="prediction summary")))
+    return made

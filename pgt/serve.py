@@ -178,3 +178,56 @@ def _check_vocab(model, dataset: SequenceDataset, path: Path) -> None:
         if len(values) and int(values.max()) >= size:
             raise ValueError(f"{path}: column {column} holds id {int(values.max())}, but the model knows ids "
                              f"0..{size - 1}; score sequences from the preprocessing run the model was trained on")
+
+
+def last_days(points: pl.DataFrame, days: float, time_column: str = "tracked_at") -> pl.DataFrame:
+    """Each user's rows of their last `days` days (the input of a prediction: the recent past)."""
+    start = pl.col(time_column).max().over("user_id") - pl.duration(seconds=int(days * 86_400))
+    return points.filter(pl.col(time_column) > start)
+
+
+def plot_predicted_places(predictions: pl.DataFrame, out_png: Path, max_users: int = 12) -> Path:
+    """A map (longitude, latitude) of each user's top-k next places from the latest samples: one colour per user,
+    marker area proportional to the probability, the most probable place ringed. Users beyond max_users are left
+    out (the title says how many)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    latest = predictions.filter((pl.col("sample") != "evaluation") & pl.col("latitude").is_not_null())
+    users = latest["source_user_id"].unique(maintain_order=True)
+    shown = users.head(max_users)
+    fig, ax = plt.subplots(figsize=(8, 7))
+    colours = plt.get_cmap("tab20")
+    for i, user in enumerate(shown.to_list()):
+        rows = latest.filter(pl.col("source_user_id") == user)
+        ax.scatter(rows["longitude"], rows["latitude"], s=40 + 800 * rows["probability"].to_numpy(),
+                   color=colours(i % 20), alpha=0.55, label=f"user {user}")
+        top = rows.filter(pl.col("rank") == rows["rank"].min())
+        ax.scatter(top["longitude"], top["latitude"], s=60 + 800 * top["probability"].to_numpy(), facecolors="none",
+                   edgecolors="black", linewidths=1.2)
+    ax.set_xlabel("longitude")
+    ax.set_ylabel("latitude")
+    more = f" ({len(users) - len(shown)} more not shown)" if len(users) > len(shown) else ""
+    ax.set_title(f"predicted next places of {len(shown)} users{more}\narea = probability, ringed = most probable")
+    if len(shown):
+        ax.legend(fontsize=7, loc="best", ncols=2)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    out_png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+def prediction_summary(predictions: pl.DataFrame) -> dict:
+    """Counts and scores of a predict_raw output: users scored, evaluation samples and their strict Acc@1 (the
+    most probable place is the exact place visited next), the mean new-place probability."""
+    latest = predictions.filter(sample="latest")
+    first = predictions.filter((pl.col("sample") == "evaluation") & (pl.col("rank") == 1))
+    strict = float(100 * (first["place_id"] == first["target_place"]).fill_null(False).mean()) if first.height else None
+    return {"users": latest["sample_index"].n_unique(), "evaluation_samples": first.height,
+            "evaluation_strict_acc@1": strict,
+            "mean_new_place_probability": float(latest.group_by("sample_index").agg(pl.col("new_place_probability").first())
+                                                ["new_place_probability"].mean() or 0.0)}

@@ -301,3 +301,24 @@ def _flatten(values: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{key}"] = json.dumps(value) if isinstance(value, (list, tuple)) else value
     return out
+
+
+def log_predictions(tracking_uri: str, model_uri: str, files: list[Path], params: dict, metrics: dict,
+                    experiment: str = "pgt-predictions") -> dict:
+    """An MLflow run for one scoring of new data: the model URI and inputs as params, the summary as metrics,
+    the prediction table and map as artifacts. Returns the run id, its UI address and, for a tracking server, the
+    download address of each artifact (what a Prefect image or link artifact can show)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    with mlflow.start_run(experiment_id=experiment_id(tracking_uri, experiment),
+                          run_name=f"predict {model_uri}") as run:
+        mlflow.log_params({"model_uri": model_uri, **{k: str(v) for k, v in params.items()}})
+        mlflow.log_metrics({metric_key(k): float(v) for k, v in metrics.items() if v is not None})
+        for path in files:
+            mlflow.log_artifact(str(path))
+    run_id = run.info.run_id
+    served = tracking_uri.startswith(("http://", "https://"))
+    urls = {Path(p).name: f"{tracking_uri.rstrip('/')}/get-artifact?path={Path(p).name}&run_uuid={run_id}"
+            for p in files} if served else {}
+    return {"run_id": run_id, "run_url": run_url(tracking_uri, run_id), "artifact_urls": urls}

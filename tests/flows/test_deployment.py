@@ -4,6 +4,7 @@ project's scripts on 127.0.0.1."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +30,7 @@ def stack(tmp_path_factory):
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         assert "preprocess-and-train/demo" in started.stdout and "preprocess-and-train/sweep" in started.stdout
+        assert "predict-next-places/predict" in started.stdout
         env |= {"PREFECT_API_URL": f"http://127.0.0.1:{env['PREFECT_PORT']}/api", "PREFECT_HOME": str(state / "prefect")}
         yield state, env
     finally:
@@ -70,6 +72,46 @@ def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing
     assert len(versions) == 2 and client.get_model_version_by_alias("pgt-demo", "champion").version in ("1", "2")
 
 
+def test_predict_deployment_publishes_next_places_as_a_table_and_a_map(stack):
+    """`prefect deployment run predict-next-places/predict`: the champion scores the demo people's last 14 days."""
+    import urllib.request
+
+    from mlflow.tracking import MlflowClient
+
+    state, env = stack
+    client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
+    try:
+        client.get_model_version_by_alias("pgt-demo", "champion")
+    except Exception:  # this test alone: train the demo first
+        assert run_demo(env).returncode == 0
+    prefect = Path(env["PGT_VENV_BIN"]) / "prefect"
+    subprocess.run([prefect, "deployment", "run", "predict-next-places/predict", "--param", "synthetic_users=8",
+                    "--param", "synthetic_days=70", "--watch", "--watch-timeout", "400"], env=env, capture_output=True,
+                   text=True, timeout=500)
+    code = """
+import json
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+with get_client(sync_client=True) as client:
+    found = {key: client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+             for key in ("pgt-predictions", "pgt-predictions-map", "pgt-predictions-summary")}
+    print(json.dumps({key: a[0].data if a else None for key, a in found.items()}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    artifacts = json.loads(r.stdout.strip().splitlines()[-1])
+    rows = artifacts["pgt-predictions"]
+    rows = json.loads(rows) if isinstance(rows, str) else rows
+    assert rows and {"source_user_id", "rank", "latitude", "longitude", "probability"} <= set(rows[0])
+    assert len({row["source_user_id"] for row in rows}) >= 5  # the demo's 8 people, those with a recent history
+    url = artifacts["pgt-predictions-map"]
+    assert url.startswith(f"http://127.0.0.1:{env['MLFLOW_PORT']}/get-artifact?path=map.png")
+    with urllib.request.urlopen(url, timeout=30) as response:
+        assert response.read(8) == b"\x89PNG\r\n\x1a\n"  # the map, served by the MLflow server
+    assert "users scored" in artifacts["pgt-predictions-summary"]
+    assert (state / "predictions" / "pgt-demo-champion" / "predictions.parquet").is_file()
+
+
 def test_every_deployment_runs_one_at_a_time(stack):
     """prefect.yaml's concurrency_limit reached the server: runs that share the state folder queue up."""
     _, env = stack
@@ -79,13 +121,14 @@ from prefect.client.orchestration import get_client
 
 async def main():
     async with get_client() as client:
-        for name in ("demo", "geolife", "sweep"):
-            d = await client.read_deployment_by_name(f"preprocess-and-train/{name}")
+        for name in ("preprocess-and-train/demo", "preprocess-and-train/geolife", "preprocess-and-train/sweep",
+                     "predict-next-places/predict"):
+            d = await client.read_deployment_by_name(name)
             limit = d.global_concurrency_limit.limit if d.global_concurrency_limit else d.concurrency_limit
-            print(name, limit)
+            print(name.split("/")[1], limit)
 
 asyncio.run(main())
 """
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["demo", "1", "geolife", "1", "sweep", "1"]
+    assert r.stdout.split() == ["demo", "1", "geolife", "1", "sweep", "1", "predict", "1"]

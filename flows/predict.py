@@ -1,0 +1,50 @@
+"""The Prefect flow `predict-next-places`: new raw GPS -> the champion's fitted preprocessing -> each user's top-k
+next places with coordinates -> a table, a map and an MLflow run. The flow only wires tasks.
+
+    prefect deployment run predict-next-places/predict      (see prefect.yaml)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path  # noqa: F401 - Prefect resolves the flow's string annotations at run time
+from typing import Literal
+
+from prefect import flow
+
+from flows import tasks
+from flows.settings import PredictSettings
+
+
+@flow(name="predict-next-places", log_prints=True)
+def predict_next_places(
+    model_name: str = "pgt-demo",
+    alias: str = "champion",
+    input_path: str | None = None,
+    input_format: Literal["positionfixes", "staypoints", "geolife-plt"] = "positionfixes",
+    top_k: int = 5,
+    recent_days: float = 14.0,
+    tracking_uri: str | None = None,
+    state_dir: str | None = None,
+    synthetic_users: int = 50,
+    synthetic_days: int = 120,
+) -> dict:
+    """Score new GPS data with models:/model_name@alias and publish each user's next places.
+
+    input_path None takes the last recent_days days of the synthetic default (synthetic_users people over
+    synthetic_days days, as the demo deployment trains on). The predictions
+    (Parquet), the map (PNG) and a summary are logged to an MLflow run in the experiment pgt-predictions."""
+    s = PredictSettings.resolve(model_name, alias, input_path, input_format, top_k, recent_days, tracking_uri, state_dir,
+                                synthetic_users, synthetic_days)
+    source = s.input_path
+    if source is None:
+        synthetic = tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
+        source = tasks.recent_input(synthetic, s.recent_days, s.recent_file)
+    predictions = tasks.predict_places(s.model_uri, source, s.input_format, s.predictions_file, s.top_k, s.tracking_uri)
+    png = tasks.map_png(predictions, s.map_file)
+    logged = tasks.log_predictions(s.tracking_uri, s.model_uri, predictions, png, source, s.top_k)
+    tasks.publish_predictions(predictions, logged, s.model_uri)
+    return {"predictions": str(predictions), "map": str(png), **logged}
+
+
+if __name__ == "__main__":
+    predict_next_places()
