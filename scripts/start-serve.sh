@@ -17,8 +17,9 @@ if running "$PIDFILE"; then
     echo "serve: already running at $URL (pid $(cat "$PIDFILE"), model $(cat "$DIR/model"))"
     exit 0
 fi
-# Nothing is unpickled: the model is models-from-code (pgt/mlflow_model.py).
-MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false setsid "$VENV_BIN/mlflow" models serve -m "$MODEL" \
+# Nothing is unpickled: the model is models-from-code (pgt/mlflow_model.py). A request is a few dozen rows:
+# one polars thread per worker answers it faster than a pool (scale with SERVE_WORKERS instead).
+POLARS_MAX_THREADS="${POLARS_MAX_THREADS:-1}" MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false setsid "$VENV_BIN/mlflow" models serve -m "$MODEL" \
     --env-manager local --host 127.0.0.1 --port "$PORT" --workers "${SERVE_WORKERS:-1}" >"$DIR/server.log" 2>&1 &
 echo $! >"$PIDFILE"
 echo "$MODEL" >"$DIR/model"

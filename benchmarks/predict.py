@@ -1,0 +1,149 @@
+"""Benchmark: a trained model on new raw GPS, from the command line and served over HTTP.
+
+1. Fits on each GeoLife user's first 80% of days (`pgt preprocess`, then `pgt train --recipe tuned --register`,
+   a few epochs: speed does not depend on how long it trained) against a local SQLite MLflow store.
+2. `pgt predict --format positionfixes` on the last 30 days of every one of the 182 users' GPS points, as a
+   subprocess, end to end (model download, fitted preprocessing, scoring, writing). Target: under 30 s.
+3. `scripts/start-serve.sh` (`mlflow models serve`), then one-user requests of each user's last 7 days of
+   staypoints, one at a time: latency median / p90 / p99. Target: median under 50 ms.
+
+Writes JSON (default benchmarks/results/predict.json) and prints a table.
+
+    python benchmarks/predict.py [--input PATH] [--epochs N] [--requests N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.preprocess import machine  # noqa: E402
+
+DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "geolife" / "geolife_positionfixes.parquet"
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "predict.json"
+TARGET = {"predict_s": 30.0, "served_median_ms": 50.0}
+PGT = [sys.executable, "-m", "pgt.cli"]
+
+
+def run(*args, env=None) -> tuple[float, subprocess.CompletedProcess]:
+    start = time.perf_counter()
+    done = subprocess.run([*map(str, args)], capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, args[:4]))} failed:\n{done.stderr[-3000:]}")
+    return time.perf_counter() - start, done
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=300, help="served one-user requests (cycling over users)")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    args = parser.parse_args()
+    if not args.input.is_file():
+        raise SystemExit(f"{args.input}: no such file (the GeoLife Parquet of ../shared/data)")
+    from pgt.serve import last_days
+    from preprocessing.staypoints import generate_staypoints
+    from tests.conftest import split_days
+
+    with tempfile.TemporaryDirectory(prefix="pgt-bench-predict-") as tmp:
+        tmp = Path(tmp)
+        tracking = f"sqlite:///{tmp / 'mlflow.db'}"
+        env = {**os.environ, "MLFLOW_TRACKING_URI": tracking, "PGT_STATE_DIR": str(tmp / "state"),
+               "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}
+        points = pl.read_parquet(args.input)
+        early, _ = split_days(points)
+        early.write_parquet(tmp / "early.parquet")
+        recent = last_days(points, 30)
+        recent.write_parquet(tmp / "recent.parquet")
+        del early
+        fit_s, _ = run(*PGT, "preprocess", "--input", tmp / "early.parquet", "--format", "positionfixes", "--out",
+                       tmp / "early", "--no-progress", env=env)
+        train_s, _ = run(*PGT, "train", "--data", tmp / "early", "--out", tmp / "run", "--recipe", "tuned", "--epochs",
+                         args.epochs, "--register", "bench", env=env)
+        predict_s, done = run(*PGT, "predict", "--model", "models:/bench@champion", "--input", tmp / "recent.parquet",
+                              "--format", "positionfixes", "--out", tmp / "pred.parquet", env=env)
+        pred = pl.read_parquet(tmp / "pred.parquet")
+        users_scored = pred.filter(sample="latest")["source_user_id"].n_unique()
+
+        # one-user requests: each user's staypoints of their last 7 days
+        week = last_days(recent.with_columns(pl.col("latitude", "longitude").cast(pl.Float64)), 7).sort("user_id", "tracked_at")
+        staypoints = generate_staypoints(week, 200, 30, 1440)
+        bodies = []
+        for (user,), rows in staypoints.group_by("user_id", maintain_order=True):
+            records = rows.select("user_id", *(pl.col(c).dt.strftime("%Y-%m-%dT%H:%M:%S%z") for c in
+                                               ("started_at", "finished_at")), "latitude", "longitude").to_dicts()
+            bodies.append(json.dumps({"dataframe_records": records}).encode())
+        port = free_port()
+        serve_env = {**env, "SERVE_PORT": str(port)}
+        start_s, _ = run(ROOT / "scripts" / "start-serve.sh", "models:/bench@champion", env=serve_env)
+        latencies, answered = [], 0
+        try:
+            url = f"http://127.0.0.1:{port}/invocations"
+            for i in range(args.requests + 10):
+                body = bodies[i % len(bodies)]
+                request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+                t = time.perf_counter()
+                with urllib.request.urlopen(request, timeout=60) as response:
+                    answer = json.loads(response.read())
+                if i >= 10:  # the first requests warm the server up
+                    latencies.append((time.perf_counter() - t) * 1000)
+                    answered += bool(answer["predictions"])
+        finally:
+            run(ROOT / "scripts" / "stop-serve.sh", env=serve_env)
+    latencies.sort()
+    result = {
+        "benchmark": "predict", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+        "input": str(args.input), "fit": {"preprocess_s": round(fit_s, 1), "train_s": round(train_s, 1),
+                                          "epochs": args.epochs, "recipe": "tuned"},
+        "predict": {"wall_s": round(predict_s, 2), "points": recent.height, "users_in_input": recent["user_id"].n_unique(),
+                    "users_scored": users_scored, "evaluation_samples": pred.filter(sample="evaluation")["sample_index"].n_unique(),
+                    "stdout": done.stdout.strip()},
+        "served": {"requests": len(latencies), "answered_with_places": answered, "users": len(bodies),
+                   "staypoints_per_request_median": statistics.median(len(json.loads(b)["dataframe_records"]) for b in bodies),
+                   "start_s": round(start_s, 1), "median_ms": round(statistics.median(latencies), 1),
+                   "p90_ms": round(latencies[int(0.9 * len(latencies))], 1),
+                   "p99_ms": round(latencies[int(0.99 * len(latencies))], 1)},
+        "target": TARGET,
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="a trained model on new raw GPS (GeoLife)")
+    for column in ("measure", "ours", "target"):
+        table.add_column(column)
+    p, s = result["predict"], result["served"]
+    table.add_row(f"pgt predict, last 30 days of {p['users_in_input']} users ({p['points']:,} points)",
+                  f"{p['wall_s']:.1f} s ({p['users_scored']} users scored)", "< 30 s")
+    table.add_row(f"served one-user request ({s['staypoints_per_request_median']:g} staypoints), median",
+                  f"{s['median_ms']:.1f} ms", "< 50 ms")
+    table.add_row("served p90 / p99", f"{s['p90_ms']:.1f} / {s['p99_ms']:.1f} ms", "")
+    Console().print(table)
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
