@@ -111,7 +111,7 @@ class PGTModel(PythonModel):
         import polars as pl
 
         from pgt.serve import place_predictions, predict_applied, top_k_predictions
-        from preprocessing.pipeline import apply_fitted
+        from preprocessing.pipeline import StageLog, apply_fitted
 
         columns = set(frame.columns)
         if "locations" in columns:  # sequences, as a split holds them
@@ -133,7 +133,7 @@ class PGTModel(PythonModel):
             with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
                 path = Path(tmp) / "request.parquet"
                 pl.from_pandas(frame).write_parquet(path)
-                applied = apply_fitted(path, input_format, self.fitted())
+                applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False))
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
         frame = result.with_columns(pl.col("time").cast(pl.String)).to_pandas()
         return frame.astype(object).where(frame.notna(), None)  # JSON null, not NaN, for a missing place

@@ -285,13 +285,13 @@ class AppliedData:
 
 
 def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
-                        fitted: FittedPreprocessing) -> AppliedData:
+                        fitted: FittedPreprocessing, log=None) -> AppliedData:
     """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
     (pipeline.stage_read's tables). Counts reconcile: activity staypoints = on fitted places + on new places + noise."""
     from preprocessing.pipeline import Stage, stage_staypoints
 
     config = fitted.config
-    found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config)
+    found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log)
     counts, details = found.counts, found.details
     staypoints = found.tables["staypoints"]
     activities = staypoints.filter("is_activity").sort("user_id", "started_at", maintain_order=True)

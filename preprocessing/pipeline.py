@@ -72,6 +72,7 @@ class StageLog:
     """Wall time and peak resident memory of each stage, sampled by a background thread."""
 
     stages: list[dict] = field(default_factory=list)
+    sample_memory: bool = True  # False: wall time only, no sampling thread (a served request of a few rows)
     _peak: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
 
@@ -89,6 +90,13 @@ class StageLog:
 
     @contextmanager
     def stage(self, name: str):
+        if not self.sample_memory:
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.stages.append({"name": name, "seconds": round(time.perf_counter() - start, 3)})
+            return
         self._peak = self.rss_bytes()
         self._stop.clear()
         sampler = threading.Thread(target=self._sample, daemon=True)
@@ -400,7 +408,7 @@ def apply_fitted(input_path: Path | str, input_format: str, fitted: FittedPrepro
     log = log or StageLog()
     read = stage_read(Path(input_path), input_format, log, config=fitted.config)
     with log.stage("fitted places and samples"):
-        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted)
+        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log)
 
 
 def preprocess_fitted(input_path: Path | str, input_format: str, fitted_dir: Path | str, out_dir: Path | str,
