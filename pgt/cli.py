@@ -263,6 +263,10 @@ def predict(
         if format is not None:
             frame = predict_raw(model, input, format.value, out, top_k, tracking_uri)
             latest = frame.filter(pl_col_eq(frame, "sample", "latest"))
+            if latest.height == 0:
+                typer.echo(f"warning: {input}: no user has a recent history to predict from (at least "
+                           "min_history_staypoints visits at places in the history_days days before their last "
+                           "visit); give more days of data", err=True)
             typer.echo(f"wrote {out}: top-{top_k} next places of {latest['sample_index'].n_unique():,} users, and of "
                        f"{frame.filter(pl_col_eq(frame, 'sample', 'evaluation'))['sample_index'].n_unique():,} "
                        "evaluation samples")

@@ -76,6 +76,16 @@ def test_predict_writes_csv_and_refuses_other_suffixes(trained):
     assert r.returncode == 2 and "must end in .parquet or .csv" in r.stderr and r.stderr.count("\n") == 1
 
 
+def test_predict_warns_when_no_user_has_a_recent_history(trained, tmp_path):
+    root, server = trained
+    late = pl.read_parquet(root / "late.parquet")
+    late.filter(pl.col("tracked_at") < late["tracked_at"].min() + pl.duration(hours=2)).write_parquet(tmp_path / "short.parquet")
+    r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "short.parquet", "--format",
+            "positionfixes", "--out", tmp_path / "p.parquet", "--tracking-uri", server)
+    assert r.returncode == 0 and "warning:" in r.stderr and "no user has a recent history" in r.stderr
+    assert pl.read_parquet(tmp_path / "p.parquet").height == 0 and "of 0 users" in r.stdout
+
+
 @pytest.fixture(scope="module")
 def served(trained, tmp_path_factory):
     """`mlflow models serve` of the champion, started and stopped by the project's scripts."""
