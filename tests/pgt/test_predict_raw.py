@@ -158,3 +158,32 @@ def test_a_bad_request_gets_400_naming_the_column(served):
     assert status == 400 and "finished_at" in body["message"], body
     status, body = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts(), "params": {"top_k": 0}})
     assert status == 400 and "top_k" in body["message"], body
+
+
+def test_geolife_80_20_predict_equals_evaluate(geolife_parquet, tmp_path):
+    """All of GeoLife: a model fitted on each user's first 80% of days (2 epochs, the local MLflow store) scores the
+    last 20% from raw GPS; its strict Acc@1 there equals `pgt evaluate` on `pgt preprocess --fitted`'s samples, and
+    every user with a recent history gets a prediction."""
+    early, late = split_days(pl.read_parquet(geolife_parquet))
+    early.write_parquet(tmp_path / "early.parquet")
+    late.write_parquet(tmp_path / "late.parquet")
+    del early, late
+    preprocess(tmp_path / "early.parquet", "positionfixes", tmp_path / "early", progress=False)
+    preprocess_fitted(tmp_path / "late.parquet", "positionfixes", tmp_path / "early", tmp_path / "late", progress=False)
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    r = run("train", "--data", tmp_path / "early", "--out", tmp_path / "run", "--epochs", "2", "--recipe", "tuned",
+            "--tracking-uri", tracking, "--register", "geolife-80")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = run("predict", "--model", "models:/geolife-80@champion", "--input", tmp_path / "late.parquet", "--format",
+            "positionfixes", "--out", tmp_path / "pred.parquet", "--tracking-uri", tracking)
+    assert r.returncode == 0, r.stderr[-3000:]
+    pred = pl.read_parquet(tmp_path / "pred.parquet")
+    latest_users = pl.read_parquet(tmp_path / "late" / "latest.parquet")["source_user_id"]
+    assert sorted(pred.filter(sample="latest")["source_user_id"].unique().to_list()) == sorted(latest_users.to_list())
+    first = pred.filter(sample="evaluation", rank=1)
+    r = run("evaluate", "--model", "models:/geolife-80@champion", "--data", tmp_path / "late", "--split", "evaluation",
+            "--tracking-uri", tracking)
+    assert r.returncode == 0, r.stderr[-3000:]
+    strict = json.loads(r.stdout)["strict"]
+    assert first.height == strict["n"] > 3000
+    assert 100 * (first["place_id"] == first["target_place"]).fill_null(False).mean() == pytest.approx(strict["acc@1"], abs=1e-9)
