@@ -135,7 +135,7 @@ class PGTModel(PythonModel):
                 pl.from_pandas(frame).write_parquet(path)
                 applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False))
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
-        frame = result.with_columns(pl.col("time").cast(pl.String)).to_pandas()
+        frame = result.with_columns(pl.col("time").cast(pl.String)).to_pandas(use_pyarrow_extension_array=True)
         return frame.astype(object).where(frame.notna(), None)  # JSON null, not NaN, for a missing place
 
 

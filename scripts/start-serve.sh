@@ -13,8 +13,8 @@ PIDFILE="$DIR/server.pid"
 URL="http://127.0.0.1:$PORT"
 export PATH="$VENV_BIN:$PATH"  # mlflow runs uvicorn from PATH
 export MLFLOW_TRACKING_URI="${MLFLOW_TRACKING_URI:-http://127.0.0.1:${MLFLOW_PORT:-5055}}"
-if running "$PIDFILE"; then
-    echo "serve: already running at $URL (pid $(cat "$PIDFILE"), model $(cat "$DIR/model"))"
+if running "$PIDFILE"; then  # one server per state folder: say where it is, whatever SERVE_PORT says now
+    echo "serve: already running at $(cat "$DIR/url" 2>/dev/null || echo "$URL") (pid $(cat "$PIDFILE"), model $(cat "$DIR/model" 2>/dev/null)); scripts/stop-serve.sh stops it"
     exit 0
 fi
 # Nothing is unpickled: the model is models-from-code (pgt/mlflow_model.py). A request is a few dozen rows:
@@ -23,6 +23,7 @@ POLARS_MAX_THREADS="${POLARS_MAX_THREADS:-1}" MLFLOW_ALLOW_PICKLE_DESERIALIZATIO
     --env-manager local --host 127.0.0.1 --port "$PORT" --workers "${SERVE_WORKERS:-1}" >"$DIR/server.log" 2>&1 &
 echo $! >"$PIDFILE"
 echo "$MODEL" >"$DIR/model"
+echo "$URL" >"$DIR/url"
 if ! wait_healthy serve "$URL/ping" "${SERVE_START_TIMEOUT_S:-120}" "$(cat "$PIDFILE")"; then
     tail -5 "$DIR/server.log" >&2
     rm -f "$PIDFILE"

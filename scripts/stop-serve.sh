@@ -3,4 +3,4 @@
 set -euo pipefail
 source "$(dirname "$0")/_lib.sh"
 stop_pid serve "$STATE/serve/server.pid"
-rm -f "$STATE/serve/model"
+rm -f "$STATE/serve/model" "$STATE/serve/url"

@@ -135,7 +135,8 @@ def test_the_served_model_answers_staypoints_with_the_places_of_pgt_predict(serv
             "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-2000:]
     expected = pl.read_parquet(tmp_path / "pred.parquet").filter(sample="latest")
-    assert answer["place_id"].to_list() == expected["place_id"].to_list()
+    assert answer["place_id"].to_list() == expected["place_id"].to_list()  # integers, null for a new place
+    assert all(r["place_id"] is None or type(r["place_id"]) is int for r in body["predictions"])  # JSON null, not NaN
     assert answer["probability"].to_list() == pytest.approx(expected["probability"].to_list(), abs=1e-6)
     assert answer["latitude"].to_list() == pytest.approx(expected["latitude"].to_list(), nan_ok=True)
 
