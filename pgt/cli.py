@@ -267,7 +267,9 @@ def predict(
                 typer.echo(f"warning: {input}: no user has a recent history to predict from (at least "
                            "min_history_staypoints visits at places in the history_days days before their last "
                            "visit); give more days of data", err=True)
-            typer.echo(f"wrote {out}: top-{top_k} next places of {latest['sample_index'].n_unique():,} users, and of "
+            unknown = latest.filter(pl_col_eq(latest, "user", 0))["sample_index"].n_unique()
+            typer.echo(f"wrote {out}: top-{top_k} next places of {latest['sample_index'].n_unique():,} users "
+                       f"({unknown:,} unknown to the model, scored as user 0), and of "
                        f"{frame.filter(pl_col_eq(frame, 'sample', 'evaluation'))['sample_index'].n_unique():,} "
                        "evaluation samples")
             return
@@ -279,7 +281,7 @@ def predict(
     typer.echo(f"wrote {out}: top-{top_k} locations for {rows:,} sequences")
 
 
-def pl_col_eq(frame, column: str, value: str):
+def pl_col_eq(frame, column: str, value):
     """A polars mask `frame[column] == value` (polars is imported only by the commands that need it)."""
     return frame[column] == value
 

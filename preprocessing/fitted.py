@@ -228,15 +228,32 @@ def _nearest_core_place(points: np.ndarray, point_label: np.ndarray, fitted_coor
 
 def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.DataFrame:
     """Add location (the fitted vocabulary's id; UNSEEN for places unseen in train and new places) and user
-    (the fitted id; UNKNOWN_USER for people the fitted data never saw). User ids match as text."""
+    (the fitted id; UNKNOWN_USER for people the fitted data never saw).
+
+    User ids match as text, and across representations by integer value where one side holds integers:
+    fitted integer ids take new text ids by value ("007" is 7), and new integer ids take fitted text ids
+    by value when only one has it (GeoLife's folder "000" and the integer 0 of its Parquet)."""
     vocab = fitted.places.select("location_id", pl.col("location").cast(pl.Int32))
-    users = fitted.users.select(pl.col("source_user_id").cast(pl.String).alias("_user_key"), pl.col("user").cast(pl.Int32))
+    users = fitted.users.select(pl.col("source_user_id"), pl.col("user").cast(pl.Int32))
+    fitted_int, new_int = users.schema["source_user_id"].is_integer(), merged.schema["user_id"].is_integer()
+    as_int = pl.col("_key").str.strip_chars().cast(pl.Int64, strict=False)
+    if fitted_int and not new_int:  # by value where the text is an integer
+        users = users.with_columns(pl.col("source_user_id").cast(pl.String).alias("_key"))
+        keyed = merged.with_columns(pl.col("user_id").cast(pl.String).alias("_key")).with_columns(
+            pl.coalesce(as_int.cast(pl.String), pl.col("_key")).alias("_key"))
+    elif new_int and not fitted_int:  # fitted text ids with a unique integer value
+        users = users.with_columns(pl.col("source_user_id").cast(pl.String).alias("_key")).with_columns(
+            pl.when(as_int.is_not_null() & (as_int.count().over(as_int) == 1)).then(as_int.cast(pl.String))
+            .otherwise(pl.col("_key")).alias("_key"))
+        keyed = merged.with_columns(pl.col("user_id").cast(pl.String).alias("_key"))
+    else:
+        users = users.with_columns(pl.col("source_user_id").cast(pl.String).alias("_key"))
+        keyed = merged.with_columns(pl.col("user_id").cast(pl.String).alias("_key"))
     return (
-        merged.join(vocab, on="location_id", how="left", maintain_order="left")
-        .with_columns(pl.col("user_id").cast(pl.String).alias("_user_key"))
-        .join(users, on="_user_key", how="left", maintain_order="left")
+        keyed.join(vocab, on="location_id", how="left", maintain_order="left")
+        .join(users.select("_key", "user"), on="_key", how="left", maintain_order="left")
         .with_columns(pl.col("location").fill_null(UNSEEN), pl.col("user").fill_null(UNKNOWN_USER))
-        .drop("_user_key")
+        .drop("_key")
     )
 
 

@@ -58,6 +58,20 @@ def test_known_users_keep_their_id_and_unknown_users_get_zero():
     assert encoded["location"].to_list() == [2, 1]  # place 0 is vocabulary id 2; a new place is 1 (unseen in train)
 
 
+def test_user_ids_match_across_text_and_integer_representations():
+    """A model fitted on integer ids knows "007" as 7; one fitted on GeoLife's folder names knows the integer 0 as
+    "000", unless two fitted names share the value."""
+    fitted = hand_fitted()
+    fitted.users = pl.DataFrame({"user": [1, 2], "source_user_id": [7, 12]})
+    merged = pl.DataFrame({"user_id": ["007", "12", "x", "8"], "location_id": [0] * 4})
+    assert encode_applied(merged, fitted)["user"].to_list() == [1, 2, UNKNOWN_USER, UNKNOWN_USER]
+    fitted.users = pl.DataFrame({"user": [1, 2, 3, 4], "source_user_id": ["000", "001", "05", "005"]})
+    merged = pl.DataFrame({"user_id": [0, 1, 5, 2], "location_id": [0] * 4})
+    assert encode_applied(merged, fitted)["user"].to_list() == [1, 2, UNKNOWN_USER, UNKNOWN_USER]  # 5 is ambiguous
+    merged = pl.DataFrame({"user_id": ["000", "0", "05"], "location_id": [0] * 3})
+    assert encode_applied(merged, fitted)["user"].to_list() == [1, UNKNOWN_USER, 3]  # text against text: exact
+
+
 @pytest.fixture(scope="module")
 def synthetic_80_20(tmp_path_factory):
     """Synthetic people: a whole-data run, a run on each person's first 80% of days, and that run applied to the
