@@ -25,7 +25,6 @@ params {"top_k": K} sets k (default TOP_K).
 from __future__ import annotations
 
 import json
-import warnings
 from pathlib import Path
 
 import mlflow
@@ -43,6 +42,10 @@ TOP_K = 5  # places per served prediction unless the request's params say `top_k
 
 class PGTModel(PythonModel):
     """A pyfunc around `pgt.model.PackedModel`; `.packed` is the torch module itself."""
+
+    # predict takes several input kinds (the module docstring) and checks them itself: MLflow's type-hint
+    # validation (and its warning that predict has no type hints) does not apply
+    _skip_type_hint_validation = True
 
     packed: torch.nn.Module | None = None
     data_files: dict = {}  # artifact key -> local file of the training data's tables
@@ -139,6 +142,4 @@ class PGTModel(PythonModel):
         return frame.astype(object).where(frame.notna(), None)  # JSON null, not NaN, for a missing place
 
 
-# predict takes several input kinds (the module docstring), so it has no type hints for MLflow to enforce
-warnings.filterwarnings("ignore", message=r".*Add type hints to the `predict` method.*")
 mlflow.models.set_model(PGTModel())

@@ -190,6 +190,7 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     DBSCAN clustered and the preprocessing package, it applies the fitted preprocessing to raw GPS
     (mlflow_model.py lists the inputs it takes). The signature declares only the `top_k` parameter."""
     import tempfile
+    import warnings
     from importlib.metadata import version
 
     import mlflow.pyfunc
@@ -212,13 +213,15 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
         config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         data = {key: Path(data_dir) / name for key, name in DATA_FILES.items()}
         artifacts = {WEIGHTS: str(weights), CONFIG: str(config)} | {k: str(v) for k, v in data.items() if v.is_file()}
-        return mlflow.pyfunc.log_model(
-            name=name, python_model=str(package / "mlflow_model.py"), artifacts=artifacts,
-            code_paths=[str(package), str(Path(preprocessing.__file__).parent)], signature=signature,
-            metadata={"model_config": dataclasses.asdict(cfg)},
-            pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}",
-                              *(f"{name}=={version(name)}" for name in ("numpy", "pyarrow", "polars", "scikit-learn",
-                                                                        "pyyaml", "pandas"))])
+        with warnings.catch_warnings():  # no input example: the model takes several kinds of input
+            warnings.filterwarnings("ignore", message=r"(?s).*An input example was not provided")
+            return mlflow.pyfunc.log_model(
+                name=name, python_model=str(package / "mlflow_model.py"), artifacts=artifacts,
+                code_paths=[str(package), str(Path(preprocessing.__file__).parent)], signature=signature,
+                metadata={"model_config": dataclasses.asdict(cfg)},
+                pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}",
+                                  *(f"{dist}=={version(dist)}" for dist in ("numpy", "pyarrow", "polars", "scikit-learn",
+                                                                            "pyyaml", "pandas"))])
 
 
 def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:
