@@ -136,10 +136,12 @@ class PGTModel(PythonModel):
             with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
                 path = Path(tmp) / "request.parquet"
                 pl.from_pandas(frame).write_parquet(path)
-                applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False))
+                applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False), evaluation=False)
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
-        frame = result.with_columns(pl.col("time").cast(pl.String)).to_pandas(use_pyarrow_extension_array=True)
-        return frame.astype(object).where(frame.notna(), None)  # JSON null, not NaN, for a missing place
+        import pandas as pd
+
+        records = result.with_columns(pl.col("time").cast(pl.String)).to_dicts()
+        return pd.DataFrame(records, columns=result.columns, dtype=object)  # ints stay ints, JSON null (not NaN) for none
 
 
 mlflow.models.set_model(PGTModel())

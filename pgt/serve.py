@@ -75,31 +75,37 @@ def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, ki
     `places` (location_id, latitude, longitude, location) names the fitted and new places; a known id is the
     place the fitted vocabulary gave it, a slot is the history's place it points at."""
     n, k = top.locations.shape
-    known = places.filter(pl.col("location") >= 2).select(pl.col("location").cast(pl.Int64), pl.col("location_id").alias("_known"))
+    rows = np.repeat(np.arange(n), k)
+    location = top.locations.reshape(-1)
+    # a known id's place (the fitted vocabulary maps ids 2.. to places one to one), a slot's place as pointed at
+    known = places.filter(pl.col("location") >= 2)
+    place_of_id = np.full(max(int(known["location"].max() or 0), int(location.max(initial=0))) + 1, -1, np.int64)
+    place_of_id[known["location"].to_numpy()] = known["location_id"].to_numpy()
+    place = np.where(top.places.reshape(-1) >= 0, top.places.reshape(-1), place_of_id[location])
+    order = np.argsort(places["location_id"].to_numpy(), kind="stable")
+    ids = places["location_id"].to_numpy()[order]
+    at = np.clip(np.searchsorted(ids, place), 0, max(len(ids) - 1, 0))
+    found = (place >= 0) & (len(ids) > 0) & (ids[at] == place if len(ids) else False)
+    latitude = np.where(found, places["latitude"].to_numpy()[order][at] if len(ids) else np.nan, np.nan)
+    longitude = np.where(found, places["longitude"].to_numpy()[order][at] if len(ids) else np.nan, np.nan)
     time = samples["target_started_at"] if "target_started_at" in samples.columns else samples["history_end"]
-    frame = pl.DataFrame({
+    target = (samples["target_place"].cast(pl.Int64).gather(rows) if "target_place" in samples.columns
+              else pl.Series("target_place", [None] * (n * k), dtype=pl.Int64))
+    return pl.DataFrame({
         "sample": pl.Series([kind] * (n * k), dtype=pl.String),
-        "sample_index": np.repeat(np.arange(n), k),
-        "source_user_id": samples["source_user_id"].gather(np.repeat(np.arange(n), k)) if n else samples["source_user_id"],
+        "sample_index": rows,
+        "source_user_id": samples["source_user_id"].gather(rows),
         "user": np.repeat(samples["user"].to_numpy().astype(np.int64), k),
-        "time": time.gather(np.repeat(np.arange(n), k)) if n else time,
+        "time": time.gather(rows),
         "rank": np.tile(np.arange(1, k + 1), n),
-        "location": top.locations.reshape(-1),
-        "_slot_place": top.places.reshape(-1),
+        "place_id": pl.Series(place).set(pl.Series(place < 0), None) if n else pl.Series([], dtype=pl.Int64),
+        "location": location,
+        "latitude": pl.Series(latitude).fill_nan(None),
+        "longitude": pl.Series(longitude).fill_nan(None),
         "probability": top.probabilities.reshape(-1),
         "new_place_probability": np.repeat(top.new_place, k),
+        "target_place": target,
     })
-    if "target_place" in samples.columns:
-        frame = frame.with_columns(target_place=samples["target_place"].cast(pl.Int64).gather(np.repeat(np.arange(n), k))
-                                   if n else samples["target_place"].cast(pl.Int64))
-    else:
-        frame = frame.with_columns(target_place=pl.lit(None, pl.Int64))
-    frame = frame.join(known, on="location", how="left", maintain_order="left").with_columns(
-        place_id=pl.when(pl.col("_slot_place") >= 0).then(pl.col("_slot_place")).otherwise(pl.col("_known")))
-    coordinates = places.select(pl.col("location_id").alias("place_id"), "latitude", "longitude")
-    frame = frame.join(coordinates, on="place_id", how="left", maintain_order="left")
-    return frame.select("sample", "sample_index", "source_user_id", "user", "time", "rank", "place_id", "location",
-                        "latitude", "longitude", "probability", "new_place_probability", "target_place")
 
 
 def predict_applied(model, applied, top_k: int, evaluation: bool = True) -> pl.DataFrame:

@@ -95,7 +95,7 @@ class FittedPreprocessing:
 
     def _coordinates(self, frame: pl.DataFrame) -> np.ndarray:
         axes = ("latitude", "longitude") if self.config.location_axis_order == "lat_lon" else ("longitude", "latitude")
-        return np.radians(frame.select(*axes).to_numpy().astype(np.float64)).reshape(-1, 2)
+        return np.radians(np.column_stack([frame[a].to_numpy().astype(np.float64) for a in axes])).reshape(-1, 2)
 
     def fitted_neighbours(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Pairs (i, row of `clustered`, distance in radians) for every fitted staypoint within epsilon of
@@ -146,8 +146,16 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing) ->
     is_new = np.ones(n, bool)
     if n:
         coords = fitted._coordinates(activities)
-        new_i, new_j, new_d = _pairs(BallTree(coords, metric="haversine").query_radius(
-            coords, r=fitted.config.location_epsilon_m / EARTH_RADIUS_M, return_distance=True))
+        radius = fitted.config.location_epsilon_m / EARTH_RADIUS_M
+        if n <= 2000:  # a request's few staypoints: all pairs at once
+            from sklearn.metrics.pairwise import haversine_distances
+
+            d = haversine_distances(coords)
+            new_i, new_j = np.nonzero(d <= radius)
+            new_d = d[new_i, new_j]
+        else:
+            new_i, new_j, new_d = _pairs(BallTree(coords, metric="haversine").query_radius(coords, r=radius,
+                                                                                           return_distance=True))
         keep = new_i != new_j
         new_i, new_j, new_d = new_i[keep], new_j[keep], new_d[keep]
         fit_i, fit_row, fit_d = fitted.fitted_neighbours(coords)
@@ -257,8 +265,8 @@ def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.Data
     )
 
 
-def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig
-                             ) -> tuple[pl.DataFrame, pl.DataFrame]:
+def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig, evaluation: bool = True
+                             ) -> tuple[pl.DataFrame | None, pl.DataFrame]:
     """(evaluation samples, latest samples) from encoded merged staypoints with time features.
 
     Evaluation samples are the test split's rule applied to the whole new period: targets on or after
@@ -266,10 +274,11 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig
     sample of a user has as history the visits of the last `history_days` days before the day of the
     user's last visit, that one included (recency counted from that day); users with fewer than
     `min_history_staypoints` such visits get none. Its columns are those of a split without the targets,
-    plus source_user_id and history_end (when the last visit ended)."""
+    plus source_user_id and history_end (when the last visit ended). Without `evaluation`, only the latest
+    samples are built (None in their place)."""
     marked = find_samples(staypoints.with_columns(pl.lit("test").alias("split")), config.history_days,
                           config.min_history_staypoints)
-    evaluation = sample_table(marked, "test")
+    evaluation = sample_table(marked, "test") if evaluation else None
     last = np.flatnonzero(marked["user_id"].is_last_distinct().to_numpy())
     day = marked["start_day"].to_numpy().astype(np.int64)
     user_rank = marked.select(pl.col("user_id").rle_id()).to_series().to_numpy().astype(np.int64)
@@ -291,7 +300,7 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig
 class AppliedData:
     """The output of applying a fitted preprocessing: samples, tables and counts."""
 
-    evaluation: pl.DataFrame  # samples with targets (the columns of a split)
+    evaluation: pl.DataFrame | None  # samples with targets (the columns of a split); None when not asked for
     latest: pl.DataFrame  # one sample per user, without a target
     staypoints: pl.DataFrame  # merged, encoded staypoints of the new data
     places: pl.DataFrame  # the fitted places and the new ones: location_id, latitude, longitude, location, is_new
@@ -302,7 +311,7 @@ class AppliedData:
 
 
 def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
-                        fitted: FittedPreprocessing, log=None) -> AppliedData:
+                        fitted: FittedPreprocessing, log=None, evaluation: bool = True) -> AppliedData:
     """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
     (pipeline.stage_read's tables). Counts reconcile: activity staypoints = on fitted places + on new places + noise."""
     from preprocessing.pipeline import Stage, stage_staypoints
@@ -323,12 +332,12 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
                                  config.duration_bucket_min)
     encoded = encode_applied(featured, fitted)
-    evaluation, latest = generate_applied_samples(encoded, config)
+    evaluation, latest = generate_applied_samples(encoded, config, evaluation)
     users = (encoded.group_by("user_id").agg(pl.col("user").first()).sort("user_id")
              .rename({"user_id": "source_user_id"}).with_columns((pl.col("user") != UNKNOWN_USER).alias("known")))
     counts["users"] = users.height
     counts["users_unknown"] = int((~users["known"]).sum())
-    counts["samples"] = {"evaluation": evaluation.height, "latest": latest.height}
+    counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}
     places = pl.concat([fitted.places.with_columns(pl.col("location").cast(pl.Int32), pl.lit(False).alias("is_new")),
                         new_places.select("location_id", "latitude", "longitude", "location",
                                           pl.lit(True).alias("is_new"))])

@@ -400,15 +400,15 @@ def _write_atomically(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFr
 
 
 def apply_fitted(input_path: Path | str, input_format: str, fitted: FittedPreprocessing,
-                 log: StageLog | None = None) -> AppliedData:
+                 log: StageLog | None = None, evaluation: bool = True) -> AppliedData:
     """New data through a fitted preprocessing, in memory (preprocessing/fitted.py): read and validate with
-    the fitted run's rules, then staypoints, fitted places, samples."""
+    the fitted run's rules, then staypoints, fitted places, samples (without `evaluation`: the latest only)."""
     if input_format not in FORMATS:
         raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
     log = log or StageLog()
     read = stage_read(Path(input_path), input_format, log, config=fitted.config)
     with log.stage("fitted places and samples"):
-        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log)
+        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log, evaluation)
 
 
 def preprocess_fitted(input_path: Path | str, input_format: str, fitted_dir: Path | str, out_dir: Path | str,
