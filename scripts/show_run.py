@@ -1,6 +1,7 @@
-"""Print the state of the latest run of a deployment and its metrics artifact (used by scripts/demo.sh).
+"""Print the state of the latest run of a deployment and one of its markdown artifacts (used by scripts/demo.sh).
 
-    python scripts/show_run.py preprocess-and-train/demo
+    python scripts/show_run.py preprocess-and-train/demo                               (the metrics)
+    python scripts/show_run.py predict-next-places/predict pgt-predictions-summary     (the prediction summary)
 Exit code 1 when that run did not complete.
 """
 
@@ -15,7 +16,7 @@ from rich.console import Console
 from rich.markdown import Markdown
 
 
-def main(deployment_name: str) -> int:
+def main(deployment_name: str, artifact_key: str = "pgt-metrics") -> int:
     console = Console()
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name(deployment_name)
@@ -27,7 +28,7 @@ def main(deployment_name: str) -> int:
         run = runs[0]
         console.print(f"flow run {run.name} ({run.id}): {run.state.name}", soft_wrap=True)
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["pgt-metrics"]), flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+            key=ArtifactFilterKey(any_=[artifact_key]), flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
         for artifact in artifacts:
             console.print(Markdown(artifact.data))
         if not run.state.is_completed():
@@ -37,4 +38,4 @@ def main(deployment_name: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "preprocess-and-train/demo"))
+    sys.exit(main(*sys.argv[1:3]) if len(sys.argv) > 1 else main("preprocess-and-train/demo"))

@@ -109,6 +109,9 @@ with get_client(sync_client=True) as client:
     with urllib.request.urlopen(url, timeout=30) as response:
         assert response.read(8) == b"\x89PNG\r\n\x1a\n"  # the map, served by the MLflow server
     assert "users scored" in artifacts["pgt-predictions-summary"]
+    shown = subprocess.run([sys.executable, SCRIPTS / "show_run.py", "predict-next-places/predict",
+                            "pgt-predictions-summary"], env=env, capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and ": Completed" in shown.stdout and "users scored" in shown.stdout, shown.stdout
     assert (state / "predictions" / "pgt-demo-champion" / "predictions.parquet").is_file()
 
 
