@@ -262,15 +262,15 @@ def predict(
     try:
         if format is not None:
             frame = predict_raw(model, input, format.value, out, top_k, tracking_uri)
-            latest = frame.filter(pl_col_eq(frame, "sample", "latest"))
+            latest = frame.filter(frame["sample"] == "latest")
             if latest.height == 0:
                 typer.echo(f"warning: {input}: no user has a recent history to predict from (at least "
                            "min_history_staypoints visits at places in the history_days days before their last "
                            "visit); give more days of data", err=True)
-            unknown = latest.filter(pl_col_eq(latest, "user", 0))["sample_index"].n_unique()
+            unknown = latest.filter(latest["user"] == 0)["sample_index"].n_unique()
             typer.echo(f"wrote {out}: top-{top_k} next places of {latest['sample_index'].n_unique():,} users "
                        f"({unknown:,} unknown to the model, scored as user 0), and of "
-                       f"{frame.filter(pl_col_eq(frame, 'sample', 'evaluation'))['sample_index'].n_unique():,} "
+                       f"{frame.filter(frame['sample'] == 'evaluation')['sample_index'].n_unique():,} "
                        "evaluation samples")
             return
         rows = predict_file(model, input, out, top_k, tracking_uri)
@@ -279,11 +279,6 @@ def predict(
     except Exception as exc:
         _fail(f"{model}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     typer.echo(f"wrote {out}: top-{top_k} locations for {rows:,} sequences")
-
-
-def pl_col_eq(frame, column: str, value):
-    """A polars mask `frame[column] == value` (polars is imported only by the commands that need it)."""
-    return frame[column] == value
 
 
 class SearchAlg(str, Enum):

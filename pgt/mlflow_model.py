@@ -82,7 +82,7 @@ class PGTModel(PythonModel):
                                  "preprocessing); train it again to score raw GPS")
             self._fitted = FittedPreprocessing.from_tables(
                 self.manifest, pl.read_parquet(self.data_files[PLACES]), pl.read_parquet(self.data_files[CLUSTERED]),
-                pl.read_parquet(self.data_files[USERS]), source)
+                pl.from_arrow(self.users), source)
         return self._fitted
 
     def predict(self, context, model_input, params=None):
@@ -111,6 +111,7 @@ class PGTModel(PythonModel):
         """Top-k places with coordinates for GPS points, staypoints or sequences (the module docstring)."""
         import tempfile
 
+        import pandas as pd
         import polars as pl
 
         from pgt.serve import place_predictions, predict_applied, top_k_predictions
@@ -118,15 +119,13 @@ class PGTModel(PythonModel):
 
         columns = set(frame.columns)
         if "locations" in columns:  # sequences, as a split holds them
-            import pyarrow as pa
-
             from pgt.data import SequenceDataset
 
-            samples = pl.from_pandas(frame) if "source_user_id" in columns else \
-                pl.from_pandas(frame).with_columns(source_user_id=pl.col("user"))
-            table = pa.Table.from_pandas(frame, preserve_index=False)
-            dataset = SequenceDataset.from_arrow(table, self.packed.cfg.max_len, "request")
-            if "history_end" not in samples.columns and "target_started_at" not in samples.columns:
+            samples = pl.from_pandas(frame)
+            dataset = SequenceDataset.from_arrow(samples.to_arrow(), self.packed.cfg.max_len, "request")
+            if "source_user_id" not in columns:
+                samples = samples.with_columns(source_user_id=pl.col("user"))
+            if "history_end" not in columns and "target_started_at" not in columns:
                 samples = samples.with_columns(history_end=pl.lit(None, pl.Datetime("us", "UTC")))
             places = self.fitted().places
             result = place_predictions(top_k_predictions(self.packed, dataset, top_k), samples, places, "request")
@@ -138,8 +137,6 @@ class PGTModel(PythonModel):
                 pl.from_pandas(frame).write_parquet(path)
                 applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False), evaluation=False)
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
-        import pandas as pd
-
         records = result.with_columns(pl.col("time").cast(pl.String)).to_dicts()
         return pd.DataFrame(records, columns=result.columns, dtype=object)  # ints stay ints, JSON null (not NaN) for none
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-import os
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -16,6 +15,7 @@ from pgt.data import UNSEEN, Batch, SequenceDataset
 from pgt.metrics import compute_all
 from pgt.tracking import load_model, load_pgt_model
 from pgt.train import Scores, predict
+from preprocessing.output import write_file_atomically
 
 
 def packed_scores(model) -> Callable[[Batch], Scores]:
@@ -55,7 +55,7 @@ def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: i
         log_probs = model(batch.packed())  # (B, V + S)
         new_place[idx] = log_probs[:, UNSEEN].exp().numpy()
         log_probs[:, 0] = -torch.inf  # id 0 pads histories; it is never a place
-        top = torch.topk(log_probs, min(k, log_probs.shape[1] - 1), dim=1)
+        top = torch.topk(log_probs, k, dim=1)
         slot = (top.indices - V + 1).clamp_min(0)  # (B, k) the slot of each prediction, 0 for known ids and 1
         # the place of a slot: that of its first visit in the history
         first = (batch.slots.unsqueeze(1) == slot.unsqueeze(2)) & (slot.unsqueeze(2) > 0)  # (B, k, T)
@@ -82,12 +82,11 @@ def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, ki
     place_of_id = np.full(max(int(known["location"].max() or 0), int(location.max(initial=0))) + 1, -1, np.int64)
     place_of_id[known["location"].to_numpy()] = known["location_id"].to_numpy()
     place = np.where(top.places.reshape(-1) >= 0, top.places.reshape(-1), place_of_id[location])
-    order = np.argsort(places["location_id"].to_numpy(), kind="stable")
-    ids = places["location_id"].to_numpy()[order]
-    at = np.clip(np.searchsorted(ids, place), 0, max(len(ids) - 1, 0))
-    found = (place >= 0) & (len(ids) > 0) & (ids[at] == place if len(ids) else False)
-    latitude = np.where(found, places["latitude"].to_numpy()[order][at] if len(ids) else np.nan, np.nan)
-    longitude = np.where(found, places["longitude"].to_numpy()[order][at] if len(ids) else np.nan, np.nan)
+    # coordinates by place id (ids are small non-negative integers); NaN for a new place or an unknown id
+    ids = places["location_id"].to_numpy()
+    coordinates = np.full((max(int(ids.max(initial=-1)), int(place.max(initial=-1))) + 1, 2), np.nan)
+    coordinates[ids] = places.select("latitude", "longitude").to_numpy()
+    latitude, longitude = np.where((place >= 0)[:, None], coordinates[place], np.nan).T
     time = samples["target_started_at"] if "target_started_at" in samples.columns else samples["history_end"]
     target = (samples["target_place"].cast(pl.Int64).gather(rows) if "target_place" in samples.columns
               else pl.Series("target_place", [None] * (n * k), dtype=pl.Int64))
@@ -133,13 +132,7 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
     wrapper = load_pgt_model(model_uri, tracking_uri)
     applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri))
     frame = predict_applied(wrapper.packed, applied, top_k)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
-    if out_path.suffix == ".csv":
-        frame.write_csv(tmp)
-    else:
-        frame.write_parquet(tmp)
-    tmp.replace(out_path)
+    write_file_atomically(out_path, frame.write_csv if out_path.suffix == ".csv" else frame.write_parquet)
     return frame
 
 
@@ -169,11 +162,7 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     if "target" in pq.read_schema(input_path).names:
         columns["target"] = pa.array(dataset.targets.numpy())
         columns["target_place"] = pa.array(dataset.target_places.numpy())
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_name(f".{out_path.name}.tmp")
-    pq.write_table(pa.table(columns), tmp)
-    tmp.replace(out_path)
+    write_file_atomically(Path(out_path), lambda tmp: pq.write_table(pa.table(columns), tmp))
     return len(dataset)
 
 

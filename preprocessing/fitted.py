@@ -19,7 +19,6 @@ split (the first `history_days` of the new data only serve as history).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +27,7 @@ import polars as pl
 
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import InputError
-from preprocessing.locations import merge_staypoints
+from preprocessing.locations import merge_staypoints, summarise_locations
 from preprocessing.output import read_manifest
 from preprocessing.sequences import UNSEEN, add_time_features, find_samples, history_lists, sample_table
 from preprocessing.staypoints import EARTH_RADIUS_M
@@ -171,10 +170,9 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing) ->
         src = np.concatenate([new_i, fit_i])
         dst = np.concatenate([new_j, n + fit_j])
         place_cores = np.flatnonzero(fitted_core & (place >= 0))
-        _, first = np.unique(place[place_cores], return_index=True)
-        anchor = dict(zip(place[place_cores][first].tolist(), place_cores[first].tolist()))
+        _, first, same_place = np.unique(place[place_cores], return_index=True, return_inverse=True)
         src = np.concatenate([src, n + place_cores])
-        dst = np.concatenate([dst, n + np.array([anchor[p] for p in place[place_cores].tolist()], np.int64)])
+        dst = np.concatenate([dst, n + place_cores[first][same_place]])
         both = core[src] & core[dst]
         graph = coo_matrix((np.ones(both.sum()), (src[both], dst[both])), shape=(n + m, n + m))
         _, component = connected_components(graph, directed=False)
@@ -194,43 +192,30 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing) ->
         joins = np.flatnonzero(anchored)
         if len(joins):
             labels[joins] = _nearest_core_place(coords[joins], new_cluster[joins],
-                                                fitted._coordinates(near[place_cores]), core_cluster,
-                                                np.ones(len(place_cores), bool), place[place_cores])
+                                                fitted._coordinates(near[place_cores]), core_cluster, place[place_cores])
             is_new[joins] = False
         fresh = np.flatnonzero(is_new & (new_cluster >= 0))
-        _, first_seen = np.unique(new_cluster[fresh], return_index=True)  # new places numbered in input order
-        rank = np.empty(len(first_seen), np.int64)
-        rank[np.argsort(first_seen)] = np.arange(len(first_seen))
-        _, inverse = np.unique(new_cluster[fresh], return_inverse=True)
+        _, first_seen, inverse = np.unique(new_cluster[fresh], return_index=True, return_inverse=True)
+        rank = np.argsort(np.argsort(first_seen))  # new places numbered in input order
         labels[fresh] = rank[inverse] + fitted.first_new_place
     labelled = activities.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None),
                                        pl.Series("is_new_place", is_new))
-    new_places = (
-        labelled.filter(pl.col("is_new_place") & pl.col("location_id").is_not_null())
-        .group_by("location_id")
-        .agg(pl.col("latitude").mean(), pl.col("longitude").mean(), pl.len().alias("n_staypoints"),
-             pl.col("user_id").n_unique().cast(pl.UInt32).alias("n_users"))
-        .sort("location_id")
-        .with_columns(pl.lit(UNSEEN, pl.Int32).alias("location"))
-    )
+    new_places = summarise_locations(labelled.filter("is_new_place")).with_columns(pl.lit(UNSEEN, pl.Int32).alias("location"))
     return labelled, new_places
 
 
-def _nearest_core_place(points: np.ndarray, point_label: np.ndarray, fitted_coords: np.ndarray, fitted_label: np.ndarray,
-                        core: np.ndarray, place: np.ndarray) -> np.ndarray:
-    """The place of each point's nearest fitted core staypoint in the same union cluster (radians, haversine)."""
+def _nearest_core_place(points: np.ndarray, point_cluster: np.ndarray, cores: np.ndarray, core_cluster: np.ndarray,
+                        core_place: np.ndarray) -> np.ndarray:
+    """The place of each point's nearest fitted core staypoint in the same cluster (radians, haversine)."""
     from sklearn.neighbors import BallTree
 
-    cores = np.flatnonzero(core & (fitted_label >= 0))
     k = min(16, len(cores))
-    _, index = BallTree(fitted_coords[cores], metric="haversine").query(points, k=k)  # (J, k) nearest first
-    same = fitted_label[cores][index] == point_label[:, None]  # (J, k)
-    chosen = index[np.arange(len(points)), same.argmax(axis=1)]
-    result = place[cores][chosen]
+    _, index = BallTree(cores, metric="haversine").query(points, k=k)  # (J, k) nearest first
+    same = core_cluster[index] == point_cluster[:, None]  # (J, k)
+    result = core_place[index[np.arange(len(points)), same.argmax(axis=1)]]
     for j in np.flatnonzero(~same.any(axis=1)):  # rare: the k nearest cores lie in other clusters
-        members = cores[fitted_label[cores] == point_label[j]]
-        d = np.abs(fitted_coords[members] - points[j]).sum(axis=1)
-        result[j] = place[members[d.argmin()]]
+        members = np.flatnonzero(core_cluster == point_cluster[j])
+        result[j] = core_place[members[np.abs(cores[members] - points[j]).sum(axis=1).argmin()]]
     return result
 
 
@@ -242,24 +227,18 @@ def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.Data
     fitted integer ids take new text ids by value ("007" is 7), and new integer ids take fitted text ids
     by value when only one has it (GeoLife's folder "000" and the integer 0 of its Parquet)."""
     vocab = fitted.places.select("location_id", pl.col("location").cast(pl.Int32))
-    users = fitted.users.select(pl.col("source_user_id"), pl.col("user").cast(pl.Int32))
-    fitted_int, new_int = users.schema["source_user_id"].is_integer(), merged.schema["user_id"].is_integer()
+    fitted_int, new_int = fitted.users.schema["source_user_id"].is_integer(), merged.schema["user_id"].is_integer()
+    users = fitted.users.select(pl.col("source_user_id").cast(pl.String).alias("_key"), pl.col("user").cast(pl.Int32))
+    keyed = merged.with_columns(pl.col("user_id").cast(pl.String).alias("_key"))
     as_int = pl.col("_key").str.strip_chars().cast(pl.Int64, strict=False)
     if fitted_int and not new_int:  # by value where the text is an integer
-        users = users.with_columns(pl.col("source_user_id").cast(pl.String).alias("_key"))
-        keyed = merged.with_columns(pl.col("user_id").cast(pl.String).alias("_key")).with_columns(
-            pl.coalesce(as_int.cast(pl.String), pl.col("_key")).alias("_key"))
+        keyed = keyed.with_columns(pl.coalesce(as_int.cast(pl.String), pl.col("_key")).alias("_key"))
     elif new_int and not fitted_int:  # fitted text ids with a unique integer value
-        users = users.with_columns(pl.col("source_user_id").cast(pl.String).alias("_key")).with_columns(
-            pl.when(as_int.is_not_null() & (as_int.count().over(as_int) == 1)).then(as_int.cast(pl.String))
-            .otherwise(pl.col("_key")).alias("_key"))
-        keyed = merged.with_columns(pl.col("user_id").cast(pl.String).alias("_key"))
-    else:
-        users = users.with_columns(pl.col("source_user_id").cast(pl.String).alias("_key"))
-        keyed = merged.with_columns(pl.col("user_id").cast(pl.String).alias("_key"))
+        users = users.with_columns(pl.when(as_int.is_not_null() & (as_int.count().over(as_int) == 1))
+                                   .then(as_int.cast(pl.String)).otherwise(pl.col("_key")).alias("_key"))
     return (
         keyed.join(vocab, on="location_id", how="left", maintain_order="left")
-        .join(users.select("_key", "user"), on="_key", how="left", maintain_order="left")
+        .join(users, on="_key", how="left", maintain_order="left")
         .with_columns(pl.col("location").fill_null(UNSEEN), pl.col("user").fill_null(UNKNOWN_USER))
         .drop("_key")
     )
@@ -348,4 +327,4 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
 def fitted_summary(fitted: FittedPreprocessing) -> dict:
     """The manifest's `fitted` entry: where the ids come from."""
     return {"source": fitted.source, "input_sha256": fitted.input_sha256, "places": fitted.places.height,
-            "users": fitted.users.height, "config": dataclasses.asdict(fitted.config)}
+            "users": fitted.users.height}  # the config is the manifest's own

@@ -38,14 +38,19 @@ def generate_locations(
     is_core[dbscan.core_sample_indices_] = True
     sp = staypoints.with_columns(pl.Series("location_id", dbscan.labels_, dtype=pl.Int64).replace(-1, None),
                                  pl.Series("is_core", is_core))
-    locations = (
-        sp.filter(pl.col("location_id").is_not_null())
+    return sp, summarise_locations(sp)
+
+
+def summarise_locations(labelled: pl.DataFrame) -> pl.DataFrame:
+    """One row per location_id of labelled staypoints (nulls, i.e. noise, left out): latitude and longitude as
+    the mean of its staypoints, n_staypoints, n_users; sorted by location_id."""
+    return (
+        labelled.filter(pl.col("location_id").is_not_null())
         .group_by("location_id")
         .agg(pl.col("latitude").mean(), pl.col("longitude").mean(), pl.len().alias("n_staypoints"),
              pl.col("user_id").n_unique().cast(pl.UInt32).alias("n_users"))
         .sort("location_id")
     )
-    return sp, locations
 
 
 def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = 1.0) -> pl.DataFrame:

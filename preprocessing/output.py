@@ -59,18 +59,23 @@ def clean_stale_temporaries(path: Path) -> list[Path]:
     return removed
 
 
-def write_json_atomically(path: Path, data, **dump_kwargs) -> Path:
-    """Write JSON to a unique temporary sibling, then rename it over `path`: readers never see half a file."""
+def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:
+    """`write(tmp)` into a unique temporary sibling, then rename it over `path`: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(path)
     try:
-        tmp.write_text(json.dumps(data, **dump_kwargs) + "\n")
+        write(tmp)
         tmp.replace(path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+def write_json_atomically(path: Path, data, **dump_kwargs) -> Path:
+    """Write JSON through write_file_atomically."""
+    return write_file_atomically(path, lambda tmp: tmp.write_text(json.dumps(data, **dump_kwargs) + "\n"))
 
 
 def read_manifest(out_dir: Path) -> dict | None:

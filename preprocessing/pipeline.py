@@ -37,6 +37,12 @@ STAGES = ("hash input", "read and validate", "staypoints", "activity", "user fil
           "split and samples", "write")
 
 
+def check_format(input_path: Path | str, input_format: str) -> None:
+    """InputError naming the input unless input_format is one of FORMATS."""
+    if input_format not in FORMATS:
+        raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+
+
 def code_version() -> str:
     """Package version plus a digest of the preprocessing sources: a code change invalidates reuse."""
     try:
@@ -153,8 +159,7 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
     for the first.
     """
     config = config or PreprocessConfig()
-    if input_format not in FORMATS:
-        raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+    check_format(input_path, input_format)
     input_path, out_dir = Path(input_path), Path(out_dir)
     check_output_folder(out_dir, OWN_FILES)
     with output_lock(out_dir):
@@ -238,7 +243,7 @@ def stage_read(input_path: Path, input_format: str, log: StageLog | None = None,
         elif input_format == "staypoints":
             result = readers.read_staypoints(input_path, window)
         else:
-            raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+            check_format(input_path, input_format)
         counts = {"positionfixes_read": result.rows_read, "positionfixes_quarantined": result.quarantine.height}
         reasons = dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
         details = {"quarantine_reasons": reasons, "time_window": window.describe(), **result.notes}
@@ -403,8 +408,6 @@ def apply_fitted(input_path: Path | str, input_format: str, fitted: FittedPrepro
                  log: StageLog | None = None, evaluation: bool = True) -> AppliedData:
     """New data through a fitted preprocessing, in memory (preprocessing/fitted.py): read and validate with
     the fitted run's rules, then staypoints, fitted places, samples (without `evaluation`: the latest only)."""
-    if input_format not in FORMATS:
-        raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
     log = log or StageLog()
     read = stage_read(Path(input_path), input_format, log, config=fitted.config)
     with log.stage("fitted places and samples"):
@@ -418,8 +421,7 @@ def preprocess_fitted(input_path: Path | str, input_format: str, fitted_dir: Pat
     with the locking, reuse and atomic write of `preprocess`."""
     fitted = FittedPreprocessing.from_folder(fitted_dir)
     input_path, out_dir = Path(input_path), Path(out_dir)
-    if input_format not in FORMATS:
-        raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+    check_format(input_path, input_format)
     check_output_folder(out_dir, OWN_FILES)
     with output_lock(out_dir):
         check_output_folder(out_dir, OWN_FILES)
