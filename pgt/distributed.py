@@ -54,7 +54,11 @@ def prepare_ray_env(address: str | None = None) -> None:
 @contextlib.contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
     """Join the Ray cluster at `address` (or $RAY_ADDRESS), or start a local Ray on 127.0.0.1 and shut it
-    down on exit. The dashboard stays on (127.0.0.1): it serves the State API that Ray Train polls."""
+    down on exit. The dashboard stays on (127.0.0.1): it serves the State API that Ray Train polls.
+
+    A local Ray is always a new one (address="local"): a bare `ray.init()` would instead join whatever
+    cluster a `ray start` on this machine last recorded in /tmp/ray, someone else's included, and then
+    refuse `num_cpus`. To run on such a cluster, name it (`--address auto` or its host:port)."""
     prepare_ray_env(address)
     import ray
 
@@ -65,7 +69,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     if address:
         ray.init(address=address, log_to_driver=True)
     else:
-        ray.init(num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
     try:
         yield
     finally:

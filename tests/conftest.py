@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,14 +30,19 @@ def _require(path: Path) -> Path:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def isolated_state(tmp_path_factory) -> Path:
-    """Runs tracked by tests go to a temporary state folder (MLflow's SQLite store), never to the project's .state."""
+def isolated_state(tmp_path_factory) -> Iterator[Path]:
+    """Runs tracked by tests go to a temporary state folder (MLflow's SQLite store), never to the project's .state.
+    Every Ray the tests start (theirs, the Prefect worker's, the clusters') keeps its sessions in the run's own
+    temp dir ($RAY_TMPDIR), apart from any other Ray on the machine."""
     state = tmp_path_factory.mktemp("state")
+    ray_tmp = Path(tempfile.mkdtemp(prefix="pgt-ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
     os.environ["PGT_STATE_DIR"] = str(state)
+    os.environ["RAY_TMPDIR"] = str(ray_tmp)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     os.environ.pop("RAY_ADDRESS", None)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    return state
+    yield state
+    shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -81,11 +93,57 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the test process dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def ray_cluster(*node_resources: str, timeout_s: float = 120) -> Iterator[tuple[str, dict]]:
+    """A Ray cluster on 127.0.0.1: one `ray start --block` node per entry of `node_resources` (a JSON string
+    of custom resources; 1 CPU each), the first the head. Yields (head address, environment to reach it).
+
+    The cluster has its own temp dir ($RAY_TMPDIR), so it never becomes the machine's "current cluster"
+    that a bare ray.init() would join. Stopping it terminates its own `ray start` processes, whose Ray
+    processes die with them: never `ray stop`, which stops every Ray on the machine, other runs' included.
+    A killed test run leaves nothing behind either (the nodes die with this process)."""
+    tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(tmp)}
+    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # the single-node switch of a local Ray (prepare_ray_env)
+    port = free_port()
+    ray = str(Path(sys.executable).with_name("ray"))
+    common = ["--block", "--num-cpus", "1", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+    nodes: list[subprocess.Popen] = []
+    try:
+        for i, resources in enumerate(node_resources):
+            role = ["--head", "--port", str(port), "--include-dashboard", "false"] if i == 0 else ["--address", f"127.0.0.1:{port}"]
+            log = tmp / f"node{i}.log"
+            with log.open("w") as fh:
+                nodes.append(subprocess.Popen([ray, "start", *role, "--resources", resources, *common], env=env, stdout=fh,
+                                              stderr=subprocess.STDOUT, preexec_fn=_die_with_parent))
+            deadline = time.monotonic() + timeout_s
+            while "block forever" not in log.read_text():  # printed once the node has joined
+                if nodes[-1].poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"ray start of node {i} failed: {log.read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield f"127.0.0.1:{port}", env
+    finally:
+        for node in reversed(nodes):
+            node.terminate()
+        for node in nodes:
+            try:
+                node.wait(60)
+            except subprocess.TimeoutExpired:
+                node.kill()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server (SQLite, local artifacts, 127.0.0.1), started and stopped by the project's scripts."""
-    import subprocess
-
     state = tmp_path_factory.mktemp("mlflow_server_state")
     env = {**os.environ, "PGT_STATE_DIR": str(state), "MLFLOW_PORT": str(free_port())}
     started = subprocess.run([PROJECT_ROOT / "scripts" / "start-mlflow.sh"], env=env, capture_output=True, text=True,

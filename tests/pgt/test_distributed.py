@@ -13,6 +13,7 @@ import pytest
 
 from pgt.distributed import LaunchConfig, run_training
 from pgt.train import TrainConfig
+from tests.conftest import PROJECT_ROOT, ray_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_data]
 
@@ -88,3 +89,15 @@ def test_killed_worker_resumes_from_last_checkpoint(geolife_sequences, tmp_path,
     assert sorted(h.step for h in history) == list(range(epochs))
     run = client.get_run(m["mlflow"]["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["workers"] == "2"
+
+
+def test_a_running_ray_cluster_does_not_capture_a_local_run():
+    """A `ray start` cluster on the machine (someone else's, or one a killed run left) is what a bare
+    ray.init() joins, and it then refuses num_cpus: a run without an address starts its own Ray instead."""
+    probe = ("import ray\nfrom pgt.distributed import ray_session\nwith ray_session(num_cpus=2):\n"
+             "    print(ray.cluster_resources().get('someone_else', 0), ray.cluster_resources()['CPU'])")
+    with ray_cluster('{"someone_else": 1}') as (address, env):
+        r = subprocess.run([sys.executable, "-c", probe], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split()[-2:] == ["0", "2.0"]  # a Ray of its own: 2 CPUs, none of the cluster's resources

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.conftest import free_port
+from tests.conftest import ray_cluster
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_data]
 PGT = [sys.executable, "-m", "pgt.cli"]
@@ -116,37 +116,18 @@ def test_a_crashed_trial_restarts_from_its_last_checkpoint(geolife_sequences, tm
     assert json.loads((trial / "node.json").read_text())["pid"] != node["pid"]  # a new process took over
 
 
-def cluster_env() -> dict:
-    """The environment for a multi-node Ray: without the single-node switch that a local Ray of an
-    earlier test in this process may have set (pgt.distributed.prepare_ray_env)."""
-    env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
-    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-    return env
-
-
 @pytest.fixture
-def two_node_cluster(tmp_path):
+def two_node_cluster():
     """A head and a worker node on 127.0.0.1, each with 1 CPU and its own custom resource; stopped afterwards."""
-    port = free_port()
-    env = cluster_env()
-    ray = [str(os.path.join(os.path.dirname(sys.executable), "ray"))]
-    common = ["--num-cpus", "1", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
-    head = subprocess.run([*ray, "start", "--head", "--port", str(port), "--include-dashboard", "false",
-                           "--resources", '{"node_a": 1}', *common], env=env, capture_output=True, text=True, timeout=120)
-    assert head.returncode == 0, head.stderr
-    try:
-        worker = subprocess.run([*ray, "start", "--address", f"127.0.0.1:{port}", "--resources", '{"node_b": 1}',
-                                 *common], env=env, capture_output=True, text=True, timeout=120)
-        assert worker.returncode == 0, worker.stderr
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run([*ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+    with ray_cluster('{"node_a": 1}', '{"node_b": 1}') as cluster:
+        yield cluster
 
 
 def test_sweep_spreads_over_a_two_node_cluster(geolife_sequences, tmp_path, two_node_cluster):
+    address, env = two_node_cluster
     out = tmp_path / "sweep"
     r = tune_cli("--data", geolife_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
-                 "--grace-period", 2, "--address", two_node_cluster, env=cluster_env())
+                 "--grace-period", 2, "--address", address, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     nodes = {row["node_id"] for row in result["trials"]}
