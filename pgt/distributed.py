@@ -17,8 +17,9 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
+from preprocessing.engine import prepare_ray_env, ray_session  # noqa: F401 - the one Ray session helper
 from pgt.train import BASELINES, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker, write_json
 
 RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
@@ -36,44 +37,6 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.workers < 0 or self.max_failures < -1 or self.cpus_per_worker <= 0:
             raise ValueError("workers must be >= 0, max_failures >= -1 (-1 = no limit), cpus_per_worker > 0")
-
-
-def prepare_ray_env(address: str | None = None) -> None:
-    """The environment of the Ray this process starts or joins; it must be set before `ray` is first imported.
-
-    Token auth is off (RAY_AUTH_MODE=disabled) unless the environment says otherwise. A local Ray (no
-    address, no $RAY_ADDRESS) runs in Ray's single-node mode, which binds every port to 127.0.0.1 (Ray
-    otherwise resolves even 127.0.0.1 to the machine's address), and without its Prometheus metrics
-    export, which costs ~10% of a 2-core machine and which nothing here reads."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    if not (address or os.environ.get("RAY_ADDRESS")):
-        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        os.environ.setdefault("RAY_enable_metrics_collection", "0")
-
-
-@contextlib.contextmanager
-def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
-    """Join the Ray cluster at `address` (or $RAY_ADDRESS), or start a local Ray on 127.0.0.1 and shut it
-    down on exit. The dashboard stays on (127.0.0.1): it serves the State API that Ray Train polls.
-
-    A local Ray is always a new one (address="local"): a bare `ray.init()` would instead join whatever
-    cluster a `ray start` on this machine last recorded in /tmp/ray, someone else's included, and then
-    refuse `num_cpus`. To run on such a cluster, name it (`--address auto` or its host:port)."""
-    prepare_ray_env(address)
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
-    try:
-        yield
-    finally:
-        ray.shutdown()
 
 
 def flat_metrics(row: dict) -> dict:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import polars as pl
 from sklearn.cluster import DBSCAN
 
+from preprocessing.engine import serial_map
 from preprocessing.errors import require_columns
 from preprocessing.staypoints import EARTH_RADIUS_M
+from preprocessing.tiles import dbscan_by_tiles
 
 
 def generate_locations(
-    staypoints: pl.DataFrame, epsilon_m: float = 20.0, min_samples: int = 2, axis_order: str = "lat_lon"
+    staypoints: pl.DataFrame, epsilon_m: float = 20.0, min_samples: int = 2, axis_order: str = "lat_lon",
+    tile_deg: float = 0.0, map_tiles: Callable = serial_map,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Cluster staypoints of all users together (shared location ids) with DBSCAN, haversine metric.
 
@@ -32,11 +37,14 @@ def generate_locations(
         return staypoints.with_columns(pl.lit(None, pl.Int64).alias("location_id"), pl.lit(False).alias("is_core")), empty
     axes = ("latitude", "longitude") if axis_order == "lat_lon" else ("longitude", "latitude")
     coords = np.radians(staypoints.select(*axes).to_numpy())
-    dbscan = DBSCAN(eps=epsilon_m / EARTH_RADIUS_M, min_samples=min_samples, metric="haversine",
-                    algorithm="ball_tree").fit(coords)
-    is_core = np.zeros(len(coords), dtype=bool)
-    is_core[dbscan.core_sample_indices_] = True
-    sp = staypoints.with_columns(pl.Series("location_id", dbscan.labels_, dtype=pl.Int64).replace(-1, None),
+    eps_rad = epsilon_m / EARTH_RADIUS_M
+    if tile_deg > 0:
+        labels, is_core = dbscan_by_tiles(coords, eps_rad, min_samples, tile_deg, map_tiles)
+    else:
+        dbscan = DBSCAN(eps=eps_rad, min_samples=min_samples, metric="haversine", algorithm="ball_tree").fit(coords)
+        labels, is_core = dbscan.labels_, np.zeros(len(coords), dtype=bool)
+        is_core[dbscan.core_sample_indices_] = True
+    sp = staypoints.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None),
                                  pl.Series("is_core", is_core))
     return sp, summarise_locations(sp)
 

@@ -20,13 +20,35 @@ import polars as pl
 
 from preprocessing import readers
 from preprocessing.config import PreprocessConfig
+from preprocessing.engine import EngineConfig, mapper, serial_map
 from preprocessing.errors import InputError
-from preprocessing.fitted import APPLIED_FILES, AppliedData, FittedPreprocessing, apply_fitted_stages, fitted_summary
+from preprocessing.fitted import (
+    APPLIED_FILES,
+    AppliedData,
+    FittedPreprocessing,
+    apply_fitted_stages,
+    fitted_summary,
+)
 from preprocessing.locations import generate_locations, merge_staypoints
-from preprocessing.output import (PRODUCER, check_output_folder, clean_stale_temporaries, is_own_manifest, output_lock,
-                                  read_manifest, temporary_sibling, write_folder)
+from preprocessing.output import (
+    PRODUCER,
+    check_output_folder,
+    clean_stale_temporaries,
+    is_own_manifest,
+    output_lock,
+    read_manifest,
+    temporary_sibling,
+    write_folder,
+)
+from preprocessing.partitions import auto_partitions, partitioned_staypoints
 from preprocessing.quality import filter_users, tracking_days
-from preprocessing.sequences import SPLITS, UNSEEN, add_time_features, generate_samples, split_by_day
+from preprocessing.sequences import (
+    SPLITS,
+    UNSEEN,
+    add_time_features,
+    generate_samples,
+    split_by_day,
+)
 from preprocessing.staypoints import flag_activity, generate_staypoints
 
 FORMATS = ("geolife-plt", "positionfixes", "staypoints")
@@ -127,7 +149,14 @@ class PreprocessResult:
 
 def _progress(enabled: bool):
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     return Progress(SpinnerColumn(), TextColumn("[bold]preprocess[/] {task.description:<20}"), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled,
@@ -151,8 +180,11 @@ def reusable_manifest(out_dir: Path, sha: str, input_format: str, config: Prepro
 
 
 def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, config: PreprocessConfig | None = None,
-               force: bool = False, progress: bool = True) -> PreprocessResult:
+               force: bool = False, progress: bool = True, engine: EngineConfig | None = None) -> PreprocessResult:
     """Run the protocol on one input and write out_dir atomically (a temporary folder, then a rename).
+
+    `engine` says where the work runs (partitions and DBSCAN tiles, locally or on Ray); the outputs are the
+    same for every engine, so it is no part of what a rerun compares.
 
     A rerun with the same input, format, config and code reuses out_dir unless `force`. Only a folder that
     `pgt preprocess` wrote, holding nothing else, is ever replaced; a second run into the same out_dir waits
@@ -164,11 +196,11 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
     check_output_folder(out_dir, OWN_FILES)
     with output_lock(out_dir):
         check_output_folder(out_dir, OWN_FILES)  # what the run we waited for left there
-        return _preprocess_locked(input_path, input_format, out_dir, config, force, progress)
+        return _preprocess_locked(input_path, input_format, out_dir, config, force, progress, engine or EngineConfig())
 
 
 def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, config: PreprocessConfig, force: bool,
-                       progress: bool) -> PreprocessResult:
+                       progress: bool, engine: EngineConfig) -> PreprocessResult:
     log = StageLog()
     with _progress(progress) as bar:
         task = bar.add_task(STAGES[0], total=len(STAGES))
@@ -185,8 +217,10 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
                 bar.update(task, completed=len(STAGES), description="reused")
                 return PreprocessResult(manifest, out_dir, reused=True)
             advance(STAGES[1])
-            manifest, tables = _run_stages(input_path, input_format, config, log, advance)
+            with mapper(engine) as map_fn:
+                manifest, tables = _run_stages(input_path, input_format, config, log, advance, engine, map_fn)
             finish_manifest(manifest, input_path, input_format, sha, config)
+            manifest["engine"] = {**engine.to_dict(), "partitions_used": manifest["details"].pop("partitions")}
             _write_atomically(out_dir, manifest, tables, log)
             advance()
         except BaseException:
@@ -278,8 +312,25 @@ def stage_staypoints(read: Stage, input_format: str, config: PreprocessConfig, l
     return Stage({"staypoints": staypoints, "tracking": tracking, "quarantine": read.tables["quarantine"]}, counts, details)
 
 
-def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=_noop) -> Stage:
-    """The user filter, DBSCAN locations over the kept users' activities, and the merge of repeated visits."""
+def stage_partitions(input_path: Path, input_format: str, config: PreprocessConfig, engine: EngineConfig,
+                     map_partitions=serial_map, log: StageLog | None = None, advance=_noop) -> Stage:
+    """stage_read and stage_staypoints partition by partition (preprocessing/partitions.py): the same tables,
+    counts and details, with memory bounded by the largest partition. details["partitions"]: how many."""
+    log = log or StageLog()
+    partitions = engine.partitions or auto_partitions(input_path, input_format)
+    with log.stage(f"read, validate, staypoints ({partitions} partition{'s' if partitions > 1 else ''})"):
+        tables, counts, details = partitioned_staypoints(input_path, input_format, config, partitions,
+                                                         map_partitions, engine.work_dir)
+    advance("staypoints")
+    advance("activity")
+    advance("user filter")
+    return Stage(tables, counts, {**details, "partitions": partitions})
+
+
+def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=_noop,
+                    tile_deg: float = 0.0, map_tiles=serial_map) -> Stage:
+    """The user filter, DBSCAN locations over the kept users' activities (by tiles when tile_deg > 0), and
+    the merge of repeated visits."""
     log = log or StageLog()
     staypoints, tracking = found.tables["staypoints"], found.tables["tracking"]
     counts, details = dict(found.counts), dict(found.details)
@@ -294,7 +345,7 @@ def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None
     advance("locations")
     with log.stage("locations"):
         labelled, locations = generate_locations(activities, config.location_epsilon_m, config.location_min_samples,
-                                                 config.location_axis_order)
+                                                 config.location_axis_order, tile_deg, map_tiles)
         counts["locations"] = locations.height
         located = labelled.filter(pl.col("location_id").is_not_null())
         details["staypoints_noise"] = labelled.height - located.height
@@ -373,11 +424,10 @@ def cached_stage(work_dir: Path, name: str, key: str, compute) -> Path:
     return folder
 
 
-def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance):
-    read = stage_read(input_path, input_format, log, advance, config)
-    found = stage_staypoints(read, input_format, config, log, advance)
-    del read
-    located = stage_locations(found, config, log, advance)
+def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance,
+                engine: EngineConfig, map_fn=serial_map):
+    found = stage_partitions(input_path, input_format, config, engine, map_fn, log, advance)
+    located = stage_locations(found, config, log, advance, engine.tile_deg, map_fn)
     del found
     return stage_sequences(located, config, log, advance)
 

@@ -100,14 +100,53 @@ def _unreadable_as_input_error(reader):
     return wrapper
 
 
+@dataclass(frozen=True)
+class TableInput:
+    """A Parquet or CSV input checked at the door: its kind, schema and the columns its reader takes."""
+
+    path: Path
+    kind: str  # "parquet" or "csv"
+    schema: dict  # column -> polars dtype as stored (CSV: all text), with EXTRA for CSV
+    columns: tuple[str, ...]  # the columns read, in order
+
+    def scan(self) -> pl.LazyFrame:
+        """source_row (the 0-based data row) and the columns read, as stored."""
+        lf = pl.scan_parquet(self.path) if self.kind == "parquet" else _scan_csv(self.path)
+        return lf.select(*self.columns, *_extra(self.schema)).with_row_index("source_row")
+
+    def user_key(self) -> pl.Expr:
+        """The user id as the reader compares it (before `_finalize_users`): rows of one user share it."""
+        return _user_expr(self.path, self.schema["user_id"])
+
+
 @_unreadable_as_input_error
-def read_positionfixes(path: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
-    """GPS points from a Parquet or CSV file with user_id, tracked_at, latitude, longitude."""
+def open_positionfixes(path: Path | str) -> TableInput:
     path = _existing_file(path)
     kind = _sniff(path)
-    lf, schema = _scan_table(path, kind, POSITIONFIX_COLUMNS)
-    lf = lf.select(*POSITIONFIX_COLUMNS, *_extra(schema)).with_row_index("source_row")
-    parsed = lf.select(
+    _, schema = _scan_table(path, kind, POSITIONFIX_COLUMNS)
+    return TableInput(path, kind, schema, POSITIONFIX_COLUMNS)
+
+
+@_unreadable_as_input_error
+def open_staypoints(path: Path | str) -> TableInput:
+    path = _existing_file(path)
+    kind = _sniff(path)
+    _, schema = _scan_table(path, kind, STAYPOINT_TIME_COLUMNS)
+    geom_column = next((name for name in ("geom", "geometry") if name in schema), None)
+    if geom_column:
+        geometry = (geom_column,)
+    elif "latitude" in schema and "longitude" in schema:
+        geometry = ("latitude", "longitude")
+    else:
+        raise InputError(path, f"missing column geom or geometry (or latitude and longitude); found: {', '.join(schema)}")
+    return TableInput(path, kind, schema, (*STAYPOINT_TIME_COLUMNS, *geometry))
+
+
+def parse_positionfixes(source: TableInput, rows: pl.LazyFrame, window: TimeWindow) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Valid fixes (user ids as compared, not yet finalised) sorted by (user_id, tracked_at), and the set-aside
+    rows (source_row, reason), of `rows`: source_row and the columns as stored (TableInput.scan or a part of it)."""
+    path, schema = source.path, source.schema
+    parsed = rows.select(
         "source_row",
         _user_expr(path, schema["user_id"]).alias("user_id"),
         pl.col("tracked_at").is_null().alias("_t_missing"),
@@ -117,29 +156,17 @@ def read_positionfixes(path: Path | str, window: TimeWindow = TimeWindow()) -> R
     )
     checks = [*_field_count_checks(schema), ("missing user_id", pl.col("user_id").is_null()),
               *_time_checks("tracked_at", window=window), *_coordinate_checks()]
-    good, bad = _validate(parsed, checks, ("user_id", "tracked_at"), "repeats the (user_id, tracked_at) of an earlier fix")
-    good = _finalize_users(good.select("user_id", "tracked_at", "latitude", "longitude"), schema["user_id"])
-    quarantine = _quarantine(path, bad, _originals_from_file(path, kind, POSITIONFIX_COLUMNS, bad["source_row"]))
-    return ReadResult(good, quarantine, rows_read=good.height + bad.height)
+    good, bad = _validate(parsed, checks, ("user_id", "tracked_at"), "repeats the (user_id, tracked_at) of an earlier fix",
+                          in_file_order=("source_row",))
+    return good.select("user_id", "tracked_at", "latitude", "longitude"), bad
 
 
-@_unreadable_as_input_error
-def read_staypoints(path: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
-    """Staypoints from Parquet or CSV: started_at, finished_at, user_id and geom (or geometry) or latitude/longitude."""
-    path = _existing_file(path)
-    kind = _sniff(path)
-    lf, schema = _scan_table(path, kind, STAYPOINT_TIME_COLUMNS)
-    geom_column = next((name for name in ("geom", "geometry") if name in schema), None)
+def parse_staypoints(source: TableInput, rows: pl.LazyFrame, window: TimeWindow) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """As parse_positionfixes, for staypoints: sorted by (user_id, started_at)."""
+    path, schema = source.path, source.schema
+    geom_column = source.columns[-1] if source.columns[-1] in ("geom", "geometry") else None
     if geom_column:
-        geometry = (geom_column,)
-    elif "latitude" in schema and "longitude" in schema:
-        geometry = ("latitude", "longitude")
-    else:
-        raise InputError(path, f"missing column geom or geometry (or latitude and longitude); found: {', '.join(schema)}")
-    columns = (*STAYPOINT_TIME_COLUMNS, *geometry)
-    lf = lf.select(*columns, *_extra(schema)).with_row_index("source_row")
-    if geom_column:
-        lf = lf.with_columns(_point_from_geom(path, geom_column, schema[geom_column]))
+        rows = rows.with_columns(_point_from_geom(path, geom_column, schema[geom_column]))
         coords = [pl.col("_lat_raw").is_null().alias("_latitude_missing"), pl.col("_lat_raw").alias("latitude"),
                   pl.col("_lon_raw").is_null().alias("_longitude_missing"), pl.col("_lon_raw").alias("longitude")]
         geom_checks = [(f"missing {geom_column}", pl.col("_geom_missing")),
@@ -147,7 +174,7 @@ def read_staypoints(path: Path | str, window: TimeWindow = TimeWindow()) -> Read
     else:
         coords = _coordinate_exprs(path, schema)
         geom_checks = []
-    parsed = lf.select(
+    parsed = rows.select(
         "source_row",
         _user_expr(path, schema["user_id"]).alias("user_id"),
         pl.col("started_at").is_null().alias("_s_missing"),
@@ -167,10 +194,31 @@ def read_staypoints(path: Path | str, window: TimeWindow = TimeWindow()) -> Read
         *_coordinate_checks(),
         ("finished_at before started_at", pl.col("finished_at") < pl.col("started_at")),
     ]
-    good, bad = _validate(parsed, checks, ("user_id", "started_at"), "repeats the (user_id, started_at) of an earlier staypoint")
-    good = _finalize_users(good.select("user_id", "started_at", "finished_at", "latitude", "longitude"), schema["user_id"])
-    quarantine = _quarantine(path, bad, _originals_from_file(path, kind, columns, bad["source_row"]))
-    return ReadResult(good, quarantine, rows_read=good.height + bad.height)
+    good, bad = _validate(parsed, checks, ("user_id", "started_at"), "repeats the (user_id, started_at) of an earlier staypoint",
+                          in_file_order=("source_row",))
+    return good.select("user_id", "started_at", "finished_at", "latitude", "longitude"), bad
+
+
+def finish_table_read(source: TableInput, good: pl.DataFrame, bad: pl.DataFrame, notes: dict | None = None) -> ReadResult:
+    """The ReadResult of valid rows and set-aside rows (sorted by source_row): user ids finalised, and the
+    quarantine with the rows' original values."""
+    good = _finalize_users(good, source.schema["user_id"])
+    quarantine = quarantine_of(source, bad, source.scan())
+    return ReadResult(good, quarantine, rows_read=good.height + bad.height, notes=notes or {})
+
+
+@_unreadable_as_input_error
+def read_positionfixes(path: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
+    """GPS points from a Parquet or CSV file with user_id, tracked_at, latitude, longitude."""
+    source = open_positionfixes(path)
+    return finish_table_read(source, *parse_positionfixes(source, source.scan(), window))
+
+
+@_unreadable_as_input_error
+def read_staypoints(path: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
+    """Staypoints from Parquet or CSV: started_at, finished_at, user_id and geom (or geometry) or latitude/longitude."""
+    source = open_staypoints(path)
+    return finish_table_read(source, *parse_staypoints(source, source.scan(), window))
 
 
 def find_plt_files(folder: Path | str) -> list[Path]:
@@ -188,12 +236,13 @@ def find_plt_files(folder: Path | str) -> list[Path]:
     return files
 
 
-def read_geolife_plt(folder: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
+def read_geolife_plt(folder: Path | str, window: TimeWindow = TimeWindow(), files: list[Path] | None = None) -> ReadResult:
     """GPS points from the GeoLife layout: six header lines, then lat,lon,0,altitude_ft,days,date,time.
 
     A file whose header is shorter (its fixes start earlier) is read from its first fix and listed in the
-    notes; a row with more than the 7 fields is quarantined; `.PLT` counts like `.plt`."""
-    files = find_plt_files(folder)
+    notes; a row with more than the 7 fields is quarantined; `.PLT` counts like `.plt`. `files`: only these
+    of the folder's files (find_plt_files), e.g. one partition's users."""
+    files = find_plt_files(folder) if files is None else files
     header_lines = {f: _check_plt_file(f) for f in files}
     user_of = {str(f): f.parent.parent.name for f in files}
     by_header: dict[int, list[Path]] = {}
@@ -382,18 +431,23 @@ def _user_expr(path: Path, dtype: pl.DataType) -> pl.Expr:
     raise InputError(path, f"column user_id has type {dtype}, expected integers or text")
 
 
-def _finalize_users(df: pl.DataFrame, source_dtype: pl.DataType) -> pl.DataFrame:
-    """A float user_id column whose values are all integral becomes integers; so does a text column in which
-    every value is written as an integral float (0.0, 1.0: a float column as pandas writes it to CSV, as in
-    trackintel's files). Any other text column stays text: "7", "07" and "7.0" together are three users."""
-    if not df.height or df.schema["user_id"] != pl.String:
-        return df
-    ids = df["user_id"]
+def user_id_cast(ids: pl.Series, source_dtype: pl.DataType) -> pl.Expr | None:
+    """How the valid rows' user ids (`ids`, all of them, as compared) are finalised: None keeps them. A float
+    column whose values are all integral becomes integers; so does a text column in which every value is
+    written as an integral float (0.0, 1.0: a float column as pandas writes it to CSV, as in trackintel's
+    files). Any other text column stays text: "7", "07" and "7.0" together are three users."""
+    if not ids.len() or ids.dtype != pl.String:
+        return None
     if source_dtype.is_float() and ids.str.contains(r"^-?\d{1,18}$").all():
-        return df.with_columns(pl.col("user_id").cast(pl.Int64))
+        return pl.col("user_id").cast(pl.Int64)
     if ids.str.contains(r"^-?\d{1,18}\.0+$").all():
-        return df.with_columns(pl.col("user_id").str.replace(r"\.0+$", "").cast(pl.Int64))
-    return df
+        return pl.col("user_id").str.replace(r"\.0+$", "").cast(pl.Int64)
+    return None
+
+
+def _finalize_users(df: pl.DataFrame, source_dtype: pl.DataType) -> pl.DataFrame:
+    cast = user_id_cast(df["user_id"], source_dtype)
+    return df if cast is None else df.with_columns(cast)
 
 
 def _time_expr(path: Path, name: str, dtype: pl.DataType) -> pl.Expr:
@@ -507,9 +561,10 @@ def _coordinate_checks() -> list[tuple[str, pl.Expr]]:
 
 
 def _validate(parsed: pl.LazyFrame, checks: list[tuple[str, pl.Expr]], key: tuple[str, str], duplicate_reason: str,
-              keep: tuple[str, ...] = ()) -> tuple[pl.DataFrame, pl.DataFrame]:
+              keep: tuple[str, ...] = (), in_file_order: tuple[str, ...] = ()) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Apply the row checks in order (the first failing one is the reason), then set aside rows that
-    repeat the key of an earlier valid row (the first in file order wins: the sort is stable).
+    repeat the key of an earlier valid row (the first in file order wins: the sort is stable, and
+    `in_file_order` columns, such as a table's source_row, make it so for rows in any order).
     Returns the valid rows sorted by key, and the set-aside rows as (*keep, source_row, reason)."""
     reasons = [text for text, _ in checks] + [duplicate_reason]
     code = pl.when(checks[0][1]).then(pl.lit(1, pl.UInt8))
@@ -520,7 +575,7 @@ def _validate(parsed: pl.LazyFrame, checks: list[tuple[str, pl.Expr]], key: tupl
     df = (
         parsed.with_columns(code.alias("_code"))
         .select(*keep, "source_row", "_code", *data)
-        .sort(list(key), maintain_order=True, nulls_last=True)
+        .sort([*key, *in_file_order], maintain_order=True, nulls_last=True)
         .collect()
     )
     valid = pl.col("_code") == 0
@@ -537,10 +592,10 @@ def _validate(parsed: pl.LazyFrame, checks: list[tuple[str, pl.Expr]], key: tupl
     return good, bad
 
 
-def _originals_from_file(path: Path, kind: str, columns: tuple[str, ...], rows: pl.Series) -> pl.DataFrame:
-    """The original values of the given 0-based data rows, as text (bytes such as WKB as hex)."""
-    lf = pl.scan_parquet(path) if kind == "parquet" else _scan_csv(path)
-    schema = lf.collect_schema()
+def _originals_as_text(rows: pl.LazyFrame, columns: tuple[str, ...], wanted: pl.Series) -> pl.DataFrame:
+    """The original values of the `wanted` source rows, as text (bytes such as WKB as hex), from `rows`
+    (source_row and the columns as stored)."""
+    schema = rows.collect_schema()
 
     def as_text(c: str) -> pl.Expr:
         if schema[c] == pl.Binary:
@@ -550,11 +605,17 @@ def _originals_from_file(path: Path, kind: str, columns: tuple[str, ...], rows: 
         return pl.col(c).cast(pl.String)
 
     return (
-        lf.select(*columns).with_row_index("source_row")
-        .join(pl.LazyFrame({"source_row": rows.cast(pl.UInt32)}), on="source_row", how="semi")
+        rows.select("source_row", *columns)
+        .join(pl.LazyFrame({"source_row": wanted.cast(schema["source_row"])}), on="source_row", how="semi")
         .select("source_row", *[as_text(c) for c in columns])
         .collect()
     )
+
+
+def quarantine_of(source: TableInput, bad: pl.DataFrame, rows: pl.LazyFrame) -> pl.DataFrame:
+    """The quarantine of the set-aside rows `bad` (source_row, reason; sorted by source_row) of a table input,
+    with their original values from `rows` (source_row and the columns as stored: TableInput.scan or a part)."""
+    return _quarantine(source.path, bad, _originals_as_text(rows, source.columns, bad["source_row"]))
 
 
 def _quarantine(path: Path, bad: pl.DataFrame, originals: pl.DataFrame) -> pl.DataFrame:

@@ -1,0 +1,113 @@
+"""Where preprocessing runs: partitions and DBSCAN tiles one after another in this process ("local"), or
+as Ray tasks on a local Ray or a cluster ("ray"). The outputs are the same either way.
+
+The Ray session helpers live here, below pgt and tune, which use them too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+ENGINES = ("local", "ray")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    engine: str = "local"  # "local": partitions and tiles in this process, one after another; "ray": Ray tasks
+    partitions: int = 0  # users hashed into this many partitions; 0 = auto, one per ~4M input rows
+    tile_deg: float = 0.0  # DBSCAN by tiles of this many degrees; 0 = whole-data DBSCAN (same labels either way)
+    address: str | None = None  # engine "ray": the cluster to join (host:port, "auto"); None = $RAY_ADDRESS or a local Ray
+    work_dir: Path | None = None  # the input's partitions go here (a temporary folder); on a multi-machine
+    #                               cluster it, like the input, must be a path every node can read
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.engine not in ENGINES:
+            problems.append(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.partitions < 0:
+            problems.append(f"partitions must be >= 0 (0 = auto), got {self.partitions}")
+        if not self.tile_deg >= 0:
+            problems.append(f"tile_deg must be >= 0 (0 = whole-data DBSCAN), got {self.tile_deg}")
+        if self.address and self.engine != "ray":
+            problems.append("address is for engine 'ray' only")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def to_dict(self) -> dict:
+        return {"engine": self.engine, "partitions": self.partitions, "tile_deg": self.tile_deg,
+                "address": self.address}
+
+
+def serial_map(fn: Callable, items: list, *args) -> list:
+    """fn(item, *args) for each item, one after another in this process."""
+    return [fn(item, *args) for item in items]
+
+
+def ray_map(fn: Callable, items: list, *args, progress: Callable[[int], None] | None = None) -> list:
+    """fn(item, *args) for each item as Ray tasks (1 CPU each), results in the items' order. Arguments
+    shared by all tasks are put in the object store once."""
+    import ray
+
+    remote = ray.remote(num_cpus=1, max_retries=2)(fn)
+    shared = [ray.put(a) for a in args]
+    refs = [remote.remote(item, *shared) for item in items]
+    pending = list(refs)
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        if progress:
+            progress(len(done))
+    return ray.get(refs)
+
+
+@contextlib.contextmanager
+def mapper(engine: EngineConfig) -> Iterator[Callable]:
+    """The map function of the engine, inside a Ray session for "ray"."""
+    if engine.engine == "local":
+        yield serial_map
+        return
+    with ray_session(engine.address):
+        yield ray_map
+
+
+def prepare_ray_env(address: str | None = None) -> None:
+    """The environment of the Ray this process starts or joins; it must be set before `ray` is first imported.
+
+    Token auth is off (RAY_AUTH_MODE=disabled) unless the environment says otherwise. A local Ray (no
+    address, no $RAY_ADDRESS) runs in Ray's single-node mode, which binds every port to 127.0.0.1 (Ray
+    otherwise resolves even 127.0.0.1 to the machine's address), and without its Prometheus metrics
+    export, which costs ~10% of a 2-core machine and which nothing here reads."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not (address or os.environ.get("RAY_ADDRESS")):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_enable_metrics_collection", "0")
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
+    """Join the Ray cluster at `address` (or $RAY_ADDRESS), or start a local Ray on 127.0.0.1 and shut it
+    down on exit. The dashboard stays on (127.0.0.1): it serves the State API that Ray Train polls.
+
+    A local Ray is always a new one (address="local"): a bare `ray.init()` would instead join whatever
+    cluster a `ray start` on this machine last recorded in /tmp/ray, someone else's included, and then
+    refuse `num_cpus`. To run on such a cluster, name it (`--address auto` or its host:port)."""
+    prepare_ray_env(address)
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, log_to_driver=True)
+    else:
+        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
