@@ -24,6 +24,11 @@ class InputFormat(str, Enum):
     staypoints = "staypoints"
 
 
+class PreprocessEngine(str, Enum):
+    local = "local"
+    ray = "ray"
+
+
 def _on_command_line(ctx: typer.Context, name: str) -> bool:
     """Whether the option `name` was typed (not left at its default). Compared by name: typer may carry
     its own copy of click's ParameterSource enum."""
@@ -49,9 +54,23 @@ def preprocess(
                                        help="Apply the preprocessing fitted in this folder (the output a model was trained "
                                             "on) to new data: its places, users and settings; writes latest.parquet "
                                             "(one sample per user) and evaluation.parquet."),
+    engine: PreprocessEngine = typer.Option(PreprocessEngine.local, "--engine",
+                                            help="local: partitions one after another in this process; ray: as Ray "
+                                                 "tasks on a local Ray or the cluster at --address. Same outputs."),
+    partitions: int = typer.Option(0, "--partitions", min=0,
+                                   help="Users hashed into this many partitions; memory follows the largest. "
+                                        "0 = one per ~4M input rows."),
+    tile_deg: float = typer.Option(0.0, "--tile-deg", min=0.0,
+                                   help="DBSCAN by spatial tiles of this many degrees (0 = whole-data DBSCAN); same labels."),
+    address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS",
+                                       help="--engine ray: the Ray cluster to run on (host:port or auto); default a local Ray."),
+    work_dir: Path | None = typer.Option(None, "--work-dir",
+                                         help="Where the input's partitions are written (default a temporary folder); "
+                                              "on a multi-machine Ray cluster, a path every node can read, like --input."),
 ) -> None:
     """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol (SPEC §2)."""
     from preprocessing.config import load_config
+    from preprocessing.engine import EngineConfig
     from preprocessing.errors import InputError
     from preprocessing.pipeline import preprocess as run
     from preprocessing.pipeline import preprocess_fitted
@@ -60,9 +79,13 @@ def preprocess(
         if fitted is not None:
             if config is not None:
                 raise InputError(config, "--config cannot be combined with --fitted: the fitted run's settings apply")
+            if engine.value != "local" or partitions or tile_deg:
+                raise InputError(fitted, "--engine, --partitions and --tile-deg apply to a full run, not to --fitted "
+                                         "(new data is scored in memory)")
             result = preprocess_fitted(input, format.value, fitted, out, force=force, progress=progress)
         else:
-            result = run(input, format.value, out, load_config(config), force=force, progress=progress)
+            where = EngineConfig(engine.value, partitions, tile_deg, address if engine.value == "ray" else None, work_dir)
+            result = run(input, format.value, out, load_config(config), force=force, progress=progress, engine=where)
     except InputError as exc:
         _fail(str(exc))
     counts = result.manifest["counts"]

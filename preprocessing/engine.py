@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,30 +48,39 @@ def serial_map(fn: Callable, items: list, *args) -> list:
     return [fn(item, *args) for item in items]
 
 
-def ray_map(fn: Callable, items: list, *args, progress: Callable[[int], None] | None = None) -> list:
-    """fn(item, *args) for each item as Ray tasks (1 CPU each), results in the items' order. Arguments
-    shared by all tasks are put in the object store once."""
+def _on_node(fn: Callable, item, *args) -> tuple[str, object]:
+    """fn(item, *args) in a Ray task, with the id of the node that ran it."""
     import ray
 
-    remote = ray.remote(num_cpus=1, max_retries=2)(fn)
-    shared = [ray.put(a) for a in args]
-    refs = [remote.remote(item, *shared) for item in items]
-    pending = list(refs)
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        if progress:
-            progress(len(done))
-    return ray.get(refs)
+    return ray.get_runtime_context().get_node_id(), fn(item, *args)
+
+
+class RayMap:
+    """fn(item, *args) for each item as Ray tasks (1 CPU each, spread over the cluster's nodes), results in
+    the items' order; arguments shared by all tasks go to the object store once. `nodes` counts the tasks
+    each node ran."""
+
+    def __init__(self) -> None:
+        self.nodes: Counter[str] = Counter()
+
+    def __call__(self, fn: Callable, items: list, *args) -> list:
+        import ray
+
+        remote = ray.remote(num_cpus=1, max_retries=2, scheduling_strategy="SPREAD")(_on_node)
+        shared = [ray.put(a) for a in args]
+        ran = ray.get([remote.remote(fn, item, *shared) for item in items])
+        self.nodes.update(node for node, _ in ran)
+        return [result for _, result in ran]
 
 
 @contextlib.contextmanager
 def mapper(engine: EngineConfig) -> Iterator[Callable]:
-    """The map function of the engine, inside a Ray session for "ray"."""
+    """The map function of the engine: serial_map, or a RayMap inside a Ray session for "ray"."""
     if engine.engine == "local":
         yield serial_map
         return
     with ray_session(engine.address):
-        yield ray_map
+        yield RayMap()
 
 
 def prepare_ray_env(address: str | None = None) -> None:

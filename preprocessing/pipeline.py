@@ -20,7 +20,7 @@ import polars as pl
 
 from preprocessing import readers
 from preprocessing.config import PreprocessConfig
-from preprocessing.engine import EngineConfig, mapper, serial_map
+from preprocessing.engine import EngineConfig, RayMap, mapper, serial_map
 from preprocessing.errors import InputError
 from preprocessing.fitted import (
     APPLIED_FILES,
@@ -220,7 +220,8 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
             with mapper(engine) as map_fn:
                 manifest, tables = _run_stages(input_path, input_format, config, log, advance, engine, map_fn)
             finish_manifest(manifest, input_path, input_format, sha, config)
-            manifest["engine"] = {**engine.to_dict(), "partitions_used": manifest["details"].pop("partitions")}
+            manifest["engine"] = {**engine.to_dict(), "partitions_used": manifest["details"].pop("partitions"),
+                                  **({"ray_tasks_per_node": dict(map_fn.nodes)} if isinstance(map_fn, RayMap) else {})}
             _write_atomically(out_dir, manifest, tables, log)
             advance()
         except BaseException:

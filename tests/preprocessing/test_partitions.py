@@ -1,0 +1,127 @@
+"""Preprocessing partition by partition, and on Ray: the outputs are byte-identical to one partition's, in
+every format, with bad rows and text user ids spread over the partitions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+from polars.testing import assert_frame_equal
+
+from preprocessing.config import PreprocessConfig
+from preprocessing.engine import EngineConfig
+from preprocessing.partitions import auto_partitions, partitioned_staypoints
+from preprocessing.pipeline import OUTPUT_FILES, preprocess, stage_read, stage_staypoints
+from tests.conftest import PROJECT_ROOT, ray_cluster
+
+CONFIG = PreprocessConfig(latest_valid_time="2030-01-01")  # one window for every run compared
+
+
+def digests(folder: Path) -> dict[str, str]:
+    return {name: hashlib.sha256((folder / name).read_bytes()).hexdigest()
+            for name in OUTPUT_FILES if name.endswith(".parquet")}
+
+
+def manifest(folder: Path) -> dict:
+    return json.loads((folder / "manifest.json").read_text())
+
+
+def assert_same_outputs(a: Path, b: Path) -> None:
+    assert digests(a) == digests(b)
+    ma, mb = manifest(a), manifest(b)
+    assert (ma["counts"], ma["vocab"], ma["details"]) == (mb["counts"], mb["vocab"], mb["details"])
+
+
+@pytest.mark.real_data
+def test_partitions_and_tiles_give_byte_identical_outputs(geolife_few_users, tmp_path):
+    """Five GeoLife users (599,079 fixes): one partition (the automatic count here), 4 partitions, and 4
+    partitions with DBSCAN by 0.01-degree tiles write the same nine Parquet files, byte for byte."""
+    assert auto_partitions(geolife_few_users, "positionfixes") == 1
+    runs = {}
+    for name, engine in {"one": EngineConfig(), "four": EngineConfig(partitions=4),
+                         "tiles": EngineConfig(partitions=4, tile_deg=0.01)}.items():
+        runs[name] = preprocess(geolife_few_users, "positionfixes", tmp_path / name, CONFIG, progress=False, engine=engine)
+    assert runs["one"].manifest["counts"]["positionfixes_read"] == 599_079
+    assert runs["one"].manifest["engine"]["partitions_used"] == 1 and runs["four"].manifest["engine"]["partitions_used"] == 4
+    assert runs["one"].manifest["counts"]["locations"] > 20
+    assert_same_outputs(tmp_path / "one", tmp_path / "four")
+    assert_same_outputs(tmp_path / "one", tmp_path / "tiles")
+    # a rerun with another engine is the same result: reused, not recomputed
+    again = preprocess(geolife_few_users, "positionfixes", tmp_path / "one", CONFIG, progress=False,
+                       engine=EngineConfig(partitions=2))
+    assert again.reused
+
+
+def odd_csv(path: Path) -> Path:
+    """12 users written as pandas writes a float column ("3.0"), 40 fixes each over 3 hours at 2 places, plus
+    a bad time, a (0, 0) fix, a missing user and a repeated fix: 484 rows, 4 of them quarantined."""
+    rows = []
+    for user in range(12):
+        for i in range(40):
+            lat = 39.9 + 0.01 * user + (0.005 if i >= 20 else 0.0)
+            rows.append((f"{user}.0", f"2008-10-23 {i // 12 + 1:02d}:{(i % 12) * 5:02d}:00", lat, 116.3))
+    rows += [("3.0", "not a time", 39.9, 116.3), ("4.0", "2008-10-24 01:00:00", 0.0, 0.0),
+             ("", "2008-10-24 01:00:00", 39.9, 116.3), rows[5]]
+    pl.DataFrame(rows, schema=["user_id", "tracked_at", "latitude", "longitude"], orient="row").write_csv(path)
+    return path
+
+
+@pytest.mark.parametrize("partitions", [2, 5, 12])
+def test_text_user_ids_and_bad_rows_spread_over_partitions(tmp_path, partitions):
+    path = odd_csv(tmp_path / "points.csv")
+    whole = stage_staypoints(stage_read(path, "positionfixes", config=CONFIG), "positionfixes", CONFIG)
+    tables, counts, details = partitioned_staypoints(path, "positionfixes", CONFIG, partitions, work_dir=tmp_path)
+    assert counts == whole.counts == {"positionfixes_read": 484, "positionfixes_quarantined": 4,
+                                      "staypoints": 24, "activity_staypoints": 24}
+    assert details == whole.details
+    for name in ("staypoints", "tracking", "quarantine"):
+        assert_frame_equal(tables[name], whole.tables[name])
+    assert tables["staypoints"]["user_id"].dtype == pl.Int64  # "3.0" is user 3 in every partition
+    assert tables["quarantine"]["source_row"].to_list() == [480, 481, 482, 483]
+    assert tables["quarantine"]["reason"][-1] == "repeats the (user_id, tracked_at) of an earlier fix"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pgt-partitions")] == []  # parts removed
+
+
+@pytest.mark.real_data
+def test_geolife_folder_partitions_by_user_folder(plt_sample, trackintel_staypoints):
+    """The .plt sample by user folders, and trackintel's staypoints by hashed users: the whole-input tables."""
+    for path, fmt in ((plt_sample, "geolife-plt"), (trackintel_staypoints, "staypoints")):
+        whole = stage_staypoints(stage_read(path, fmt, config=CONFIG), fmt, CONFIG)
+        tables, counts, details = partitioned_staypoints(path, fmt, CONFIG, 3)
+        assert counts == whole.counts and details == whole.details
+        for name in ("staypoints", "tracking", "quarantine"):
+            assert_frame_equal(tables[name], whole.tables[name])
+
+
+def test_engine_settings_are_checked_at_the_door():
+    with pytest.raises(ValueError, match="engine must be one of local, ray, got 'spark'"):
+        EngineConfig(engine="spark")
+    with pytest.raises(ValueError, match="partitions must be >= 0"):
+        EngineConfig(partitions=-1)
+    with pytest.raises(ValueError, match="address is for engine 'ray' only"):
+        EngineConfig(address="127.0.0.1:6379")
+
+
+@pytest.mark.slow
+@pytest.mark.real_data
+def test_ray_engine_on_a_two_node_cluster_writes_the_local_engines_outputs(geolife_few_users, tmp_path):
+    """`pgt preprocess --engine ray --address HOST:PORT` on a head and a worker node on 127.0.0.1: partitions and
+    DBSCAN tiles run as Ray tasks on both nodes, and the outputs are those of the local engine, byte for byte."""
+    preprocess(geolife_few_users, "positionfixes", tmp_path / "local", CONFIG, progress=False)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(json.dumps(CONFIG.to_dict()))
+    with ray_cluster('{"node_a": 1}', '{"node_b": 1}') as (address, env):
+        r = subprocess.run([sys.executable, "-m", "pgt.cli", "preprocess", "--input", str(geolife_few_users),
+                            "--format", "positionfixes", "--out", str(tmp_path / "ray"), "--config", str(config_file),
+                            "--engine", "ray", "--address", address, "--partitions", "6", "--tile-deg", "0.01",
+                            "--no-progress"], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_outputs(tmp_path / "local", tmp_path / "ray")
+    engine = manifest(tmp_path / "ray")["engine"]
+    assert engine["engine"] == "ray" and engine["partitions_used"] == 6
+    assert len(engine["ray_tasks_per_node"]) == 2  # both nodes ran tasks
