@@ -46,10 +46,10 @@ def preprocess_and_train(
     manifest = tasks.cached_sequences(s.sequences_dir, sha, s.input_format, s.config_file)
     if manifest is None:
         key = s.stage_key(sha)
-        read = tasks.read_and_validate(source, s.input_format, s.config_file, s.work_dir, key)
-        found = tasks.staypoints(read, s.input_format, s.config_file, s.work_dir, key)
+        found = tasks.staypoints(source, s.input_format, s.config_file, s.engine_config(), s.work_dir, key)
         located = tasks.locations(found, s.config_file, s.work_dir, key)
-        manifest = tasks.sequences(located, source, s.input_format, sha, s.config_file, s.sequences_dir)
+        manifest = tasks.sequences(located, source, s.input_format, sha, s.config_file, s.sequences_dir,
+                                   s.engine_config())
     else:
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
     if s.tune:

@@ -68,6 +68,13 @@ class FlowSettings:
     def work_dir(self) -> Path:
         return self.state_dir / "stages"
 
+    def engine_config(self) -> dict:
+        """Preprocessing's engine: Ray tasks on the cluster when ray_address is set, else local partitions."""
+        from preprocessing.engine import EngineConfig
+
+        engine = "ray" if self.ray_address else "local"
+        return EngineConfig(engine, address=self.ray_address, work_dir=self.work_dir / "partitions").to_dict()
+
     def stage_key(self, sha: str) -> str:
         from preprocessing.config import load_config
         from preprocessing.pipeline import stage_key

@@ -44,22 +44,22 @@ def cached_sequences(out_dir: Path, sha: str, input_format: str, config_file: Pa
     return reusable_manifest(out_dir, sha, input_format, load_config(config_file))
 
 
-@task(name="read and validate", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
-def read_and_validate(input_path: Path, input_format: str, config_file: Path | None, work_dir: Path, key: str) -> Path:
+@task(name="read, validate and staypoints", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io,
+      cache_policy=NO_CACHE)
+def staypoints(input_path: Path, input_format: str, config_file: Path | None, engine: dict, work_dir: Path,
+               key: str) -> Path:
+    """Partition by partition (memory follows the largest), locally or as Ray tasks: a cached stage folder."""
     from preprocessing.config import load_config
-    from preprocessing.pipeline import cached_stage, stage_read
+    from preprocessing.engine import EngineConfig, mapper
+    from preprocessing.pipeline import cached_stage, stage_partitions
 
-    return cached_stage(work_dir, "read", key,
-                        lambda: stage_read(input_path, input_format, config=load_config(config_file)))
+    where = EngineConfig.from_dict(engine)
 
+    def compute():
+        with mapper(where) as map_partitions:
+            return stage_partitions(input_path, input_format, load_config(config_file), where, map_partitions)
 
-@task(name="staypoints", cache_policy=NO_CACHE)
-def staypoints(read_dir: Path, input_format: str, config_file: Path | None, work_dir: Path, key: str) -> Path:
-    from preprocessing.config import load_config
-    from preprocessing.pipeline import Stage, cached_stage, stage_staypoints
-
-    return cached_stage(work_dir, "staypoints", key,
-                        lambda: stage_staypoints(Stage.load(read_dir), input_format, load_config(config_file)))
+    return cached_stage(work_dir, "staypoints", key, compute)
 
 
 @task(name="locations", cache_policy=NO_CACHE)
@@ -72,13 +72,15 @@ def locations(staypoints_dir: Path, config_file: Path | None, work_dir: Path, ke
 
 @task(name="sequences", cache_policy=NO_CACHE)
 def sequences(locations_dir: Path, input_path: Path, input_format: str, sha: str, config_file: Path | None,
-              out_dir: Path) -> dict:
+              out_dir: Path, engine: dict) -> dict:
     from preprocessing.config import load_config
+    from preprocessing.engine import EngineConfig
     from preprocessing.pipeline import Stage, finish_manifest, stage_sequences, write_output
 
     config = load_config(config_file)
     manifest, tables = stage_sequences(Stage.load(locations_dir), config)
-    write_output(out_dir, finish_manifest(manifest, input_path, input_format, sha, config), tables)
+    finish_manifest(manifest, input_path, input_format, sha, config, EngineConfig.from_dict(engine))
+    write_output(out_dir, manifest, tables)
     return json.loads((out_dir / "manifest.json").read_text())
 
 

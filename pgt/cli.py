@@ -60,8 +60,9 @@ def preprocess(
     partitions: int = typer.Option(0, "--partitions", min=0,
                                    help="Users hashed into this many partitions; memory follows the largest. "
                                         "0 = one per ~4M input rows."),
-    tile_deg: float = typer.Option(0.0, "--tile-deg", min=0.0,
-                                   help="DBSCAN by spatial tiles of this many degrees (0 = whole-data DBSCAN); same labels."),
+    tile_deg: float | None = typer.Option(None, "--tile-deg", min=0.0,
+                                          help="DBSCAN by spatial tiles of this many degrees (0 = whole-data DBSCAN; "
+                                               "default: 0.05 past 200,000 staypoints); the same labels either way."),
     address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS",
                                        help="--engine ray: the Ray cluster to run on (host:port or auto); default a local Ray."),
     work_dir: Path | None = typer.Option(None, "--work-dir",
@@ -79,7 +80,7 @@ def preprocess(
         if fitted is not None:
             if config is not None:
                 raise InputError(config, "--config cannot be combined with --fitted: the fitted run's settings apply")
-            if engine.value != "local" or partitions or tile_deg:
+            if engine.value != "local" or partitions or tile_deg is not None:
                 raise InputError(fitted, "--engine, --partitions and --tile-deg apply to a full run, not to --fitted "
                                          "(new data is scored in memory)")
             result = preprocess_fitted(input, format.value, fitted, out, force=force, progress=progress)
@@ -118,15 +119,21 @@ def synth(
     days: int = typer.Option(120, "--days", min=1, help="Days of tracking per person."),
     seed: int = typer.Option(0, "--seed", help="Random seed; the same seed writes the same file."),
     out: Path = typer.Option(..., "--out", help="Parquet file of GPS points (user_id, tracked_at, latitude, longitude)."),
+    public_places: int = typer.Option(400, "--public-places", min=1, help="Shops, parks and restaurants everybody shares."),
+    city_radius_m: float = typer.Option(12_000.0, "--city-radius-m", min=100.0,
+                                        help="Homes and public places lie within about this radius (m)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the people."),
 ) -> None:
-    """Write synthetic GPS points: homes, workplaces, routines, exploration, noise, gaps, phone-off days."""
+    """Write synthetic GPS points: homes, workplaces, routines, exploration, noise, gaps, phone-off days.
+    A city k times larger: k times --users and --public-places, sqrt(k) times --city-radius-m."""
     import pyarrow.parquet as pq
 
     from preprocessing.synthetic import SynthConfig, write_positionfixes
 
     if out.suffix != ".parquet":
         _fail(f"{out}: --out must name a .parquet file")
-    write_positionfixes(SynthConfig(users=users, days=days, seed=seed), out)
+    write_positionfixes(SynthConfig(users=users, days=days, seed=seed, public_places=public_places,
+                                    city_radius_m=city_radius_m), out, progress=progress)
     typer.echo(f"wrote {out}: {pq.read_metadata(out).num_rows:,} GPS points of {users} users over {days} days")
 
 

@@ -14,13 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENGINES = ("local", "ray")
+AUTO_TILE_POINTS = 200_000  # auto: whole-data DBSCAN up to this many staypoints, whose neighbour lists it holds at once
+AUTO_TILE_DEG = 0.05  # auto: beyond that, tiles of this size (about 5.5 km north-south)
 
 
 @dataclass(frozen=True)
 class EngineConfig:
     engine: str = "local"  # "local": partitions and tiles in this process, one after another; "ray": Ray tasks
     partitions: int = 0  # users hashed into this many partitions; 0 = auto, one per ~4M input rows
-    tile_deg: float = 0.0  # DBSCAN by tiles of this many degrees; 0 = whole-data DBSCAN (same labels either way)
+    tile_deg: float | None = None  # DBSCAN by tiles of this many degrees; 0 = whole-data DBSCAN; None = auto
+    #                                (tiles of AUTO_TILE_DEG past AUTO_TILE_POINTS staypoints); same labels either way
     address: str | None = None  # engine "ray": the cluster to join (host:port, "auto"); None = $RAY_ADDRESS or a local Ray
     work_dir: Path | None = None  # the input's partitions go here (a temporary folder); on a multi-machine
     #                               cluster it, like the input, must be a path every node can read
@@ -31,16 +34,27 @@ class EngineConfig:
             problems.append(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.partitions < 0:
             problems.append(f"partitions must be >= 0 (0 = auto), got {self.partitions}")
-        if not self.tile_deg >= 0:
+        if self.tile_deg is not None and not self.tile_deg >= 0:
             problems.append(f"tile_deg must be >= 0 (0 = whole-data DBSCAN), got {self.tile_deg}")
         if self.address and self.engine != "ray":
             problems.append("address is for engine 'ray' only")
         if problems:
             raise ValueError("; ".join(problems))
 
+    def tiles_for(self, staypoints: int) -> float:
+        """The tile size for DBSCAN over this many staypoints (0: whole-data)."""
+        if self.tile_deg is not None:
+            return self.tile_deg
+        return AUTO_TILE_DEG if staypoints > AUTO_TILE_POINTS else 0.0
+
     def to_dict(self) -> dict:
         return {"engine": self.engine, "partitions": self.partitions, "tile_deg": self.tile_deg,
-                "address": self.address}
+                "address": self.address, "work_dir": str(self.work_dir) if self.work_dir else None}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> EngineConfig:
+        work_dir = values.get("work_dir")
+        return cls(**{**values, "work_dir": Path(work_dir) if work_dir else None})
 
 
 def serial_map(fn: Callable, items: list, *args) -> list:

@@ -173,6 +173,8 @@ def partitioned_staypoints(input_path: Path, input_format: str, config: Preproce
                            map_partitions: Callable = serial_map, work_dir: Path | None = None
                            ) -> tuple[dict[str, pl.DataFrame], dict, dict]:
     """stage_read + stage_staypoints over `partitions` partitions (their tables, counts, details)."""
+    if work_dir is not None:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix="pgt-partitions-", dir=work_dir))
     try:
         tasks = plan_partitions(Path(input_path), input_format, config, partitions, tmp)

@@ -219,9 +219,9 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
             advance(STAGES[1])
             with mapper(engine) as map_fn:
                 manifest, tables = _run_stages(input_path, input_format, config, log, advance, engine, map_fn)
-            finish_manifest(manifest, input_path, input_format, sha, config)
-            manifest["engine"] = {**engine.to_dict(), "partitions_used": manifest["details"].pop("partitions"),
-                                  **({"ray_tasks_per_node": dict(map_fn.nodes)} if isinstance(map_fn, RayMap) else {})}
+            finish_manifest(manifest, input_path, input_format, sha, config, engine)
+            if isinstance(map_fn, RayMap):
+                manifest["engine"]["ray_tasks_per_node"] = dict(map_fn.nodes)
             _write_atomically(out_dir, manifest, tables, log)
             advance()
         except BaseException:
@@ -329,8 +329,8 @@ def stage_partitions(input_path: Path, input_format: str, config: PreprocessConf
 
 
 def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=_noop,
-                    tile_deg: float = 0.0, map_tiles=serial_map) -> Stage:
-    """The user filter, DBSCAN locations over the kept users' activities (by tiles when tile_deg > 0), and
+                    engine: EngineConfig | None = None, map_tiles=serial_map) -> Stage:
+    """The user filter, DBSCAN locations over the kept users' activities (by tiles as `engine` says), and
     the merge of repeated visits."""
     log = log or StageLog()
     staypoints, tracking = found.tables["staypoints"], found.tables["tracking"]
@@ -345,6 +345,8 @@ def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None
         details["activity_staypoints_of_kept_users"] = activities.height
     advance("locations")
     with log.stage("locations"):
+        tile_deg = (engine or EngineConfig()).tiles_for(activities.height)
+        details["location_tile_deg"] = tile_deg
         labelled, locations = generate_locations(activities, config.location_epsilon_m, config.location_min_samples,
                                                  config.location_axis_order, tile_deg, map_tiles)
         counts["locations"] = locations.height
@@ -404,9 +406,16 @@ def feature_vocab(locations: int, users: int, config: PreprocessConfig, max_hist
             "recency": config.recency_days, "durations": config.duration_buckets, "max_history": max_history}
 
 
-def finish_manifest(manifest: dict, input_path: Path, input_format: str, sha: str, config: PreprocessConfig) -> dict:
+def finish_manifest(manifest: dict, input_path: Path, input_format: str, sha: str, config: PreprocessConfig,
+                    engine: EngineConfig | None = None) -> dict:
+    """What a run adds to its stages' manifest: its input, config and code version, and the engine it ran on
+    (with the partitions and DBSCAN tiles used, which the stages left in the details)."""
     manifest.update({"producer": PRODUCER, "input": str(input_path), "input_format": input_format, "input_sha256": sha,
                      "config": config.to_dict(), "version": code_version()})
+    details = manifest.get("details", {})
+    used = {"partitions_used": details.pop("partitions", None), "tile_deg_used": details.pop("location_tile_deg", None)}
+    if engine is not None:
+        manifest["engine"] = {**engine.to_dict(), **used}
     return manifest
 
 
@@ -428,7 +437,7 @@ def cached_stage(work_dir: Path, name: str, key: str, compute) -> Path:
 def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance,
                 engine: EngineConfig, map_fn=serial_map):
     found = stage_partitions(input_path, input_format, config, engine, map_fn, log, advance)
-    located = stage_locations(found, config, log, advance, engine.tile_deg, map_fn)
+    located = stage_locations(found, config, log, advance, engine, map_fn)
     del found
     return stage_sequences(located, config, log, advance)
 

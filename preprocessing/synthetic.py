@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -200,8 +201,8 @@ def _person_fixes(cfg: SynthConfig, rng: np.random.Generator, person: _Person, f
     return t, lat, lon
 
 
-def generate_positionfixes(cfg: SynthConfig | None = None) -> pl.DataFrame:
-    """GPS fixes of `cfg.users` people over `cfg.days` days: user_id, tracked_at (UTC), latitude, longitude."""
+def iter_positionfixes(cfg: SynthConfig | None = None, users_per_chunk: int = 64) -> Iterator[pl.DataFrame]:
+    """The fixes of generate_positionfixes, `users_per_chunk` people at a time (memory follows the chunk)."""
     cfg = cfg or SynthConfig()
     rng = np.random.default_rng(cfg.seed)
     start = datetime.fromisoformat(cfg.start).replace(tzinfo=timezone.utc)
@@ -219,17 +220,39 @@ def generate_positionfixes(cfg: SynthConfig | None = None) -> pl.DataFrame:
             "latitude": np.round(lat, 6),
             "longitude": np.round(lon, 6),
         }))
-    return pl.concat(frames)
+        if len(frames) == users_per_chunk or user == cfg.users - 1:
+            yield pl.concat(frames)
+            frames = []
 
 
-def write_positionfixes(cfg: SynthConfig, out_file: Path | str) -> Path:
-    """Generate and write the points as Parquet, atomically. The same config writes the same bytes."""
+def generate_positionfixes(cfg: SynthConfig | None = None) -> pl.DataFrame:
+    """GPS fixes of `cfg.users` people over `cfg.days` days: user_id, tracked_at (UTC), latitude, longitude."""
+    return pl.concat(list(iter_positionfixes(cfg)))
+
+
+def write_positionfixes(cfg: SynthConfig, out_file: Path | str, progress: bool = False) -> Path:
+    """Generate and write the points as Parquet, atomically, a chunk of people at a time (memory stays flat
+    at any size). The same config writes the same bytes."""
+    import pyarrow.parquet as pq
+
     out_file = Path(out_file)
     if out_file.suffix != ".parquet":
         raise ValueError(f"{out_file}: the synthetic points are written as a .parquet file")
-    fixes = generate_positionfixes(cfg)
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_file.with_name(f".{out_file.name}.tmp")
-    fixes.write_parquet(tmp, compression="zstd")
+    from rich.progress import Progress
+
+    with Progress(disable=not progress, transient=True) as bar:
+        task = bar.add_task("synthetic people", total=cfg.users)
+        writer = None
+        try:
+            for chunk in iter_positionfixes(cfg):
+                table = chunk.to_arrow()
+                writer = writer or pq.ParquetWriter(tmp, table.schema, compression="zstd")
+                writer.write_table(table, row_group_size=1_000_000)
+                bar.advance(task, chunk["user_id"].n_unique())
+        finally:
+            if writer is not None:
+                writer.close()
     tmp.replace(out_file)
     return out_file

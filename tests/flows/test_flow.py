@@ -85,7 +85,8 @@ def test_bad_config_fails_the_flow_with_its_message(tmp_path):
 
 def test_rerun_continues_from_the_finished_stages(tmp_path):
     """With the final output gone (a failure while writing it leaves none: it is written atomically), a rerun
-    recomputes only the sequences: read and validate, staypoints and locations come from their cached stage folders."""
+    recomputes only the sequences: staypoints (read, validated by partition) and locations come from their cached
+    stage folders."""
     import shutil
 
     import polars as pl
@@ -99,7 +100,7 @@ def test_rerun_continues_from_the_finished_stages(tmp_path):
                   tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     first = preprocess_and_train(**params)
     stages = sorted((tmp_path / "state" / "stages").glob("*/stage.json"))
-    assert [p.parent.name.split("-")[0] for p in stages] == ["locations", "read", "staypoints"]
+    assert [p.parent.name.split("-")[0] for p in stages] == ["locations", "staypoints"]
     stamps = [p.stat().st_mtime_ns for p in stages]
     sequences = tmp_path / "state" / "sequences" / "points"
     shutil.rmtree(sequences)
