@@ -197,7 +197,7 @@ def main() -> None:
         table.add_row(f"{r['scale']}x", r["engine"], f"{r['points']:,}", str(r["partitions"]), str(r["tile_deg"]),
                       f"{r['wall_s']:.1f}", f"{r['s_per_million_points']:.2f}", f"{r['rows_per_s']:,}",
                       f"{r['peak_gib']:.2f}")
-    console = Console()
+    console = Console(width=max(Console().width, 120))
     console.print(table)
     for name, value in checks.items():
         console.print(f"{name}: {value} (target {'<' if name == 'peak_gib_at_16x' else '<='} {TARGET[name]}): "

@@ -57,9 +57,14 @@ class EngineConfig:
         return cls(**{**values, "work_dir": Path(work_dir) if work_dir else None})
 
 
-def serial_map(fn: Callable, items: list, *args) -> list:
-    """fn(item, *args) for each item, one after another in this process."""
-    return [fn(item, *args) for item in items]
+def serial_map(fn: Callable, items: list, *args, on_done: Callable[[], None] | None = None) -> list:
+    """fn(item, *args) for each item, one after another in this process; on_done() after each."""
+    out = []
+    for item in items:
+        out.append(fn(item, *args))
+        if on_done:
+            on_done()
+    return out
 
 
 def _on_node(fn: Callable, item, *args) -> tuple[str, object]:
@@ -77,12 +82,18 @@ class RayMap:
     def __init__(self) -> None:
         self.nodes: Counter[str] = Counter()
 
-    def __call__(self, fn: Callable, items: list, *args) -> list:
+    def __call__(self, fn: Callable, items: list, *args, on_done: Callable[[], None] | None = None) -> list:
         import ray
 
         remote = ray.remote(num_cpus=1, max_retries=2, scheduling_strategy="SPREAD")(_on_node)
         shared = [ray.put(a) for a in args]
-        ran = ray.get([remote.remote(fn, item, *shared) for item in items])
+        refs = [remote.remote(fn, item, *shared) for item in items]
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            if on_done:
+                on_done()
+        ran = ray.get(refs)
         self.nodes.update(node for node, _ in ran)
         return [result for _, result in ran]
 

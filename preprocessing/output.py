@@ -25,7 +25,7 @@ from preprocessing.errors import InputError
 
 PRODUCER = "pgt preprocess"  # the manifest's `producer`: the folder is this program's output
 LEGACY_KEYS = ("input_sha256", "input_format", "config", "version", "counts")  # manifests written before the marker
-TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
+TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old|split)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
 def temporary_sibling(path: Path, kind: str = "tmp") -> Path:

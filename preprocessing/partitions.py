@@ -24,6 +24,7 @@ from preprocessing import readers
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import serial_map
 from preprocessing.errors import InputError
+from preprocessing.output import clean_stale_temporaries, temporary_sibling
 from preprocessing.quality import tracking_days
 from preprocessing.staypoints import flag_activity, generate_staypoints
 
@@ -170,15 +171,21 @@ def combine_partitions(tasks: list[PartitionTask], results: list[PartitionResult
 
 
 def partitioned_staypoints(input_path: Path, input_format: str, config: PreprocessConfig, partitions: int,
-                           map_partitions: Callable = serial_map, work_dir: Path | None = None
+                           map_partitions: Callable = serial_map, work_dir: Path | None = None,
+                           on_planned: Callable[[int], None] | None = None, on_done: Callable[[], None] | None = None,
                            ) -> tuple[dict[str, pl.DataFrame], dict, dict]:
-    """stage_read + stage_staypoints over `partitions` partitions (their tables, counts, details)."""
-    if work_dir is not None:
-        Path(work_dir).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="pgt-partitions-", dir=work_dir))
+    """stage_read + stage_staypoints over `partitions` partitions (their tables, counts, details).
+    on_planned(n) once the input is split into n non-empty partitions; on_done() after each."""
+    base = Path(work_dir if work_dir is not None else tempfile.gettempdir()) / "pgt-partitions"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    clean_stale_temporaries(base)  # the parts a killed run left behind
+    tmp = temporary_sibling(base, "split")
+    tmp.mkdir()
     try:
         tasks = plan_partitions(Path(input_path), input_format, config, partitions, tmp)
-        results = map_partitions(staypoints_of_partition, tasks)
+        if on_planned:
+            on_planned(len(tasks))
+        results = map_partitions(staypoints_of_partition, tasks, on_done=on_done)
         return combine_partitions(tasks, results, Path(input_path), input_format)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

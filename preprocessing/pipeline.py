@@ -218,7 +218,7 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
                 return PreprocessResult(manifest, out_dir, reused=True)
             advance(STAGES[1])
             with mapper(engine) as map_fn:
-                manifest, tables = _run_stages(input_path, input_format, config, log, advance, engine, map_fn)
+                manifest, tables = _run_stages(input_path, input_format, config, log, advance, engine, map_fn, bar)
             finish_manifest(manifest, input_path, input_format, sha, config, engine)
             if isinstance(map_fn, RayMap):
                 manifest["engine"]["ray_tasks_per_node"] = dict(map_fn.nodes)
@@ -314,14 +314,20 @@ def stage_staypoints(read: Stage, input_format: str, config: PreprocessConfig, l
 
 
 def stage_partitions(input_path: Path, input_format: str, config: PreprocessConfig, engine: EngineConfig,
-                     map_partitions=serial_map, log: StageLog | None = None, advance=_noop) -> Stage:
+                     map_partitions=serial_map, log: StageLog | None = None, advance=_noop, bar=None) -> Stage:
     """stage_read and stage_staypoints partition by partition (preprocessing/partitions.py): the same tables,
-    counts and details, with memory bounded by the largest partition. details["partitions"]: how many."""
+    counts and details, with memory bounded by the largest partition. details["partitions"]: how many.
+    `bar`: a rich Progress to which a bar over the partitions is added."""
     log = log or StageLog()
     partitions = engine.partitions or auto_partitions(input_path, input_format)
+    task = bar.add_task("partitions", total=None) if bar is not None else None
+    planned = (lambda n: bar.update(task, total=n)) if bar is not None else None
+    done = (lambda: bar.advance(task)) if bar is not None else None
     with log.stage(f"read, validate, staypoints ({partitions} partition{'s' if partitions > 1 else ''})"):
         tables, counts, details = partitioned_staypoints(input_path, input_format, config, partitions,
-                                                         map_partitions, engine.work_dir)
+                                                         map_partitions, engine.work_dir, planned, done)
+    if bar is not None:
+        bar.remove_task(task)
     advance("staypoints")
     advance("activity")
     advance("user filter")
@@ -435,8 +441,8 @@ def cached_stage(work_dir: Path, name: str, key: str, compute) -> Path:
 
 
 def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance,
-                engine: EngineConfig, map_fn=serial_map):
-    found = stage_partitions(input_path, input_format, config, engine, map_fn, log, advance)
+                engine: EngineConfig, map_fn=serial_map, bar=None):
+    found = stage_partitions(input_path, input_format, config, engine, map_fn, log, advance, bar)
     located = stage_locations(found, config, log, advance, engine, map_fn)
     del found
     return stage_sequences(located, config, log, advance)

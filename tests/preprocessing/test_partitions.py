@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +85,20 @@ def test_text_user_ids_and_bad_rows_spread_over_partitions(tmp_path, partitions)
     assert tables["staypoints"]["user_id"].dtype == pl.Int64  # "3.0" is user 3 in every partition
     assert tables["quarantine"]["source_row"].to_list() == [480, 481, 482, 483]
     assert tables["quarantine"]["reason"][-1] == "repeats the (user_id, tracked_at) of an earlier fix"
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("pgt-partitions")] == []  # parts removed
+    assert [p.name for p in tmp_path.iterdir() if "pgt-partitions" in p.name] == []  # parts removed
+
+
+def test_parts_of_a_killed_run_are_removed_by_the_next(tmp_path):
+    """A run killed while splitting leaves `.pgt-partitions.split-<pid>-<id>`; the next run in that work dir
+    removes it when that process is gone, and leaves a running one's alone."""
+    path = odd_csv(tmp_path / "points.csv")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".pgt-partitions.split-{int(dead.stdout)}-0000abcd"
+    live = tmp_path / f".pgt-partitions.split-{os.getppid()}-0000abcd"
+    for folder in (stale, live):
+        (folder / "_part=0").mkdir(parents=True)
+    partitioned_staypoints(path, "positionfixes", CONFIG, 2, work_dir=tmp_path)
+    assert not stale.exists() and live.exists()
 
 
 @pytest.mark.real_data
@@ -96,6 +110,11 @@ def test_geolife_folder_partitions_by_user_folder(plt_sample, trackintel_staypoi
         assert counts == whole.counts and details == whole.details
         for name in ("staypoints", "tracking", "quarantine"):
             assert_frame_equal(tables[name], whole.tables[name])
+
+
+def test_tiles_are_automatic_past_200k_staypoints():
+    assert EngineConfig().tiles_for(200_000) == 0.0 and EngineConfig().tiles_for(200_001) == 0.05
+    assert EngineConfig(tile_deg=0).tiles_for(10**7) == 0.0 and EngineConfig(tile_deg=0.2).tiles_for(10) == 0.2
 
 
 def test_engine_settings_are_checked_at_the_door():
