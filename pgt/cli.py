@@ -24,6 +24,11 @@ class InputFormat(str, Enum):
     staypoints = "staypoints"
 
 
+class DataEngine(str, Enum):
+    memory = "memory"
+    ray = "ray"
+
+
 class PreprocessEngine(str, Enum):
     local = "local"
     ray = "ray"
@@ -209,6 +214,10 @@ def train(
     gpu: bool | None = typer.Option(None, "--gpu/--no-gpu", help="One GPU per worker (default: when Ray sees enough GPUs)."),
     address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS", help="Ray cluster to join; default a local Ray."),
     max_failures: int = typer.Option(0, "--max-failures", min=-1, help="Restarts from the last checkpoint when a worker dies (-1: no limit)."),
+    data_engine: DataEngine = typer.Option(DataEngine.memory, "--data-engine",
+                                           help="memory: each worker loads the train split; ray (with --workers >= 1): "
+                                                "each streams its shard with Ray Data, for splits larger than a "
+                                                "worker's memory (a local shuffle buffer, no length bucketing)."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
     experiment: str = typer.Option("pgt", "--experiment", help="MLflow experiment."),
@@ -234,7 +243,8 @@ def train(
             known_fraction_min=known_fraction[0], known_fraction_max=known_fraction[1])
         if register and model.value in BASELINES:
             raise ValueError(f"--register needs a neural model; {model.value} has no checkpoint to register")
-        launch = LaunchConfig(workers=workers, use_gpu=gpu, address=address, max_failures=max_failures)
+        launch = LaunchConfig(workers=workers, use_gpu=gpu, address=address, max_failures=max_failures,
+                              data_engine=data_engine.value)
         tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), experiment=experiment, register=register)
         result = run_training(cfg, launch, tracking, on_epoch=EpochPrinter())
     except (ValueError, FileNotFoundError) as exc:

@@ -286,9 +286,10 @@ class BucketBatchSampler(Sampler[list[int]]):
         return (n // chunk) * self.bucket_batches + -(-(n % chunk) // self.batch_size)
 
 
-def load_splits(data_dir: Path | str, max_len: int = 64, vocab: Vocab | None = None) -> dict[str, SequenceDataset]:
-    """The three splits; with `vocab`, each is checked against the manifest's table sizes."""
-    splits = {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len) for split in SPLITS}
+def load_splits(data_dir: Path | str, max_len: int = 64, vocab: Vocab | None = None,
+                names: tuple[str, ...] = SPLITS) -> dict[str, SequenceDataset]:
+    """The splits `names` (all three by default); with `vocab`, each is checked against the manifest's table sizes."""
+    splits = {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len) for split in names}
     if vocab is not None:
         for split, dataset in splits.items():
             vocab.check_features(dataset, Path(data_dir) / f"{split}.parquet")
@@ -363,3 +364,27 @@ class UnseenSimulation(Dataset):
         slots, target_slots = unseen_slots(locations, self.dataset.places[idx, :locations.shape[1]], targets,
                                            self.dataset.target_places[idx])
         return batch._replace(locations=locations, targets=targets, slots=slots, target_slots=target_slots)
+
+
+class StreamedBatches:
+    """Train batches streamed from a Ray Data shard (`ray.train.get_dataset_shard("train")`) instead of a split
+    held in memory: each Arrow batch is padded as SequenceDataset pads a split (so a batch holds what the
+    in-memory path would give those samples), after a local shuffle buffer reseeded every epoch. Memory
+    follows the buffer, not the split."""
+
+    def __init__(self, shard, batch_size: int, max_len: int, seed: int, shuffle_rows: int = 20_000,
+                 vocab: Vocab | None = None, path: Path | str = "train.parquet"):
+        self.shard, self.batch_size, self.max_len, self.seed = shard, batch_size, max_len, seed
+        self.shuffle_rows, self.vocab, self.path, self.epoch = shuffle_rows, vocab, path, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[Batch]:
+        for table in self.shard.iter_batches(batch_size=self.batch_size, batch_format="pyarrow", drop_last=False,
+                                             local_shuffle_buffer_size=self.shuffle_rows,
+                                             local_shuffle_seed=self.seed + self.epoch):
+            dataset = SequenceDataset.from_arrow(table, self.max_len, self.path)
+            if self.vocab is not None:
+                self.vocab.check_features(dataset, self.path)
+            yield dataset.__getitems__(list(range(len(dataset))))

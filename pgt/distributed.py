@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Callable
 
 from preprocessing.engine import prepare_ray_env, ray_session  # noqa: F401 - the one Ray session helper
-from pgt.train import BASELINES, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker, write_json
+from pgt.data import LIST_COLUMNS, PLACE_COLUMNS
+from pgt.train import BASELINES, check_streamable, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker, write_json
 
 RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
+STREAMED_COLUMNS = ("user", *LIST_COLUMNS, *PLACE_COLUMNS, "target")  # what --data-engine ray reads of train
 
 
 @dataclass
@@ -33,10 +35,15 @@ class LaunchConfig:
     max_failures: int = 0  # worker-group restarts (from the last checkpoint) before the run fails
     cpus_per_worker: float = 1.0  # Ray CPU resources each worker reserves
     gpus_per_worker: float = 1.0  # Ray GPU resources each worker reserves when use_gpu (fractions share a GPU)
+    data_engine: str = "memory"  # "memory": every worker loads the train split; "ray": each streams its Ray Data shard
 
     def __post_init__(self) -> None:
         if self.workers < 0 or self.max_failures < -1 or self.cpus_per_worker <= 0:
             raise ValueError("workers must be >= 0, max_failures >= -1 (-1 = no limit), cpus_per_worker > 0")
+        if self.data_engine not in ("memory", "ray"):
+            raise ValueError(f"data_engine must be 'memory' or 'ray', got {self.data_engine!r}")
+        if self.data_engine == "ray" and self.workers < 1:
+            raise ValueError("data_engine 'ray' streams shards to Ray Train workers: it needs workers >= 1")
 
 
 def flat_metrics(row: dict) -> dict:
@@ -74,7 +81,8 @@ def ray_train_loop(config: dict) -> None:
     restored = ray.train.get_checkpoint()
     with restored.as_directory() if restored is not None else contextlib.nullcontext() as folder:
         worker = Worker(rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
-                        restored=Path(folder) / "checkpoint.pt" if folder else None)
+                        restored=Path(folder) / "checkpoint.pt" if folder else None,
+                        train_shard=ray.train.get_dataset_shard("train"))  # None unless --data-engine ray
         train_loop_per_worker(config, worker=worker, on_epoch=report)
 
 
@@ -90,9 +98,14 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
     resources = {"CPU": launch.cpus_per_worker} | ({"GPU": launch.gpus_per_worker} if use_gpu else {})
     if not config.get("threads"):  # a worker uses the CPUs it reserved, as Ray's OMP_NUM_THREADS says
         config = {**config, "threads": max(1, int(launch.cpus_per_worker))}
+    datasets = None
+    if launch.data_engine == "ray":  # each worker streams an equal shard of the train split
+        datasets = {"train": ray.data.read_parquet(str(Path(config["data_dir"]) / "train.parquet"))
+                    .select_columns(list(STREAMED_COLUMNS))}
     trainer = TorchTrainer(
         ray_train_loop,
         train_loop_config=config,
+        datasets=datasets,
         scaling_config=ScalingConfig(num_workers=launch.workers, use_gpu=use_gpu, resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         run_config=RunConfig(name=RUN_NAME, storage_path=str((out_dir / "ray").resolve()),
@@ -109,6 +122,8 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
     when `tracking` (a TrackingConfig) is given, registered under the champion rule when it names a model.
     Returns the metrics.json dict, with "mlflow" (run id, model URI, registration) when tracked."""
     launch = launch or LaunchConfig()
+    if launch.data_engine == "ray" and cfg.model not in BASELINES:
+        check_streamable(cfg)  # before a run or Ray starts
     out_dir = Path(cfg.out_dir).resolve()
     cfg = dataclasses.replace(cfg, out_dir=str(out_dir), data_dir=str(Path(cfg.data_dir).resolve()))
     if not cfg.resume:  # a fresh start: no checkpoint of an earlier run may be picked up
@@ -128,7 +143,9 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
         elif launch.workers == 0:
             result = train_loop_per_worker(config, on_epoch=on_epoch)
         else:
-            with ray_session(launch.address, num_cpus=max(os.cpu_count() or 1, launch.workers)):
+            # a local Ray: a CPU per worker, and one more for Ray Data's read tasks when it streams the train split
+            cpus = max(os.cpu_count() or 1, launch.workers) + (1 if launch.data_engine == "ray" else 0)
+            with ray_session(launch.address, num_cpus=cpus):
                 fit_with_ray(config, launch, out_dir, callbacks=callbacks)
             result = json.loads((out_dir / "metrics.json").read_text())
         if tracking and tracking.register and result["mlflow"]["model_uri"]:

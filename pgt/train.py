@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import (UNSEEN, Batch, BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab,
-                      keep_batch, load_splits)
+from pgt.data import (SPLITS, UNSEEN, Batch, BucketBatchSampler, FirstVisits, SequenceDataset, StreamedBatches,
+                      UnseenSimulation, Vocab, keep_batch, load_splits)
 from pgt.metrics import Scored, compute_all, target_ranks, top1
 from pgt.model import ModelConfig, build_model, count_parameters, extended_ids, merge_slots
 
@@ -180,6 +180,7 @@ class Worker:
     world_size: int = 1
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     restored: Path | None = None  # a checkpoint.pt the runtime hands back after a failure (Ray's get_checkpoint)
+    train_shard: object | None = None  # a Ray Data shard of the train split to stream (--data-engine ray); None: in memory
 
     @property
     def is_chief(self) -> bool:
@@ -239,6 +240,20 @@ def read_checkpoint(path: Path | str, device: torch.device | str = "cpu", requir
     if missing:
         raise ValueError(f"{path}: not a pgt checkpoint (missing {', '.join(missing)})")
     return state
+
+
+def check_streamable(cfg: TrainConfig) -> None:
+    """ValueError unless the train split can be streamed (--data-engine ray) under these settings."""
+    if cfg.simulate_unseen:
+        raise ValueError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
+                         "use --data-engine memory, or a recipe without it")
+
+
+def _train_rows(data_dir: str) -> int:
+    """The train split's sample count, from its Parquet footer (the streamed path does not load it)."""
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(Path(data_dir) / "train.parquet").num_rows
 
 
 def lr_factor(epoch: int, cfg: TrainConfig) -> float:
@@ -424,8 +439,12 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     if worker.device.type == "cpu":
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // worker.world_size))
     vocab = Vocab.from_manifest(cfg.data_dir)
-    splits = load_splits(cfg.data_dir, cfg.max_len, vocab)
-    if min(len(s) for s in splits.values()) == 0:
+    streamed = worker.train_shard is not None
+    if streamed:
+        check_streamable(cfg)
+    splits = load_splits(cfg.data_dir, cfg.max_len, vocab, names=("validation", "test") if streamed else SPLITS)
+    sizes = [len(s) for s in splits.values()] + ([_train_rows(cfg.data_dir)] if streamed else [])
+    if min(sizes) == 0:
         raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
     model_cfg = cfg.model_config(vocab)
     model = build_model(model_cfg).to(worker.device)
@@ -438,11 +457,15 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     use_amp = cfg.amp and worker.device.type == "cuda"
     amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
     scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
-    train_set = splits["train"]
-    if cfg.simulate_unseen:
-        train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab), cfg.known_fraction_min,
-                                     cfg.known_fraction_max)
-    loader = train_loader(train_set, cfg, worker)
+    if streamed:
+        loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.max_len,
+                                 cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet")
+    else:
+        train_set = splits["train"]
+        if cfg.simulate_unseen:
+            train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab),
+                                         cfg.known_fraction_min, cfg.known_fraction_max)
+        loader = train_loader(train_set, cfg, worker)
     validation_loss = cross_entropy_sum(model_cfg, cfg)
 
     averaged = copy.deepcopy(model) if cfg.weight_average else None  # the moving average of the weights
@@ -476,7 +499,7 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     samples_seen = sum(row["samples"] for row in history)
     early_stopped = bool(history) and history[-1].get("stop", False)
     for epoch in range(start_epoch, cfg.epochs if not early_stopped else start_epoch):
-        loader.batch_sampler.set_epoch(epoch)
+        (loader if streamed else loader.batch_sampler).set_epoch(epoch)
         ddp_model.train()
         began, loss_sum, seen = time.perf_counter(), torch.zeros((), device=worker.device), 0
         for batch in loader:

@@ -101,3 +101,24 @@ def test_a_running_ray_cluster_does_not_capture_a_local_run():
                            timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split()[-2:] == ["0", "2.0"]  # a Ray of its own: 2 CPUs, none of the cluster's resources
+
+
+def test_ray_data_streams_the_train_split_to_two_workers(geolife_sequences, tmp_path):
+    """--data-engine ray: each of 2 workers streams its Ray Data shard of train.parquet. Every epoch sees the
+    whole split (an equal split drops at most one sample), the replicas stay in sync, the loss falls, and
+    validation lands where the in-memory path's does (other batches, so not to the digit)."""
+    import pyarrow.parquet as pq
+
+    common = dict(data_dir=str(geolife_sequences), epochs=3, seed=3, min_epochs=3)
+    memory = run_training(TrainConfig(out_dir=str(tmp_path / "memory"), **common))
+    streamed = run_training(TrainConfig(out_dir=str(tmp_path / "ray"), **common), LaunchConfig(workers=2, data_engine="ray"))
+    n = pq.read_metadata(geolife_sequences / "train.parquet").num_rows
+    assert streamed["workers"] == 2 and len(streamed["history"]) == 3
+    assert all(n - 1 <= row["samples"] <= n and row["replicas_in_sync"] for row in streamed["history"])
+    assert streamed["history"][-1]["train_loss"] < streamed["history"][0]["train_loss"]
+    assert abs(streamed["validation"]["acc@1"] - memory["validation"]["acc@1"]) <= 5.0
+    with pytest.raises(ValueError, match="simulate_unseen needs the train split in memory"):
+        run_training(TrainConfig(out_dir=str(tmp_path / "x"), simulate_unseen=True, **common),
+                     LaunchConfig(workers=2, data_engine="ray"))
+    with pytest.raises(ValueError, match="needs workers >= 1"):
+        LaunchConfig(data_engine="ray")
