@@ -24,6 +24,7 @@ from pgt.data import LIST_COLUMNS, PLACE_COLUMNS
 from pgt.train import BASELINES, check_streamable, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker, write_json
 
 RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
+STREAM_KEY = "_stream_train"  # in the train loop's config: the workers stream their shard of the "train" dataset
 STREAMED_COLUMNS = ("user", *LIST_COLUMNS, *PLACE_COLUMNS, "target")  # what --data-engine ray reads of train
 
 
@@ -60,6 +61,8 @@ def ray_train_loop(config: dict) -> None:
     import ray.train.torch
     from ray.train import Checkpoint
 
+    config = dict(config)
+    streamed = config.pop(STREAM_KEY, False)  # --data-engine ray: the trainer holds a "train" dataset
     context = ray.train.get_context()
     rank = context.get_world_rank()
     printer = None
@@ -82,7 +85,7 @@ def ray_train_loop(config: dict) -> None:
     with restored.as_directory() if restored is not None else contextlib.nullcontext() as folder:
         worker = Worker(rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
                         restored=Path(folder) / "checkpoint.pt" if folder else None,
-                        train_shard=ray.train.get_dataset_shard("train"))  # None unless --data-engine ray
+                        train_shard=ray.train.get_dataset_shard("train") if streamed else None)
         train_loop_per_worker(config, worker=worker, on_epoch=report)
 
 
@@ -102,6 +105,7 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
     if launch.data_engine == "ray":  # each worker streams an equal shard of the train split
         datasets = {"train": ray.data.read_parquet(str(Path(config["data_dir"]) / "train.parquet"))
                     .select_columns(list(STREAMED_COLUMNS))}
+        config = {**config, STREAM_KEY: True}
     trainer = TorchTrainer(
         ray_train_loop,
         train_loop_config=config,

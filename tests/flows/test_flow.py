@@ -108,3 +108,24 @@ def test_rerun_continues_from_the_finished_stages(tmp_path):
     assert [p.stat().st_mtime_ns for p in stages] == stamps  # not recomputed
     assert second["manifest_counts"] == first["manifest_counts"]
     assert (sequences / "manifest.json").is_file() and pl.read_parquet(sequences / "train.parquet").height > 0
+
+
+def test_flow_preprocesses_on_the_ray_cluster_at_ray_address(first_run, tmp_path, monkeypatch):
+    """ray_address set: the flow's preprocessing runs as Ray tasks on that cluster (a head and a worker node
+    on 127.0.0.1), and writes the sequences of the local engine, byte for byte."""
+    import hashlib
+    import json
+
+    from flows.preprocess_and_train import preprocess_and_train
+    from tests.conftest import ray_cluster
+
+    state, params, _ = first_run
+    monkeypatch.delenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", raising=False)  # a local Ray's switch, from earlier tests
+    with ray_cluster('{"node_a": 1}', '{"node_b": 1}') as (address, _env):
+        preprocess_and_train(**{**params, "state_dir": str(tmp_path / "state"), "model_name": "flowray",
+                                "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "epochs": 1,
+                                "ray_address": address})
+    local, remote = state / "sequences" / "synthetic", tmp_path / "state" / "sequences" / "synthetic"
+    assert json.loads((remote / "manifest.json").read_text())["engine"]["engine"] == "ray"
+    for name in ("train.parquet", "validation.parquet", "test.parquet", "locations.parquet", "staypoints.parquet"):
+        assert hashlib.sha256((local / name).read_bytes()).digest() == hashlib.sha256((remote / name).read_bytes()).digest()
