@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from preprocessing.errors import InputError
+
 ENGINES = ("local", "ray")
 AUTO_TILE_POINTS = 200_000  # auto: whole-data DBSCAN up to this many staypoints, whose neighbour lists it holds at once
 AUTO_TILE_DEG = 0.05  # auto: beyond that, tiles of this size (about 5.5 km north-south)
@@ -93,7 +95,12 @@ class RayMap:
             done, pending = ray.wait(pending, num_returns=1)
             if on_done:
                 on_done()
-        ran = ray.get(refs)
+        try:
+            ran = ray.get(refs)
+        except ray.exceptions.RayTaskError as exc:
+            if isinstance(exc.cause, InputError):  # the input's problem, in the one line the CLI prints
+                raise exc.cause from None
+            raise
         self.nodes.update(node for node, _ in ran)
         return [result for _, result in ran]
 

@@ -18,6 +18,9 @@ class InputError(Exception):
         self.problem = problem
         super().__init__(f"{self.source}: {problem}")
 
+    def __reduce__(self):  # picklable, so that it crosses from a Ray task to the driver as itself
+        return type(self), (self.source, self.problem)
+
 
 def require_columns(df: pl.DataFrame, what: str, columns: dict) -> None:
     """Validate a frame at the door: the columns exist with the expected dtype class."""

@@ -112,8 +112,8 @@ def split_table(source: readers.TableInput, partitions: int, folder: Path) -> li
     key = (source.user_key().hash(seed=PARTITION_SEED) % partitions).alias("_part")
     try:
         source.scan().with_columns(key).sink_parquet(pl.PartitionBy(folder, key="_part", include_key=False), mkdir=True)
-    except pl.exceptions.PolarsError as exc:
-        raise InputError(source.path, f"unreadable input: {str(exc).strip().splitlines()[0]}") from None
+    except readers.UNREADABLE as exc:
+        raise readers.unreadable_input(source.path, exc) from None
     return [sorted((folder / f"_part={k}").glob("*.parquet")) for k in range(partitions)]
 
 
@@ -126,9 +126,12 @@ def staypoints_of_partition(task: PartitionTask) -> PartitionResult:
     else:
         parse = readers.parse_staypoints if task.input_format == "staypoints" else readers.parse_positionfixes
         rows = pl.scan_parquet(list(task.parts)) if task.parts else task.source.scan()
-        good, bad = parse(task.source, rows, window)
-        bad = bad.sort("source_row")
-        quarantine = readers.quarantine_of(task.source, bad, rows)
+        try:  # the input is decoded here, lazily: a page that cannot be is the input's problem
+            good, bad = parse(task.source, rows, window)
+            bad = bad.sort("source_row")
+            quarantine = readers.quarantine_of(task.source, bad, rows)
+        except readers.UNREADABLE as exc:
+            raise readers.unreadable_input(task.source.path, exc) from None
         rows_read, notes = good.height + bad.height, {}
     if task.input_format == "staypoints":
         staypoints, tracking = good, tracking_days(good, "started_at", "finished_at")

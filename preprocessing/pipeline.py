@@ -199,6 +199,12 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
         return _preprocess_locked(input_path, input_format, out_dir, config, force, progress, engine or EngineConfig())
 
 
+def _hide_all(bar) -> None:
+    """Hide every bar (stages and partitions) so that an error is the one line left on stderr."""
+    for task in bar.task_ids:
+        bar.update(task, visible=False)
+
+
 def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, config: PreprocessConfig, force: bool,
                        progress: bool, engine: EngineConfig) -> PreprocessResult:
     log = StageLog()
@@ -225,7 +231,7 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
             _write_atomically(out_dir, manifest, tables, log)
             advance()
         except BaseException:
-            bar.update(task, visible=False)  # the error is the one line left on stderr
+            _hide_all(bar)  # the error is the one line left on stderr
             raise
     return PreprocessResult(manifest, out_dir, reused=False)
 
@@ -323,11 +329,13 @@ def stage_partitions(input_path: Path, input_format: str, config: PreprocessConf
     task = bar.add_task("partitions", total=None) if bar is not None else None
     planned = (lambda n: bar.update(task, total=n)) if bar is not None else None
     done = (lambda: bar.advance(task)) if bar is not None else None
-    with log.stage(f"read, validate, staypoints ({partitions} partition{'s' if partitions > 1 else ''})"):
-        tables, counts, details = partitioned_staypoints(input_path, input_format, config, partitions,
-                                                         map_partitions, engine.work_dir, planned, done)
-    if bar is not None:
-        bar.remove_task(task)
+    try:
+        with log.stage(f"read, validate, staypoints ({partitions} partition{'s' if partitions > 1 else ''})"):
+            tables, counts, details = partitioned_staypoints(input_path, input_format, config, partitions,
+                                                             map_partitions, engine.work_dir, planned, done)
+    finally:
+        if bar is not None:
+            bar.remove_task(task)
     advance("staypoints")
     advance("activity")
     advance("user filter")
@@ -514,6 +522,6 @@ def preprocess_fitted(input_path: Path | str, input_format: str, fitted_dir: Pat
                 _write_atomically(out_dir, manifest, tables, log)
                 bar.update(task, advance=1)
             except BaseException:
-                bar.update(task, visible=False)
+                _hide_all(bar)
                 raise
     return PreprocessResult(manifest, out_dir, reused=False)

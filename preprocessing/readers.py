@@ -90,14 +90,23 @@ def _unreadable_as_input_error(reader):
     def wrapper(path, *args, **kwargs):
         try:
             return reader(path, *args, **kwargs)
-        except (pl.exceptions.PolarsError, pa.ArrowException, OSError) as exc:
-            path = Path(path)
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            if path.is_file() and _sniff(path) == "parquet":
-                raise InputError(path, f"unreadable Parquet{_failing_parquet_column(path)}: {first}") from None
-            raise InputError(path, f"unreadable input: {first}") from None
+        except UNREADABLE as exc:
+            raise unreadable_input(getattr(path, "path", path), exc) from None
 
     return wrapper
+
+
+UNREADABLE = (pl.exceptions.PolarsError, pa.ArrowException, OSError)  # what the engines raise on a broken file
+
+
+def unreadable_input(path: Path | str, exc: Exception) -> InputError:
+    """The one-line error for a file the Parquet/CSV engine failed to decode (for Parquet, naming the column
+    that cannot be decoded)."""
+    path = Path(path)
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if path.is_file() and _sniff(path) == "parquet":
+        return InputError(path, f"unreadable Parquet{_failing_parquet_column(path)}: {first}")
+    return InputError(path, f"unreadable input: {first}")
 
 
 @dataclass(frozen=True)

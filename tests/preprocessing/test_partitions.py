@@ -144,3 +144,23 @@ def test_ray_engine_on_a_two_node_cluster_writes_the_local_engines_outputs(geoli
     engine = manifest(tmp_path / "ray")["engine"]
     assert engine["engine"] == "ray" and engine["partitions_used"] == 6
     assert len(engine["ray_tasks_per_node"]) == 2  # both nodes ran tasks
+
+
+@pytest.mark.parametrize("engine, partitions", [("local", 1), ("local", 3), ("ray", 1)])
+def test_a_page_that_cannot_be_decoded_is_one_line_in_every_engine(tmp_path, engine, partitions):
+    """The input is decoded lazily: in the split (3 partitions), in the task that reads it (1 partition), or
+    in a Ray task. Each way the CLI prints one line naming the file and the column, and exits with 2."""
+    from tests.test_bad_inputs import _base, _corrupt_page
+
+    _base(tmp_path).write_parquet(tmp_path / "base.parquet", compression="uncompressed")
+    _corrupt_page(tmp_path / "base.parquet", tmp_path / "corrupt.parquet", 2)
+    r = subprocess.run([sys.executable, "-m", "pgt.cli", "preprocess", "--input", str(tmp_path / "corrupt.parquet"),
+                        "--format", "positionfixes", "--out", str(tmp_path / "out"), "--engine", engine,
+                        "--partitions", str(partitions), "--work-dir", str(tmp_path)],
+                       cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=300)
+    lines = [line for line in r.stderr.strip().splitlines() if "Started a local Ray instance" not in line and line]
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert len(lines) == 1, lines  # Ray's own banner aside; the progress bars are hidden too
+    assert lines[0].startswith(f"error: {tmp_path / 'corrupt.parquet'}: unreadable Parquet (column latitude)"), lines
+    assert not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if "pgt-partitions" in p.name] == []
