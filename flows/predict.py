@@ -7,34 +7,36 @@ next places with coordinates -> a table, a map and an MLflow run. The flow only 
 from __future__ import annotations
 
 from pathlib import Path  # noqa: F401 - Prefect resolves the flow's string annotations at run time
-from typing import Literal
 
 from prefect import flow
 
 from flows import tasks
-from flows.settings import PredictSettings
+from flows.settings import InputFormat, PredictSettings
+from preprocessing.config import SynthConfig
 
 
 @flow(name="predict-next-places", log_prints=True)
 def predict_next_places(
+    *,
     model_name: str = "pgt-demo",
     alias: str = "champion",
     input_path: str | None = None,
-    input_format: Literal["positionfixes", "staypoints", "geolife-plt"] = "positionfixes",
+    input_format: InputFormat = "positionfixes",
     top_k: int = 5,
     recent_days: float = 14.0,
     tracking_uri: str | None = None,
     state_dir: str | None = None,
-    synthetic_users: int = 50,
-    synthetic_days: int = 120,
+    synthetic_users: int = SynthConfig.users,
+    synthetic_days: int = SynthConfig.days,
 ) -> dict:
     """Score new GPS data with models:/model_name@alias and publish each user's next places.
 
     input_path None takes the last recent_days days of the synthetic default (synthetic_users people over
     synthetic_days days, as the demo deployment trains on). The predictions
     (Parquet), the map (PNG) and a summary are logged to an MLflow run in the experiment pgt-predictions."""
-    s = PredictSettings.resolve(model_name, alias, input_path, input_format, top_k, recent_days, tracking_uri, state_dir,
-                                synthetic_users, synthetic_days)
+    s = PredictSettings.resolve(model_name=model_name, alias=alias, input_path=input_path, input_format=input_format,
+                                top_k=top_k, recent_days=recent_days, tracking_uri=tracking_uri, state_dir=state_dir,
+                                synthetic_users=synthetic_users, synthetic_days=synthetic_days)
     source = s.input_path
     if source is None:
         synthetic = tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)

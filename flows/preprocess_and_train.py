@@ -11,45 +11,50 @@ from pathlib import Path  # noqa: F401 - Prefect resolves the flow's string anno
 from prefect import flow, get_run_logger
 
 from flows import tasks
-from flows.settings import FlowSettings
+from flows.settings import FlowSettings, InputFormat, Recipe
+from preprocessing.config import SynthConfig
 
 
 @flow(name="preprocess-and-train", log_prints=True)
 def preprocess_and_train(
+    *,
     input_path: str | None = None,
-    input_format: str = "positionfixes",
+    input_format: InputFormat = "positionfixes",
     config_file: str | None = None,
     workers: int = 2,
     gpu: bool | None = None,
     tune: bool = False,
-    trials: int = 20,
-    epochs: int = 50,
+    trials: int | None = None,
+    epochs: int | None = None,
     tracking_uri: str | None = None,
     ray_address: str | None = None,
     model_name: str = "pgt",
     state_dir: str | None = None,
-    synthetic_users: int = 50,
-    synthetic_days: int = 120,
-    recipe: str = "paper",
+    synthetic_users: int = SynthConfig.users,
+    synthetic_days: int = SynthConfig.days,
+    recipe: Recipe = "paper",
 ) -> dict:
     """Preprocess (reusing cached stages), train or tune, evaluate the logged model, register it.
 
-    input_path None uses the synthetic default (synthetic_users people over synthetic_days days). workers 0 trains in the flow's process; N >= 1 under Ray Train.
-    recipe is the training recipe: paper (SPEC §3.8) or tuned (ours for GeoLife).
-    tune runs a sweep of `trials` instead of one training run. model_name is the registered model; the alias
-    champion moves to the new version only when its strict validation Acc@1 is better. The state folder holds every output."""
-    s = FlowSettings.resolve(input_path, input_format, config_file, workers, gpu, tune, trials, epochs, tracking_uri,
-                             ray_address, model_name, state_dir, synthetic_users, synthetic_days, recipe)
+    input_path None uses the synthetic default (synthetic_users people over synthetic_days days). workers 0 trains
+    in the flow's process; N >= 1 under Ray Train. recipe is the training recipe: paper (SPEC §3.8) or tuned (ours
+    for GeoLife). tune runs a sweep of `trials` instead of one training run. epochs and trials left empty take
+    the defaults of TrainConfig (or SweepConfig). model_name is the registered model; the alias champion moves to
+    the new version only when its strict validation Acc@1 is better. The state folder holds every output."""
+    s = FlowSettings.resolve(input_path=input_path, input_format=input_format, config_file=config_file, workers=workers,
+                             gpu=gpu, tune=tune, trials=trials, epochs=epochs, tracking_uri=tracking_uri,
+                             ray_address=ray_address, model_name=model_name, state_dir=state_dir,
+                             synthetic_users=synthetic_users, synthetic_days=synthetic_days, recipe=recipe)
     log = get_run_logger()
     source = s.input_path or tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
-    sha = tasks.hash_input(source, s.input_format)
-    manifest = tasks.cached_sequences(s.sequences_dir, sha, s.input_format, s.config_file)
-    if manifest is None:
-        key = s.stage_key(sha)
-        found = tasks.staypoints(source, s.input_format, s.config_file, s.engine_config(), s.work_dir, key)
-        located = tasks.locations(found, s.config_file, s.work_dir, key)
-        manifest = tasks.sequences(located, source, s.input_format, sha, s.config_file, s.sequences_dir,
-                                   s.engine_config())
+    hashed = tasks.hash_input(source, s.input_format)
+    manifest = tasks.cached_sequences(s.sequences_dir, hashed, s.input_format, s.config_file)
+    if manifest is None:  # the table of stages `pgt preprocess` runs (preprocessing.pipeline.STEPS)
+        key, stage = s.stage_key(hashed), hashed
+        for step in tasks.cached_steps():
+            stage = tasks.preprocess_stage.with_options(name=step)(step, stage, source, s.input_format, s.config_file,
+                                                                   s.engine_config(), s.work_dir, key)
+        manifest = tasks.sequences(stage, source, s.input_format, s.config_file, s.engine_config(), s.sequences_dir)
     else:
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
     if s.tune:

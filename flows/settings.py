@@ -1,10 +1,21 @@
-"""The flow's parameters resolved once into paths and the typed configs of each package."""
+"""The flow's parameters resolved once into paths and the typed configs of each package.
+
+The flows' choices are Literals built from the packages' registries, so the Prefect UI offers them as a
+dropdown; every default not set by a flow lives in its config dataclass."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from pgt.config import RECIPES
+from preprocessing.config import FORMATS
+from preprocessing.config import SynthConfig
+
+InputFormat = Literal[FORMATS]
+Recipe = Literal[tuple(RECIPES)]
 
 @dataclass
 class FlowSettings:
@@ -14,23 +25,25 @@ class FlowSettings:
     workers: int  # Ray Train workers; 0 = in the flow's process
     gpu: bool | None  # None: GPUs when Ray sees them
     tune: bool  # a Ray Tune sweep instead of one training run
-    trials: int  # sweep size
-    epochs: int  # at most, per run or trial
+    trials: int | None  # sweep size; None: SweepConfig's
+    epochs: int | None  # at most, per run or trial; None: TrainConfig's (or SweepConfig's)
     tracking_uri: str  # MLflow
     ray_address: str | None  # a Ray cluster, or None for a local Ray
     model_name: str  # registered model name
     state_dir: Path  # every output lives here
-    synthetic_users: int = 50  # the synthetic default's people
-    synthetic_days: int = 120  # and days of tracking
+    synthetic_users: int = SynthConfig.users  # the synthetic default's people
+    synthetic_days: int = SynthConfig.days  # and days of tracking
     synthetic_seed: int = 0
-    recipe: str = "paper"  # training recipe (pgt.train.RECIPES); a sweep takes its simulate_unseen and unseen_slots
+    recipe: str = "paper"  # training recipe (pgt.config.RECIPES); a sweep takes its simulate_unseen and unseen_slots
 
     @classmethod
-    def resolve(cls, input_path, input_format, config_file, workers, gpu, tune, trials, epochs, tracking_uri,
-                ray_address, model_name, state_dir, synthetic_users: int = 50, synthetic_days: int = 120,
+    def resolve(cls, *, input_path: str | None, input_format: str, config_file: str | None, workers: int,
+                gpu: bool | None, tune: bool, trials: int | None, epochs: int | None, tracking_uri: str | None,
+                ray_address: str | None, model_name: str, state_dir: str | None,
+                synthetic_users: int = SynthConfig.users, synthetic_days: int = SynthConfig.days,
                 recipe: str = "paper") -> FlowSettings:
-        from preprocessing.pipeline import FORMATS
-        from pgt.train import recipe_settings
+        """The flow's parameters checked and resolved, once. trials and epochs None: the configs' defaults."""
+        from pgt.config import recipe_settings
         from pgt.tracking import resolve_tracking_uri, state_dir as default_state_dir
 
         if input_format not in FORMATS:
@@ -38,13 +51,13 @@ class FlowSettings:
         recipe_settings(recipe)  # refuses an unknown recipe before anything runs
         if input_path is None and input_format != "positionfixes":
             raise ValueError("the synthetic default input is positionfixes; give input_path for other formats")
-        if workers < 0 or trials < 1 or epochs < 1:
+        if workers < 0 or (trials is not None and trials < 1) or (epochs is not None and epochs < 1):
             raise ValueError(f"workers must be >= 0, trials and epochs >= 1 (got {workers}, {trials}, {epochs})")
         state = Path(state_dir).resolve() if state_dir else default_state_dir()
         return cls(Path(input_path).resolve() if input_path else None, input_format,
                    Path(config_file).resolve() if config_file else None, workers, gpu, tune, trials, epochs,
-                   resolve_tracking_uri(tracking_uri, state), ray_address, model_name, state, synthetic_users, synthetic_days,
-                   recipe=recipe)
+                   resolve_tracking_uri(tracking_uri, state), ray_address, model_name, state, synthetic_users,
+                   synthetic_days, recipe=recipe)
 
     @property
     def run_name(self) -> str:
@@ -75,20 +88,22 @@ class FlowSettings:
         engine = "ray" if self.ray_address else "local"
         return EngineConfig(engine, address=self.ray_address, work_dir=self.work_dir / "partitions").to_dict()
 
-    def stage_key(self, sha: str) -> str:
+    def stage_key(self, hashed) -> str:
+        """The cache key of the stages of this input (the first stage's Stage: its hash) under this config."""
         from preprocessing.config import load_config
         from preprocessing.pipeline import stage_key
 
-        return stage_key(sha, self.input_format, load_config(self.config_file))
+        return stage_key(hashed.details["input_sha256"], self.input_format, load_config(self.config_file))
 
     def train_config(self) -> dict:
         return self._train_config().to_dict()
 
     def _train_config(self):
-        from pgt.train import TrainConfig
+        from pgt.config import TrainConfig
 
+        epochs = {"epochs": self.epochs} if self.epochs is not None else {}
         return TrainConfig.from_recipe(self.recipe, data_dir=str(self.sequences_dir), out_dir=str(self.runs_dir),
-                                       epochs=self.epochs)
+                                       **epochs)
 
     def launch_config(self) -> dict:
         from pgt.distributed import LaunchConfig
@@ -101,12 +116,12 @@ class FlowSettings:
         return TrackingConfig(self.tracking_uri, experiment="pgt").to_dict()
 
     def sweep_config(self) -> dict:
-        from tune.sweep import SweepConfig
+        from tune.config import SweepConfig
 
         recipe = self._train_config()
+        given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs)) if value is not None}
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
-                           trials=self.trials, epochs=self.epochs,
-                           simulate_unseen=recipe.simulate_unseen, unseen_slots=recipe.unseen_slots).to_dict()
+                           simulate_unseen=recipe.simulate_unseen, unseen_slots=recipe.unseen_slots, **given).to_dict()
 
     def report(self, test: dict, validation: dict, logged: dict, registered: dict) -> str:
         from pgt.report import metrics_markdown
@@ -130,14 +145,15 @@ class PredictSettings:
     recent_days: float
     tracking_uri: str
     state_dir: Path
-    synthetic_users: int = 50  # the demo's synthetic default
-    synthetic_days: int = 120
+    synthetic_users: int = SynthConfig.users  # the demo's synthetic default
+    synthetic_days: int = SynthConfig.days
     synthetic_seed: int = 0
 
     @classmethod
-    def resolve(cls, model_name: str, alias: str, input_path, input_format: str, top_k: int, recent_days: float,
-                tracking_uri, state_dir, synthetic_users: int = 50, synthetic_days: int = 120) -> PredictSettings:
-        from preprocessing.pipeline import FORMATS
+    def resolve(cls, *, model_name: str, alias: str, input_path: str | None, input_format: str, top_k: int,
+                recent_days: float, tracking_uri: str | None, state_dir: str | None,
+                synthetic_users: int = SynthConfig.users, synthetic_days: int = SynthConfig.days) -> PredictSettings:
+        """The predict flow's parameters checked and resolved, once."""
         from pgt.tracking import resolve_tracking_uri, state_dir as default_state_dir
 
         if input_format not in FORMATS:

@@ -9,9 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
+
+if TYPE_CHECKING:
+    from preprocessing.pipeline import Stage
 
 
 def _transient_io(task, task_run, state) -> bool:
@@ -29,58 +34,69 @@ def synthetic_input(out_file: Path, users: int, days: int, seed: int) -> Path:
 
 
 @task(name="hash input", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
-def hash_input(input_path: Path, input_format: str) -> str:
-    from preprocessing.pipeline import input_sha256
+def hash_input(input_path: Path, input_format: str) -> Stage:
+    """The first stage: the input's sha256, with its stage log entry."""
+    from preprocessing.pipeline import stage_input
 
-    return input_sha256(input_path, input_format)
+    return stage_input(input_path, input_format)
 
 
 @task(name="cached sequences", cache_policy=NO_CACHE)
-def cached_sequences(out_dir: Path, sha: str, input_format: str, config_file: Path | None) -> dict | None:
+def cached_sequences(out_dir: Path, hashed: Stage, input_format: str, config_file: Path | None) -> dict | None:
     """The manifest of out_dir when it already holds this input's sequences under this config."""
     from preprocessing.config import load_config
     from preprocessing.pipeline import reusable_manifest
 
-    return reusable_manifest(out_dir, sha, input_format, load_config(config_file))
+    return reusable_manifest(out_dir, hashed.details["input_sha256"], input_format, load_config(config_file))
 
 
-@task(name="read, validate and staypoints", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io,
-      cache_policy=NO_CACHE)
-def staypoints(input_path: Path, input_format: str, config_file: Path | None, engine: dict, work_dir: Path,
-               key: str) -> Path:
-    """Partition by partition (memory follows the largest), locally or as Ray tasks: a cached stage folder."""
+def cached_steps() -> list[str]:
+    """The stages of preprocessing.pipeline.STEPS the flow keeps in folders, in order (they come first)."""
+    from preprocessing.pipeline import STEPS
+
+    return [step.name for step in STEPS if step.cached]
+
+
+def _stage_run(input_path: Path, input_format: str, config_file: Path | None, engine: dict, map_fn):
     from preprocessing.config import load_config
-    from preprocessing.engine import EngineConfig, mapper
-    from preprocessing.pipeline import cached_stage, stage_partitions
+    from preprocessing.engine import EngineConfig
+    from preprocessing.pipeline import StageRun
 
-    where = EngineConfig.from_dict(engine)
+    return StageRun(input_path, input_format, load_config(config_file), EngineConfig.from_dict(engine), map_fn)
+
+
+@task(name="preprocess stage", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
+def preprocess_stage(step_name: str, previous: Stage | Path, input_path: Path, input_format: str,
+                     config_file: Path | None, engine: dict, work_dir: Path, key: str) -> Path:
+    """One cached stage of the table (preprocessing.pipeline.STEPS), locally or as Ray tasks: its folder
+    under work_dir, reused when complete, so that a rerun continues after the last finished stage."""
+    from preprocessing.engine import EngineConfig, mapper
+    from preprocessing.pipeline import STEPS, Stage, cached_stage, run_step
+
+    step = next(step for step in STEPS if step.name == step_name)
 
     def compute():
-        with mapper(where) as map_partitions:
-            return stage_partitions(input_path, input_format, load_config(config_file), where, map_partitions)
+        before = Stage.load(previous) if isinstance(previous, Path) else previous
+        with mapper(EngineConfig.from_dict(engine)) as map_fn:
+            return run_step(step, _stage_run(input_path, input_format, config_file, engine, map_fn), before)
 
-    return cached_stage(work_dir, "staypoints", key, compute)
-
-
-@task(name="locations", cache_policy=NO_CACHE)
-def locations(staypoints_dir: Path, config_file: Path | None, work_dir: Path, key: str) -> Path:
-    from preprocessing.config import load_config
-    from preprocessing.pipeline import Stage, cached_stage, stage_locations
-
-    return cached_stage(work_dir, "locations", key, lambda: stage_locations(Stage.load(staypoints_dir), load_config(config_file)))
+    return cached_stage(work_dir, step.name, key, compute)
 
 
 @task(name="sequences", cache_policy=NO_CACHE)
-def sequences(locations_dir: Path, input_path: Path, input_format: str, sha: str, config_file: Path | None,
-              out_dir: Path, engine: dict) -> dict:
-    from preprocessing.config import load_config
-    from preprocessing.engine import EngineConfig
-    from preprocessing.pipeline import Stage, finish_manifest, stage_sequences, write_output
+def sequences(previous: Path, input_path: Path, input_format: str, config_file: Path | None, engine: dict,
+              out_dir: Path) -> dict:
+    """The stages of the table the flow does not keep, then the output folder, written atomically: its manifest."""
+    from preprocessing.engine import EngineConfig, mapper
+    from preprocessing.pipeline import STEPS, Stage, run_step, write_stages
 
-    config = load_config(config_file)
-    manifest, tables = stage_sequences(Stage.load(locations_dir), config)
-    finish_manifest(manifest, input_path, input_format, sha, config, EngineConfig.from_dict(engine))
-    write_output(out_dir, manifest, tables)
+    stage = Stage.load(previous)
+    with mapper(EngineConfig.from_dict(engine)) as map_fn:
+        run = _stage_run(input_path, input_format, config_file, engine, map_fn)
+        for step in STEPS:
+            if not step.cached:
+                stage = run_step(step, run, stage)
+    write_stages(out_dir, stage, run)
     return json.loads((out_dir / "manifest.json").read_text())
 
 

@@ -14,7 +14,9 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, Sampler
 
-SPLITS = ("train", "validation", "test")
+from pgt.config import ModelConfig
+from preprocessing.config import SPLITS
+
 LIST_COLUMNS = ("locations", "time_slots", "weekdays", "recency", "durations")
 SHIFTED = ("time_slots", "weekdays", "recency", "durations")  # stored +1 so that 0 means padding
 PLACE_COLUMNS = ("places", "target_place")  # dataset-wide place ids (the DBSCAN location of each visit)
@@ -148,7 +150,7 @@ class SequenceDataset(Dataset):
                                                                      self.targets[part], self.target_places[part])
 
     @classmethod
-    def from_parquet(cls, path: Path | str, max_len: int = 64, require_target: bool = True) -> SequenceDataset:
+    def from_parquet(cls, path: Path | str, max_len: int = ModelConfig.max_len, require_target: bool = True) -> SequenceDataset:
         """Read a split; histories longer than max_len keep their most recent max_len visits. Without
         `require_target` a file may lack the target columns (new sequences to score): targets are then 0."""
         path = Path(path)
@@ -161,7 +163,7 @@ class SequenceDataset(Dataset):
         return cls.from_arrow(table, max_len, path)
 
     @classmethod
-    def from_arrow(cls, table: pa.Table, max_len: int = 64, path: Path | str = "sequences") -> SequenceDataset:
+    def from_arrow(cls, table: pa.Table, max_len: int = ModelConfig.max_len, path: Path | str = "sequences") -> SequenceDataset:
         """Samples from an Arrow table in the columns of a split (targets 0 where it has none)."""
         with_target = "target" in table.column_names
         offsets = table.column("locations").combine_chunks().offsets.to_numpy()
@@ -286,7 +288,7 @@ class BucketBatchSampler(Sampler[list[int]]):
         return (n // chunk) * self.bucket_batches + -(-(n % chunk) // self.batch_size)
 
 
-def load_splits(data_dir: Path | str, max_len: int = 64, vocab: Vocab | None = None,
+def load_splits(data_dir: Path | str, max_len: int = ModelConfig.max_len, vocab: Vocab | None = None,
                 names: tuple[str, ...] = SPLITS) -> dict[str, SequenceDataset]:
     """The splits `names` (all three by default); with `vocab`, each is checked against the manifest's table sizes."""
     splits = {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len) for split in names}

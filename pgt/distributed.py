@@ -15,36 +15,17 @@ import dataclasses
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from preprocessing.engine import prepare_ray_env, ray_session  # noqa: F401 - the one Ray session helper
+from pgt.config import LaunchConfig  # noqa: F401 - re-exported
 from pgt.data import LIST_COLUMNS, PLACE_COLUMNS
 from pgt.train import BASELINES, check_streamable, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker, write_json
 
 RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
 STREAM_KEY = "_stream_train"  # in the train loop's config: the workers stream their shard of the "train" dataset
 STREAMED_COLUMNS = ("user", *LIST_COLUMNS, *PLACE_COLUMNS, "target")  # what --data-engine ray reads of train
-
-
-@dataclass
-class LaunchConfig:
-    workers: int = 0  # DDP workers under Ray Train; 0 = train in this process, without Ray
-    use_gpu: bool | None = None  # one GPU per worker; None = when the Ray cluster has enough GPUs
-    address: str | None = None  # a Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None = $RAY_ADDRESS or a local Ray
-    max_failures: int = 0  # worker-group restarts (from the last checkpoint) before the run fails
-    cpus_per_worker: float = 1.0  # Ray CPU resources each worker reserves
-    gpus_per_worker: float = 1.0  # Ray GPU resources each worker reserves when use_gpu (fractions share a GPU)
-    data_engine: str = "memory"  # "memory": every worker loads the train split; "ray": each streams its Ray Data shard
-
-    def __post_init__(self) -> None:
-        if self.workers < 0 or self.max_failures < -1 or self.cpus_per_worker <= 0:
-            raise ValueError("workers must be >= 0, max_failures >= -1 (-1 = no limit), cpus_per_worker > 0")
-        if self.data_engine not in ("memory", "ray"):
-            raise ValueError(f"data_engine must be 'memory' or 'ray', got {self.data_engine!r}")
-        if self.data_engine == "ray" and self.workers < 1:
-            raise ValueError("data_engine 'ray' streams shards to Ray Train workers: it needs workers >= 1")
 
 
 def flat_metrics(row: dict) -> dict:

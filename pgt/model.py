@@ -21,46 +21,15 @@ state and input.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")
+from pgt.config import VARIANTS, ModelConfig  # noqa: F401 - the config lives with the others
+
 EPS = 1e-10
-
-
-@dataclass
-class ModelConfig:
-    num_locations: int  # location vocabulary incl. 0 (padding) and 1 (unseen in train)
-    num_users: int  # user vocabulary incl. 0 (padding)
-    d_model: int = 64  # width d of embeddings and encoder
-    nhead: int = 4  # attention heads; must divide d_model
-    num_layers: int = 2  # transformer encoder layers (LSTM layers for lstm-pg)
-    dim_feedforward: int = 128  # encoder feed-forward width (2d by default)
-    dropout: float = 0.15  # dropout inside the encoder layers (and on the LSTM's inputs)
-    max_len: int = 64  # longest history; longer ones keep their most recent max_len visits
-    variant: str = "pgt"  # one of VARIANTS
-    unseen_slots: bool = False  # extended vocabulary: the pointer points at per-sample slots of unseen places
-    slot_identity: bool = True  # with unseen_slots: visits to the same unseen place share a learned slot embedding
-    previous_location: bool = False  # each visit also embeds the location visited before it (its transition source)
-    time_slots: int = 96  # time-of-day slot values (the manifest's vocab); tables get one more row for padding
-    weekdays: int = 7  # weekday values
-    recency_days: int = 8  # recency values: days 0 .. history_days before the target's day
-    duration_buckets: int = 99  # duration bucket values
-
-    def __post_init__(self) -> None:
-        if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.d_model % self.nhead or self.d_model % 4:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
-        if self.num_locations < 3 or self.num_users < 2:
-            raise ValueError(f"vocabularies too small: {self.num_locations} locations, {self.num_users} users")
-        small = [name for name in ("time_slots", "weekdays", "recency_days", "duration_buckets") if getattr(self, name) < 1]
-        if small:
-            raise ValueError(f"feature tables need at least one value: {', '.join(small)}")
 
 
 class Output(NamedTuple):

@@ -15,6 +15,9 @@ import yaml
 
 from preprocessing.errors import InputError
 
+FORMATS = ("geolife-plt", "positionfixes", "staypoints")  # what an input may hold (preprocessing.readers)
+SPLITS = ("train", "validation", "test")  # the protocol's per-user day splits, in time order
+APPLIED_SPLIT = "evaluation"  # the samples with targets of new data under a fitted preprocessing (preprocessing.fitted)
 
 @dataclass(frozen=True)
 class PreprocessConfig:
@@ -169,3 +172,30 @@ def load_config(path: Path | None) -> PreprocessConfig:
         raise InputError(path, f"expected a mapping of settings, found {type(values).__name__}")
     values = values.get("preprocess", values) if isinstance(values.get("preprocess"), dict) else values
     return PreprocessConfig.from_dict(values, source=str(path))
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    users: int = 50  # people
+    days: int = 120  # days of tracking per person
+    seed: int = 0  # random seed: the same seed gives the same file
+    start: str = "2024-01-01"  # first day (local), ISO date
+    city_lat: float = 39.9042  # city centre, degrees (Beijing, as GeoLife)
+    city_lon: float = 116.4074
+    utc_offset_hours: int = 8  # routines are in local time; fixes are written in UTC
+    city_radius_m: float = 12_000.0  # homes and public places lie within about this radius
+    public_places: int = 400  # shops, restaurants, parks shared by everybody
+    employed_share: float = 0.8  # people with a workplace; the others keep weekend-like days
+    explore_rho: float = 0.6  # exploration: P(new place) = rho * S^-gamma
+    explore_gamma: float = 0.21
+    gps_noise_m: float = 8.0  # standard deviation of the fix error
+    outlier_prob: float = 0.0005  # a fix thrown 300-1000 m off
+    duplicate_prob: float = 0.003  # a fix written twice with the same timestamp
+    stay_interval_s: float = 600.0  # mean time between fixes while staying (the phone sleeps)
+    move_interval_s: float = 15.0  # mean time between fixes while moving
+    trip_gap_prob: float = 0.15  # a trip loses a stretch of its fixes
+    phone_off_day_prob: float = 0.04  # a whole day without any fix
+
+    def __post_init__(self) -> None:
+        if self.users < 1 or self.days < 1:
+            raise ValueError(f"users and days must be at least 1, got users={self.users}, days={self.days}")

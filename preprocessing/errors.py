@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import polars as pl
+if TYPE_CHECKING:  # only annotations: the `pgt` command imports this without polars
+    import polars as pl
 
 
 class InputError(Exception):

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 from sklearn.cluster import DBSCAN
 
+from preprocessing.config import PreprocessConfig
 from preprocessing.engine import serial_map
 from preprocessing.errors import require_columns
 from preprocessing.staypoints import EARTH_RADIUS_M
@@ -15,7 +16,8 @@ from preprocessing.tiles import dbscan_by_tiles
 
 
 def generate_locations(
-    staypoints: pl.DataFrame, epsilon_m: float = 20.0, min_samples: int = 2, axis_order: str = "lat_lon",
+    staypoints: pl.DataFrame, epsilon_m: float = PreprocessConfig.location_epsilon_m, min_samples: int = PreprocessConfig.location_min_samples,
+    axis_order: str = PreprocessConfig.location_axis_order,
     tile_deg: float = 0.0, map_tiles: Callable = serial_map,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Cluster staypoints of all users together (shared location ids) with DBSCAN, haversine metric.
@@ -61,7 +63,7 @@ def summarise_locations(labelled: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = 1.0) -> pl.DataFrame:
+def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = PreprocessConfig.merge_max_gap_min) -> pl.DataFrame:
     """Merge consecutive staypoints of a user at the same location when the next one starts at most
     `max_gap_min` minutes after the previous one finished (chains merge into one).
 

@@ -11,6 +11,7 @@ import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -19,7 +20,7 @@ from pathlib import Path
 import polars as pl
 
 from preprocessing import readers
-from preprocessing.config import PreprocessConfig
+from preprocessing.config import FORMATS, SPLITS, PreprocessConfig  # noqa: F401 - FORMATS re-exported
 from preprocessing.engine import EngineConfig, RayMap, mapper, serial_map
 from preprocessing.errors import InputError
 from preprocessing.fitted import (
@@ -43,7 +44,6 @@ from preprocessing.output import (
 from preprocessing.partitions import auto_partitions, partitioned_staypoints
 from preprocessing.quality import filter_users, tracking_days
 from preprocessing.sequences import (
-    SPLITS,
     UNSEEN,
     add_time_features,
     generate_samples,
@@ -51,7 +51,6 @@ from preprocessing.sequences import (
 )
 from preprocessing.staypoints import flag_activity, generate_staypoints
 
-FORMATS = ("geolife-plt", "positionfixes", "staypoints")
 OUTPUT_FILES = ("train.parquet", "validation.parquet", "test.parquet", "quarantine.parquet", "staypoints.parquet",
                 "locations.parquet", "users.parquet", "places.parquet", "location_staypoints.parquet", "manifest.json")
 OWN_FILES = (*OUTPUT_FILES, "evaluation.parquet", "latest.parquet")  # a full run's files and those of --fitted
@@ -207,7 +206,6 @@ def _hide_all(bar) -> None:
 
 def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, config: PreprocessConfig, force: bool,
                        progress: bool, engine: EngineConfig) -> PreprocessResult:
-    log = StageLog()
     with _progress(progress) as bar:
         task = bar.add_task(STAGES[0], total=len(STAGES))
 
@@ -217,18 +215,18 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
                 bar.update(task, description=name)
 
         try:
-            with log.stage("hash input"):
-                sha = input_sha256(input_path, input_format)
+            stage = stage_input(input_path, input_format)
+            sha = stage.details["input_sha256"]
             if not force and (manifest := reusable_manifest(out_dir, sha, input_format, config)) is not None:
                 bar.update(task, completed=len(STAGES), description="reused")
                 return PreprocessResult(manifest, out_dir, reused=True)
             advance(STAGES[1])
             with mapper(engine) as map_fn:
-                manifest, tables = _run_stages(input_path, input_format, config, log, advance, engine, map_fn, bar)
-            finish_manifest(manifest, input_path, input_format, sha, config, engine)
-            if isinstance(map_fn, RayMap):
-                manifest["engine"]["ray_tasks_per_node"] = dict(map_fn.nodes)
-            _write_atomically(out_dir, manifest, tables, log)
+                run = StageRun(input_path, input_format, config, engine, map_fn, advance, bar)
+                for step in STEPS:
+                    stage = run_step(step, run, stage)
+            manifest = output_manifest(stage, run)
+            _write_atomically(out_dir, manifest, stage.tables, StageLog(stages=list(stage.stages)))
             advance()
         except BaseException:
             _hide_all(bar)  # the error is the one line left on stderr
@@ -243,6 +241,7 @@ class Stage:
     tables: dict[str, pl.DataFrame]
     counts: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
+    stages: list[dict] = field(default_factory=list)  # the StageLog entries of the run so far (the manifest's "stages")
 
     def save(self, folder: Path) -> Path:
         """Write the tables as Parquet and the counts as stage.json, atomically (a temporary folder, then a rename)."""
@@ -254,7 +253,8 @@ class Stage:
         for name, table in self.tables.items():
             table.write_parquet(tmp / f"{name}.parquet", compression="zstd")
         (tmp / "stage.json").write_text(json.dumps({"counts": self.counts, "details": self.details,
-                                                     "tables": sorted(self.tables)}, default=str) + "\n")
+                                                     "tables": sorted(self.tables), "stages": self.stages},
+                                                    default=str) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
         return folder
@@ -263,7 +263,7 @@ class Stage:
     def load(cls, folder: Path) -> Stage:
         meta = json.loads((Path(folder) / "stage.json").read_text())
         tables = {name: pl.read_parquet(Path(folder) / f"{name}.parquet") for name in meta["tables"]}
-        return cls(tables, meta["counts"], meta["details"])
+        return cls(tables, meta["counts"], meta["details"], meta.get("stages", []))
 
 
 def _noop(name: str | None = None) -> None:
@@ -376,9 +376,9 @@ def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None
                  counts, details)
 
 
-def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | None = None,
-                    advance=_noop) -> tuple[dict, dict[str, pl.DataFrame]]:
-    """Time features, the per-user day split, samples and vocabularies: the manifest's counts and the output tables."""
+def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=_noop) -> Stage:
+    """Time features, the per-user day split, samples and vocabularies: the output tables, the counts, and in
+    details["vocab"] the manifest's table sizes."""
     log = log or StageLog()
     merged, locations = located.tables["merged"], located.tables["locations"]
     counts, details = dict(located.counts), dict(located.details)
@@ -407,10 +407,8 @@ def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | No
         # the staypoints DBSCAN clustered (location_id null for noise): what new staypoints join (fitted.py)
         "location_staypoints.parquet": located.tables["clustered"],
     }
-    manifest = {"counts": counts, "vocab": feature_vocab(vocab.location_size, vocab.user_size, config,
-                                                         details["history_length_max"]),
-                "details": details}
-    return manifest, tables
+    details["vocab"] = feature_vocab(vocab.location_size, vocab.user_size, config, details["history_length_max"])
+    return Stage(tables, counts, details)
 
 
 def feature_vocab(locations: int, users: int, config: PreprocessConfig, max_history: int) -> dict:
@@ -448,12 +446,81 @@ def cached_stage(work_dir: Path, name: str, key: str, compute) -> Path:
     return folder
 
 
-def _run_stages(input_path: Path, input_format: str, config: PreprocessConfig, log: StageLog, advance,
-                engine: EngineConfig, map_fn=serial_map, bar=None):
-    found = stage_partitions(input_path, input_format, config, engine, map_fn, log, advance, bar)
-    located = stage_locations(found, config, log, advance, engine, map_fn)
-    del found
-    return stage_sequences(located, config, log, advance)
+@dataclass
+class StageRun:
+    """What every stage of one run sees: the input, the config, where the work runs, and how it shows progress."""
+
+    input_path: Path
+    input_format: str
+    config: PreprocessConfig
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    map_fn: Callable = serial_map  # the engine's map (preprocessing.engine.mapper)
+    advance: Callable = _noop  # moves the stage bar on
+    bar: object | None = None  # a rich Progress for the bar over partitions
+
+
+@dataclass(frozen=True)
+class Step:
+    """One row of the table of stages that `pgt preprocess` and the Prefect flow both run."""
+
+    name: str  # the flow's task and its cache folder (work_dir/NAME-KEY)
+    run: Callable[[StageRun, Stage, StageLog], Stage]  # the previous stage's output -> this stage's
+    cached: bool  # the flow keeps the result in a folder, so that a rerun continues after it
+
+
+STEPS = (
+    Step("staypoints", lambda run, previous, log: stage_partitions(
+        run.input_path, run.input_format, run.config, run.engine, run.map_fn, log, run.advance, run.bar), cached=True),
+    Step("locations", lambda run, previous, log: stage_locations(
+        previous, run.config, log, run.advance, run.engine, run.map_fn), cached=True),
+    Step("sequences", lambda run, previous, log: stage_sequences(previous, run.config, log, run.advance), cached=False),
+)
+
+
+def stage_input(input_path: Path, input_format: str) -> Stage:
+    """The first stage, "hash input": the input's sha256 (details["input_sha256"]), which every later stage's
+    cache key and the reuse of a finished output depend on."""
+    check_format(input_path, input_format)
+    log = StageLog()
+    with log.stage("hash input"):
+        sha = input_sha256(Path(input_path), input_format)
+    return Stage({}, {}, {"input_sha256": sha}, log.stages)
+
+
+def run_step(step: Step, run: StageRun, previous: Stage) -> Stage:
+    """One stage of the table, its log entries added to the previous stages', and under Ray the tasks it ran
+    on each node added to details["ray_tasks_per_node"]."""
+    log = StageLog(stages=list(previous.stages))
+    nodes_before = dict(getattr(run.map_fn, "nodes", {}))
+    stage = step.run(run, previous, log)
+    stage.stages = log.stages
+    if isinstance(run.map_fn, RayMap):
+        ran = dict(previous.details.get("ray_tasks_per_node", {}))
+        for node, count in run.map_fn.nodes.items():
+            ran[node] = ran.get(node, 0) + count - nodes_before.get(node, 0)
+        stage.details["ray_tasks_per_node"] = {node: n for node, n in ran.items() if n}
+    stage.details.setdefault("input_sha256", previous.details.get("input_sha256"))
+    return stage
+
+
+def output_manifest(final: Stage, run: StageRun) -> dict:
+    """The manifest of the output the last stage makes (its "stages" are added as it is written)."""
+    details = dict(final.details)
+    sha, vocab = details.pop("input_sha256"), details.pop("vocab")
+    ray_nodes = details.pop("ray_tasks_per_node", None)
+    manifest = {"counts": final.counts, "vocab": vocab, "details": details}
+    finish_manifest(manifest, run.input_path, run.input_format, sha, run.config, run.engine)
+    if ray_nodes is not None:
+        manifest["engine"]["ray_tasks_per_node"] = ray_nodes
+    return manifest
+
+
+def write_stages(out_dir: Path, final: Stage, run: StageRun) -> dict:
+    """The output folder from the last stage, written atomically (refused if out_dir holds anything `pgt
+    preprocess` did not write); returns its manifest."""
+    manifest = output_manifest(final, run)
+    write_output(out_dir, manifest, final.tables, StageLog(stages=list(final.stages)))
+    return manifest
 
 
 def write_output(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFrame], log: StageLog | None = None) -> None:

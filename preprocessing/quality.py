@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from preprocessing.config import PreprocessConfig
 from preprocessing.errors import require_columns
 
 MS_PER_DAY = 86_400_000
@@ -52,9 +53,9 @@ def window_quality(staypoints: pl.DataFrame, window_weeks: int) -> pl.DataFrame:
 def filter_users(
     tracking: pl.DataFrame,
     staypoints: pl.DataFrame,
-    min_tracking_days: int = 50,
-    min_mean_window_quality: float | None = None,
-    quality_window_weeks: int = 10,
+    min_tracking_days: int = PreprocessConfig.min_tracking_days,
+    min_mean_window_quality: float | None = PreprocessConfig.min_mean_window_quality,
+    quality_window_weeks: int = PreprocessConfig.quality_window_weeks,
 ) -> pl.Series:
     """Users to keep: tracking spans more than `min_tracking_days` whole days (from `tracking_days`),
     and, if `min_mean_window_quality` is set, the mean of `window_quality` exceeds it."""

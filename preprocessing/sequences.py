@@ -8,18 +8,18 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from preprocessing.config import SPLITS, PreprocessConfig
 from preprocessing.errors import require_columns
 
-SPLITS = ("train", "validation", "test")
 PADDING, UNSEEN = 0, 1  # location ids reserved by the vocabulary; known locations start at 2
 
 
 def add_time_features(
     staypoints: pl.DataFrame,
-    timezone: str = "UTC",
-    time_slot_min: int = 15,
-    duration_cap_min: int = 2879,
-    duration_bucket_min: int = 30,
+    timezone: str = PreprocessConfig.timezone,
+    time_slot_min: int = PreprocessConfig.time_slot_min,
+    duration_cap_min: int = PreprocessConfig.duration_cap_min,
+    duration_bucket_min: int = PreprocessConfig.duration_bucket_min,
 ) -> pl.DataFrame:
     """Add start_day (days since the user's first day), time_slot (start minute of day // time_slot_min),
     weekday (0 = Monday), duration_min (whole minutes) and duration_bucket (min(duration, cap) // bucket),
@@ -39,7 +39,8 @@ def add_time_features(
     ).drop("_date")
 
 
-def split_by_day(staypoints: pl.DataFrame, train_fraction: float = 0.6, validation_fraction: float = 0.2) -> pl.DataFrame:
+def split_by_day(staypoints: pl.DataFrame, train_fraction: float = PreprocessConfig.train_fraction,
+                 validation_fraction: float = PreprocessConfig.validation_fraction) -> pl.DataFrame:
     """Add split: per user, staypoints starting before train_fraction of the user's last start_day go to
     train, before (train_fraction + validation_fraction) of it to validation, the rest to test."""
     require_columns(staypoints, "staypoints", {"user_id": None, "start_day": None})
@@ -53,7 +54,8 @@ def split_by_day(staypoints: pl.DataFrame, train_fraction: float = 0.6, validati
     return staypoints.with_columns(split.cast(pl.Enum(SPLITS)).alias("split"))
 
 
-def find_samples(staypoints: pl.DataFrame, history_days: int = 7, min_history: int = 3) -> pl.DataFrame:
+def find_samples(staypoints: pl.DataFrame, history_days: int = PreprocessConfig.history_days,
+                 min_history: int = PreprocessConfig.min_history_staypoints) -> pl.DataFrame:
     """Mark the staypoints that are sample targets, within each (user, split) separately.
 
     A staypoint is a target if its day, counted from the first day of its user's split, is at least
@@ -110,7 +112,8 @@ def encode(staypoints: pl.DataFrame, vocab: Vocabularies) -> pl.DataFrame:
     )
 
 
-def generate_samples(staypoints: pl.DataFrame, history_days: int = 7, min_history: int = 3
+def generate_samples(staypoints: pl.DataFrame, history_days: int = PreprocessConfig.history_days,
+                     min_history: int = PreprocessConfig.min_history_staypoints
                      ) -> tuple[dict[str, pl.DataFrame], pl.DataFrame, Vocabularies]:
     """Samples per split from merged staypoints with time features and split.
 

@@ -6,6 +6,7 @@ import numba
 import numpy as np
 import polars as pl
 
+from preprocessing.config import PreprocessConfig
 from preprocessing.errors import require_columns
 
 EARTH_RADIUS_M = 6_371_000.0  # as trackintel's haversine_dist
@@ -109,9 +110,9 @@ def _user_starts(users: pl.Series) -> np.ndarray:
 
 def generate_staypoints(
     positionfixes: pl.DataFrame,
-    dist_threshold_m: float = 200.0,
-    time_threshold_min: float = 30.0,
-    gap_threshold_min: float = 1440.0,
+    dist_threshold_m: float = PreprocessConfig.staypoint_dist_threshold_m,
+    time_threshold_min: float = PreprocessConfig.staypoint_time_threshold_min,
+    gap_threshold_min: float = PreprocessConfig.staypoint_gap_threshold_min,
 ) -> pl.DataFrame:
     """Staypoints by the sliding method, per user over fixes sorted by (user_id, tracked_at).
 
@@ -146,7 +147,7 @@ def generate_staypoints(
     })
 
 
-def flag_activity(staypoints: pl.DataFrame, time_threshold_min: float = 25.0) -> pl.DataFrame:
+def flag_activity(staypoints: pl.DataFrame, time_threshold_min: float = PreprocessConfig.activity_time_threshold_min) -> pl.DataFrame:
     """Add is_activity: the staypoint lasted at least `time_threshold_min` minutes."""
     require_columns(staypoints, "staypoints", {"started_at": pl.Datetime, "finished_at": pl.Datetime})
     duration = pl.col("finished_at") - pl.col("started_at")

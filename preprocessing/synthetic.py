@@ -11,7 +11,6 @@ Routines are in local time (`utc_offset_hours`); fixes are written in UTC like G
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,37 +18,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from preprocessing.config import SynthConfig  # noqa: F401 - its config lives with the others
+
 M_PER_DEG_LAT = 111_320.0
 DAY_S = 86_400
 HOUR_S = 3_600
 MIN_S = 60
-
-
-@dataclass(frozen=True)
-class SynthConfig:
-    users: int = 50  # people
-    days: int = 120  # days of tracking per person
-    seed: int = 0  # random seed: the same seed gives the same file
-    start: str = "2024-01-01"  # first day (local), ISO date
-    city_lat: float = 39.9042  # city centre, degrees (Beijing, as GeoLife)
-    city_lon: float = 116.4074
-    utc_offset_hours: int = 8  # routines are in local time; fixes are written in UTC
-    city_radius_m: float = 12_000.0  # homes and public places lie within about this radius
-    public_places: int = 400  # shops, restaurants, parks shared by everybody
-    employed_share: float = 0.8  # people with a workplace; the others keep weekend-like days
-    explore_rho: float = 0.6  # exploration: P(new place) = rho * S^-gamma
-    explore_gamma: float = 0.21
-    gps_noise_m: float = 8.0  # standard deviation of the fix error
-    outlier_prob: float = 0.0005  # a fix thrown 300-1000 m off
-    duplicate_prob: float = 0.003  # a fix written twice with the same timestamp
-    stay_interval_s: float = 600.0  # mean time between fixes while staying (the phone sleeps)
-    move_interval_s: float = 15.0  # mean time between fixes while moving
-    trip_gap_prob: float = 0.15  # a trip loses a stretch of its fixes
-    phone_off_day_prob: float = 0.04  # a whole day without any fix
-
-    def __post_init__(self) -> None:
-        if self.users < 1 or self.days < 1:
-            raise ValueError(f"users and days must be at least 1, got users={self.users}, days={self.days}")
 
 
 def _offset(lat: np.ndarray | float, lon: np.ndarray | float, dx_m, dy_m):

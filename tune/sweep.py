@@ -15,66 +15,14 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgt.train import TrainConfig, selection_score
+from pgt.config import selection_score
 from preprocessing.output import write_json_atomically
+from tune.config import OBJECTIVES, SEARCH_ALGS, SweepConfig  # noqa: F401 - re-exported
 from tune.space import SEARCHED, SearchSpace
 
-OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.metrics: strict, protocol)
 EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
-
-
-@dataclass
-class SweepConfig:
-    data_dir: str  # a `pgt preprocess` folder
-    out_dir: str  # tune.json, sweep.json, trials/<id>/ and the Tune experiment under ray/
-    trials: int = 20  # configurations to try
-    epochs: int = 30  # at most, per trial (ASHA's max_t)
-    max_concurrent: int = 2  # trials at once
-    workers_per_trial: int = 1  # 1: train in the trial's process; W > 1: a TorchTrainer of W workers per trial
-    cpus_per_trial: float = 1.0  # Ray CPUs a one-worker trial reserves (its torch threads)
-    cpus_per_worker: float = 1.0  # with W > 1: Ray CPUs per training worker (the trial's driver takes 0.5 more)
-    gpus_per_worker: float = 0.0  # GPUs per training worker (per trial when W == 1)
-    search: str = "optuna"  # "optuna" (TPE) or "random"
-    grace_period: int = 3  # ASHA: epochs every trial gets before it may be stopped
-    reduction_factor: int = 2  # ASHA: keep the best 1/reduction_factor at each rung
-    seed: int = 0  # the searcher's seed and every trial's training seed
-    objective: str = "strict_acc@1"  # the validation score ASHA, the searcher and the best trial follow (OBJECTIVES)
-    select_on: str = "strict_acc@1"  # training's early stopping inside a trial (see TrainConfig)
-    unseen_slots: bool = False  # trials point at unseen places of the history (extended vocabulary, see TrainConfig)
-    simulate_unseen: bool = False  # trials train on samples that show unseen locations (see TrainConfig)
-    max_failures: int = 2  # a crashed trial restarts from its last reported checkpoint this many times (-1: no limit)
-    space: SearchSpace = field(default_factory=SearchSpace)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.space, dict):
-            self.space = SearchSpace.from_dict(self.space)
-        if self.search not in ("optuna", "random"):
-            raise ValueError(f"search must be 'optuna' or 'random', got {self.search!r}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
-        if min(self.trials, self.epochs, self.max_concurrent, self.workers_per_trial) < 1:
-            raise ValueError("trials, epochs, max_concurrent and workers_per_trial must be at least 1")
-
-    @property
-    def metric(self) -> str:
-        """The name of the objective among the metrics each epoch reports (distributed.flat_metrics)."""
-        return f"validation_{self.objective}"
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> SweepConfig:
-        return cls(**values)
-
-    def train_config(self, hyper: dict, out_dir: Path) -> TrainConfig:
-        threads = max(1, int(self.cpus_per_trial)) if self.workers_per_trial == 1 else 0
-        return TrainConfig(data_dir=self.data_dir, out_dir=str(out_dir), epochs=self.epochs, seed=self.seed,
-                           select_on=self.select_on, simulate_unseen=self.simulate_unseen,
-                           unseen_slots=self.unseen_slots, threads=threads, **hyper)
 
 
 # ---------------------------------------------------------------------------------------------

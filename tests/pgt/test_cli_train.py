@@ -61,19 +61,32 @@ def test_recipe_sets_what_the_command_line_leaves(synthetic_sequences, tmp_path)
     assert r.returncode == 2 and "fast" in r.stderr
 
 
+def choices(command: str, option: str) -> list[str]:
+    """The values the `pgt` command accepts for an option."""
+    import typing
+
+    import typer.main
+
+    from pgt.cli import app
+
+    params = typer.main.get_command(app).get_command(None, command).params
+    annotation = next(p for p in params if p.name == option).type_descriptor.annotation  # Literal[...] or Literal | None
+    literal = next(a for a in (annotation, *typing.get_args(annotation)) if typing.get_origin(a) is typing.Literal)
+    return list(typing.get_args(literal))
+
+
 def test_the_command_offers_every_recipe():
-    from pgt.cli import RecipeName
     from pgt.train import RECIPES
 
-    assert [r.value for r in RecipeName] == list(RECIPES)
+    assert choices("train", "recipe") == list(RECIPES)
 
 
 def test_the_command_offers_every_selection_score_and_sweep_objective():
-    from pgt.cli import Objective, SelectOn
-    from pgt.train import SELECT_ON
+    from pgt.train import MODELS, SELECT_ON
     from tune.sweep import OBJECTIVES
 
-    assert [s.value for s in SelectOn] == list(SELECT_ON) and [o.value for o in Objective] == list(OBJECTIVES)
+    assert choices("train", "select_on") == list(SELECT_ON) and choices("tune", "objective") == list(OBJECTIVES)
+    assert choices("train", "model") == list(MODELS)
 
 
 def test_slot_options_reach_the_config(synthetic_sequences, tmp_path):

@@ -1,0 +1,32 @@
+"""What the `pgt` commands share: one-line errors, and options that default to "not given".
+
+An option a user does not type stays None, and only typed options reach a config: every default lives in
+its config dataclass (pgt.config, tune.config, preprocessing.config, preprocessing.synthetic), which the
+help shows as the option's default. Choices are Literals built from the registries (MODELS, RECIPES, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NoReturn
+
+import typer
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr, exit code 2, no traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code=2)
+
+
+def default_of(config: type, name: str) -> str:
+    """The default of a config dataclass's field, as `--help` shows it."""
+    field = {f.name: f for f in dataclasses.fields(config)}[name]
+    if field.default is dataclasses.MISSING:
+        raise ValueError(f"{config.__name__}.{name} has no default")
+    return str(field.default)
+
+
+def given(params: dict[str, Any], *names: str) -> dict[str, Any]:
+    """The options among `names` that were typed: those whose value is not None."""
+    return {name: params[name] for name in names if params.get(name) is not None}

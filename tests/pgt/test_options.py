@@ -1,0 +1,73 @@
+"""Every default lives in its config dataclass: options the user does not type stay None and leave the
+config's (or the recipe's) value; typed ones win. Parsed by the real `pgt` command, not run."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import typer.main
+
+from pgt.cli import app, launch_config, train_config
+from pgt.config import RECIPES, LaunchConfig, TrainConfig
+from preprocessing.engine import EngineConfig
+from preprocessing.synthetic import SynthConfig
+from tune.cli import sweep_config
+from tune.config import SweepConfig
+
+
+def parse(command: str, *args: str) -> dict:
+    """The options `pgt COMMAND ARGS` parses to, as its function receives them."""
+    click_command = typer.main.get_command(app).get_command(None, command)
+    return click_command.make_context(command, list(args)).params
+
+
+def test_options_that_are_not_typed_are_none():
+    for command in ("train", "tune", "synth", "preprocess"):
+        params = typer.main.get_command(app).get_command(None, command).params
+        defaults = {p.name: p.default for p in params if not p.required}
+        # the only defaults the command line holds: flags that are not settings of a config
+        own = {"recipe": "paper", "progress": True, "force": False, "help": False}
+        assert {k: v for k, v in defaults.items() if v is not None and k not in own} == {}, command
+
+
+def test_untyped_train_options_leave_the_config_defaults():
+    params = parse("train", "--data", "d", "--out", "o")
+    assert train_config(params) == TrainConfig(data_dir="d", out_dir="o")
+    assert launch_config(params) == LaunchConfig()
+
+
+def test_a_recipe_keeps_what_is_not_typed_and_typed_options_win(monkeypatch):
+    tuned = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned"))
+    assert (tuned.dropout, tuned.lr, tuned.select_on) == (0.3, 1e-3, "strict_acc@1")  # RECIPES["tuned"]
+    typed = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned", "--dropout", "0.2",
+                               "--no-simulate-unseen", "--known-fraction", "0.5", "0.9"))
+    assert (typed.dropout, typed.simulate_unseen, typed.lr) == (0.2, False, 1e-3)
+    assert (typed.known_fraction_min, typed.known_fraction_max) == (0.5, 0.9)
+    # a recipe that sets patience keeps it unless --patience is typed (a CLI default used to override it)
+    monkeypatch.setitem(RECIPES, "patient", {"patience": 9, "epochs": 80})
+    params = parse("train", "--data", "d", "--out", "o")
+    assert (train_config({**params, "recipe": "patient"}).patience, train_config({**params, "recipe": "patient"}).epochs) == (9, 80)
+    params = parse("train", "--data", "d", "--out", "o", "--patience", "3")
+    assert train_config({**params, "recipe": "patient"}).patience == 3
+
+
+def test_untyped_sweep_synth_and_engine_options_leave_the_config_defaults():
+    assert sweep_config(parse("tune", "--data", "d", "--out", "o")) == SweepConfig(data_dir="d", out_dir="o")
+    typed = sweep_config(parse("tune", "--data", "d", "--out", "o", "--objective", "acc@1", "--trials", "3"))
+    assert (typed.objective, typed.select_on, typed.trials) == ("acc@1", "acc@1", 3)
+    synth = parse("synth", "--out", "x.parquet")
+    assert [synth[f.name] for f in dataclasses.fields(SynthConfig) if f.name in synth] == [None] * 5
+    pre = parse("preprocess", "--input", "i", "--format", "positionfixes", "--out", "o")
+    assert (pre["engine"], pre["partitions"], pre["tile_deg"]) == (None, None, None)
+    assert EngineConfig() == EngineConfig(engine="local", partitions=0, tile_deg=None)
+
+
+@pytest.mark.parametrize("command, option, config, field", [
+    ("train", "--lr", TrainConfig, "lr"), ("train", "--d-model", TrainConfig, "d_model"),
+    ("train", "--workers", LaunchConfig, "workers"), ("tune", "--trials", SweepConfig, "trials"),
+    ("synth", "--users", SynthConfig, "users"), ("preprocess", "--partitions", EngineConfig, "partitions")])
+def test_help_shows_the_config_default(command, option, config, field):
+    params = typer.main.get_command(app).get_command(None, command).params
+    shown = next(p for p in params if option in p.opts).show_default
+    assert shown == str(next(f.default for f in dataclasses.fields(config) if f.name == field))

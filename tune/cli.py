@@ -1,0 +1,112 @@
+"""`pgt tune`: the sweep command. It sits in the tune package, above pgt, and joins the `pgt` command through
+the entry-point group "pgt.commands" (pyproject.toml), so that pgt never imports tune."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+import typer
+
+from pgt.options import default_of, fail, given
+from pgt.tracking import TrackingConfig
+from tune.config import OBJECTIVES, SEARCH_ALGS, SweepConfig
+
+Objective = Literal[OBJECTIVES]
+SearchAlg = Literal[SEARCH_ALGS]
+
+# SweepConfig fields the command line may set; the rest keep SweepConfig's defaults
+SWEEP_OPTIONS = ("trials", "epochs", "max_concurrent", "workers_per_trial", "cpus_per_trial", "cpus_per_worker",
+                 "gpus_per_worker", "search", "grace_period", "simulate_unseen", "unseen_slots", "seed")
+
+
+def sweep_config(params: dict) -> SweepConfig:
+    """`pgt tune`'s SweepConfig from its parsed options: the typed ones over SweepConfig's defaults. A typed
+    --objective is also what early stopping inside each trial follows."""
+    typed = given(params, *SWEEP_OPTIONS)
+    if params.get("objective") is not None:
+        typed["objective"] = typed["select_on"] = params["objective"]
+    return SweepConfig(data_dir=str(params["data"]), out_dir=str(params["out"]), **typed)
+
+
+def _default(name: str) -> str:
+    return default_of(SweepConfig, name)
+
+
+def tune(
+    data: Path | None = typer.Option(None, "--data", help="A `pgt preprocess` output folder."),
+    out: Path | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/."),
+    trials: int | None = typer.Option(None, "--trials", min=1, show_default=_default("trials"),
+                                      help="Configurations to try."),
+    epochs: int | None = typer.Option(None, "--epochs", min=1, show_default=_default("epochs"),
+                                      help="At most this many epochs per trial (ASHA may stop it sooner)."),
+    address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS", help="Ray cluster to run on; default a local Ray."),
+    max_concurrent: int | None = typer.Option(None, "--max-concurrent", min=1, show_default=_default("max_concurrent"),
+                                              help="Trials at once."),
+    workers_per_trial: int | None = typer.Option(None, "--workers-per-trial", min=1,
+                                                 show_default=_default("workers_per_trial"),
+                                                 help="W > 1 runs a TorchTrainer of W workers per trial."),
+    cpus_per_trial: float | None = typer.Option(None, "--cpus-per-trial", show_default=_default("cpus_per_trial"),
+                                                help="Ray CPUs a one-worker trial reserves."),
+    cpus_per_worker: float | None = typer.Option(None, "--cpus-per-worker", show_default=_default("cpus_per_worker"),
+                                                 help="With W > 1: Ray CPUs per training worker."),
+    gpus_per_worker: float | None = typer.Option(None, "--gpus-per-worker", show_default=_default("gpus_per_worker"),
+                                                 help="GPUs per training worker (fractions share one)."),
+    search: SearchAlg | None = typer.Option(None, "--search", show_default=_default("search"),
+                                            help="optuna (TPE) or random."),
+    grace_period: int | None = typer.Option(None, "--grace-period", min=1, show_default=_default("grace_period"),
+                                            help="ASHA: epochs before a trial may be stopped."),
+    simulate_unseen: bool | None = typer.Option(None, "--simulate-unseen/--no-simulate-unseen",
+                                                show_default=_default("simulate_unseen"),
+                                                help="Trials train on samples that show unseen locations as later "
+                                                     "splits do."),
+    unseen_slots: bool | None = typer.Option(None, "--unseen-slots/--no-unseen-slots",
+                                             show_default=_default("unseen_slots"),
+                                             help="Trials point at unseen places of the history (extended vocabulary)."),
+    objective: Objective | None = typer.Option(None, "--objective", show_default=_default("objective"),
+                                               help="The validation score the sweep maximises and early stopping "
+                                                    "follows: strict_acc@1 (the exact place) or acc@1 (the protocol's)."),
+    seed: int | None = typer.Option(None, "--seed", show_default=_default("seed")),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
+                                            help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
+    experiment: str | None = typer.Option(None, "--experiment", show_default=default_of(TrackingConfig, "experiment"),
+                                          help="MLflow experiment."),
+    register: str | None = typer.Option(None, "--register", help="Register the best trial's model under this name."),
+    resume: Path | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
+) -> None:
+    """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE)."""
+    from pgt.tracking import champion_verdict, resolve_tracking_uri, run_url
+    from tune.report import print_sweep
+    from tune.sweep import SweepInterrupted, run_sweep
+
+    try:
+        if resume is not None:
+            saved = resume / "sweep.json"
+            if not saved.is_file():
+                raise FileNotFoundError(f"{resume}: no sweep.json; expected the --out folder of an earlier `pgt tune`")
+            state = json.loads(saved.read_text())
+            spec = SweepConfig.from_dict(state["sweep"])
+            tracking = TrackingConfig.from_dict(state["tracking"]) if state["tracking"] else None
+            register = register or state.get("register")
+        else:
+            if data is None or out is None:
+                raise ValueError("--data and --out are required (or --resume DIR)")
+            spec = sweep_config(locals())
+            tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), **given(locals(), "experiment"))
+            from pgt.data import Vocab
+
+            Vocab.from_manifest(data)  # a wrong --data fails here, not inside every trial
+        result = run_sweep(spec, tracking, address=address, resume=resume is not None, register=register)
+    except SweepInterrupted as exc:
+        typer.echo(f"interrupted: {exc}", err=True)
+        raise typer.Exit(code=130)
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        fail(str(exc))
+    print_sweep(result)
+    typer.echo(f"wrote {Path(spec.out_dir) / 'tune.json'}")
+    if "mlflow" in result:
+        typer.echo(f"mlflow: {run_url(result['mlflow']['tracking_uri'], result['mlflow']['run_id'])}")
+        registered = result["mlflow"].get("registered")
+        if registered:
+            typer.echo(f"registered {registered['name']} version {registered['version']}: {champion_verdict(registered)}")
