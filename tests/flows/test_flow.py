@@ -130,3 +130,28 @@ def test_flow_preprocesses_on_the_ray_cluster_at_ray_address(first_run, tmp_path
     assert json.loads((remote / "manifest.json").read_text())["engine"]["engine"] == "ray"
     for name in ("train.parquet", "validation.parquet", "test.parquet", "locations.parquet", "staypoints.parquet"):
         assert hashlib.sha256((local / name).read_bytes()).digest() == hashlib.sha256((remote / name).read_bytes()).digest()
+
+
+def test_flow_and_command_run_the_same_stages_and_log_them_all(first_run, tmp_path):
+    """The flow runs the table of stages `pgt preprocess` runs (preprocessing.pipeline.STEPS): the same
+    sequences, and a manifest whose stage log is complete on both paths (the flow's listed only "write")."""
+    import hashlib
+    import json
+
+    from preprocessing.pipeline import STEPS, preprocess
+
+    state, params, result = first_run
+    flow_out = state / "sequences" / "synthetic"
+    source = next((state / "data").glob("synthetic-*.parquet"))
+    preprocess(source, "positionfixes", tmp_path / "cli", progress=False)
+    names = {}
+    for label, folder in (("flow", flow_out), ("cli", tmp_path / "cli")):
+        manifest = json.loads((folder / "manifest.json").read_text())
+        names[label] = [stage["name"].split(" (")[0] for stage in manifest["stages"]]
+        assert manifest["counts"] == result["manifest_counts"]
+    assert names["flow"] == names["cli"] == ["hash input", "read, validate, staypoints", "user filter", "locations",
+                                             "merge", "split and samples", "write"]
+    assert [step.name for step in STEPS] == ["staypoints", "locations", "sequences"]
+    for name in ("train.parquet", "test.parquet", "places.parquet"):
+        digests = {hashlib.sha256((folder / name).read_bytes()).hexdigest() for folder in (flow_out, tmp_path / "cli")}
+        assert len(digests) == 1, name
