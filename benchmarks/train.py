@@ -74,7 +74,7 @@ def forward_speed(run_dir: Path, data_dir: Path) -> float:
     import torch
 
     from pgt.data import SequenceDataset
-    from pgt.explain import load_checkpoint
+    from pgt.checkpoint import load_checkpoint
     from pgt.train import model_scores, predict
 
     model, cfg = load_checkpoint(run_dir / "best.pt")

@@ -18,22 +18,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from pgt.checkpoint import load_checkpoint  # noqa: E402
 from pgt.data import SequenceDataset  # noqa: E402
-from pgt.model import ModelConfig, build_model  # noqa: E402
-
-
-def load_checkpoint(path: Path | str, device: str = "cpu") -> tuple[torch.nn.Module, ModelConfig]:
-    """A model from best.pt or an epoch checkpoint (both hold model_config and the weights)."""
-    from pgt.train import read_checkpoint
-
-    state = read_checkpoint(path, device, ("model_config", "model"))
-    try:
-        cfg = ModelConfig(**state["model_config"])
-        model = build_model(cfg)
-        model.load_state_dict(state.get("best_model") or state["model"])
-    except (TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"{path}: not a checkpoint of this pgt ({str(exc).splitlines()[0]})") from None
-    return model.eval(), cfg
 
 
 @torch.no_grad()

@@ -200,7 +200,7 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
 
     import pgt
     import preprocessing
-    from pgt.explain import load_checkpoint
+    from pgt.checkpoint import load_checkpoint
     from pgt.mlflow_model import CONFIG, DATA_FILES, TOP_K, WEIGHTS
 
     model, cfg = load_checkpoint(checkpoint)

@@ -29,6 +29,8 @@ from pgt.data import (SPLITS, UNSEEN, Batch, BucketBatchSampler, FirstVisits, Se
 from pgt.metrics import Scored, compute_all, target_ranks, top1
 from pgt.config import (BASELINES, MODELS, NEURAL_MODELS, RECIPES, SELECT_ON, ModelConfig, TrainConfig,  # noqa: F401
                         recipe_settings, selection_score)
+from pgt.checkpoint import (CHECKPOINT_KEYS, RESUMABLE_CHANGES, check_resumable, latest_checkpoint,  # noqa: F401
+                            read_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from pgt.model import build_model, count_parameters, extended_ids, merge_slots
 
 # ---------------------------------------------------------------------------------------------
@@ -57,50 +59,6 @@ def seed_everything(seed: int) -> None:
     np.random.seed(seed)
     torch.manual_seed(seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
-
-
-def rng_state() -> dict:
-    """Every generator's state as tensors and plain numbers, which `torch.load(weights_only=True)` reads back."""
-    version, words, gauss = random.getstate()
-    _, keys, position, has_gauss, cached = np.random.get_state()
-    state = {"python": {"version": version, "state": torch.tensor(words, dtype=torch.int64), "gauss": gauss},
-             "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
-                       "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-             "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    python, numpy = state["python"], state["numpy"]
-    random.setstate((python["version"], tuple(python["state"].tolist()), python["gauss"]))
-    np.random.set_state(("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"],
-                         numpy["cached_gaussian"]))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "best_metric", "best_epoch", "bad_epochs",
-                   "history", "best_model", "rng", "config")
-
-
-def read_checkpoint(path: Path | str, device: torch.device | str = "cpu", required: tuple[str, ...] = CHECKPOINT_KEYS) -> dict:
-    """A checkpoint or best.pt read without running code (`weights_only=True`). A missing, corrupt or foreign
-    file raises FileNotFoundError/ValueError in one line naming it."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint")
-    try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for truncated, foreign or unsafe files
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {first[:200]})") from None
-    missing = [key for key in required if not isinstance(state, dict) or key not in state]
-    if missing:
-        raise ValueError(f"{path}: not a pgt checkpoint (missing {', '.join(missing)})")
-    return state
 
 
 def check_streamable(cfg: TrainConfig) -> None:
@@ -223,25 +181,6 @@ def evaluate(score: Callable[[Batch], Scores], dataset: SequenceDataset, batch_s
     return metrics if mean_loss is None else {**metrics, "loss": mean_loss}
 
 
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    found = sorted((out_dir / "checkpoints").glob("epoch_*/checkpoint.pt"))
-    return found[-1] if found else None
-
-
-def save_checkpoint(state: dict, out_dir: Path, epoch: int, keep: int) -> Path:
-    """Write checkpoints/epoch_NNN/checkpoint.pt atomically and prune older ones."""
-    folder = out_dir / "checkpoints" / f"epoch_{epoch:03d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / "checkpoint.pt.tmp"
-    torch.save(state, tmp)
-    tmp.replace(folder / "checkpoint.pt")
-    for old in sorted((out_dir / "checkpoints").glob("epoch_*"))[:-keep]:
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
-    return folder
-
-
 def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | None:
     """The newest of the checkpoint the runtime restored and the latest one rank 0 wrote under out_dir.
 
@@ -269,26 +208,82 @@ def broadcast_text(text: str, worker: Worker, src: int = 0) -> str:
     return bytes(data.cpu().tolist()).decode()
 
 
-# settings that may differ between a run and its resumption
-RESUMABLE_CHANGES = {"out_dir", "epochs", "resume", "threads", "keep_checkpoints", "eval_batch_size", "evaluate_test"}
+@dataclass
+class TrainState:
+    """What one run carries from epoch to epoch, and what a checkpoint saves of it."""
+
+    cfg: TrainConfig
+    worker: Worker
+    model_cfg: ModelConfig
+    model: torch.nn.Module  # the replica this rank trains
+    ddp_model: torch.nn.Module  # the model, wrapped in DDP when the world is larger than one
+    averaged: torch.nn.Module | None  # the moving average of the weights (cfg.weight_average), or None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype | None  # autocast's dtype on CUDA; None: no mixed precision
+    loader: object  # the train batches: a DataLoader, or StreamedBatches of a Ray Data shard
+    splits: dict[str, SequenceDataset]  # validation and test (and train when it is in memory)
+    parameters: int
+    epoch_logger: Callable | None = None  # rank 0's MLflow logger
+    tracking: object | None = None  # rank 0's TrackingConfig
+    start_epoch: int = 0
+    best_metric: float = -math.inf
+    best_epoch: int = -1
+    bad_epochs: int = 0
+    history: list[dict] = dataclasses.field(default_factory=list)
+    resumed_at: list[int] = dataclasses.field(default_factory=list)
+    best_state: dict | None = None  # the best epoch's weights (of the averaged model when there is one)
+    early_stopped: bool = False
+
+    @property
+    def evaluated(self) -> torch.nn.Module:
+        """What validation scores and the best state keeps: the averaged weights when there are any."""
+        return self.averaged if self.averaged is not None else self.model
+
+    @property
+    def streamed(self) -> bool:
+        return self.worker.train_shard is not None
+
+    def validation_loss(self) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
+        return cross_entropy_sum(self.model_cfg, self.cfg)
+
+    def epochs(self) -> range:
+        """The epochs left to run: none after an early stop a checkpoint recorded."""
+        return range(self.start_epoch, self.start_epoch if self.early_stopped else self.cfg.epochs)
+
+    def checkpoint(self, epoch: int) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                "averaged": self.averaged.state_dict() if self.averaged is not None else None,
+                "epoch": epoch, "best_metric": self.best_metric, "best_epoch": self.best_epoch,
+                "bad_epochs": self.bad_epochs, "best_model": self.best_state, "history": self.history,
+                "rng": rng_state(), "resumed_at": self.resumed_at, "config": self.cfg.to_dict(),
+                "model_config": dataclasses.asdict(self.model_cfg)}
+
+    def restore(self, state: dict) -> None:
+        """Continue from a checkpoint: weights, optimizer, schedule, best so far, history and RNG."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        if self.averaged is not None:
+            self.averaged.load_state_dict(state["averaged"])
+        self.start_epoch, self.best_metric, self.best_epoch = state["epoch"] + 1, state["best_metric"], state["best_epoch"]
+        self.bad_epochs, self.history, self.best_state = state["bad_epochs"], state["history"], state["best_model"]
+        self.resumed_at = state.get("resumed_at", []) + [self.start_epoch]
+        self.early_stopped = bool(self.history) and self.history[-1].get("stop", False)
+        if self.worker.rank == 0:
+            set_rng_state(state["rng"])
+        else:  # rank 0's saved RNG state would give every rank the same dropout masks
+            torch.manual_seed(self.cfg.seed + 7919 * self.worker.rank + self.start_epoch)
 
 
-def _check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
-    current = cfg.to_dict()
-    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
-    if changed:
-        raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); "
-                         "use --no-resume or another --out")
-
-
-def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=None) -> dict:
-    """Train one model. `config` is TrainConfig as a dict (the Ray boundary), plus optionally "tracking":
-    a TrackingConfig dict whose run rank 0 logs into. `on_epoch(row, checkpoint_dir)` is called on every
-    worker after each epoch (Ray reports there); returns the final metrics."""
+def setup(config: dict, worker: Worker) -> TrainState:
+    """Seeds, data, model, optimizer and schedule of a run, resumed from the newest checkpoint there is."""
     config = dict(config)
     tracking_values = config.pop("tracking", None)
     cfg = TrainConfig.from_dict(config)
-    worker = worker or local_worker()
     epoch_logger, tracking = None, None
     if tracking_values and worker.is_chief:
         from pgt.tracking import EpochLogger, TrackingConfig
@@ -316,8 +311,8 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
                                   weight_decay=cfg.weight_decay, fused=True)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: lr_factor(e, cfg))
     use_amp = cfg.amp and worker.device.type == "cuda"
-    amp_dtype = torch.bfloat16 if use_amp and torch.cuda.is_bf16_supported() else torch.float16
-    scaler = torch.amp.GradScaler("cuda", enabled=use_amp and amp_dtype == torch.float16)
+    amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if use_amp else None
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     if streamed:
         loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.max_len,
                                  cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet")
@@ -327,129 +322,129 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
             train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab),
                                          cfg.known_fraction_min, cfg.known_fraction_max)
         loader = train_loader(train_set, cfg, worker)
-    validation_loss = cross_entropy_sum(model_cfg, cfg)
-
-    averaged = copy.deepcopy(model) if cfg.weight_average else None  # the moving average of the weights
-    evaluated = averaged if averaged is not None else model  # what validation scores and the best state keeps
-    start_epoch, best_metric, best_epoch, bad_epochs, history, resumed_at = 0, -math.inf, -1, 0, [], []
-    best_state = None
+    averaged = copy.deepcopy(model) if cfg.weight_average else None
+    state = TrainState(cfg, worker, model_cfg, model, model, averaged, optimizer, scheduler, scaler, amp_dtype, loader,
+                       splits, parameters, epoch_logger, tracking)
     if not cfg.resume and worker.restored is None and worker.is_chief and (out_dir / "checkpoints").exists():
         shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
     resume_from = _resume_point(cfg, worker, out_dir)
     if resume_from is not None:
-        state = read_checkpoint(resume_from, worker.device)
-        _check_resumable(state["config"], cfg, resume_from)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        scaler.load_state_dict(state["scaler"])
-        if averaged is not None:
-            averaged.load_state_dict(state["averaged"])
-        start_epoch, best_metric, best_epoch = state["epoch"] + 1, state["best_metric"], state["best_epoch"]
-        bad_epochs, history, best_state = state["bad_epochs"], state["history"], state["best_model"]
-        resumed_at = state.get("resumed_at", []) + [start_epoch]
-        if worker.rank == 0:
-            set_rng_state(state["rng"])
-        else:  # rank 0's saved RNG state would give every rank the same dropout masks
-            torch.manual_seed(cfg.seed + 7919 * worker.rank + start_epoch)
-    ddp_model = model
+        saved = read_checkpoint(resume_from, worker.device)
+        check_resumable(saved["config"], cfg, resume_from)
+        state.restore(saved)
     if worker.world_size > 1:
-        ddp_model = _wrap_ddp(model, worker)
+        state.ddp_model = _wrap_ddp(model, worker)
+    return state
 
+
+def train_epoch(state: TrainState, epoch: int) -> dict:
+    """One epoch: train on every batch, validate, keep the best weights; the epoch's row of the history."""
+    cfg, worker = state.cfg, state.worker
+    (state.loader if state.streamed else state.loader.batch_sampler).set_epoch(epoch)
+    state.ddp_model.train()
+    began, loss_sum, seen = time.perf_counter(), torch.zeros((), device=worker.device), 0
+    for batch in state.loader:
+        batch = batch.to(worker.device, non_blocking=True)
+        with torch.autocast(worker.device.type, dtype=state.amp_dtype, enabled=state.amp_dtype is not None):
+            out = state.ddp_model(*batch.inputs())
+        loss = criterion(out.log_probs.float(), batch, state.model_cfg, cfg)
+        state.optimizer.zero_grad(set_to_none=True)
+        state.scaler.scale(loss).backward()
+        state.scaler.unscale_(state.optimizer)
+        torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.grad_clip)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        if state.averaged is not None:
+            average_weights(state.averaged, state.model, cfg.weight_average)
+        loss_sum += loss.detach() * len(batch.targets)
+        seen += len(batch.targets)
+    seconds = time.perf_counter() - began
+    lr = state.optimizer.param_groups[0]["lr"]
+    state.scheduler.step()
+    train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
+    validation = evaluate(model_scores(state.evaluated), state.splits["validation"], cfg.eval_batch_size,
+                          worker.device, state.validation_loss(), worker)
+    score = selection_score(validation, cfg.select_on)
+    if score > state.best_metric:
+        state.best_metric, state.best_epoch, state.bad_epochs = score, epoch, 0
+        state.best_state = {k: v.detach().clone() for k, v in state.evaluated.state_dict().items()}
+    else:
+        state.bad_epochs += 1
+    stop = epoch + 1 >= cfg.min_epochs and state.bad_epochs >= cfg.patience
+    row = {"epoch": epoch, "train_loss": train_loss, "lr": lr, "seconds": seconds, "samples": seen,
+           "samples_per_second": seen / seconds, "validation": validation, "best_epoch": state.best_epoch,
+           "stop": stop}
+    if worker.world_size > 1:
+        row["replicas_in_sync"] = _replicas_in_sync(state.model, worker.device)
+    state.history.append(row)
+    return row
+
+
+def finish(state: TrainState) -> dict:
+    """The best epoch's weights scored on validation (and test), best.pt and metrics.json written by rank 0
+    (and logged to MLflow): the run's result."""
+    cfg, worker, history = state.cfg, state.worker, state.history
+    state.model.load_state_dict(state.best_state)
+    scores = model_scores(state.model)
     train_seconds = sum(row["seconds"] for row in history)
     samples_seen = sum(row["samples"] for row in history)
-    early_stopped = bool(history) and history[-1].get("stop", False)
-    for epoch in range(start_epoch, cfg.epochs if not early_stopped else start_epoch):
-        (loader if streamed else loader.batch_sampler).set_epoch(epoch)
-        ddp_model.train()
-        began, loss_sum, seen = time.perf_counter(), torch.zeros((), device=worker.device), 0
-        for batch in loader:
-            batch = batch.to(worker.device, non_blocking=True)
-            with torch.autocast(worker.device.type, dtype=amp_dtype, enabled=use_amp):
-                out = ddp_model(*batch.inputs())
-            loss = criterion(out.log_probs.float(), batch, model_cfg, cfg)
-            optimizer.zero_grad(set_to_none=True)
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            scaler.step(optimizer)
-            scaler.update()
-            if averaged is not None:
-                average_weights(averaged, model, cfg.weight_average)
-            loss_sum += loss.detach() * len(batch.targets)
-            seen += len(batch.targets)
-        seconds = time.perf_counter() - began
-        lr = optimizer.param_groups[0]["lr"]
-        scheduler.step()
-        train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
-        validation = evaluate(model_scores(evaluated), splits["validation"], cfg.eval_batch_size, worker.device,
-                              validation_loss, worker)
-        score = selection_score(validation, cfg.select_on)
-        if score > best_metric:
-            best_metric, best_epoch, bad_epochs = score, epoch, 0
-            best_state = {k: v.detach().clone() for k, v in evaluated.state_dict().items()}
-        else:
-            bad_epochs += 1
-        stop = epoch + 1 >= cfg.min_epochs and bad_epochs >= cfg.patience
-        row = {"epoch": epoch, "train_loss": train_loss, "lr": lr, "seconds": seconds, "samples": seen,
-               "samples_per_second": seen / seconds, "validation": validation, "best_epoch": best_epoch,
-               "stop": stop}
-        if worker.world_size > 1:
-            row["replicas_in_sync"] = _replicas_in_sync(model, worker.device)
-        history.append(row)
-        train_seconds += seconds
-        samples_seen += seen
-        checkpoint_dir = None
-        if worker.is_chief:
-            checkpoint_dir = save_checkpoint({
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict(), "averaged": averaged.state_dict() if averaged is not None else None,
-                "epoch": epoch, "best_metric": best_metric, "best_epoch": best_epoch,
-                "bad_epochs": bad_epochs, "best_model": best_state, "history": history, "rng": rng_state(),
-                "resumed_at": resumed_at, "config": cfg.to_dict(), "model_config": dataclasses.asdict(model_cfg),
-            }, out_dir, epoch, cfg.keep_checkpoints)
-        if epoch_logger is not None:
-            epoch_logger(row)
-        if on_epoch is not None:
-            on_epoch(row, checkpoint_dir)
-        if stop:
-            early_stopped = True
-            break
-
-    model.load_state_dict(best_state)
     result = {
         "model": cfg.model,
-        "test": evaluate(model_scores(model), splits["test"], cfg.eval_batch_size, worker.device, validation_loss,
+        "test": evaluate(scores, state.splits["test"], cfg.eval_batch_size, worker.device, state.validation_loss(),
                          worker) if cfg.evaluate_test else None,
-        "validation": evaluate(model_scores(model), splits["validation"], cfg.eval_batch_size, worker.device,
-                               validation_loss, worker),
+        "validation": evaluate(scores, state.splits["validation"], cfg.eval_batch_size, worker.device,
+                               state.validation_loss(), worker),
         "select_on": cfg.select_on,
-        "best_epoch": best_epoch + 1,  # 1-based, as epochs_run
+        "best_epoch": state.best_epoch + 1,  # 1-based, as epochs_run
         "epochs_run": len(history),
-        "early_stopped": early_stopped,
+        "early_stopped": state.early_stopped,
         "workers": worker.world_size,
         "train_seconds": round(train_seconds, 3),
         "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
-        "parameters": parameters,
-        "resumed_at_epochs": [e + 1 for e in resumed_at],  # 1-based epochs a resumption started with
+        "parameters": state.parameters,
+        "resumed_at_epochs": [e + 1 for e in state.resumed_at],  # 1-based epochs a resumption started with
         "history": [{k: v for k, v in row.items() if k != "validation"}
                     | {"validation_acc@1": row["validation"]["acc@1"],
                        "validation_strict_acc@1": row["validation"]["strict"]["acc@1"]} for row in history],
         "config": cfg.to_dict(),
-        "model_config": dataclasses.asdict(model_cfg),
+        "model_config": dataclasses.asdict(state.model_cfg),
     }
     if worker.is_chief:
+        out_dir = Path(cfg.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": best_state, "model_config": dataclasses.asdict(model_cfg), "config": cfg.to_dict(),
-                    "best_epoch": best_epoch}, out_dir / "best.pt")
+        torch.save({"model": state.best_state, "model_config": dataclasses.asdict(state.model_cfg),
+                    "config": cfg.to_dict(), "best_epoch": state.best_epoch}, out_dir / "best.pt")
         write_json(out_dir / "metrics.json", result)
-        if tracking is not None:
+        if state.tracking is not None:
             from pgt.tracking import log_result
 
-            model_uri = log_result(tracking, result, out_dir, Path(cfg.data_dir))
-            result["mlflow"] = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": model_uri}
+            model_uri = log_result(state.tracking, result, out_dir, Path(cfg.data_dir))
+            result["mlflow"] = {"tracking_uri": state.tracking.tracking_uri, "run_id": state.tracking.run_id,
+                                "model_uri": model_uri}
             write_json(out_dir / "metrics.json", result)
     return result
+
+
+def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=None) -> dict:
+    """Train one model: setup, one epoch at a time, finish. `config` is TrainConfig as a dict (the Ray
+    boundary), plus optionally "tracking": a TrackingConfig dict whose run rank 0 logs into. Rank 0 alone
+    writes the checkpoints and logs to MLflow; `on_epoch(row, checkpoint_dir)` is called on every worker
+    after each epoch (Ray reports there). Returns the final metrics."""
+    state = setup(config, worker or local_worker())
+    for epoch in state.epochs():
+        row = train_epoch(state, epoch)
+        checkpoint_dir = None
+        if state.worker.is_chief:
+            checkpoint_dir = save_checkpoint(state.checkpoint(epoch), Path(state.cfg.out_dir), epoch,
+                                             state.cfg.keep_checkpoints)
+        if state.epoch_logger is not None:
+            state.epoch_logger(row)
+        if on_epoch is not None:
+            on_epoch(row, checkpoint_dir)
+        if row["stop"]:
+            state.early_stopped = True
+            break
+    return finish(state)
 
 
 def evaluate_baseline(config: dict) -> dict:

@@ -277,7 +277,7 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
 
     import mlflow
     from pgt.data import load_splits
-    from pgt.explain import load_checkpoint
+    from pgt.checkpoint import load_checkpoint
     from pgt.tracking import mlflow_client, log_pytorch_model, metrics_of, register_model
     from pgt.train import evaluate, model_scores
 
