@@ -40,7 +40,7 @@ def ray_train_loop(config: dict) -> None:
     """The TorchTrainer's train_loop_per_worker: `train_loop_per_worker` with Ray's rank, device and checkpoint."""
     import ray.train
     import ray.train.torch
-    from ray.train import Checkpoint
+    from ray.train import Checkpoint, CheckpointConsistencyMode
 
     config = dict(config)
     streamed = config.pop(STREAM_KEY, False)  # --data-engine ray: the trainer holds a "train" dataset
@@ -60,12 +60,14 @@ def ray_train_loop(config: dict) -> None:
             ray.train.report(metrics)
         else:
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(str(checkpoint_dir)),
-                             checkpoint_dir_name=Path(checkpoint_dir).name, delete_local_checkpoint_after_upload=False)
+                             checkpoint_dir_name=Path(checkpoint_dir).name)
+            # until Ray's controller has committed it, a restarted group would resume from the one before
+            ray.train.get_all_reported_checkpoints(consistency_mode=CheckpointConsistencyMode.COMMITTED)
 
     restored = ray.train.get_checkpoint()
     with restored.as_directory() if restored is not None else contextlib.nullcontext() as folder:
         worker = Worker(rank=rank, world_size=context.get_world_size(), device=ray.train.torch.get_device(),
-                        restored=Path(folder) / "checkpoint.pt" if folder else None,
+                        restored=Path(folder) / "checkpoint.pt" if folder else None, ray_owned=True,
                         train_shard=ray.train.get_dataset_shard("train") if streamed else None)
         train_loop_per_worker(config, worker=worker, on_epoch=report)
 

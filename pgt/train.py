@@ -14,6 +14,7 @@ import math
 import os
 import random
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ class Worker:
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     restored: Path | None = None  # a checkpoint.pt the runtime hands back after a failure (Ray's get_checkpoint)
     train_shard: object | None = None  # a Ray Data shard of the train split to stream (--data-engine ray); None: in memory
+    ray_owned: bool = False  # under Ray Train: checkpoints go to Ray (reported) and come back only by get_checkpoint;
+    # else rank 0 keeps them in out_dir/checkpoints
 
     @property
     def is_chief(self) -> bool:
@@ -182,10 +185,11 @@ def evaluate(score: Callable[[Batch], Scores], dataset: SequenceDataset, batch_s
 
 
 def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | None:
-    """The newest of the checkpoint the runtime restored and the latest one rank 0 wrote under out_dir.
-
-    Ray hands back the last checkpoint its controller registered, which can lag an epoch behind what
-    rank 0 wrote; taking the newer one loses at most the epoch in progress. Rank 0 decides for all ranks."""
+    """Where to resume from. Under Ray Train, the checkpoint Ray hands back (each rank its own copy of it, which
+    may be a download of cloud storage). Else the newest of the one a runtime restored (a Tune trial's) and
+    the latest one rank 0 wrote under out_dir; rank 0 decides for all ranks."""
+    if worker.ray_owned:
+        return worker.restored
     candidates = [p for p in (worker.restored, latest_checkpoint(out_dir) if cfg.resume or worker.restored else None) if p]
     chosen = max(candidates, key=lambda p: p.parent.name) if candidates else None  # epoch_NNN sorts by epoch
     if worker.world_size > 1:
@@ -433,14 +437,23 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     state = setup(config, worker or local_worker())
     for epoch in state.epochs():
         row = train_epoch(state, epoch)
-        checkpoint_dir = None
-        if state.worker.is_chief:
-            checkpoint_dir = save_checkpoint(state.checkpoint(epoch), Path(state.cfg.out_dir), epoch,
+        checkpoint_dir, staging = None, None
+        if state.worker.is_chief:  # under Ray Train, a staging folder that Ray copies into its storage
+            staging = Path(tempfile.mkdtemp(prefix="pgt-checkpoint-")) if state.worker.ray_owned else None
+            checkpoint_dir = save_checkpoint(state.checkpoint(epoch), staging or Path(state.cfg.out_dir), epoch,
                                              state.cfg.keep_checkpoints)
-        if state.epoch_logger is not None:
+        # MLflow gets the epoch once the checkpoint that holds it is kept: under Ray Train after Ray committed
+        # it (a restarted group redoes any epoch Ray had not), else after rank 0 wrote it
+        if state.epoch_logger is not None and not state.worker.ray_owned:
             state.epoch_logger(row)
-        if on_epoch is not None:
-            on_epoch(row, checkpoint_dir)
+        try:
+            if on_epoch is not None:
+                on_epoch(row, checkpoint_dir)
+        finally:
+            if staging is not None:  # reported: the one copy is Ray's
+                shutil.rmtree(staging, ignore_errors=True)
+        if state.epoch_logger is not None and state.worker.ray_owned:
+            state.epoch_logger(row)
         if row["stop"]:
             state.early_stopped = True
             break

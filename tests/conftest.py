@@ -85,6 +85,25 @@ def geolife_sequences(geolife_parquet: Path, tmp_path_factory) -> Path:
     return root / "sequences"
 
 
+@pytest.fixture(scope="session")
+def training_sequences(request, tmp_path_factory) -> Path:
+    """What the DDP and Tune tests train on: the six GeoLife users of `geolife_sequences` where ../shared/data is
+    (and always under CI=true), else the synthetic generator's 10 people over 80 days, with a warning that says so."""
+    synthetic = os.environ.get("PGT_TEST_DATA") == "synthetic"  # to run the tests as they run without ../shared
+    if not synthetic and (GEOLIFE_PARQUET.exists() or os.environ.get("CI") == "true"):
+        return request.getfixturevalue("geolife_sequences")
+    import warnings
+
+    from preprocessing.pipeline import preprocess
+    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+
+    warnings.warn(f"{GEOLIFE_PARQUET} is missing: the DDP and Tune tests train on synthetic sequences instead")
+    root = tmp_path_factory.mktemp("synthetic_training")
+    generate_positionfixes(SynthConfig(users=10, days=80, seed=7)).write_parquet(root / "points.parquet")
+    preprocess(root / "points.parquet", "positionfixes", root / "sequences", progress=False)
+    return root / "sequences"
+
+
 def free_port() -> int:
     import socket
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -15,13 +17,13 @@ from pgt.distributed import LaunchConfig, run_training
 from pgt.train import TrainConfig
 from tests.conftest import PROJECT_ROOT, ray_cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.real_data]
+pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
 
 
-def test_two_workers_train_like_one_process(geolife_sequences, tmp_path):
+def test_two_workers_train_like_one_process(training_sequences, tmp_path):
     """Same seed, same global batch, no dropout and no bucketing: the 2 workers' shards of a batch are the
     one process's batch, so losses and metrics agree within float noise (and one padded duplicate per epoch)."""
-    common = dict(data_dir=str(geolife_sequences), epochs=3, batch_size=64, dropout=0.0, bucket_by_length=False,
+    common = dict(data_dir=str(training_sequences), epochs=3, batch_size=64, dropout=0.0, bucket_by_length=False,
                   seed=3, min_epochs=3)
     one = run_training(TrainConfig(out_dir=str(tmp_path / "one"), **common))
     two = run_training(TrainConfig(out_dir=str(tmp_path / "two"), **common), LaunchConfig(workers=2))
@@ -50,18 +52,28 @@ def _train_worker_pids() -> list[int]:
             if len(line.split(None, 1)) == 2 and line.split(None, 1)[1].startswith("ray::RayTrainWorker")]
 
 
-def test_killed_worker_resumes_from_last_checkpoint(geolife_sequences, tmp_path, mlflow_server):
+def _registered_epoch(run: Path) -> int:
+    """The 0-based epoch of the newest checkpoint Ray Train's controller has registered (-1 for none yet):
+    what a restarted worker group gets from `ray.train.get_checkpoint()`."""
+    try:
+        snapshot = json.loads((run / "checkpoint_manager_snapshot.json").read_text())
+        return int(snapshot["latest_checkpoint_result"]["checkpoint_dir_name"].removeprefix("epoch_"))
+    except (OSError, ValueError, KeyError, TypeError):  # not written yet, or being replaced
+        return -1
+
+
+def test_killed_worker_resumes_from_last_checkpoint(training_sequences, tmp_path, mlflow_server):
     """SIGKILL a worker process once the third epoch's checkpoint is on disk: Ray restarts the group, the loop resumes
     from `ray.train.get_checkpoint()`, and the run still finishes every epoch; MLflow holds each epoch once."""
     out, epochs = tmp_path / "run", 10
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pgt.cli", "train", "--data", str(geolife_sequences), "--out", str(out),
+        [sys.executable, "-m", "pgt.cli", "train", "--data", str(training_sequences), "--out", str(out),
          "--epochs", str(epochs), "--patience", "50", "--workers", "2", "--max-failures", "1",
          "--tracking-uri", mlflow_server, "--experiment", "kill-test"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240
-        while not (out / "ray" / "train" / "epoch_002").exists():
+        while _registered_epoch(out / "ray" / "train") < 2:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             assert time.monotonic() < deadline, "no checkpoint of epoch 3 within 240 s"
             time.sleep(0.1)
@@ -76,9 +88,8 @@ def test_killed_worker_resumes_from_last_checkpoint(geolife_sequences, tmp_path,
     assert proc.returncode == 0, output[-3000:]
     m = json.loads((out / "metrics.json").read_text())
     assert m["epochs_run"] == epochs and [row["epoch"] for row in m["history"]] == list(range(epochs))
-    # the resumption started right after the last checkpoint Ray had registered when the worker died: at most
-    # the epoch in progress was lost. epoch_002's folder existed, so epoch_001's report had completed: the
-    # loop resumed at epoch 3 or later (1-based)
+    # the resumption started right after the last checkpoint Ray had registered when the worker died (Ray owns
+    # the checkpoints): epoch_002 (0-based) or a later one, so the loop resumed at epoch 3 or later (1-based)
     assert len(m["resumed_at_epochs"]) == 1 and 3 <= m["resumed_at_epochs"][0] <= epochs
     assert time.monotonic() - killed_at < 400
 
@@ -103,16 +114,16 @@ def test_a_running_ray_cluster_does_not_capture_a_local_run():
     assert r.stdout.split()[-2:] == ["0", "2.0"]  # a Ray of its own: 2 CPUs, none of the cluster's resources
 
 
-def test_ray_data_streams_the_train_split_to_two_workers(geolife_sequences, tmp_path):
+def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp_path):
     """--data-engine ray: each of 2 workers streams its Ray Data shard of train.parquet. Every epoch sees the
     whole split (an equal split drops at most one sample), the replicas stay in sync, the loss falls, and
     validation lands where the in-memory path's does (other batches, so not to the digit)."""
     import pyarrow.parquet as pq
 
-    common = dict(data_dir=str(geolife_sequences), epochs=3, seed=3, min_epochs=3)
+    common = dict(data_dir=str(training_sequences), epochs=3, seed=3, min_epochs=3)
     memory = run_training(TrainConfig(out_dir=str(tmp_path / "memory"), **common))
     streamed = run_training(TrainConfig(out_dir=str(tmp_path / "ray"), **common), LaunchConfig(workers=2, data_engine="ray"))
-    n = pq.read_metadata(geolife_sequences / "train.parquet").num_rows
+    n = pq.read_metadata(training_sequences / "train.parquet").num_rows
     assert streamed["workers"] == 2 and len(streamed["history"]) == 3
     assert all(n - 1 <= row["samples"] <= n and row["replicas_in_sync"] for row in streamed["history"])
     assert streamed["history"][-1]["train_loss"] < streamed["history"][0]["train_loss"]
@@ -122,3 +133,20 @@ def test_ray_data_streams_the_train_split_to_two_workers(geolife_sequences, tmp_
                      LaunchConfig(workers=2, data_engine="ray"))
     with pytest.raises(ValueError, match="needs workers >= 1"):
         LaunchConfig(data_engine="ray")
+
+
+def test_ray_owns_the_checkpoints_and_a_rerun_resumes_from_its_storage(synthetic_sequences, tmp_path):
+    """Under Ray Train the checkpoints exist once, in Ray's storage (out/ray/train/epoch_NNN, reported and
+    committed); a second `run_training` with more epochs resumes from there, as Ray restores a run of the same
+    name and storage path; out/checkpoints, the folder of runs without Ray, is never written."""
+    from pgt.distributed import LaunchConfig, run_training
+    from pgt.train import TrainConfig
+
+    cfg = TrainConfig(data_dir=str(synthetic_sequences), out_dir=str(tmp_path / "run"), epochs=2, min_epochs=3)
+    first = run_training(cfg, LaunchConfig(workers=2))
+    assert first["epochs_run"] == 2 and first["resumed_at_epochs"] == []
+    second = run_training(dataclasses.replace(cfg, epochs=3), LaunchConfig(workers=2))
+    assert second["epochs_run"] == 3 and second["resumed_at_epochs"] == [3]
+    assert [row["epoch"] for row in second["history"]] == [0, 1, 2]
+    assert sorted(p.name for p in (tmp_path / "run" / "ray" / "train").glob("epoch_*")) == ["epoch_001", "epoch_002"]
+    assert not (tmp_path / "run" / "checkpoints").exists()

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ray_cluster
 
-pytestmark = [pytest.mark.slow, pytest.mark.real_data]
+pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
 PGT = [sys.executable, "-m", "pgt.cli"]
 
 
@@ -21,9 +21,9 @@ def tune_cli(*args, **kwargs):
     return subprocess.run([*PGT, "tune", *map(str, args)], capture_output=True, text=True, timeout=900, **kwargs)
 
 
-def test_four_trials_two_at_once(geolife_sequences, tmp_path, mlflow_server):
+def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     out = tmp_path / "sweep"
-    r = tune_cli("--data", geolife_sequences, "--out", out, "--trials", 4, "--epochs", 4, "--max-concurrent", 2,
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 4, "--epochs", 4, "--max-concurrent", 2,
                  "--grace-period", 1, "--tracking-uri", mlflow_server, "--experiment", "sweep-test", "--register", "swept")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
@@ -59,9 +59,9 @@ def test_four_trials_two_at_once(geolife_sequences, tmp_path, mlflow_server):
     assert client.get_model_version_by_alias("swept", "champion").version == "1"
 
 
-def test_interrupted_sweep_resumes_without_rerunning_finished_trials(geolife_sequences, tmp_path):
+def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path):
     out = tmp_path / "sweep"
-    proc = subprocess.Popen([*PGT, "tune", "--data", str(geolife_sequences), "--out", str(out), "--trials", "3",
+    proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "3",
                              "--epochs", "3", "--max-concurrent", "1", "--grace-period", "3"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
@@ -86,11 +86,11 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(geolife_seq
         assert (out / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
 
 
-def test_a_crashed_trial_restarts_from_its_last_checkpoint(geolife_sequences, tmp_path):
+def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, tmp_path):
     """SIGKILL the trial's process after its third epoch is registered: Tune's FailureConfig restarts the trial,
     which resumes from the checkpoint it reported, and finishes every epoch."""
     out, epochs = tmp_path / "sweep", 6
-    proc = subprocess.Popen([*PGT, "tune", "--data", str(geolife_sequences), "--out", str(out), "--trials", "1",
+    proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "1",
                              "--epochs", str(epochs), "--grace-period", str(epochs), "--search", "random"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -123,10 +123,10 @@ def two_node_cluster():
         yield cluster
 
 
-def test_sweep_spreads_over_a_two_node_cluster(geolife_sequences, tmp_path, two_node_cluster):
+def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two_node_cluster):
     address, env = two_node_cluster
     out = tmp_path / "sweep"
-    r = tune_cli("--data", geolife_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
                  "--grace-period", 2, "--address", address, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
@@ -136,10 +136,10 @@ def test_sweep_spreads_over_a_two_node_cluster(geolife_sequences, tmp_path, two_
     assert {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
 
 
-def test_trials_run_a_torch_trainer_of_two_workers(geolife_sequences, tmp_path):
+def test_trials_run_a_torch_trainer_of_two_workers(training_sequences, tmp_path):
     """--workers-per-trial 2: each trial fits a TorchTrainer inside itself (0.5 CPU for the trial, 0.5 per worker)."""
     out = tmp_path / "sweep"
-    r = tune_cli("--data", geolife_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 1,
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 1,
                  "--grace-period", 2, "--workers-per-trial", 2, "--cpus-per-worker", 0.5)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
