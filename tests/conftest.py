@@ -97,7 +97,8 @@ def training_sequences(request, tmp_path_factory) -> Path:
     from preprocessing.pipeline import preprocess
     from preprocessing.synthetic import SynthConfig, generate_positionfixes
 
-    warnings.warn(f"{GEOLIFE_PARQUET} is missing: the DDP and Tune tests train on synthetic sequences instead")
+    why = "not used (PGT_TEST_DATA=synthetic)" if synthetic else "is missing"
+    warnings.warn(f"{GEOLIFE_PARQUET} {why}: the DDP and Tune tests train on synthetic sequences instead")
     root = tmp_path_factory.mktemp("synthetic_training")
     generate_positionfixes(SynthConfig(users=10, days=80, seed=7)).write_parquet(root / "points.parquet")
     preprocess(root / "points.parquet", "positionfixes", root / "sequences", progress=False)
