@@ -71,6 +71,9 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "w05-do3-prev": ("+ previous location embedding", {**BEST, "previous_location": True}),
     "lr1e3-prev": ("lr 1e-3 + previous location embedding", {**BEST, "lr": 1e-3, "previous_location": True}),
     "lr1e3-l3": ("lr 1e-3 + 3 layers", {**BEST, "lr": 1e-3, "num_layers": 3}),
+    "lr1e3-rel": ("lr 1e-3 + visit relations in the pointer", {**BEST, "lr": 1e-3, "visit_relations": True}),
+    "lr1e3-rel-prev": ("+ previous location embedding", {**BEST, "lr": 1e-3, "visit_relations": True,
+                                                          "previous_location": True}),
 }
 
 

@@ -33,6 +33,8 @@ class ModelConfig:
     unseen_slots: bool = False  # extended vocabulary: the pointer points at per-sample slots of unseen places
     slot_identity: bool = True  # with unseen_slots: visits to the same unseen place share a learned slot embedding
     previous_location: bool = False  # each visit also embeds the location visited before it (its transition source)
+    visit_relations: bool = False  # the pointer adds learned biases for each visit's relation to the last one
+    # (pgt.model.visit_relations: it followed the current place, is the current place, starts near now in time of day)
     time_slots: int = 96  # time-of-day slot values (the manifest's vocab); tables get one more row for padding
     weekdays: int = 7  # weekday values
     recency_days: int = 8  # recency values: days 0 .. history_days before the target's day
@@ -112,6 +114,7 @@ class TrainConfig:
     unseen_slots: bool = False  # extended vocabulary: the pointer names unseen places of the history (ModelConfig)
     slot_identity: bool = True  # with unseen_slots: same-place unseen visits share a slot embedding (ModelConfig)
     previous_location: bool = False  # each visit also embeds the location visited before it (ModelConfig)
+    visit_relations: bool = False  # the pointer also scores each visit's relation to the last one (ModelConfig)
     new_place_weight: float = 1.0  # with unseen_slots: the loss weight of train samples whose target is a new place
     simulate_unseen: bool = False  # train samples show id 1 as later splits do (data.UnseenSimulation)
     known_fraction_min: float = 0.8  # with simulate_unseen, locations first visited after a fraction f of the
@@ -188,7 +191,8 @@ class TrainConfig:
                            nhead=self.nhead, num_layers=self.num_layers, dim_feedforward=self.dim_feedforward,
                            dropout=self.dropout, max_len=self.max_len, variant=self.model,
                            unseen_slots=self.unseen_slots, slot_identity=self.slot_identity,
-                           previous_location=self.previous_location, time_slots=vocab.time_slots,
+                           previous_location=self.previous_location, visit_relations=self.visit_relations,
+                           time_slots=vocab.time_slots,
                            weekdays=vocab.weekdays, recency_days=vocab.recency, duration_buckets=vocab.durations)
 
 

@@ -132,6 +132,9 @@ class PointerGeneratorTransformer(nn.Module):
         self.query = nn.Linear(d, d)
         self.key = nn.Linear(d, d)
         self.position_bias = nn.Parameter(torch.zeros(cfg.max_len + 1))  # b[pos_from_end]
+        # b[relation to the last visit] and b[hours after now, same weekday as the target] (visit_relations)
+        self.relation_bias = nn.Parameter(torch.zeros(RELATIONS)) if cfg.visit_relations else None
+        self.clock_bias = nn.Parameter(torch.zeros(CLOCK_BUCKETS)) if cfg.visit_relations else None
         self.generator = nn.Linear(d, cfg.num_locations)
         self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 1))
         _xavier(self)
@@ -152,7 +155,11 @@ class PointerGeneratorTransformer(nn.Module):
             gate = torch.sigmoid(self.gate(c)).squeeze(-1)  # (B,)
 
         scores = torch.einsum("bd,btd->bt", self.query(c), self.key(h)) / math.sqrt(self.cfg.d_model)
-        scores = (scores + self.position_bias[pos_end]).masked_fill(pad, float("-inf"))  # (B, T)
+        scores = scores + self.position_bias[pos_end]  # (B, T)
+        if self.relation_bias is not None:
+            relation, clock = visit_relations(locations, slots, times, weekdays, recency, durations, lengths, self.cfg)
+            scores = scores + self.relation_bias[relation] + self.clock_bias[clock]  # (B, T)
+        scores = scores.masked_fill(pad, float("-inf"))  # (B, T)
         attention = torch.softmax(scores, dim=-1)  # (B, T)
         p_gen = torch.softmax(self.generator(c), dim=-1)  # (B, V)
         probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg), p_gen)  # (B, V + S)
@@ -198,6 +205,36 @@ class LSTMPointerGenerator(nn.Module):
         gate = 1 - p_gen  # weight of the pointer
         probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg), p_vocab)  # (B, V + S)
         return Output(torch.log(probs + EPS), gate, attention)
+
+
+RELATIONS = 4  # visit_relations: (followed a visit to the current place) * 2 + (is the current place)
+CLOCK_BUCKETS = 48  # visit_relations: whole hours from now to the visit's start time of day (24) * same weekday (2)
+
+
+def visit_relations(locations, slots, times, weekdays, recency, durations, lengths,
+                    cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each visit's relation to the last one, as indices of the pointer's learned biases (all (B, T)).
+
+    relation: 2 * [the visit before it was at the current place] + [it is at the current place]; the current
+    place is the last visit's (unseen places told apart by their slots with cfg.unseen_slots). These are the history's own transitions
+    out of where the user is now. clock: 2 * (whole hours from now to the visit's start, in time of day, 0..23)
+    + [the visit's weekday is the target's]; now is the last visit's end (its start slot plus its duration
+    bucket; a slot is 1440 / cfg.time_slots minutes, a bucket 2880 / cfg.duration_buckets, as the protocol's 15 and
+    30), and the target's weekday is the last visit's plus its recency (days before the target's day)."""
+    B, T = locations.shape
+    ids = torch.where(slots > 0, -slots, locations) if cfg.unseen_slots and slots is not None else locations  # (B, T)
+    last = (lengths - 1).clamp_min(0).unsqueeze(1)  # (B, 1)
+    current = ids.gather(1, last)  # (B, 1)
+    here = ids == current  # (B, T)
+    after = F.pad(here[:, :-1], (1, 0))  # (B, T) the visit before was at the current place
+    relation = 2 * after.long() + here.long()
+    slot_min, bucket_min = 1440 / cfg.time_slots, 2880 / cfg.duration_buckets
+    start = (times - 1).clamp_min(0) * slot_min  # (B, T) minute of day
+    now = start.gather(1, last) + (durations.gather(1, last) - 1).clamp_min(0) * bucket_min  # (B, 1) the last visit's end
+    hours = (((start - now) % 1440) // 60).long().clamp(0, 23)  # (B, T)
+    target_weekday = (weekdays.gather(1, last) - 1 + recency.gather(1, last) - 1) % cfg.weekdays  # (B, 1)
+    same_day = (weekdays - 1) % cfg.weekdays == target_weekday  # (B, T)
+    return relation, 2 * hours + same_day.long()
 
 
 def extended_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations: int) -> tuple[torch.Tensor, int]:

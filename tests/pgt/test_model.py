@@ -155,3 +155,42 @@ def test_previous_location_reaches_the_next_visits_embedding(tiny_config):
         assert not torch.allclose(x[0, 0], x[1, 0])
         assert torch.allclose(x[0, 1], x[1, 1]) != previous  # visit 2 sees visit 1's location only with the option
         assert torch.allclose(x[0, 2], x[1, 2])  # two visits back: never
+
+
+def test_visit_relations_on_a_hand_built_history(tiny_config):
+    """Relations to the last visit and the clock buckets, computed by hand (values stored + 1, 0 = padding)."""
+    from pgt.model import visit_relations
+
+    cfg = dataclasses.replace(tiny_config, unseen_slots=True, time_slots=96, weekdays=7, duration_buckets=96)
+    locations = torch.tensor([[2, 3, 2, 4, 2, 0], [1, 1, 5, 1, 0, 0]])
+    slots = torch.tensor([[0, 0, 0, 0, 0, 0], [1, 2, 0, 1, 0, 0]])  # row 1: unseen places A, B, then A again
+    times = torch.tensor([[33, 41, 65, 1, 33, 0], [1, 5, 9, 13, 0, 0]])  # 8:00, 10:00, 16:00, 0:00, 8:00
+    weekdays = torch.tensor([[1, 1, 2, 3, 3, 0], [1, 1, 1, 1, 0, 0]])
+    recency = torch.tensor([[3, 3, 2, 1, 1, 0], [2, 2, 2, 2, 0, 0]])  # row 0 ends on the target's day
+    durations = torch.tensor([[2, 2, 2, 2, 5, 0], [1, 1, 1, 1, 0, 0]])  # row 0's last visit: 4 buckets = 2 h
+    lengths, _ = positions_from_end(locations)
+    relation, clock = visit_relations(locations, slots, times, weekdays, recency, durations, lengths, cfg)
+    # 2 * (the visit before was at the current place) + (it is the current place)
+    assert relation[0, :5].tolist() == [1, 2, 1, 2, 1]  # current place 2, followed by 3 and 4
+    assert relation[1, :4].tolist() == [1, 2, 0, 1]  # current place: slot A; B followed A; 5 followed B
+    # now = 8:00 + 2 h = 10:00 in row 0: hours from now 22, 0, 6, 14, 22; the target's weekday is stored 3
+    assert (clock[0, :5] // 2).tolist() == [22, 0, 6, 14, 22]
+    assert (clock[0, :5] % 2).tolist() == [0, 0, 0, 1, 1]
+    # row 1: now = 3:00 (slot 12, no duration); the target is a day later, so no visit shares its weekday
+    assert (clock[1, :4] // 2).tolist() == [21, 22, 23, 0] and (clock[1, :4] % 2).tolist() == [0, 0, 0, 0]
+    without = dataclasses.replace(cfg, unseen_slots=False)  # every unseen visit is then the one place id 1
+    assert visit_relations(locations, slots, times, weekdays, recency, durations, lengths, without)[0][1, :4].tolist() \
+        == [1, 3, 2, 1]
+
+
+def test_visit_relations_start_neutral_and_move_the_pointer(tiny_batch, tiny_config):
+    """The relation biases start at zero (the model's output is that of the plain pointer) and shift attention."""
+    torch.manual_seed(0)
+    plain = build_model(tiny_config).eval()
+    related = build_model(dataclasses.replace(tiny_config, visit_relations=True)).eval()
+    related.load_state_dict(plain.state_dict(), strict=False)
+    assert torch.allclose(plain(*tiny_batch.inputs()).log_probs, related(*tiny_batch.inputs()).log_probs)
+    with torch.no_grad():
+        related.relation_bias[1] = 5.0  # favour visits at the current place
+    a0, a1 = plain(*tiny_batch.inputs()).attention, related(*tiny_batch.inputs()).attention
+    assert not torch.allclose(a0, a1)
