@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -71,7 +72,18 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "w05-do3-prev": ("+ previous location embedding", {**BEST, "previous_location": True}),
     "lr1e3-prev": ("lr 1e-3 + previous location embedding", {**BEST, "lr": 1e-3, "previous_location": True}),
     "lr1e3-l3": ("lr 1e-3 + 3 layers", {**BEST, "lr": 1e-3, "num_layers": 3}),
+    "tuned-rerun": ("the tuned recipe again, on this version of the code", {**BEST, "lr": 1e-3}),
     "lr1e3-rel": ("lr 1e-3 + visit relations in the pointer", {**BEST, "lr": 1e-3, "visit_relations": True}),
+    "lr1e3-rel-in": ("+ the relations as encoder inputs too", {**BEST, "lr": 1e-3, "visit_relations": True,
+                                                            "relation_inputs": True}),
+    "lr1e3-rel2": ("+ second-order transitions (relation_order 2)", {**BEST, "lr": 1e-3, "visit_relations": True,
+                                                                     "relation_order": 2}),
+    "rel-in2": ("rel-in + second-order transitions", {**BEST, "lr": 1e-3, "visit_relations": True,
+                                                      "relation_inputs": True, "relation_order": 2}),
+    "rel-in-prev": ("rel-in + previous location embedding", {**BEST, "lr": 1e-3, "visit_relations": True,
+                                                             "relation_inputs": True, "previous_location": True}),
+    "rel-in-l3": ("rel-in + 3 layers", {**BEST, "lr": 1e-3, "visit_relations": True, "relation_inputs": True,
+                                        "num_layers": 3}),
     "lr1e3-rel-prev": ("+ previous location embedding", {**BEST, "lr": 1e-3, "visit_relations": True,
                                                           "previous_location": True}),
 }
@@ -133,7 +145,8 @@ def main() -> None:
     folder = RECORDS / args.variant
     folder.mkdir(parents=True, exist_ok=True)
     todo = [(n, s) for n in args.only for s in args.seeds if not (folder / f"{n}-s{s}.json").is_file()]
-    with ProcessPoolExecutor(max_workers=args.parallel) as pool:
+    # spawn, not fork: the parent may have run polars (its thread pool does not survive a fork)
+    with ProcessPoolExecutor(max_workers=args.parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = [pool.submit(run_one, n, s, str(data_dir), str(folder / f"{n}-s{s}.json")) for n, s in todo]
         for future in futures:
             row = future.result()

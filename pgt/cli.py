@@ -144,7 +144,8 @@ def synth(
 # TrainConfig fields the command line may set; what is not typed comes from the recipe, then the defaults
 TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhead", "num_layers", "dim_feedforward",
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
-                 "previous_location", "weight_average", "simulate_unseen", "resume", "threads")
+                 "previous_location", "visit_relations", "relation_inputs", "relation_order", "weight_average",
+                 "simulate_unseen", "resume", "threads")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
 
 
@@ -206,6 +207,18 @@ def train(
     previous_location: bool | None = typer.Option(None, "--previous-location/--no-previous-location",
                                                   show_default=default_of(TrainConfig, "previous_location"),
                                                   help="Each visit also embeds the location visited before it."),
+    visit_relations: bool | None = typer.Option(None, "--visit-relations/--no-visit-relations",
+                                                show_default=default_of(TrainConfig, "visit_relations"),
+                                                help="The pointer scores each visit also by learned biases for its "
+                                                     "relation to the last visit: it followed the current place, is "
+                                                     "the current place, starts so many hours after now."),
+    relation_inputs: bool | None = typer.Option(None, "--relation-inputs/--no-relation-inputs",
+                                                show_default=default_of(TrainConfig, "relation_inputs"),
+                                                help="With --visit-relations: the encoder's inputs embed them too."),
+    relation_order: int | None = typer.Option(None, "--relation-order", min=1, max=2,
+                                              show_default=default_of(TrainConfig, "relation_order"),
+                                              help="With --visit-relations: transitions from the current place (1) "
+                                                   "or from the last two places (2)."),
     weight_average: float | None = typer.Option(None, "--weight-average",
                                                 show_default=default_of(TrainConfig, "weight_average"),
                                                 help="Decay of a moving average of the weights, evaluated and kept "

@@ -35,6 +35,8 @@ class ModelConfig:
     previous_location: bool = False  # each visit also embeds the location visited before it (its transition source)
     visit_relations: bool = False  # the pointer adds learned biases for each visit's relation to the last one
     # (pgt.model.visit_relations: it followed the current place, is the current place, starts near now in time of day)
+    relation_inputs: bool = False  # with visit_relations: the encoder's inputs also embed those relations (d each)
+    relation_order: int = 1  # with visit_relations: transitions from the current place (1) or from the last two (2)
     time_slots: int = 96  # time-of-day slot values (the manifest's vocab); tables get one more row for padding
     weekdays: int = 7  # weekday values
     recency_days: int = 8  # recency values: days 0 .. history_days before the target's day
@@ -47,6 +49,13 @@ class ModelConfig:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
         if self.num_locations < 3 or self.num_users < 2:
             raise ValueError(f"vocabularies too small: {self.num_locations} locations, {self.num_users} users")
+        if self.visit_relations and self.variant not in ("pgt", "pointer"):
+            raise ValueError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
+                             f"got {self.variant!r}")
+        if self.relation_order not in (1, 2):
+            raise ValueError(f"relation_order must be 1 or 2, got {self.relation_order!r}")
+        if self.relation_inputs and not self.visit_relations:
+            raise ValueError("relation_inputs embeds the visit relations: it needs visit_relations")
         small = [name for name in ("time_slots", "weekdays", "recency_days", "duration_buckets") if getattr(self, name) < 1]
         if small:
             raise ValueError(f"feature tables need at least one value: {', '.join(small)}")
@@ -115,6 +124,8 @@ class TrainConfig:
     slot_identity: bool = True  # with unseen_slots: same-place unseen visits share a slot embedding (ModelConfig)
     previous_location: bool = False  # each visit also embeds the location visited before it (ModelConfig)
     visit_relations: bool = False  # the pointer also scores each visit's relation to the last one (ModelConfig)
+    relation_inputs: bool = False  # with visit_relations: the encoder's inputs embed those relations too (ModelConfig)
+    relation_order: int = 1  # with visit_relations: transitions from the last 1 or 2 places (ModelConfig)
     new_place_weight: float = 1.0  # with unseen_slots: the loss weight of train samples whose target is a new place
     simulate_unseen: bool = False  # train samples show id 1 as later splits do (data.UnseenSimulation)
     known_fraction_min: float = 0.8  # with simulate_unseen, locations first visited after a fraction f of the
@@ -192,6 +203,7 @@ class TrainConfig:
                            dropout=self.dropout, max_len=self.max_len, variant=self.model,
                            unseen_slots=self.unseen_slots, slot_identity=self.slot_identity,
                            previous_location=self.previous_location, visit_relations=self.visit_relations,
+                           relation_inputs=self.relation_inputs, relation_order=self.relation_order,
                            time_slots=vocab.time_slots,
                            weekdays=vocab.weekdays, recency_days=vocab.recency, duration_buckets=vocab.durations)
 

@@ -135,6 +135,8 @@ class PointerGeneratorTransformer(nn.Module):
         # b[relation to the last visit] and b[hours after now, same weekday as the target] (visit_relations)
         self.relation_bias = nn.Parameter(torch.zeros(RELATIONS)) if cfg.visit_relations else None
         self.clock_bias = nn.Parameter(torch.zeros(CLOCK_BUCKETS)) if cfg.visit_relations else None
+        self.relation_inputs = nn.ModuleList([nn.Embedding(RELATIONS, d), nn.Embedding(CLOCK_BUCKETS, d)]) \
+            if cfg.relation_inputs else None
         self.generator = nn.Linear(d, cfg.num_locations)
         self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 1))
         _xavier(self)
@@ -144,6 +146,10 @@ class PointerGeneratorTransformer(nn.Module):
         lengths, pos_end = positions_from_end(locations)  # (B,), (B, T)
         pad = pos_end == 0  # (B, T) True on padding
         x = self.embed(locations, users, times, weekdays, recency, durations, pos_end, slots)  # (B, T, d)
+        if self.relation_bias is not None:
+            relation, clock = visit_relations(locations, slots, times, weekdays, recency, durations, lengths, self.cfg)
+            if self.relation_inputs is not None:
+                x = x + self.relation_inputs[0](relation) + self.relation_inputs[1](clock)  # (B, T, d)
         h = self.encoder(x + self.pe[:T], src_key_padding_mask=pad)  # (B, T, d)
         c = h[torch.arange(B, device=h.device), lengths - 1]  # (B, d) context at the last valid visit
 
@@ -157,7 +163,6 @@ class PointerGeneratorTransformer(nn.Module):
         scores = torch.einsum("bd,btd->bt", self.query(c), self.key(h)) / math.sqrt(self.cfg.d_model)
         scores = scores + self.position_bias[pos_end]  # (B, T)
         if self.relation_bias is not None:
-            relation, clock = visit_relations(locations, slots, times, weekdays, recency, durations, lengths, self.cfg)
             scores = scores + self.relation_bias[relation] + self.clock_bias[clock]  # (B, T)
         scores = scores.masked_fill(pad, float("-inf"))  # (B, T)
         attention = torch.softmax(scores, dim=-1)  # (B, T)
@@ -207,7 +212,7 @@ class LSTMPointerGenerator(nn.Module):
         return Output(torch.log(probs + EPS), gate, attention)
 
 
-RELATIONS = 4  # visit_relations: (followed a visit to the current place) * 2 + (is the current place)
+RELATIONS = 8  # visit_relations: 4 * (followed the last two places in order) + 2 * (followed the current place) + (is it)
 CLOCK_BUCKETS = 48  # visit_relations: whole hours from now to the visit's start time of day (24) * same weekday (2)
 
 
@@ -215,7 +220,8 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
                     cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Each visit's relation to the last one, as indices of the pointer's learned biases (all (B, T)).
 
-    relation: 2 * [the visit before it was at the current place] + [it is at the current place]; the current
+    relation: 2 * [the visit before it was at the current place] + [it is at the current place], and with
+    cfg.relation_order 2 also 4 * [the two visits before it were at the last two places, in order]; the current
     place is the last visit's (unseen places told apart by their slots with cfg.unseen_slots). These are the history's own transitions
     out of where the user is now. clock: 2 * (whole hours from now to the visit's start, in time of day, 0..23)
     + [the visit's weekday is the target's]; now is the last visit's end (its start slot plus its duration
@@ -228,6 +234,10 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
     here = ids == current  # (B, T)
     after = F.pad(here[:, :-1], (1, 0))  # (B, T) the visit before was at the current place
     relation = 2 * after.long() + here.long()
+    if cfg.relation_order == 2:  # the visits before it were at the second-to-last place, then at the current one
+        before = ids.gather(1, (last - 1).clamp_min(0))  # (B, 1)
+        followed = F.pad((ids == before)[:, :-2], (2, 0)) & after & (last > 0)  # (B, T)
+        relation = relation + 4 * followed.long()
     slot_min, bucket_min = 1440 / cfg.time_slots, 2880 / cfg.duration_buckets
     start = (times - 1).clamp_min(0) * slot_min  # (B, T) minute of day
     now = start.gather(1, last) + (durations.gather(1, last) - 1).clamp_min(0) * bucket_min  # (B, 1) the last visit's end

@@ -93,13 +93,14 @@ def test_slot_options_reach_the_config(synthetic_sequences, tmp_path):
     out = tmp_path / "slots"
     r = run("train", "--data", synthetic_sequences, "--epochs", "1", "--out", out, "--unseen-slots", "--simulate-unseen",
             "--new-place-weight", "0.25", "--no-slot-identity", "--select-on", "strict_acc@1", "--previous-location",
-            "--weight-average", "0.9")
+            "--weight-average", "0.9", "--visit-relations", "--relation-inputs", "--relation-order", "2")
     assert r.returncode == 0, r.stderr
     m = json.loads((out / "metrics.json").read_text())
     config = m["config"]
     assert (config["unseen_slots"], config["slot_identity"], config["new_place_weight"]) == (True, False, 0.25)
     assert (config["previous_location"], config["weight_average"]) == (True, 0.9)
     assert m["model_config"]["previous_location"] is True
+    assert [m["model_config"][k] for k in ("visit_relations", "relation_inputs", "relation_order")] == [True, True, 2]
     assert config["select_on"] == "strict_acc@1" and m["model_config"]["unseen_slots"] is True
     assert "strict" in r.stdout and "new places:" in r.stdout  # the printed tables lead with strict
     r = run("train", "--data", synthetic_sequences, "--epochs", "1", "--out", tmp_path / "x", "--select-on", "f1")

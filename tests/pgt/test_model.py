@@ -194,3 +194,42 @@ def test_visit_relations_start_neutral_and_move_the_pointer(tiny_batch, tiny_con
         related.relation_bias[1] = 5.0  # favour visits at the current place
     a0, a1 = plain(*tiny_batch.inputs()).attention, related(*tiny_batch.inputs()).attention
     assert not torch.allclose(a0, a1)
+
+
+def test_second_order_relations_mark_what_followed_the_last_two_places(tiny_config):
+    from pgt.model import visit_relations
+
+    cfg = dataclasses.replace(tiny_config, visit_relations=True, relation_order=2)
+    locations = torch.tensor([[3, 2, 4, 3, 2, 5, 4, 2, 0]])  # the last two places: 4, then 2
+    ones = torch.ones_like(locations)
+    lengths, _ = positions_from_end(locations)
+    relation, _ = visit_relations(locations, None, ones, ones, ones, ones, lengths, cfg)
+    # 4 and 5 followed the current place 2, but after 3, not after 4: no second-order match
+    assert relation[0, :8].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    locations = torch.tensor([[3, 2, 4, 3, 2, 5, 3, 2]])  # now the last two are 3, 2: visits 2 and 5 followed them
+    lengths, _ = positions_from_end(locations)
+    relation, _ = visit_relations(locations, None, ones[:, :8], ones[:, :8], ones[:, :8], ones[:, :8], lengths, cfg)
+    assert relation[0].tolist() == [0, 1, 6, 0, 1, 6, 0, 1]
+    first = dataclasses.replace(cfg, relation_order=1)
+    assert visit_relations(locations, None, ones[:, :8], ones[:, :8], ones[:, :8], ones[:, :8], lengths, first)[0][0] \
+        .tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+
+
+def test_relation_inputs_reach_the_encoder(tiny_batch, tiny_config):
+    """With relation_inputs the context depends on the relations: the same history under another clock differs."""
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, visit_relations=True, relation_inputs=True)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        model.relation_bias.zero_()
+        model.clock_bias.zero_()
+        base = model(*tiny_batch.inputs()).log_probs
+        # every tiny visit starts at 2:15 (slot 9) and lasts 90 min (bucket 3): now is 3:45, so each visit starts
+        # 22 hours after now, on weekday 1 while the target's is 3: clock 2 * 22 + 0
+        model.relation_inputs[1].weight[44].add_(1.0)
+        moved = model(*tiny_batch.inputs()).log_probs
+    assert not torch.allclose(base, moved)
+    with pytest.raises(ValueError, match="needs visit_relations"):
+        dataclasses.replace(tiny_config, relation_inputs=True)
+    with pytest.raises(ValueError, match="variant 'pgt' or 'pointer'"):
+        dataclasses.replace(tiny_config, variant="lstm-pg", visit_relations=True)
