@@ -70,9 +70,10 @@ RECIPES: dict[str, dict] = {
     "paper": {},
     # ours, chosen on GeoLife's validation split only (benchmarks/recipe_search.py): the extended vocabulary with
     # slot identity, train samples that show unseen places as later splits do, new-place targets at half weight,
-    # more dropout, a higher peak learning rate, and the best epoch by strict validation Acc@1
-    "tuned": {"unseen_slots": True, "simulate_unseen": True, "new_place_weight": 0.5, "dropout": 0.3, "lr": 1e-3,
-              "select_on": "strict_acc@1"},
+    # each visit's relations to the last one in the encoder's inputs and the pointer's scores, more dropout, a
+    # higher peak learning rate, and the best epoch by strict validation Acc@1
+    "tuned": {"unseen_slots": True, "simulate_unseen": True, "new_place_weight": 0.5, "visit_relations": True,
+              "relation_inputs": True, "dropout": 0.4, "lr": 1e-3, "select_on": "strict_acc@1"},
 }
 
 

@@ -39,7 +39,7 @@ def test_untyped_train_options_leave_the_config_defaults():
 
 def test_a_recipe_keeps_what_is_not_typed_and_typed_options_win(monkeypatch):
     tuned = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned"))
-    assert (tuned.dropout, tuned.lr, tuned.select_on) == (0.3, 1e-3, "strict_acc@1")  # RECIPES["tuned"]
+    assert (tuned.dropout, tuned.lr, tuned.select_on) == (0.4, 1e-3, "strict_acc@1")  # RECIPES["tuned"]
     typed = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned", "--dropout", "0.2",
                                "--no-simulate-unseen", "--known-fraction", "0.5", "0.9"))
     assert (typed.dropout, typed.simulate_unseen, typed.lr) == (0.2, False, 1e-3)
