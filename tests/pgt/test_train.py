@@ -33,12 +33,14 @@ def test_a_tiny_set_is_overfit(synthetic_sequences, tmp_path):
     assert (tmp_path / "run" / "metrics.json").is_file() and (tmp_path / "run" / "best.pt").is_file()
 
 
-@pytest.mark.parametrize("simulate_unseen, unseen_slots, weight_average",
-                         [(False, False, 0.0), (True, False, 0.0), (True, True, 0.99)])
-def test_resuming_continues_exactly(synthetic_sequences, tmp_path, simulate_unseen, unseen_slots, weight_average):
+@pytest.mark.parametrize("simulate_unseen, unseen_slots, weight_average, relations",
+                         [(False, False, 0.0, False), (True, False, 0.0, False), (True, True, 0.99, True)])
+def test_resuming_continues_exactly(synthetic_sequences, tmp_path, simulate_unseen, unseen_slots, weight_average,
+                                    relations):
     base = {"data_dir": str(synthetic_sequences), "epochs": 3, "min_epochs": 3, "seed": 5, "keep_checkpoints": 5,
             "simulate_unseen": simulate_unseen, "unseen_slots": unseen_slots, "weight_average": weight_average,
-            "new_place_weight": 0.5 if unseen_slots else 1.0}
+            "new_place_weight": 0.5 if unseen_slots else 1.0, "visit_relations": relations,
+            "relation_inputs": relations}
     full = train_loop_per_worker({**base, "out_dir": str(tmp_path / "full")})
     # a second run that starts from the full run's epoch-2 checkpoint (0-based epoch 1)
     resumed_dir = tmp_path / "resumed" / "checkpoints"
