@@ -12,6 +12,10 @@ each visit's attention on its slot, so two unseen places are told apart; the gen
 the known ids plus id 1, which then means "a new place". The output is then (B, V + S), S the most
 slots of any row in the batch. Without it, the pointer scatters onto the location ids as SPEC §3 says.
 
+Visit relations (`visit_relations`): the pointer adds learned biases for each visit's relation to the last one
+(it followed the current place, it is the current place, its start in hours after now in the day, its weekday is
+the target's); with `relation_inputs` the encoder's inputs embed them too, so the history is read relative to now.
+
 Variants: "pgt" (learned gate), "mhsa" (generation only, g = 0), "pointer" (pointer only, g = 1),
 and "lstm-pg": the original pointer-generator (See et al., 2017) adapted to one prediction step:
 BiLSTM encoder, additive (Bahdanau) attention from the reduced last state, p_gen from context,
