@@ -14,7 +14,13 @@ best epoch follow the recipe's validation score. Test is evaluated once per repo
 A model is trained with the paper's recipe; `MODEL:RECIPE` picks another, e.g. `pgt:tuned`. Writes JSON
 (default benchmarks/results/train.json) and prints a table per variant.
 
+`--gpu` trains the same recipes on the machine's one CUDA GPU (bfloat16 autocast, TrainConfig.amp) from
+sequences preprocessed elsewhere (`--data-dir`, since the raw input need not be there), and writes
+benchmarks/results/train_gpu.json: epoch seconds, samples/s and the metrics beside the CPU rows of
+train.json for the same model and variant.
+
     python benchmarks/train.py [--variants default published] [--models pgt pgt:tuned mhsa ...] [--seeds 0 1 2]
+    python benchmarks/train.py --gpu --variants published --data-dir DIR --models pgt:tuned
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "train.json"
+GPU_RESULTS = ROOT / "benchmarks" / "results" / "train_gpu.json"
 WORK = ROOT / ".state" / "benchmarks"
 VARIANTS = {"default": None, "published": ROOT / "benchmarks" / "configs" / "published.yaml"}
 METRICS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
@@ -69,8 +76,8 @@ def sequences(input_path: Path, config_path: Path | None) -> Path:
     return out
 
 
-def forward_speed(run_dir: Path, data_dir: Path) -> float:
-    """Test samples per second of the best model's forward pass (evaluation)."""
+def forward_speed(run_dir: Path, data_dir: Path, device: str = "cpu") -> float:
+    """Test samples per second of the best model's forward pass (evaluation) on `device`."""
     import torch
 
     from pgt.data import SequenceDataset
@@ -78,11 +85,16 @@ def forward_speed(run_dir: Path, data_dir: Path) -> float:
     from pgt.train import model_scores, predict
 
     model, cfg = load_checkpoint(run_dir / "best.pt")
+    model.to(device)
     test = SequenceDataset.from_parquet(data_dir / "test.parquet", cfg.max_len)
     score = model_scores(model)
-    predict(score, test, 1024, torch.device("cpu"))  # warm-up
+    predict(score, test, 1024, torch.device(device))  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
     began = time.perf_counter()
-    predict(score, test, 1024, torch.device("cpu"))
+    predict(score, test, 1024, torch.device(device))
+    if device == "cuda":
+        torch.cuda.synchronize()
     return len(test) / (time.perf_counter() - began)
 
 
@@ -90,10 +102,13 @@ def label(model: str, recipe: str) -> str:
     return model if recipe == "paper" else f"{model} ({recipe})"
 
 
-def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | None) -> dict:
+def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | None, device: str = "cpu") -> dict:
+    """One run, in this process: on the CPU, or on the one CUDA GPU where `device` is "cuda"
+    (train_loop_per_worker takes the GPU wherever torch sees one)."""
     from pgt.train import BASELINES, TrainConfig, evaluate_baseline, train_loop_per_worker
 
-    out = WORK / "train" / data_dir.name / (model if recipe == "paper" else f"{model}-{recipe}") / f"seed{seed}"
+    out = (WORK / ("train" if device == "cpu" else f"train-{device}") / data_dir.name
+           / (model if recipe == "paper" else f"{model}-{recipe}") / f"seed{seed}")
     fields = {"data_dir": str(data_dir), "out_dir": str(out), "model": model, "seed": seed, "resume": False}
     cfg = TrainConfig.from_recipe(recipe, **fields, **({"epochs": epochs} if epochs else {})).to_dict()
     began = time.perf_counter()
@@ -106,7 +121,8 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
         speeds = [h["samples_per_second"] for h in result["history"]]
         row["train_samples_per_second_median"] = round(float(np.median(speeds)), 1)
         row["train_samples_per_second_epochs"] = [round(s, 1) for s in speeds]
-        row["test_forward_samples_per_second"] = round(forward_speed(out, data_dir), 1)
+        row["epoch_seconds_median"] = round(float(np.median([h["seconds"] for h in result["history"]])), 3)
+        row["test_forward_samples_per_second"] = round(forward_speed(out, data_dir, device), 1)
     return row
 
 
@@ -125,10 +141,10 @@ def summarise(rows: list[dict]) -> dict:
         summary["new_place"] = {name: mean_std([r["test"]["new_place"][name] for r in runs]) for name in NEW_PLACE}
         summary["validation"] = {"acc@1": mean_std([r["validation"]["acc@1"] for r in runs]),
                                  "strict_acc@1": mean_std([r["validation"]["strict"]["acc@1"] for r in runs])}
-        for name in ("train_samples_per_second_median", "test_forward_samples_per_second", "epochs_run", "best_epoch",
-                     "parameters"):
+        for name in ("train_samples_per_second_median", "epoch_seconds_median", "test_forward_samples_per_second",
+                     "epochs_run", "best_epoch", "parameters"):
             if name in runs[0]:
-                summary[name] = round(float(np.mean([r[name] for r in runs])), 1)
+                summary[name] = round(float(np.mean([r[name] for r in runs])), 3 if name == "epoch_seconds_median" else 1)
         out[model] = summary
     return out
 
@@ -154,14 +170,28 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--keep-others", action="store_true",
                         help="keep the rows of models and variants not run now from the results file (same machine)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="train on the one CUDA GPU with mixed precision; writes benchmarks/results/train_gpu.json "
+                             "(unless --results) beside train.json's CPU rows")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="sequences already preprocessed for the one variant in --variants (skips preprocessing)")
     args = parser.parse_args()
-    if not args.input.exists():
+    if args.data_dir is not None:
+        if len(args.variants) != 1:
+            raise SystemExit("error: --data-dir holds one variant's sequences: name that one in --variants")
+        if not (args.data_dir / "manifest.json").is_file():
+            raise SystemExit(f"error: {args.data_dir / 'manifest.json'}: no such file; expected the output of "
+                             "`pgt preprocess` (train/validation/test.parquet and manifest.json)")
+    if args.data_dir is None and not args.input.exists():
         raise SystemExit(f"error: {args.input}: no such file (the full GeoLife Parquet lives in ../shared/data)")
+    if args.gpu:
+        gpu_main(args)
+        return
 
     previous = json.loads(args.results.read_text()) if args.keep_others and args.results.is_file() else {}
     variants = dict(previous.get("variants", {})) if "variants" in previous else {}
     for variant in args.variants:
-        data_dir = sequences(args.input, VARIANTS[variant])
+        data_dir = args.data_dir or sequences(args.input, VARIANTS[variant])
         rows = []
         for name in args.models:
             model, _, recipe = name.partition(":")
@@ -187,7 +217,7 @@ def main() -> None:
         "benchmark": "train",
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
-        "gpu": None,  # no GPU was lent to the session that ran this (see README)
+        "gpu": "benchmarks/results/train_gpu.json (the same recipes on one GPU, where a session had one)",
         "selection": SELECTION,
         "published": PUBLISHED,
         "reference_run": REFERENCE_RUN,
@@ -199,6 +229,109 @@ def main() -> None:
     for variant in variants:
         print_table(result, variant)
     print(f"wrote {args.results}")
+
+
+def gpu_machine() -> dict:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return machine() | {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                        "torch": torch.__version__, "cuda": torch.version.cuda,
+                        "autocast_dtype": "bfloat16" if torch.cuda.is_bf16_supported() else "float16"}
+
+
+CPU_BESIDE = ("train_samples_per_second_median", "test_forward_samples_per_second", "epochs_run", "best_epoch")
+
+
+def cpu_beside(summary: dict, cpu_results: Path, variant: str) -> dict:
+    """train.json's CPU figures for the models run on the GPU (epoch seconds from the per-epoch samples/s,
+    every epoch seeing the whole train split)."""
+    if not cpu_results.is_file():
+        return {}
+    cpu = json.loads(cpu_results.read_text())
+    v = cpu.get("variants", {}).get(variant)
+    if v is None:
+        return {}
+    train_samples = v["data"]["counts"]["samples"]["train"]
+    out = {}
+    for model in summary:
+        if model not in v["summary"]:
+            continue
+        s, runs = v["summary"][model], [r for r in v["runs"] if r["model"] == model]
+        seconds = [train_samples / sps for r in runs for sps in r.get("train_samples_per_second_epochs", [])]
+        out[model] = {"machine": cpu["machine"], "when": cpu["when"], "runs": s["runs"],
+                      "strict_acc@1": s["strict"]["acc@1"], "acc@1": s["acc@1"], "mrr": s["mrr"],
+                      "validation_strict_acc@1": s["validation"]["strict_acc@1"],
+                      "epoch_seconds_median": round(float(np.median(seconds)), 3) if seconds else None,
+                      **{name: s[name] for name in CPU_BESIDE if name in s}}
+    return out
+
+
+def gpu_main(args: argparse.Namespace) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("error: --gpu: torch sees no CUDA device on this machine")
+    variant = args.variants[0]
+    data_dir = args.data_dir or sequences(args.input, VARIANTS[variant])
+    rows = []
+    for name in args.models:
+        model, _, recipe = name.partition(":")
+        if model in ("markov", "most-frequent"):
+            raise SystemExit(f"error: --gpu: {model} is a count-based baseline; it has nothing to train on a GPU")
+        for seed in args.seeds:
+            rows.append(run_one(model, recipe or "paper", seed, data_dir, args.epochs, device="cuda"))
+            t = rows[-1]["test"]
+            print(f"gpu {variant} {name} seed {seed}: test strict acc@1 {t['strict']['acc@1']:.2f}, "
+                  f"acc@1 {t['acc@1']:.2f}, epoch {rows[-1]['epoch_seconds_median']:.2f} s "
+                  f"({rows[-1]['wall_s']} s)", file=sys.stderr)
+    summary = summarise(rows)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    result = {
+        "benchmark": "train-gpu",
+        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": gpu_machine(),
+        "selection": SELECTION + " The recipes are the CPU's, unchanged (batch size, epochs, early stopping).",
+        "variant": variant,
+        "data": {"config": manifest["config"], "counts": manifest["counts"], "vocab": manifest["vocab"]},
+        "summary": summary,
+        "cpu": cpu_beside(summary, DEFAULT_RESULTS, variant),
+        "runs": rows,
+    }
+    results = args.results if args.results != DEFAULT_RESULTS else GPU_RESULTS
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(result, indent=2) + "\n")
+    print_gpu_table(result)
+    print(f"wrote {results}")
+
+
+def print_gpu_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m = result["machine"]
+    table = Table(title=f"GeoLife ({result['variant']}) on one GPU ({m['gpu']}, {m['autocast_dtype']} autocast) "
+                        f"beside 2 CPU cores: test metrics mean ± std over seeds")
+    for col in ("model", "device", "runs", "epoch s (median)", "train samples/s", "test forward samples/s", "epochs",
+                "validation strict acc@1", "strict acc@1", "acc@1", "mrr"):
+        table.add_column(col, justify="left" if col in ("model", "device") else "right")
+
+    def pm(x: dict) -> str:
+        return f"{x['mean']:.2f} ± {x['std']:.2f}"
+
+    for model, s in result["summary"].items():
+        table.add_row(model, f"GPU ({m['gpu']})", str(s["runs"]), f"{s['epoch_seconds_median']:.2f}",
+                      f"{s['train_samples_per_second_median']:,.0f}", f"{s['test_forward_samples_per_second']:,.0f}",
+                      f"{s['epochs_run']:.0f}", pm(s["validation"]["strict_acc@1"]), pm(s["strict"]["acc@1"]),
+                      pm(s["acc@1"]), pm(s["mrr"]))
+        c = result["cpu"].get(model)
+        if c:
+            table.add_row(f"[dim]{model}", f"[dim]CPU ({c['machine']['cores']} cores)", f"[dim]{c['runs']}",
+                          f"[dim]{c['epoch_seconds_median']:.2f}", f"[dim]{c['train_samples_per_second_median']:,.0f}",
+                          f"[dim]{c['test_forward_samples_per_second']:,.0f}", f"[dim]{c['epochs_run']:.0f}",
+                          f"[dim]{pm(c['validation_strict_acc@1'])}", f"[dim]{pm(c['strict_acc@1'])}",
+                          f"[dim]{pm(c['acc@1'])}", f"[dim]{pm(c['mrr'])}")
+    Console(width=220).print(table)
 
 
 def print_table(result: dict, variant: str) -> None:

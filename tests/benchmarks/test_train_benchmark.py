@@ -1,0 +1,68 @@
+"""benchmarks/train.py's GPU mode: its input checks, and the CPU figures it sets beside the GPU's."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("train_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+
+
+def test_data_dir_without_a_manifest_is_refused_in_one_line(tmp_path):
+    done = run("--gpu", "--variants", "published", "--data-dir", str(tmp_path))
+    assert done.returncode != 0
+    assert done.stderr.strip() == (f"error: {tmp_path / 'manifest.json'}: no such file; expected the output of "
+                                   "`pgt preprocess` (train/validation/test.parquet and manifest.json)")
+
+
+def test_data_dir_needs_exactly_one_variant(tmp_path):
+    done = run("--variants", "default", "published", "--data-dir", str(tmp_path))
+    assert done.returncode != 0
+    assert "name that one in --variants" in done.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_gpu_mode_without_cuda_says_so(tmp_path):
+    (tmp_path / "manifest.json").write_text("{}")
+    done = run("--gpu", "--variants", "published", "--data-dir", str(tmp_path))
+    assert done.returncode != 0
+    assert done.stderr.strip() == "error: --gpu: torch sees no CUDA device on this machine"
+
+
+def test_cpu_figures_beside_the_gpu_rows(tmp_path):
+    """Epoch seconds come from the per-epoch samples/s (every epoch sees the whole train split): with 1,000
+    train samples and epochs at 500, 400 and 250 samples/s, the epochs took 2.0, 2.5 and 4.0 s, median 2.5."""
+    module = load_script()
+    stat = {"mean": 40.0, "std": 1.0}
+    summary = {"pgt (tuned)": {"runs": 1, "strict": {"acc@1": stat}, "acc@1": stat, "mrr": stat,
+                               "validation": {"strict_acc@1": stat}, "train_samples_per_second_median": 400.0,
+                               "test_forward_samples_per_second": 9000.0, "epochs_run": 3.0, "best_epoch": 1.0}}
+    cpu = {"machine": {"cores": 2}, "when": "then",
+           "variants": {"published": {"data": {"counts": {"samples": {"train": 1000}}}, "summary": summary,
+                                      "runs": [{"model": "pgt (tuned)",
+                                                "train_samples_per_second_epochs": [500.0, 400.0, 250.0]}]}}}
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps(cpu))
+    beside = module.cpu_beside({"pgt (tuned)": {}, "pgt": {}}, path, "published")
+    assert list(beside) == ["pgt (tuned)"]  # a model the CPU file lacks gets no row
+    assert beside["pgt (tuned)"]["epoch_seconds_median"] == 2.5
+    assert beside["pgt (tuned)"]["train_samples_per_second_median"] == 400.0
+    assert module.cpu_beside(summary, path, "default") == {}
+    assert module.cpu_beside(summary, tmp_path / "absent.json", "published") == {}
