@@ -226,13 +226,13 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
 
     relation: 2 * [the visit before it was at the current place] + [it is at the current place], and with
     cfg.relation_order 2 also 4 * [the two visits before it were at the last two places, in order]; the current
-    place is the last visit's (unseen places told apart by their slots with cfg.unseen_slots). These are the history's own transitions
-    out of where the user is now. clock: 2 * (whole hours from now to the visit's start, in time of day, 0..23)
+    place is the last visit's (unseen places told apart by their slots, visit_ids, with cfg.unseen_slots). These
+    are the history's own transitions out of where the user is now. clock: 2 * (whole hours from now to the visit's start, in time of day, 0..23)
     + [the visit's weekday is the target's]; now is the last visit's end (its start slot plus its duration
     bucket; a slot is 1440 / cfg.time_slots minutes, a bucket 2880 / cfg.duration_buckets, as the protocol's 15 and
     30), and the target's weekday is the last visit's plus its recency (days before the target's day)."""
     B, T = locations.shape
-    ids = torch.where(slots > 0, -slots, locations) if cfg.unseen_slots and slots is not None else locations  # (B, T)
+    ids = visit_ids(locations, slots if cfg.unseen_slots else None, cfg.num_locations)  # (B, T)
     last = (lengths - 1).clamp_min(0).unsqueeze(1)  # (B, 1)
     current = ids.gather(1, last)  # (B, 1)
     here = ids == current  # (B, T)
@@ -251,12 +251,20 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
     return relation, 2 * hours + same_day.long()
 
 
+def visit_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations: int) -> torch.Tensor:
+    """(B, T) each visit's column in the extended vocabulary: a slot k is column V + k - 1, every other visit
+    keeps its location id (all of them without slots)."""
+    if slots is None or not slots.numel():
+        return locations
+    return torch.where(slots > 0, num_locations - 1 + slots, locations)
+
+
 def extended_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations: int) -> tuple[torch.Tensor, int]:
-    """((B, T) each visit's column in the extended vocabulary, its width V + S): a slot k is column V + k - 1,
-    every other visit keeps its location id; S is the batch's most slots (0 without slots)."""
+    """((B, T) each visit's column in the extended vocabulary (visit_ids), its width V + S): S is the batch's most
+    slots (0 without slots)."""
     if slots is None or not slots.numel():
         return locations, num_locations
-    return torch.where(slots > 0, num_locations - 1 + slots, locations), num_locations + int(slots.max())
+    return visit_ids(locations, slots, num_locations), num_locations + int(slots.max())
 
 
 def pointer_distribution(attention: torch.Tensor, locations: torch.Tensor, slots: torch.Tensor | None,
