@@ -43,6 +43,10 @@ SIM = {"simulate_unseen": True}
 SLOTS = {**SIM, "unseen_slots": True, "select_on": "strict_acc@1"}
 W05 = {**SLOTS, "new_place_weight": 0.5}
 BEST = {**W05, "dropout": 0.3}
+TUNED = {**BEST, "lr": 1e-3}  # the tuned recipe before the visit relations
+REL = {**TUNED, "visit_relations": True}
+REL_IN = {**REL, "relation_inputs": True}
+REL_IN2 = {**REL_IN, "relation_order": 2}
 # name -> (what changes, settings over the paper recipe); one change at a time where the table reads down
 CONFIGS: dict[str, tuple[str, dict]] = {
     "paper": ("the paper's recipe (SPEC §3.8)", {}),
@@ -73,33 +77,20 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "w05-do3-prev": ("+ previous location embedding", {**BEST, "previous_location": True}),
     "lr1e3-prev": ("lr 1e-3 + previous location embedding", {**BEST, "lr": 1e-3, "previous_location": True}),
     "lr1e3-l3": ("lr 1e-3 + 3 layers", {**BEST, "lr": 1e-3, "num_layers": 3}),
-    "tuned-rerun": ("the tuned recipe again, on this version of the code", {**BEST, "lr": 1e-3}),
-    "lr1e3-rel": ("lr 1e-3 + visit relations in the pointer", {**BEST, "lr": 1e-3, "visit_relations": True}),
-    "lr1e3-rel-in": ("+ the relations as encoder inputs too", {**BEST, "lr": 1e-3, "visit_relations": True,
-                                                            "relation_inputs": True}),
-    "lr1e3-rel2": ("+ second-order transitions (relation_order 2)", {**BEST, "lr": 1e-3, "visit_relations": True,
-                                                                     "relation_order": 2}),
-    "rel-in2": ("rel-in + second-order transitions", {**BEST, "lr": 1e-3, "visit_relations": True,
-                                                      "relation_inputs": True, "relation_order": 2}),
-    "rel-in-prev": ("rel-in + previous location embedding", {**BEST, "lr": 1e-3, "visit_relations": True,
-                                                             "relation_inputs": True, "previous_location": True}),
-    "rel-in-l3": ("rel-in + 3 layers", {**BEST, "lr": 1e-3, "visit_relations": True, "relation_inputs": True,
-                                        "num_layers": 3}),
-    "rel-in-do2": ("rel-in + dropout 0.2", {**BEST, "lr": 1e-3, "visit_relations": True, "relation_inputs": True,
-                                            "dropout": 0.2}),
-    "rel-in-do4": ("rel-in + dropout 0.4", {**BEST, "lr": 1e-3, "visit_relations": True, "relation_inputs": True,
-                                            "dropout": 0.4}),
-    "rel-in-d96": ("rel-in + d_model 96", {**BEST, "lr": 1e-3, "visit_relations": True, "relation_inputs": True,
-                                           "d_model": 96, "dim_feedforward": 192}),
-    "rel-in2-l3": ("rel-in2 + 3 layers", {**BEST, "lr": 1e-3, "visit_relations": True, "relation_inputs": True,
-                                          "relation_order": 2, "num_layers": 3}),
-    "rel-in2-do4": ("rel-in2 + dropout 0.4", {**BEST, "lr": 1e-3, "visit_relations": True, "relation_inputs": True,
-                                              "relation_order": 2, "dropout": 0.4}),
-    "rel-in2-do4-l3": ("rel-in2 + dropout 0.4 + 3 layers", {**BEST, "lr": 1e-3, "visit_relations": True,
-                                                            "relation_inputs": True, "relation_order": 2,
-                                                            "dropout": 0.4, "num_layers": 3}),
-    "lr1e3-rel-prev": ("+ previous location embedding", {**BEST, "lr": 1e-3, "visit_relations": True,
-                                                          "previous_location": True}),
+    "tuned-rerun": ("the tuned recipe again, on this version of the code", TUNED),
+    "lr1e3-rel": ("lr 1e-3 + visit relations in the pointer", REL),
+    "lr1e3-rel-in": ("+ the relations as encoder inputs too", REL_IN),
+    "lr1e3-rel2": ("+ second-order transitions (relation_order 2)", {**REL, "relation_order": 2}),
+    "rel-in2": ("rel-in + second-order transitions", REL_IN2),
+    "rel-in-prev": ("rel-in + previous location embedding", {**REL_IN, "previous_location": True}),
+    "rel-in-l3": ("rel-in + 3 layers", {**REL_IN, "num_layers": 3}),
+    "rel-in-do2": ("rel-in + dropout 0.2", {**REL_IN, "dropout": 0.2}),
+    "rel-in-do4": ("rel-in + dropout 0.4", {**REL_IN, "dropout": 0.4}),
+    "rel-in-d96": ("rel-in + d_model 96", {**REL_IN, "d_model": 96, "dim_feedforward": 192}),
+    "rel-in2-l3": ("rel-in2 + 3 layers", {**REL_IN2, "num_layers": 3}),
+    "rel-in2-do4": ("rel-in2 + dropout 0.4", {**REL_IN2, "dropout": 0.4}),
+    "rel-in2-do4-l3": ("rel-in2 + dropout 0.4 + 3 layers", {**REL_IN2, "dropout": 0.4, "num_layers": 3}),
+    "lr1e3-rel-prev": ("+ previous location embedding", {**REL, "previous_location": True}),
 }
 
 
