@@ -126,6 +126,25 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
     return row
 
 
+def run_models(models: list[str], seeds: list[int], data_dir: Path, epochs: int | None, tag: str,
+               device: str = "cpu") -> list[dict]:
+    """Every `MODEL[:RECIPE]` with every seed (a count-based baseline once: it is deterministic), a line each
+    on stderr; the runs' rows."""
+    from pgt.config import BASELINES
+
+    rows = []
+    for name in models:
+        model, _, recipe = name.partition(":")
+        for seed in (seeds if model not in BASELINES else seeds[:1]):
+            row = run_one(model, recipe or "paper", seed, data_dir, epochs, device)
+            rows.append(row)
+            t = row["test"]
+            epoch = f", epoch {row['epoch_seconds_median']:.2f} s" if "epoch_seconds_median" in row else ""
+            print(f"{tag} {name} seed {seed}: test strict acc@1 {t['strict']['acc@1']:.2f}, acc@1 {t['acc@1']:.2f}, "
+                  f"mrr {t['mrr']:.2f}{epoch} ({row['wall_s']} s)", file=sys.stderr)
+    return rows
+
+
 def mean_std(values: list[float]) -> dict:
     values = np.asarray(values, dtype=float)
     return {"mean": round(float(values.mean()), 2), "std": round(float(values.std(ddof=1)) if len(values) > 1 else 0.0, 2)}
@@ -192,14 +211,7 @@ def main() -> None:
     variants = dict(previous.get("variants", {})) if "variants" in previous else {}
     for variant in args.variants:
         data_dir = args.data_dir or sequences(args.input, VARIANTS[variant])
-        rows = []
-        for name in args.models:
-            model, _, recipe = name.partition(":")
-            for seed in (args.seeds if model not in ("markov", "most-frequent") else args.seeds[:1]):
-                rows.append(run_one(model, recipe or "paper", seed, data_dir, args.epochs))
-                t = rows[-1]["test"]
-                print(f"{variant} {name} seed {seed}: test strict acc@1 {t['strict']['acc@1']:.2f}, acc@1 {t['acc@1']:.2f}, "
-                      f"mrr {t['mrr']:.2f} ({rows[-1]['wall_s']} s)", file=sys.stderr)
+        rows = run_models(args.models, args.seeds, data_dir, args.epochs, variant)
         if variant in variants:
             ran = {r["model"] for r in rows}
             rows = [r for r in variants[variant]["runs"] if r["model"] not in ran] + rows
@@ -272,19 +284,14 @@ def gpu_main(args: argparse.Namespace) -> None:
 
     if not torch.cuda.is_available():
         raise SystemExit("error: --gpu: torch sees no CUDA device on this machine")
+    from pgt.config import BASELINES
+
+    baselines = [name for name in args.models if name.partition(":")[0] in BASELINES]
+    if baselines:
+        raise SystemExit(f"error: --gpu: {baselines[0]} is a count-based baseline; it has nothing to train on a GPU")
     variant = args.variants[0]
     data_dir = args.data_dir or sequences(args.input, VARIANTS[variant])
-    rows = []
-    for name in args.models:
-        model, _, recipe = name.partition(":")
-        if model in ("markov", "most-frequent"):
-            raise SystemExit(f"error: --gpu: {model} is a count-based baseline; it has nothing to train on a GPU")
-        for seed in args.seeds:
-            rows.append(run_one(model, recipe or "paper", seed, data_dir, args.epochs, device="cuda"))
-            t = rows[-1]["test"]
-            print(f"gpu {variant} {name} seed {seed}: test strict acc@1 {t['strict']['acc@1']:.2f}, "
-                  f"acc@1 {t['acc@1']:.2f}, epoch {rows[-1]['epoch_seconds_median']:.2f} s "
-                  f"({rows[-1]['wall_s']} s)", file=sys.stderr)
+    rows = run_models(args.models, args.seeds, data_dir, args.epochs, f"gpu {variant}", device="cuda")
     summary = summarise(rows)
     manifest = json.loads((data_dir / "manifest.json").read_text())
     result = {
