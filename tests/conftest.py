@@ -113,6 +113,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def descendant_processes(pid: int) -> dict[int, str]:
+    """{pid: command line} of every process below `pid` in the process tree (children, their children, ...):
+    what a test started, and nothing of another run on the machine."""
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+    children: dict[int, list[tuple[int, str]]] = {}
+    for line in ps.splitlines():
+        fields = line.split(None, 2)
+        if len(fields) >= 2:
+            children.setdefault(int(fields[1]), []).append((int(fields[0]), fields[2] if len(fields) == 3 else ""))
+    found, todo = {}, [pid]
+    while todo:
+        for child, args in children.get(todo.pop(), []):
+            found[child] = args
+            todo.append(child)
+    return found
+
+
 def _die_with_parent() -> None:
     """preexec_fn: the child gets SIGTERM when the test process dies, even by SIGKILL (Linux PR_SET_PDEATHSIG)."""
     import ctypes

@@ -137,7 +137,8 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
                                                 trial_dirname_creator=trial_dirname),
                     run_config=tune.RunConfig(name=EXPERIMENT_NAME, storage_path=str(out / "ray"), verbose=1,
                                               failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-                                              checkpoint_config=tune.CheckpointConfig(num_to_keep=1)),
+                                              checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                                              callbacks=[make_trial_events(out)]),
                 )
             grid = tuner.fit()
             nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
@@ -158,6 +159,51 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
             from pgt.tracking import end_run
 
             end_run(tracking, status)
+
+
+TRIAL_EVENTS = "tune_events.jsonl"  # trials/<id>/: what the sweep's driver recorded of the trial (TrialEvents)
+
+
+def make_trial_events(out: Path):
+    """A Tune callback (built here so that ray is imported late) that appends to trials/<id>/tune_events.jsonl,
+    in the driver, once Tune itself has acted: `checkpoint` after Tune registered a reported checkpoint (the one a
+    restart restores), `restarted` when a failed trial is scheduled again (with the epoch it will resume after),
+    `failed` when it errors for good. One JSON object per line: event, time, epoch (0-based, or null),
+    training_iteration."""
+    from ray.tune import Callback
+
+    class TrialEvents(Callback):
+        def on_trial_save(self, iteration, trials, trial, **info):
+            _append_event(out, trial, "checkpoint")
+
+        def on_trial_recover(self, iteration, trials, trial, **info):
+            _append_event(out, trial, "restarted")
+
+        def on_trial_error(self, iteration, trials, trial, **info):
+            _append_event(out, trial, "failed")
+
+    return TrialEvents()
+
+
+def _append_event(out: Path, trial, event: str) -> None:
+    registered = trial.latest_checkpoint_result  # what Tune restores the trial from
+    metrics = registered.metrics if registered is not None else {}
+    record = {"event": event, "time": time.time(), "epoch": metrics.get("epoch"),
+              "training_iteration": metrics.get("training_iteration")}
+    folder = out / "trials" / trial.trial_id
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / TRIAL_EVENTS, "a") as fh:  # the driver is its one writer; one whole line per event
+        fh.write(json.dumps(record) + "\n")
+        fh.flush()
+
+
+def read_trial_events(trial_dir: Path) -> list[dict]:
+    """The events the driver recorded of a trial (make_trial_events), oldest first; [] when none."""
+    path = Path(trial_dir) / TRIAL_EVENTS
+    if not path.is_file():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]  # a line being written is left out
 
 
 class SweepInterrupted(RuntimeError):
@@ -210,6 +256,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "node_id": node.get("node_id"), "node_address": nodes.get(node.get("node_id", ""), None),
             "started_at": node.get("started_at"), "last_report_at": metrics.get("timestamp"),
             "mlflow_run_id": _trial_run_id(trial_dir),
+            "restarts": sum(e["event"] == "restarted" for e in read_trial_events(trial_dir)),
         }
         if done:
             row["train_loss_last"] = done["history"][-1]["train_loss"] if done["history"] else None

@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import ray_cluster
+from tune.sweep import read_trial_events
 
 pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
 PGT = [sys.executable, "-m", "pgt.cli"]
@@ -86,21 +88,31 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_se
         assert (out / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
 
 
+def _registered_epochs(trial_dir: Path) -> list[int]:
+    """The 0-based epochs whose checkpoints Tune's driver has registered, in order (its own record of them)."""
+    return [e["epoch"] for e in read_trial_events(trial_dir) if e["event"] == "checkpoint"]
+
+
 def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, tmp_path):
-    """SIGKILL the trial's process after its third epoch is registered: Tune's FailureConfig restarts the trial,
-    which resumes from the checkpoint it reported, and finishes every epoch."""
+    """SIGKILL the trial's process once Tune has registered the checkpoint of its third epoch: Tune's FailureConfig
+    restarts the trial from the last checkpoint it registered, the trial loses at most the one epoch it was
+    training, and it finishes every epoch."""
     out, epochs = tmp_path / "sweep", 6
     proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "1",
                              "--epochs", str(epochs), "--grace-period", str(epochs), "--search", "random"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
-        # Tune keeps one checkpoint: checkpoint_00000k is the report of epoch k (0-based); wait for the third
-        while not [p for p in (out / "ray").glob("sweep/*/checkpoint_*") if p.name[11:].isdigit() and int(p.name[11:]) >= 2]:
+        # trigger on what Tune has committed (its driver's record, written after it registered the checkpoint),
+        # never on a checkpoint folder's appearance: a folder exists before its report is registered
+        trial_dir = _only_trial(out)
+        while max(_registered_epochs(trial_dir), default=-1) < 2:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no third checkpoint within 300 s"
+            assert time.monotonic() < deadline, "Tune registered no checkpoint of the third epoch within 300 s"
             time.sleep(0.2)
-        node = json.loads(next((out / "trials").glob("*/node.json")).read_text())
+            trial_dir = _only_trial(out)
+        node = json.loads((trial_dir / "node.json").read_text())
+        registered_at_kill = _registered_epochs(trial_dir)[-1]
         os.kill(node["pid"], signal.SIGKILL)
         output, _ = proc.communicate(timeout=400)
     finally:
@@ -108,12 +120,24 @@ def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, t
             proc.kill()
     assert proc.returncode == 0, output[-3000:]
     result = json.loads((out / "tune.json").read_text())
-    assert [row["status"] for row in result["trials"]] == ["finished"]
-    trial = next((out / "trials").iterdir())
-    m = json.loads((trial / "metrics.json").read_text())
+    assert [(row["status"], row["restarts"]) for row in result["trials"]] == [("finished", 1)]
+    events = read_trial_events(trial_dir)
+    restarts = [e for e in events if e["event"] == "restarted"]
+    assert len(restarts) == 1 and not any(e["event"] == "failed" for e in events)
+    restored = restarts[0]["epoch"]  # the checkpoint Tune registered last before the restart: what it restores
+    # the trial blocks in its report until the driver has taken it, so it ran at most one epoch past that
+    assert registered_at_kill <= restored <= registered_at_kill + 1
+    m = json.loads((trial_dir / "metrics.json").read_text())
+    assert m["resumed_at_epochs"] == [restored + 2]  # 1-based: the epoch right after the restored one
     assert m["epochs_run"] == epochs and [row["epoch"] for row in m["history"]] == list(range(epochs))
-    assert len(m["resumed_at_epochs"]) == 1 and 4 <= m["resumed_at_epochs"][0] <= epochs
-    assert json.loads((trial / "node.json").read_text())["pid"] != node["pid"]  # a new process took over
+    assert json.loads((trial_dir / "node.json").read_text())["pid"] != node["pid"]  # a new process took over
+    assert _registered_epochs(trial_dir)[-1] == epochs - 1  # and Tune registered every later epoch
+
+
+def _only_trial(out: Path) -> Path:
+    """The one trial's folder under out/trials (out/trials/none until it exists)."""
+    found = sorted((out / "trials").glob("*/node.json"))
+    return found[0].parent if found else out / "trials" / "none"
 
 
 @pytest.fixture
