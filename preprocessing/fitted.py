@@ -28,6 +28,7 @@ import polars as pl
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import InputError
 from preprocessing.locations import merge_staypoints, summarise_locations
+from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
 from preprocessing.output import read_manifest
 from preprocessing.sequences import UNSEEN, add_time_features, find_samples, history_lists, sample_table
 from preprocessing.staypoints import EARTH_RADIUS_M
@@ -49,7 +50,7 @@ class FittedPreprocessing:
     users: pl.DataFrame  # user (1..), source_user_id
     source: str  # where it came from: a folder or a model URI
     input_sha256: str = ""  # the fitted run's input
-    _tree: object = field(default=None, repr=False)  # BallTree over `clustered`, built on first use
+    _tree: object = field(default=None, repr=False)  # SphereTree over `clustered`, built on first use
 
     @classmethod
     def from_tables(cls, manifest: dict, places: pl.DataFrame, clustered: pl.DataFrame, users: pl.DataFrame,
@@ -96,17 +97,12 @@ class FittedPreprocessing:
         axes = ("latitude", "longitude") if self.config.location_axis_order == "lat_lon" else ("longitude", "latitude")
         return np.radians(np.column_stack([frame[a].to_numpy().astype(np.float64) for a in axes])).reshape(-1, 2)
 
-    def fitted_neighbours(self, coords: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Pairs (i, row of `clustered`, distance in radians) for every fitted staypoint within epsilon of
-        coords[i] (radians, in the DBSCAN axis order)."""
-        from sklearn.neighbors import BallTree
-
-        if self.clustered.height == 0 or len(coords) == 0:
-            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+    @property
+    def tree(self) -> SphereTree:
+        """Radius queries over `clustered` (radians, in the DBSCAN axis order), built on first use."""
         if self._tree is None:
-            self._tree = BallTree(self._coordinates(self.clustered), metric="haversine")
-        return _pairs(self._tree.query_radius(coords, r=self.config.location_epsilon_m / EARTH_RADIUS_M,
-                                              return_distance=True))
+            self._tree = SphereTree(self._coordinates(self.clustered))
+        return self._tree
 
     @property
     def first_new_place(self) -> int:
@@ -114,16 +110,12 @@ class FittedPreprocessing:
         return int(self.places["location_id"].max()) + 1 if self.places.height else 0
 
 
-def _pairs(found: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """query_radius's per-point arrays as flat (query, neighbour, distance) pairs."""
-    index, distance = found
-    counts = np.fromiter((len(a) for a in index), np.int64, len(index))
-    if counts.sum() == 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-    return np.repeat(np.arange(len(index)), counts), np.concatenate(index).astype(np.int64), np.concatenate(distance)
+PAIR_BUDGET = 500_000  # the fitted join lists neighbour pairs up to this many (plus PAIRS_PER_STAYPOINT per staypoint)
+PAIRS_PER_STAYPOINT = 16  # beyond that, it joins by cells, in memory that grows with the staypoints (neighbours.py)
 
 
-def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing) -> tuple[pl.DataFrame, pl.DataFrame]:
+def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing,
+                       pair_budget: int | None = None) -> tuple[pl.DataFrame, pl.DataFrame]:
     """location_id for each new activity staypoint by the fitted run's DBSCAN (module docstring): a fitted place,
     a new place (ids from fitted.first_new_place) or null (noise).
 
@@ -133,61 +125,29 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing) ->
     place. A new staypoint is core when it, its new neighbours and its fitted neighbours number at least
     min_samples. Its place is that of the nearest fitted core of its cluster, else a new place.
 
+    Memory grows with the staypoints, however densely they sit: while the neighbour pairs are few (at most
+    `pair_budget`, by default PAIR_BUDGET + PAIRS_PER_STAYPOINT per staypoint) they are listed; beyond, the
+    graph is built from cells of staypoints all within epsilon of each other (same result).
+
     Input sorted by (user_id, started_at) gives reproducible new ids. Returns (staypoints with location_id
     and is_new_place, new places: location_id, latitude, longitude, n_staypoints, n_users, location = 1)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-    from sklearn.neighbors import BallTree
-
-    min_samples = fitted.config.location_min_samples
     n = activities.height
     labels = np.full(n, -1, np.int64)
     is_new = np.ones(n, bool)
     if n:
         coords = fitted._coordinates(activities)
         radius = fitted.config.location_epsilon_m / EARTH_RADIUS_M
-        if n <= 2000:  # a request's few staypoints: all pairs at once
-            from sklearn.metrics.pairwise import haversine_distances
-
-            d = haversine_distances(coords)
-            new_i, new_j = np.nonzero(d <= radius)
-            new_d = d[new_i, new_j]
-        else:
-            new_i, new_j, new_d = _pairs(BallTree(coords, metric="haversine").query_radius(coords, r=radius,
-                                                                                           return_distance=True))
-        keep = new_i != new_j
-        new_i, new_j, new_d = new_i[keep], new_j[keep], new_d[keep]
-        fit_i, fit_row, fit_d = fitted.fitted_neighbours(coords)
-        rows, fit_j = np.unique(fit_row, return_inverse=True)  # fitted node k = n + fit_j
+        new_tree = SphereTree(coords)
+        new_degree = new_tree.counts(coords, radius) - 1  # themselves left out
+        fitted_degree = fitted.tree.counts(coords, radius)
+        budget = PAIR_BUDGET + PAIRS_PER_STAYPOINT * n if pair_budget is None else pair_budget
+        join = _join_by_pairs if new_degree.sum() + fitted_degree.sum() <= budget else _join_by_cells
+        rows, new_cluster, fitted_cluster = join(coords, new_tree, new_degree + fitted_degree, fitted, radius)
         near = fitted.clustered[rows]
-        m = len(rows)
-        fitted_core = near["is_core"].to_numpy()
         place = near["location_id"].fill_null(-1).to_numpy()
-        new_degree = np.bincount(new_i, minlength=n) + np.bincount(fit_i, minlength=n)
-        fitted_new_degree = np.bincount(fit_j, minlength=m)
-        core = np.concatenate([1 + new_degree >= min_samples, fitted_core | (1 + fitted_new_degree >= min_samples)])
-        # edges between cores: new-new, new-fitted, and each fitted core to the first core of its place
-        src = np.concatenate([new_i, fit_i])
-        dst = np.concatenate([new_j, n + fit_j])
-        place_cores = np.flatnonzero(fitted_core & (place >= 0))
-        _, first, same_place = np.unique(place[place_cores], return_index=True, return_inverse=True)
-        src = np.concatenate([src, n + place_cores])
-        dst = np.concatenate([dst, n + place_cores[first][same_place]])
-        both = core[src] & core[dst]
-        graph = coo_matrix((np.ones(both.sum()), (src[both], dst[both])), shape=(n + m, n + m))
-        _, component = connected_components(graph, directed=False)
-        # a non-core new staypoint joins the component of its nearest core neighbour, if any
-        cluster = np.where(core, component, -1)
-        src, dst = src[:len(new_i) + len(fit_i)], dst[:len(new_i) + len(fit_i)]  # the edges that have a distance
-        distance = np.concatenate([new_d, fit_d])
-        border = ~core[src] & core[dst]
-        order = np.argsort(distance[border], kind="stable")
-        b_src, b_dst = src[border][order], dst[border][order]
-        _, nearest = np.unique(b_src, return_index=True)
-        cluster[b_src[nearest]] = component[b_dst[nearest]]
-        new_cluster = cluster[:n]
         # the place of each new staypoint: that of the nearest fitted core in its cluster
-        core_cluster = cluster[n:][place_cores]
+        place_cores = np.flatnonzero(near["is_core"].to_numpy() & (place >= 0))
+        core_cluster = fitted_cluster[place_cores]
         anchored = np.isin(new_cluster, core_cluster) & (new_cluster >= 0)
         joins = np.flatnonzero(anchored)
         if len(joins):
@@ -204,18 +164,90 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing) ->
     return labelled, new_places
 
 
+def _join_by_pairs(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray, fitted: FittedPreprocessing,
+                   radius: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows of fitted.clustered within epsilon of a new staypoint, the cluster of each new staypoint (-1: noise),
+    the cluster of each of those fitted rows (-1: none)), from the listed neighbour pairs."""
+    min_samples = fitted.config.location_min_samples
+    n = len(coords)
+    new_i, new_j, new_d = new_tree.pairs(coords, radius)
+    keep = new_i != new_j
+    new_i, new_j, new_d = new_i[keep], new_j[keep], new_d[keep]
+    fit_i, fit_row, fit_d = fitted.tree.pairs(coords, radius)
+    rows, fit_j = np.unique(fit_row, return_inverse=True)  # fitted node k = n + fit_j
+    near = fitted.clustered[rows]
+    m = len(rows)
+    fitted_core = near["is_core"].to_numpy()
+    place = near["location_id"].fill_null(-1).to_numpy()
+    fitted_new_degree = np.bincount(fit_j, minlength=m)
+    core = np.concatenate([1 + degree >= min_samples, fitted_core | (1 + fitted_new_degree >= min_samples)])
+    # edges between cores: new-new, new-fitted, and each fitted core to the first core of its place
+    src = np.concatenate([new_i, fit_i])
+    dst = np.concatenate([new_j, n + fit_j])
+    place_cores = np.flatnonzero(fitted_core & (place >= 0))
+    _, first, same_place = np.unique(place[place_cores], return_index=True, return_inverse=True)
+    both = core[src] & core[dst]
+    component = components(n + m, np.concatenate([src[both], n + place_cores]),
+                           np.concatenate([dst[both], n + place_cores[first][same_place]]))
+    # a non-core new staypoint joins the component of its nearest core neighbour, if any
+    cluster = np.where(core, component, -1)
+    distance = np.concatenate([new_d, fit_d])
+    border = ~core[src] & core[dst]
+    order = np.argsort(distance[border], kind="stable")
+    b_src, b_dst = src[border][order], dst[border][order]
+    _, nearest = np.unique(b_src, return_index=True)
+    cluster[b_src[nearest]] = component[b_dst[nearest]]
+    return rows, cluster[:n], cluster[n:]
+
+
+def _join_by_cells(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray, fitted: FittedPreprocessing,
+                   radius: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """_join_by_pairs's result without listing pairs: core staypoints in cells (each within epsilon across), new
+    cells joined to new and fitted cells by their closest pair, fitted cells only through their place."""
+    min_samples = fitted.config.location_min_samples
+    n = len(coords)
+    fitted_new_degree = new_tree.counts(fitted.tree.coords, radius)  # (all fitted staypoints,)
+    rows = np.flatnonzero(fitted_new_degree > 0)
+    near = fitted.clustered[rows]
+    fitted_core = near["is_core"].to_numpy()
+    place = near["location_id"].fill_null(-1).to_numpy()
+    core = np.concatenate([1 + degree >= min_samples, fitted_core | (1 + fitted_new_degree[rows] >= min_samples)])
+    points = np.concatenate([coords, fitted.tree.coords[rows]])
+    # what may share a cell: new staypoints; fitted cores of one place; each other fitted staypoint alone
+    kind = np.concatenate([np.zeros(n, np.int64),
+                           np.where(fitted_core & (place >= 0), place + 1, -1 - np.arange(len(rows)))])
+    core_index = np.flatnonzero(core)
+    cells = cell_groups(points[core_index], radius, within=kind[core_index])
+    count = int(cells.max()) + 1 if len(cells) else 0
+    cell_kind = np.zeros(count, np.int64)
+    cell_kind[cells] = kind[core_index]
+    # fitted cells are joined through their place only, never by distance (as _join_by_pairs)
+    same_place = np.flatnonzero(cell_kind > 0)
+    _, first, which = np.unique(cell_kind[same_place], return_index=True, return_inverse=True)
+    joined = (same_place, same_place[first][which])
+    g, h = linked_groups(points[core_index], cells, radius, lambda a, b: (cell_kind[a] == 0) | (cell_kind[b] == 0),
+                         joined)
+    component = components(count, np.concatenate([g, joined[0]]), np.concatenate([h, joined[1]]))[cells]
+    cluster = np.full(len(points), -1, np.int64)
+    cluster[core_index] = component
+    border = np.flatnonzero(~core[:n])  # joins the component of its nearest core neighbour, if any
+    nearest, _ = SphereTree(points[core_index]).nearest(coords[border], radius)
+    cluster[border[nearest >= 0]] = component[nearest[nearest >= 0]]
+    return rows, cluster[:n], cluster[n:]
+
+
 def _nearest_core_place(points: np.ndarray, point_cluster: np.ndarray, cores: np.ndarray, core_cluster: np.ndarray,
                         core_place: np.ndarray) -> np.ndarray:
     """The place of each point's nearest fitted core staypoint in the same cluster (radians, haversine)."""
-    from sklearn.neighbors import BallTree
-
+    tree = SphereTree(cores)
     k = min(16, len(cores))
-    _, index = BallTree(cores, metric="haversine").query(points, k=k)  # (J, k) nearest first
+    index = tree.k_nearest(points, k)  # (J, k) nearest first
     same = core_cluster[index] == point_cluster[:, None]  # (J, k)
     result = core_place[index[np.arange(len(points)), same.argmax(axis=1)]]
     for j in np.flatnonzero(~same.any(axis=1)):  # rare: the k nearest cores lie in other clusters
         members = np.flatnonzero(core_cluster == point_cluster[j])
-        result[j] = core_place[members[np.abs(cores[members] - points[j]).sum(axis=1).argmin()]]
+        result[j] = core_place[members[haversine(np.repeat(points[j:j + 1], len(members), axis=0),
+                                                 cores[members]).argmin()]]
     return result
 
 

@@ -6,7 +6,6 @@ from collections.abc import Callable
 
 import numpy as np
 import polars as pl
-from sklearn.cluster import DBSCAN
 
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import serial_map
@@ -40,12 +39,9 @@ def generate_locations(
     axes = ("latitude", "longitude") if axis_order == "lat_lon" else ("longitude", "latitude")
     coords = np.radians(staypoints.select(*axes).to_numpy())
     eps_rad = epsilon_m / EARTH_RADIUS_M
-    if tile_deg > 0:
-        labels, is_core = dbscan_by_tiles(coords, eps_rad, min_samples, tile_deg, map_tiles)
-    else:
-        dbscan = DBSCAN(eps=eps_rad, min_samples=min_samples, metric="haversine", algorithm="ball_tree").fit(coords)
-        labels, is_core = dbscan.labels_, np.zeros(len(coords), dtype=bool)
-        is_core[dbscan.core_sample_indices_] = True
+    # scikit-learn's DBSCAN labels, in memory that grows with the staypoints however densely they sit (tiles.py;
+    # tile_deg 0 is one tile)
+    labels, is_core = dbscan_by_tiles(coords, eps_rad, min_samples, tile_deg, map_tiles)
     sp = staypoints.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None),
                                  pl.Series("is_core", is_core))
     return sp, summarise_locations(sp)

@@ -7,8 +7,8 @@ each owned point sees all its neighbours, and
 
 1. `count_neighbours(tile)` gives the owned points' neighbour counts: core points are those with at least
    `min_samples`, themselves included, exactly as scikit-learn counts;
-2. `link_cores(tile, is_core)` gives the tile's connected components of core points (edges between core
-   points within epsilon, one end owned) and each owned non-core point's core neighbours;
+2. `link_cores(tile, is_core)` gives the tile's connected components of core points (joined when within
+   epsilon, without listing the pairs: preprocessing.neighbours) and each owned non-core point's core neighbours;
 3. `assemble_labels` joins components that share a point across tiles and numbers the clusters as
    scikit-learn does: in the order of each cluster's first core point; a border point takes the lowest
    label among its core neighbours; points with no core neighbour are noise (-1).
@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
-from sklearn.neighbors import BallTree
 
 from preprocessing.engine import serial_map
+from preprocessing.neighbours import SphereTree, core_components
 
 HALO_SLACK = 1e-6  # relative widening of every halo, so that rounding never leaves a neighbour out
 
@@ -94,45 +94,27 @@ def plan_tiles(coords: np.ndarray, eps_rad: float, tile_deg: float) -> list[Tile
 
 def count_neighbours(tile: Tile, eps_rad: float) -> tuple[np.ndarray, np.ndarray]:
     """(owned global indices, their neighbour counts within eps_rad, themselves included)."""
-    tree = BallTree(tile.coords, metric="haversine")
     owned = tile.owned
-    return tile.members[owned], tree.query_radius(tile.coords[owned], eps_rad, count_only=True)
-
-
-def _within(tree: BallTree, points: np.ndarray, eps_rad: float) -> list[np.ndarray]:
-    """Per point, the tree's indices within eps_rad (none for no points)."""
-    return list(tree.query_radius(points, eps_rad)) if points.shape[0] else []
+    return tile.members[owned], SphereTree(tile.coords).counts(tile.coords[owned], eps_rad)
 
 
 def link_cores(tile: Tile, is_core: np.ndarray, eps_rad: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The tile's core components and its border candidates.
 
     Returns (core points, as global indices; their component within this tile; owned non-core points;
-    one core neighbour each, as global indices: a border point with k core neighbours appears k times)."""
+    one core neighbour each, as global indices: a border point with k core neighbours appears k times).
+    Core points are joined in memory that grows with the tile, whatever its density (neighbours.core_components);
+    halo core points join too, which is right: core status is global. A non-core point has fewer than
+    min_samples neighbours, so its list of core neighbours is short."""
     core = is_core[tile.members]
     core_members = tile.members[core]
     empty = np.empty(0, np.int64)
     if not core.any():
         return empty, empty, empty, empty
-    tree = BallTree(tile.coords[core], metric="haversine")
-    owned_core = tile.owned & core
+    component = core_components(tile.coords[core], eps_rad)
     owned_border = tile.owned & ~core
-    # core-core edges from each owned core point
-    local_core = np.cumsum(core) - 1  # member position -> position among core members
-    neighbours = _within(tree, tile.coords[owned_core], eps_rad)
-    sources = np.repeat(local_core[owned_core], [len(x) for x in neighbours])
-    targets = np.concatenate(neighbours) if neighbours else empty
-    m = core_members.shape[0]
-    graph = coo_matrix((np.ones(sources.shape[0], np.int8), (sources, targets)), shape=(m, m))
-    _, component = connected_components(graph, directed=False)
-    touched = np.zeros(m, bool)
-    touched[sources] = True
-    touched[targets] = True
-    # border candidates: owned non-core points and their core neighbours
-    near = _within(tree, tile.coords[owned_border], eps_rad)
-    border = np.repeat(tile.members[owned_border], [len(x) for x in near]) if near else empty
-    border_core = core_members[np.concatenate(near)] if near else empty
-    return core_members[touched], component[touched].astype(np.int64), border.astype(np.int64), border_core.astype(np.int64)
+    query, near, _ = SphereTree(tile.coords[core]).pairs(tile.coords[owned_border], eps_rad)
+    return core_members, component, tile.members[owned_border][query], core_members[near]
 
 
 def assemble_labels(n: int, is_core: np.ndarray, linked: Iterable[tuple[np.ndarray, ...]]) -> np.ndarray:

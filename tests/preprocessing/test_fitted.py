@@ -72,6 +72,73 @@ def test_user_ids_match_across_text_and_integer_representations():
     assert encode_applied(merged, fitted)["user"].to_list() == [1, UNKNOWN_USER, 3]  # text against text: exact
 
 
+def random_fitted(seed: int, min_samples: int) -> tuple[FittedPreprocessing, pl.DataFrame]:
+    """A fitted run's places by DBSCAN over 1,500 old staypoints around 20 spots, and 1,500 new staypoints around
+    the same spots and 20 others, some dense, some sparse."""
+    import numpy as np
+
+    from preprocessing.locations import generate_locations
+
+    rng = np.random.default_rng(seed)
+    spots = np.array(A) + rng.normal(0, 0.01, size=(40, 2))
+
+    def around(which, n, spread_m):
+        pick = rng.choice(which, n)
+        return spots[pick] + rng.normal(0, spread_m / M_PER_DEG, size=(n, 2))
+
+    config = PreprocessConfig(location_min_samples=min_samples)
+    old = around(np.arange(20), 1500, 25)
+    staypoints = pl.DataFrame({"user_id": ["u1"] * len(old), "latitude": old[:, 0], "longitude": old[:, 1]})
+    clustered, _ = generate_locations(staypoints, config.location_epsilon_m, min_samples)
+    places = (clustered.filter(pl.col("location_id").is_not_null()).group_by("location_id")
+              .agg(pl.col("latitude").mean(), pl.col("longitude").mean()).sort("location_id")
+              .with_columns((pl.col("location_id") + 2).cast(pl.Int32).alias("location")))
+    manifest = {"config": config.to_dict(), "vocab": {"locations": places.height + 2, "users": 2}}
+    fitted = FittedPreprocessing.from_tables(manifest, places, clustered, pl.DataFrame({"user": [1], "source_user_id": ["u1"]}),
+                                             "random")
+    new = np.concatenate([around(np.arange(40), 1200, 30), around(np.arange(5), 300, 3)])
+    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    activities = pl.DataFrame({"user_id": ["u1"] * len(new), "started_at": [t0 + timedelta(hours=h) for h in range(len(new))],
+                               "latitude": new[:, 0], "longitude": new[:, 1]})
+    return fitted, activities
+
+
+@pytest.mark.parametrize("min_samples", [2, 3])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_join_by_cells_equals_the_join_by_pairs(seed, min_samples):
+    """Past its pair budget the join builds its graph from cells instead of listed pairs: the same places."""
+    fitted, activities = random_fitted(seed, min_samples)
+    by_pairs, new_by_pairs = join_fitted_places(activities, fitted, pair_budget=10**12)
+    by_cells, new_by_cells = join_fitted_places(activities, fitted, pair_budget=0)
+    assert by_pairs["is_new_place"].sum() > 50 and by_pairs["location_id"].is_null().sum() > 0
+    assert by_pairs["location_id"].n_unique() > 30
+    assert by_cells["location_id"].to_list() == by_pairs["location_id"].to_list()
+    assert by_cells["is_new_place"].to_list() == by_pairs["is_new_place"].to_list()
+    assert new_by_cells.equals(new_by_pairs)
+
+
+def test_a_dense_request_joins_in_memory_that_grows_with_it():
+    """20,000 new staypoints within 3 m of a fitted place (400 million pairs, over 10 GB as lists): all join
+    place 0, in a few MB, whichever way the join chooses."""
+    import tracemalloc
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    spots = np.array(north(A, 2)) + rng.normal(0, 3 / M_PER_DEG, size=(20_000, 2))
+    t0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+    activities = pl.DataFrame({"user_id": ["u1"] * len(spots), "started_at": [t0] * len(spots),
+                               "latitude": spots[:, 0], "longitude": spots[:, 1]})
+    tracemalloc.start()
+    try:
+        labelled, new_places = join_fitted_places(activities, hand_fitted())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert labelled["location_id"].unique().to_list() == [0] and new_places.height == 0
+    assert peak < 80 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+
+
 @pytest.fixture(scope="module")
 def synthetic_80_20(tmp_path_factory):
     """Synthetic people: a whole-data run, a run on each person's first 80% of days, and that run applied to the
