@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typing import TYPE_CHECKING
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
@@ -161,9 +161,10 @@ def recent_input(source: Path, days: float, out_file: Path) -> Path:
 def predict_places(model_uri: str, input_path: Path, input_format: str, out_file: Path, top_k: int,
                    tracking_uri: str) -> Path:
     """Raw GPS through the model's fitted preprocessing: the top-k next places of every user, with coordinates."""
-    from pgt.serve import predict_raw
+    from pgt.serve import predict_raw, predict_summary
 
-    predict_raw(model_uri, input_path, input_format, out_file, top_k, tracking_uri)
+    get_run_logger().info(predict_summary(predict_raw(model_uri, input_path, input_format, out_file, top_k, tracking_uri),
+                                          top_k))
     return out_file
 
 

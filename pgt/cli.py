@@ -7,6 +7,7 @@ default (pgt.options). Commands of packages above this one (`pgt tune`) join thr
 from __future__ import annotations
 
 import json
+import os
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -68,10 +69,15 @@ def preprocess(
     """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol (SPEC §2)."""
     from preprocessing.config import load_config
     from preprocessing.errors import InputError
+    from preprocessing.engine import check_ray_address
+    from preprocessing.output import check_apart
     from preprocessing.pipeline import preprocess as run
     from preprocessing.pipeline import preprocess_fitted
 
     try:
+        check_apart(out, {"--input": input, "--fitted": fitted, "--config": config, "--work-dir": work_dir})
+        if work_dir is not None and work_dir.exists() and not work_dir.is_dir():
+            raise InputError(work_dir, "--work-dir is a file; it names a folder for the input's partitions")
         if fitted is not None:
             if config is not None:
                 raise InputError(config, "--config cannot be combined with --fitted: the fitted run's settings apply")
@@ -83,9 +89,11 @@ def preprocess(
             typed = given(locals(), "engine", "partitions", "tile_deg", "work_dir")
             if typed.get("engine") == "ray" and address:
                 typed["address"] = address
+            if typed.get("engine") == "ray":
+                check_ray_address(address)
             result = run(input, format, out, load_config(config), force=force, progress=progress,
                          engine=EngineConfig(**typed))
-    except InputError as exc:
+    except (InputError, ValueError) as exc:
         fail(str(exc))
     counts = result.manifest["counts"]
     if fitted is not None:
@@ -132,10 +140,14 @@ def synth(
     A city k times larger: k times --users and --public-places, sqrt(k) times --city-radius-m."""
     import pyarrow.parquet as pq
 
-    from preprocessing.synthetic import write_positionfixes
+    from preprocessing.errors import InputError
+    from preprocessing.output import check_output_file
+    from preprocessing.synthetic import SYNTHESISER, write_positionfixes
 
-    if out.suffix != ".parquet":
-        fail(f"{out}: --out must name a .parquet file")
+    try:
+        check_output_file(out, SYNTHESISER, (".parquet",))
+    except InputError as exc:
+        fail(str(exc))
     cfg = SynthConfig(**given(locals(), "users", "days", "seed", "public_places", "city_radius_m"))
     write_positionfixes(cfg, out, progress=progress)
     typer.echo(f"wrote {out}: {pq.read_metadata(out).num_rows:,} GPS points of {cfg.users} users over {cfg.days} days")
@@ -254,16 +266,25 @@ def train(
     """Train a model (by default with the paper's settings, SPEC §3.8), log it to MLflow, write --out/metrics.json."""
     from pgt.distributed import run_training
     from pgt.report import EpochPrinter, print_metrics
-    from pgt.tracking import champion_verdict, resolve_tracking_uri, run_url
+    from pgt.tracking import champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
+    from pgt.train import OUTPUTS
+    from preprocessing.engine import check_ray_address
+    from preprocessing.errors import InputError
+    from preprocessing.output import check_apart, check_output_entries
 
     try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
+        check_apart(out, {"--data": data})
+        check_output_entries(out, "pgt train", OUTPUTS)
         cfg, launch = train_config(locals()), launch_config(locals())
         if register and cfg.model in BASELINES:
             raise ValueError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
         tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), register=register,
                                   **given(locals(), "experiment"))
+        check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
+        if launch.workers:
+            check_ray_address(launch.address or os.environ.get("RAY_ADDRESS"))
         result = run_training(cfg, launch, tracking, on_epoch=EpochPrinter())
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, InputError) as exc:
         fail(str(exc))
     print_metrics(result)
     typer.echo(f"wrote {out / 'metrics.json'}")
@@ -310,22 +331,17 @@ def predict(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
 ) -> None:
     """Where each person goes next: the top-k next places, with coordinates and probabilities."""
-    from pgt.serve import predict_file, predict_raw
+    from pgt.serve import predict_file, predict_raw, predict_summary
     from preprocessing.errors import InputError
 
     try:
         if format is not None:
-            frame = predict_raw(model, input, format, out, top_k, tracking_uri)
-            latest = frame.filter(frame["sample"] == "latest")
-            if latest.height == 0:
+            result = predict_raw(model, input, format, out, top_k, tracking_uri)
+            typer.echo(predict_summary(result, top_k))
+            if result.counts["samples"]["latest"] == 0:
                 typer.echo(f"warning: {input}: no user has a recent history to predict from (at least "
                            "min_history_staypoints visits at places in the history_days days before their last "
                            "visit); give more days of data", err=True)
-            unknown = latest.filter(latest["user"] == 0)["sample_index"].n_unique()
-            typer.echo(f"wrote {out}: top-{top_k} next places of {latest['sample_index'].n_unique():,} users "
-                       f"({unknown:,} unknown to the model, scored as user 0), and of "
-                       f"{frame.filter(frame['sample'] == 'evaluation')['sample_index'].n_unique():,} "
-                       "evaluation samples")
             return
         rows = predict_file(model, input, out, top_k, tracking_uri)
     except (ValueError, FileNotFoundError, InputError) as exc:
@@ -344,10 +360,11 @@ def explain(
 ) -> None:
     """Plots of a trained model: pointer attention, gate, position bias, attention entropy."""
     from pgt.explain import explain as run
+    from preprocessing.errors import InputError
 
     try:
         written = run(checkpoint, data, out, samples=samples)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, InputError) as exc:
         fail(str(exc))
     for path in written:
         typer.echo(f"wrote {path}")

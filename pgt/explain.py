@@ -21,6 +21,9 @@ import torch  # noqa: E402
 from pgt.checkpoint import load_checkpoint  # noqa: E402
 from pgt.data import SequenceDataset  # noqa: E402
 
+EXPLAINER = "pgt explain"  # the producer mark of its PNGs (preprocessing.output.written_by)
+OUTPUTS = ("pointer_attention.png", "gate.png", "attention_entropy.png", "position_bias.png", ".*.tmp-*")
+
 
 @torch.no_grad()
 def collect(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int = 1024) -> dict[str, np.ndarray]:
@@ -38,6 +41,16 @@ def collect(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int = 
 
 
 def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, samples: int = 6, seed: int = 0) -> list[Path]:
+    """The PNGs of the module docstring in out_dir, which must hold nothing but them (InputError otherwise)."""
+    from preprocessing.output import check_apart, check_output_entries, written_by
+    from preprocessing.errors import InputError
+
+    check_apart(Path(out_dir), {"--checkpoint": checkpoint, "--data": data_dir})
+    check_output_entries(Path(out_dir), EXPLAINER, OUTPUTS)
+    for name in OUTPUTS[:-1]:
+        if (Path(out_dir) / name).exists() and not written_by(Path(out_dir) / name, EXPLAINER):
+            raise InputError(Path(out_dir) / name, f"exists and was not written by `{EXPLAINER}`; nothing is replaced: "
+                                                   "choose another --out")
     model, cfg = load_checkpoint(checkpoint)
     dataset = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len)
     out_dir = Path(out_dir)
@@ -55,8 +68,11 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
 
 
 def _save(fig, path: Path) -> Path:
+    from preprocessing.output import PRODUCER_KEY, write_file_atomically
+
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    write_file_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png",
+                                                        metadata={PRODUCER_KEY.decode(): EXPLAINER}))
     plt.close(fig)
     return path
 

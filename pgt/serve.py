@@ -13,9 +13,15 @@ import torch
 
 from pgt.data import UNSEEN, Batch, SequenceDataset
 from pgt.metrics import compute_all
-from pgt.tracking import load_model, load_pgt_model
+from pgt.tracking import load_model_and_manifest, load_pgt_model
 from pgt.train import Scores, predict
-from preprocessing.output import write_file_atomically
+from preprocessing.output import (check_apart, check_output_file, output_lock, write_file_atomically,
+                                  write_parquet_marked)
+
+PREDICTOR = "pgt predict"  # the producer mark of predict's output files (preprocessing.output.written_by)
+# the columns of place_predictions, one row per (sample, rank)
+PREDICTION_COLUMNS = ["sample", "sample_index", "source_user_id", "user", "time", "rank", "place_id", "location",
+                      "latitude", "longitude", "probability", "new_place_probability", "target_place"]
 
 
 def packed_scores(model) -> Callable[[Batch], Scores]:
@@ -26,7 +32,8 @@ def packed_scores(model) -> Callable[[Batch], Scores]:
 def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking_uri: str | None = None) -> dict:
     """The metrics of SPEC §4, protocol and strict, for a logged PackedModel on one split of a `pgt preprocess` folder."""
     SequenceDataset.check_columns(Path(data_dir) / f"{split}.parquet")
-    model = load_model(model_uri, tracking_uri)
+    model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
+    check_lineage(trained_on, Path(data_dir), model_uri)
     dataset = SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", model.cfg.max_len)
     _check_vocab(model, dataset, Path(data_dir) / f"{split}.parquet")
     scored, _ = predict(packed_scores(model), dataset, 1024, torch.device("cpu"))
@@ -119,21 +126,53 @@ def predict_applied(model, applied, top_k: int, evaluation: bool = True) -> pl.D
     return pl.concat(frames, how="vertical_relaxed")
 
 
+class RawPrediction(NamedTuple):
+    """What `pgt predict --format` wrote and what it could not score."""
+
+    frame: pl.DataFrame  # place_predictions of the latest and the evaluation samples (written to `out`)
+    counts: dict  # the applied data's counts: rows read and quarantined, staypoints, users, samples
+    unscored: pl.DataFrame  # source_user_id, reason: people of the input without a prediction
+    files: dict[str, Path]  # what was written: "predictions", and "quarantine" / "unscored" where there were any
+
+
+def side_files(out_path: Path) -> dict[str, Path]:
+    """The files predict writes beside its output: the quarantined rows and the people it could not score."""
+    out_path = Path(out_path)
+    return {"quarantine": out_path.with_name(f"{out_path.stem}.quarantine.parquet"),
+            "unscored": out_path.with_name(f"{out_path.stem}.unscored.parquet")}
+
+
 def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: Path, top_k: int = 5,
-                tracking_uri: str | None = None) -> pl.DataFrame:
+                tracking_uri: str | None = None) -> RawPrediction:
     """`pgt predict --format F`: raw GPS points or staypoints through the model's own fitted preprocessing, then
     the top-k next places of every user (the latest sample) and of every evaluation sample, written to
-    out_path (.parquet or .csv; place_predictions gives the columns). Returns the written frame."""
+    out_path (.parquet or .csv; place_predictions gives the columns). Rows the readers quarantined go to
+    `<out>.quarantine.parquet` and the people without a prediction, with the reason, to `<out>.unscored.parquet`
+    (side_files); nothing is dropped unsaid. Every path is checked before the model loads."""
     from preprocessing.pipeline import apply_fitted
 
     out_path = Path(out_path)
-    if out_path.suffix not in (".parquet", ".csv"):
-        raise ValueError(f"{out_path}: --out must end in .parquet or .csv")
+    check_output_file(out_path, PREDICTOR, (".parquet", ".csv"), PREDICTION_COLUMNS)
+    for side in side_files(out_path).values():
+        check_output_file(side, PREDICTOR, (".parquet",))
+    check_apart(out_path, {"--input": input_path})
     wrapper = load_pgt_model(model_uri, tracking_uri)
     applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri))
     frame = predict_applied(wrapper.packed, applied, top_k)
-    write_file_atomically(out_path, frame.write_csv if out_path.suffix == ".csv" else frame.write_parquet)
-    return frame
+    files = {"predictions": out_path}
+    with output_lock(out_path, command=PREDICTOR):
+        check_output_file(out_path, PREDICTOR, (".parquet", ".csv"), PREDICTION_COLUMNS)
+        if out_path.suffix == ".csv":
+            write_file_atomically(out_path, frame.write_csv)
+        else:
+            write_parquet_marked(out_path, frame, PREDICTOR)
+        for kind, table in (("quarantine", applied.quarantine), ("unscored", applied.unscored)):
+            side = side_files(out_path)[kind]
+            if table is not None and table.height:
+                files[kind] = write_parquet_marked(side, table, PREDICTOR)
+            elif side.exists():  # ours (checked above): an earlier run's, which would mislead
+                side.unlink()
+    return RawPrediction(frame, applied.counts, applied.unscored, files)
 
 
 @torch.no_grad()
@@ -145,8 +184,11 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     slot of the extended vocabulary, else null), top_probabilities, new_place_probability (the probability of
     id 1: a new place, none of the known or visited ones, for a model with slots; any place unseen in train
     without), and target and target_place when the input has them. Returns the number of rows."""
-    SequenceDataset.check_columns(input_path, require_target=False)  # before the model's download
-    model = load_model(model_uri, tracking_uri)
+    check_output_file(Path(out_path), PREDICTOR, (".parquet",))  # before the model's download
+    check_apart(Path(out_path), {"--input": input_path})
+    SequenceDataset.check_columns(input_path, require_target=False)
+    model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
+    check_lineage(trained_on, Path(input_path).parent, model_uri)  # where the sequences sit in a preprocess folder
     dataset = SequenceDataset.from_parquet(input_path, model.cfg.max_len, require_target=False)
     _check_vocab(model, dataset, input_path)
     top = top_k_predictions(model, dataset, top_k)
@@ -162,8 +204,36 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     if "target" in pq.read_schema(input_path).names:
         columns["target"] = pa.array(dataset.targets.numpy())
         columns["target_place"] = pa.array(dataset.target_places.numpy())
-    write_file_atomically(Path(out_path), lambda tmp: pq.write_table(pa.table(columns), tmp))
+    with output_lock(Path(out_path), command=PREDICTOR):
+        check_output_file(Path(out_path), PREDICTOR, (".parquet",))
+        write_parquet_marked(Path(out_path), pa.table(columns), PREDICTOR)
     return len(dataset)
+
+
+def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> None:
+    """ValueError unless the `pgt preprocess` folder data_dir comes from the preprocessing the model was trained on:
+    its input (sha256) and settings, or, for an output of `--fitted`, the fitted run's. Its ids would otherwise
+    mean other places and other people. A folder without a manifest, or a model logged before models carried
+    theirs, leaves only the vocabulary check (_check_vocab)."""
+    from preprocessing.output import read_manifest
+
+    data = read_manifest(data_dir)
+    if not trained_on or data is None:
+        return
+
+    def settings(manifest: dict) -> dict:
+        return {k: v for k, v in (manifest.get("config") or {}).items() if k != "latest_valid_time"}
+
+    fitted = data.get("mode") == "fitted"
+    source = (data.get("fitted") or {}).get("input_sha256") if fitted else data.get("input_sha256")
+    expected = trained_on.get("input_sha256")
+    if source != expected or settings(data) != settings(trained_on):
+        what = "was applied with the fitted preprocessing of another run" if fitted else "comes from another preprocessing run"
+        problem = (f"input sha256 {str(source)[:12]}, the model's {str(expected)[:12]}" if source != expected
+                   else "same input, other settings")
+        raise ValueError(f"{data_dir}: {what} than the one {model_uri} was trained on ({problem}); its ids mean other "
+                         "places and people: score that run's own data, or new data through `pgt preprocess --fitted` "
+                         "of the model's training folder (or `pgt predict --format`)")
 
 
 def _check_vocab(model, dataset: SequenceDataset, path: Path) -> None:
@@ -226,3 +296,22 @@ def prediction_summary(predictions: pl.DataFrame) -> dict:
             "evaluation_strict_acc@1": strict,
             "mean_new_place_probability": float(latest.group_by("sample_index").agg(pl.col("new_place_probability").first())
                                                 ["new_place_probability"].mean() or 0.0)}
+
+
+def predict_summary(result: RawPrediction, top_k: int, shown: int = 10) -> str:
+    """What `pgt predict --format` prints: the files, who was scored, what was quarantined, who was not and why."""
+    frame, counts = result.frame, result.counts
+    latest = frame.filter(pl.col("sample") == "latest")
+    unknown = latest.filter(pl.col("user") == 0)["sample_index"].n_unique()
+    lines = [f"wrote {result.files['predictions']}: top-{top_k} next places of {latest['sample_index'].n_unique():,} "
+             f"users ({unknown:,} unknown to the model, scored as user 0), and of "
+             f"{frame.filter(pl.col('sample') == 'evaluation')['sample_index'].n_unique():,} evaluation samples"]
+    quarantined = counts["positionfixes_quarantined"]
+    lines.append(f"rows: {counts['positionfixes_read']:,} read, {quarantined:,} quarantined"
+                 + (f" (written to {result.files['quarantine']})" if "quarantine" in result.files else ""))
+    if result.unscored.height:
+        named = "; ".join(f"{u} ({r})" for u, r in result.unscored.head(shown).iter_rows())
+        more = f"; and {result.unscored.height - shown:,} more" if result.unscored.height > shown else ""
+        lines.append(f"not scored: {result.unscored.height:,} users, listed with the reason in "
+                     f"{result.files['unscored']}: {named}{more}")
+    return "\n".join(lines)

@@ -63,6 +63,29 @@ def resolve_tracking_uri(uri: str | None, state: Path | None = None) -> str:
     return uri
 
 
+def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
+    """ValueError, within `timeout_s`, unless an http(s) tracking URI answers its /health (a local store always
+    passes): a stopped server would otherwise keep MLflow retrying for minutes."""
+    import urllib.error
+    import urllib.request
+
+    if not tracking_uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout_s) as response:
+            if response.status == 200:
+                return
+            problem = f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        problem = f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        problem = getattr(reason, "strerror", None) or str(reason) or type(exc).__name__
+    raise ValueError(f"MLflow tracking server {tracking_uri} is not reachable ({problem}); start it with "
+                     "scripts/start-mlflow.sh (or `make demo`), or choose another --tracking-uri / "
+                     "MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
+
+
 def mlflow_client(tracking_uri: str):
     from mlflow.tracking import MlflowClient
 
@@ -92,6 +115,7 @@ def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = Non
     """Create a run, log `params` (flattened, every value as text), and return its id."""
     from mlflow.entities import Param, RunTag
 
+    check_tracking_server(tracking.tracking_uri)
     client = mlflow_client(tracking.tracking_uri)
     all_tags = dict(tags or {})
     if parent_run_id:
@@ -255,6 +279,21 @@ def champion_verdict(registered: dict) -> str:
     return "now champion" if registered["promoted"] else f"champion stays version {registered['champion_version']}"
 
 
+MODEL_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/", "file:/", "/")  # what `--model` may name
+
+
+def check_model_uri(model_uri: str, tracking_uri: str | None = None) -> str:
+    """The resolved tracking URI, once the model URI has a form MLflow loads (ValueError naming it otherwise) and
+    a tracking server it needs answers (check_tracking_server)."""
+    uri = resolve_tracking_uri(tracking_uri)
+    if not model_uri.startswith(MODEL_SCHEMES) and not Path(model_uri).is_dir():
+        raise ValueError(f"--model {model_uri}: expected an MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, "
+                         "runs:/RUN_ID/model) or the folder of a logged model")
+    if model_uri.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
+        check_tracking_server(uri)
+    return uri
+
+
 def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
     """A logged pgt model's pyfunc wrapper (`pgt.mlflow_model.PGTModel`): `.packed` (the torch module),
     its training data's tables and `.fitted()` (the fitted preprocessing). Nothing is unpickled."""
@@ -262,7 +301,7 @@ def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
     import mlflow.pyfunc
     from mlflow.models import get_model_info
 
-    mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
+    mlflow.set_tracking_uri(check_model_uri(model_uri, tracking_uri))
     if "pytorch" in get_model_info(model_uri).flavors:
         raise ValueError(f"{model_uri}: logged before models carried their preprocessing (a pickled PyTorch model); "
                          "train it again to score raw GPS")
@@ -276,15 +315,22 @@ def load_model(model_uri: str, tracking_uri: str | None = None):
     """A logged model's PackedModel (models:/NAME@champion, runs:/ID/model, ...), in eval mode on the CPU.
     Models logged by this version load without unpickling anything; those logged before it (the pickled
     PyTorch flavour) load only where MLflow allows pickle."""
+    return load_model_and_manifest(model_uri, tracking_uri)[0]
+
+
+def load_model_and_manifest(model_uri: str, tracking_uri: str | None = None) -> tuple:
+    """(load_model's PackedModel, the manifest.json of its training data, or None for a model logged before
+    models carried it): what lineage checks compare data with."""
     import mlflow
     from mlflow.models import get_model_info
 
-    mlflow.set_tracking_uri(resolve_tracking_uri(tracking_uri))
+    mlflow.set_tracking_uri(check_model_uri(model_uri, tracking_uri))
     if "pytorch" in get_model_info(model_uri).flavors:  # logged before models-from-code
         import mlflow.pytorch
 
-        return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval()
-    return load_pgt_model(model_uri, tracking_uri).packed
+        return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval(), None
+    wrapper = load_pgt_model(model_uri, tracking_uri)
+    return wrapper.packed, wrapper.manifest
 
 
 def run_url(tracking_uri: str, run_id: str) -> str:

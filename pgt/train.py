@@ -34,6 +34,9 @@ from pgt.checkpoint import (CHECKPOINT_KEYS, RESUMABLE_CHANGES, check_resumable,
                             read_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from pgt.model import build_model, count_parameters, extended_ids, merge_slots
 
+# what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
+OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", ".*.tmp-*")
+
 # ---------------------------------------------------------------------------------------------
 # the worker's environment: one process here; Ray Train supplies rank, world size and reporting
 

@@ -128,6 +128,34 @@ def prepare_ray_env(address: str | None = None) -> None:
         os.environ.setdefault("RAY_enable_metrics_collection", "0")
 
 
+SERVICE_TIMEOUT_S = 3.0  # how long an address may take to answer before a command gives up on it
+
+
+def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S) -> None:
+    """ValueError, within `timeout_s`, unless a Ray cluster's GCS answers at `address` (host:port or
+    ray://host:port; "auto" and None are Ray's own lookups): one gRPC call for its cluster id, the first thing
+    ray.init asks. An unreachable address would otherwise keep ray.init retrying for minutes."""
+    import grpc  # Ray's own dependency
+
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--address {address}: expected host:port (the head node's GCS port, 6379 by default), "
+                         "ray://host:port, or auto")
+    with grpc.insecure_channel(hostport) as channel:
+        ask = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId",
+                                  request_serializer=lambda request: request, response_deserializer=lambda reply: reply)
+        try:
+            ask(b"", timeout=timeout_s)
+            return
+        except grpc.RpcError as exc:
+            problem = exc.details() or exc.code().name
+    raise ValueError(f"Ray cluster at {address} is not reachable ({problem.splitlines()[0]}); start its head with "
+                     "`ray start --head --port PORT`, or leave --address (and RAY_ADDRESS) out to run on a local Ray")
+
+
 @contextlib.contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
     """Join the Ray cluster at `address` (or $RAY_ADDRESS), or start a local Ray on 127.0.0.1 and shut it
@@ -144,7 +172,11 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        check_ray_address(address)
+        try:
+            ray.init(address=address, log_to_driver=True)
+        except ConnectionError as exc:  # "auto" without a running cluster
+            raise ValueError(f"Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
     else:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
     try:

@@ -319,6 +319,7 @@ class AppliedData:
     quarantine: pl.DataFrame
     counts: dict
     details: dict
+    unscored: pl.DataFrame | None = None  # source_user_id (as text), reason: the input's people without a latest sample
 
 
 def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
@@ -349,11 +350,37 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     counts["users"] = users.height
     counts["users_unknown"] = int((~users["known"]).sum())
     counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}
+    unscored = users_not_scored(read_tables, found.tables["quarantine"], staypoints, encoded, latest, config)
+    counts["users_not_scored"] = unscored.height
     places = pl.concat([fitted.places.with_columns(pl.col("location").cast(pl.Int32), pl.lit(False).alias("is_new")),
                         new_places.select("location_id", "latitude", "longitude", "location",
                                           pl.lit(True).alias("is_new"))])
     return AppliedData(evaluation, latest, encoded.drop("history_start", "is_activity", "is_target", strict=False),
-                       places, users, found.tables["quarantine"], counts, details)
+                       places, users, found.tables["quarantine"], counts, details, unscored)
+
+
+def users_not_scored(read_tables: dict[str, pl.DataFrame], quarantine: pl.DataFrame, staypoints: pl.DataFrame,
+                     located: pl.DataFrame, latest: pl.DataFrame, config: PreprocessConfig) -> pl.DataFrame:
+    """Every person of the input without a latest sample, and why (source_user_id as text, reason), in the order
+    of the rules: every row quarantined; no staypoint; no activity staypoint at a place; too short a recent
+    history."""
+    def ids(frame: pl.DataFrame, column: str = "user_id") -> set[str]:
+        return set(frame[column].cast(pl.String).unique().to_list()) if column in frame.columns else set()
+
+    valid = ids(read_tables["points"])
+    scored = ids(latest, "source_user_id")
+    with_staypoints, with_places = ids(staypoints), ids(located)
+    reasons = {user: "every row quarantined" for user in ids(quarantine) - valid if user is not None}
+    for user in valid - scored:
+        if user not in with_staypoints:
+            reasons[user] = "no staypoint (no stay within the staypoint distance and time thresholds)"
+        elif user not in with_places:
+            reasons[user] = "no activity staypoint at a place"
+        else:
+            reasons[user] = (f"fewer than {config.min_history_staypoints} visits in the {config.history_days} days "
+                             "before the last visit")
+    return pl.DataFrame({"source_user_id": sorted(reasons), "reason": [reasons[u] for u in sorted(reasons)]},
+                        schema={"source_user_id": pl.String, "reason": pl.String})
 
 
 def fitted_summary(fitted: FittedPreprocessing) -> dict:

@@ -126,7 +126,7 @@ def check_output_folder(out_dir: Path, own_files: tuple[str, ...]) -> None:
 
 
 @contextmanager
-def output_lock(out_dir: Path, wait: bool = True) -> Iterator[Path]:
+def output_lock(out_dir: Path, wait: bool = True, command: str = "pgt preprocess") -> Iterator[Path]:
     """An exclusive lock on `.<name>.lock` beside out_dir for the whole run, removed after it. Another run
     holding it is waited for (a line on stderr says so), or refused with InputError when `wait` is False."""
     out_dir = Path(out_dir)
@@ -141,9 +141,9 @@ def output_lock(out_dir: Path, wait: bool = True) -> Iterator[Path]:
             holder = fh.read().strip() or "another process"
             if not wait:
                 fh.close()
-                raise InputError(out_dir, f"another `pgt preprocess` ({holder}) is writing this folder; "
+                raise InputError(out_dir, f"another `{command}` ({holder}) is writing this output; "
                                           f"wait for it or choose another --out (lock: {lock_path})") from None
-            print(f"waiting: another `pgt preprocess` ({holder}) is writing {out_dir}", file=sys.stderr, flush=True)
+            print(f"waiting: another `{command}` ({holder}) is writing {out_dir}", file=sys.stderr, flush=True)
             fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             same = os.fstat(fh.fileno()).st_ino == os.stat(lock_path).st_ino
@@ -183,3 +183,87 @@ def write_folder(out_dir: Path, write: Callable[[Path], None]) -> None:
             old.rename(out_dir)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# every command's --out: apart from its inputs, and never a file or folder someone else wrote
+
+PRODUCER_KEY = b"pgt.producer"  # Parquet schema metadata and PNG text key naming the command that wrote the file
+
+
+def check_apart(out: Path, inputs: dict[str, Path | str | None]) -> None:
+    """InputError unless `out` is apart from every input (option -> path; None skipped): not the same path, not
+    inside an input folder, and not a folder that holds an input (writing there would replace or delete it)."""
+    target = Path(out).expanduser().resolve()
+    for option, path in inputs.items():
+        if path is None:
+            continue
+        source = Path(path).expanduser().resolve()
+        if target == source:
+            raise InputError(out, f"is {option} itself; writing there would replace it: choose another --out")
+        if source in target.parents:
+            raise InputError(out, f"lies inside {option} {path}; writing there would change it: choose an --out outside it")
+        if target in source.parents:
+            raise InputError(out, f"holds {option} {path}; writing there could replace it: choose an --out that does "
+                                  "not contain it")
+
+
+def written_by(path: Path, producer: str, csv_header: list[str] | None = None) -> bool:
+    """Whether the file carries `producer`'s mark: Parquet schema metadata or PNG text (PRODUCER_KEY); a CSV, a
+    header line exactly `csv_header`. An unreadable file is not ours."""
+    path = Path(path)
+    try:
+        if path.suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            return (pq.read_schema(path).metadata or {}).get(PRODUCER_KEY) == producer.encode()
+        if path.suffix == ".png":
+            from PIL import Image
+
+            with Image.open(path) as image:
+                return image.info.get(PRODUCER_KEY.decode()) == producer
+        if path.suffix == ".csv" and csv_header is not None:
+            with path.open(encoding="utf-8") as fh:
+                return fh.readline().rstrip("\r\n") == ",".join(csv_header)
+    except Exception:  # any unreadable file: not one of ours
+        return False
+    return False
+
+
+def check_output_file(out: Path, producer: str, suffixes: tuple[str, ...], csv_header: list[str] | None = None) -> None:
+    """InputError (before any work) unless `out` can take `producer`'s output: a suffix it writes, not a folder,
+    and either absent or a file `producer` wrote (written_by): nothing else is ever replaced."""
+    out = Path(out)
+    if out.suffix not in suffixes:
+        raise InputError(out, f"--out must end in {' or '.join(suffixes)} (the output's format follows its suffix)")
+    if out.is_dir():
+        raise InputError(out, "is a folder; --out names a file")
+    if out.exists() and not written_by(out, producer, csv_header):
+        raise InputError(out, f"exists and was not written by `{producer}`; nothing is replaced: remove it or choose "
+                              "another --out")
+
+
+def check_output_entries(out: Path, producer: str, own: tuple[str, ...]) -> None:
+    """InputError unless the folder `out` is absent, empty or holds only entries `producer` writes (`own`: names or
+    glob patterns): a folder of someone else's files is never written into, and nothing of theirs is deleted."""
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise InputError(out, "exists and is not a folder; choose another --out")
+    import fnmatch
+
+    foreign = sorted(p.name for p in out.iterdir() if not any(fnmatch.fnmatch(p.name, pattern) for pattern in own))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise InputError(out, f"holds files that `{producer}` did not write ({shown}); nothing there is replaced: "
+                              "choose another --out")
+
+
+def write_parquet_marked(path: Path, table, producer: str) -> Path:
+    """Write a pyarrow table (or a polars frame) as Parquet atomically, marked as `producer`'s (written_by)."""
+    import pyarrow.parquet as pq
+
+    table = table.to_arrow() if hasattr(table, "to_arrow") else table
+    marked = table.replace_schema_metadata({**(table.schema.metadata or {}), PRODUCER_KEY: producer.encode()})
+    return write_file_atomically(path, lambda tmp: pq.write_table(marked, tmp))

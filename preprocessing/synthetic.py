@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from preprocessing.config import SynthConfig  # noqa: F401 - its config lives with the others
+from preprocessing.output import PRODUCER_KEY, temporary_sibling
 
 M_PER_DEG_LAT = 111_320.0
 DAY_S = 86_400
@@ -204,6 +205,9 @@ def generate_positionfixes(cfg: SynthConfig | None = None) -> pl.DataFrame:
     return pl.concat(list(iter_positionfixes(cfg)))
 
 
+SYNTHESISER = "pgt synth"  # the producer mark of the Parquet it writes (preprocessing.output.written_by)
+
+
 def write_positionfixes(cfg: SynthConfig, out_file: Path | str, progress: bool = False) -> Path:
     """Generate and write the points as Parquet, atomically, a chunk of people at a time (memory stays flat
     at any size). The same config writes the same bytes."""
@@ -213,7 +217,7 @@ def write_positionfixes(cfg: SynthConfig, out_file: Path | str, progress: bool =
     if out_file.suffix != ".parquet":
         raise ValueError(f"{out_file}: the synthetic points are written as a .parquet file")
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_file.with_name(f".{out_file.name}.tmp")
+    tmp = temporary_sibling(out_file)
     from rich.progress import Progress
 
     with Progress(disable=not progress, transient=True) as bar:
@@ -222,11 +226,15 @@ def write_positionfixes(cfg: SynthConfig, out_file: Path | str, progress: bool =
         try:
             for chunk in iter_positionfixes(cfg):
                 table = chunk.to_arrow()
+                table = table.replace_schema_metadata({**(table.schema.metadata or {}), PRODUCER_KEY: SYNTHESISER.encode()})
                 writer = writer or pq.ParquetWriter(tmp, table.schema, compression="zstd")
                 writer.write_table(table, row_group_size=1_000_000)
                 bar.advance(task, chunk["user_id"].n_unique())
-        finally:
+        except BaseException:
             if writer is not None:
                 writer.close()
+            tmp.unlink(missing_ok=True)
+            raise
+        writer.close()
     tmp.replace(out_file)
     return out_file

@@ -4,6 +4,7 @@ the entry-point group "pgt.commands" (pyproject.toml), so that pgt never imports
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -76,9 +77,12 @@ def tune(
     resume: Path | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
 ) -> None:
     """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE)."""
-    from pgt.tracking import champion_verdict, resolve_tracking_uri, run_url
+    from pgt.tracking import champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
+    from preprocessing.engine import check_ray_address
+    from preprocessing.errors import InputError
+    from preprocessing.output import check_apart, check_output_entries
     from tune.report import print_sweep
-    from tune.sweep import SweepInterrupted, run_sweep
+    from tune.sweep import OUTPUTS, SweepInterrupted, run_sweep
 
     try:
         if resume is not None:
@@ -92,16 +96,22 @@ def tune(
         else:
             if data is None or out is None:
                 raise ValueError("--data and --out are required (or --resume DIR)")
+            check_apart(out, {"--data": data})
+            check_output_entries(out, "pgt tune", OUTPUTS)
             spec = sweep_config(locals())
             tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), **given(locals(), "experiment"))
+
             from pgt.data import Vocab
 
             Vocab.from_manifest(data)  # a wrong --data fails here, not inside every trial
+        if tracking:  # services answer before any work, or one line says what to start
+            check_tracking_server(tracking.tracking_uri)
+        check_ray_address(address or os.environ.get("RAY_ADDRESS"))
         result = run_sweep(spec, tracking, address=address, resume=resume is not None, register=register)
     except SweepInterrupted as exc:
         typer.echo(f"interrupted: {exc}", err=True)
         raise typer.Exit(code=130)
-    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+    except (ValueError, FileNotFoundError, RuntimeError, InputError) as exc:
         fail(str(exc))
     print_sweep(result)
     typer.echo(f"wrote {Path(spec.out_dir) / 'tune.json'}")

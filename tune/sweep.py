@@ -23,6 +23,7 @@ from tune.config import OBJECTIVES, SEARCH_ALGS, SweepConfig  # noqa: F401 - re-
 from tune.space import SEARCHED, SearchSpace
 
 EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
+OUTPUTS = ("sweep.json", "tune.json", "trials", "trials.png", "ray", ".*.tmp-*")  # what a sweep writes in its --out
 
 
 # ---------------------------------------------------------------------------------------------
