@@ -17,6 +17,7 @@ import typer
 
 from pgt.config import BASELINES, DATA_ENGINES, MODELS, RECIPES, SELECT_ON, LaunchConfig, TrainConfig
 from pgt.options import default_of, fail, given
+from pgt.serving import ServeConfig
 from pgt.tracking import TrackingConfig
 from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
 from preprocessing.engine import ENGINES, EngineConfig
@@ -349,6 +350,32 @@ def predict(
     except Exception as exc:
         fail(f"{model}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     typer.echo(f"wrote {out}: top-{top_k} locations for {rows:,} sequences")
+
+
+@app.command()
+def serve(
+    model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
+    host: str | None = typer.Option(None, "--host", show_default=default_of(ServeConfig, "host"), help="Address to bind."),
+    port: int | None = typer.Option(None, "--port", min=1, max=65535, show_default=default_of(ServeConfig, "port")),
+    workers: int | None = typer.Option(None, "--workers", min=1, show_default=default_of(ServeConfig, "workers"),
+                                       help="Worker processes, each with its own copy of the model."),
+    max_request_mb: float | None = typer.Option(None, "--max-request-mb",
+                                                show_default=default_of(ServeConfig, "max_request_mb"),
+                                                help="Request bodies larger than this get HTTP 413."),
+    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
+) -> None:
+    """Serve a logged model over HTTP with MLflow's scoring protocol (POST /invocations), with a request size limit,
+    one-line 400s for bad requests and a warm model."""
+    from pgt.serving import serve as run
+    from pgt.tracking import check_model_uri
+
+    try:
+        config = ServeConfig(model_uri=model, tracking_uri=tracking_uri,
+                             **given(locals(), "host", "port", "workers", "max_request_mb"))
+        check_model_uri(config.model_uri, config.tracking_uri)
+    except ValueError as exc:
+        fail(str(exc))
+    run(config)
 
 
 @app.command()

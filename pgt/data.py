@@ -170,9 +170,18 @@ class SequenceDataset(Dataset):
         lengths = np.diff(offsets)
         if len(lengths) and lengths.min() < 1:
             raise ValueError(f"{path}: a sample has an empty history")
-        places_offsets = table.column("places").combine_chunks().offsets.to_numpy()
-        if not np.array_equal(places_offsets, offsets):
-            raise ValueError(f"{path}: column places does not have one place per visit of column locations")
+        for name in (*LIST_COLUMNS, "places", "user", *(("target", "target_place") if with_target else ())):
+            column = table.column(name).combine_chunks()
+            listed = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+            if column.null_count or (listed and column.values.null_count):
+                raise ValueError(f"{path}: column {name} holds null values; every visit needs every feature")
+            if listed and not np.array_equal(column.offsets.to_numpy(), offsets):
+                raise ValueError(f"{path}: column {name} does not have one value per visit of column locations")
+            values = (column.values if listed else column).to_numpy(zero_copy_only=False)
+            lowest = 1 if name == "locations" else 0
+            if len(values) and values.min() < lowest:
+                raise ValueError(f"{path}: column {name} holds {int(values.min())}; its ids start at {lowest}"
+                                 + (" (0 pads histories)" if lowest else ""))
         n = len(lengths)
         kept = np.minimum(lengths, max_len)
         width = int(kept.max()) if n else 1
@@ -204,6 +213,11 @@ class SequenceDataset(Dataset):
             schema = pq.read_schema(path)
         except (pa.ArrowException, OSError) as exc:
             raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+        return SequenceDataset.check_schema(schema, path, require_target)
+
+    @staticmethod
+    def check_schema(schema: pa.Schema, path: Path | str, require_target: bool = True) -> set[str]:
+        """The column names of a split's schema, after checking it has a split's columns and types (ValueError)."""
         present = set(schema.names)
         needed = ["user", *LIST_COLUMNS] + (["target"] if require_target else [])
         missing = [c for c in needed if c not in present]
@@ -219,7 +233,7 @@ class SequenceDataset(Dataset):
             is_list = pa.types.is_list(column_type) or pa.types.is_large_list(column_type)
             wants_list = name in (*LIST_COLUMNS, PLACE_COLUMNS[0])
             value_type = column_type.value_type if is_list else column_type
-            if not pa.types.is_integer(value_type) or is_list != wants_list:
+            if not (pa.types.is_integer(value_type) or pa.types.is_null(value_type)) or is_list != wants_list:
                 raise ValueError(f"{path}: column {name} has type {column_type}, expected "
                                  f"{'lists of integers' if wants_list else 'integers'}")
         return present

@@ -85,25 +85,60 @@ class PGTModel(PythonModel):
                 pl.from_arrow(self.users), source)
         return self._fitted
 
-    def predict(self, context, model_input, params=None):
+    def warm_up(self) -> None:
+        """Answer two small requests built from the model's own places (staypoints, then GPS points), so that the
+        fitted tables, the neighbour trees and the code paths are ready before the first client's request."""
         import pandas as pd
+        import polars as pl
 
-        if isinstance(model_input, pd.DataFrame):
-            from mlflow.exceptions import MlflowException
-            from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
+        places = self.fitted().places.filter(pl.col("location") >= 2).head(3)
+        if places.height == 0:
+            return
+        start, stays, fixes = pd.Timestamp("2024-01-01T08:00:00Z"), [], []
+        for i in range(6):
+            place = places.row(i % places.height, named=True)
+            begin = start + pd.Timedelta(hours=5 * i)
+            stays.append({"user_id": "warm-up", "started_at": begin.isoformat(),
+                          "finished_at": (begin + pd.Timedelta(hours=2)).isoformat(),
+                          "latitude": place["latitude"], "longitude": place["longitude"]})
+            fixes += [{"user_id": "warm-up", "tracked_at": (begin + pd.Timedelta(minutes=m)).isoformat(),
+                       "latitude": place["latitude"], "longitude": place["longitude"]} for m in range(0, 40, 2)]
+        self._predict_table(pd.DataFrame(stays), TOP_K)
+        self._predict_table(pd.DataFrame(fixes), TOP_K)
 
-            from preprocessing.errors import InputError
+    def predict(self, context, model_input, params=None):
+        """The module docstring's inputs. A client's error (a column, a shape, an id beyond the model's tables, a
+        parameter) raises MlflowException(INVALID_PARAMETER_VALUE) with one line naming it: HTTP 400."""
+        import pandas as pd
+        from mlflow.exceptions import MlflowException
+        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 
-            top_k = int((params or {}).get("top_k", TOP_K))
-            try:
-                if top_k < 1:
-                    raise ValueError(f"top_k must be at least 1, got {top_k}")
-                return self._predict_table(model_input, top_k)
-            except (InputError, ValueError, KeyError) as exc:  # a bad request: HTTP 400 with the reason
-                raise MlflowException(f"bad request: {exc}", error_code=INVALID_PARAMETER_VALUE) from None
-        x = torch.as_tensor(np.asarray(model_input), dtype=torch.int64)
-        if x.dim() != 3 or x.shape[1] not in (6, 7):
-            raise ValueError(f"expected int64 input of shape (B, 7, T) as Batch.packed() gives it, got {tuple(x.shape)}")
+        from preprocessing.errors import InputError
+
+        try:
+            if isinstance(model_input, pd.DataFrame):
+                return self._predict_table(model_input, top_k_of(params))
+            return self._predict_packed(model_input)
+        except (InputError, ValueError, KeyError, TypeError, OverflowError) as exc:  # the request's fault
+            message = " ".join(str(exc).split()) or type(exc).__name__
+            raise MlflowException(f"bad request: {message}", error_code=INVALID_PARAMETER_VALUE) from None
+
+    def _predict_packed(self, model_input) -> np.ndarray:
+        """(B, V + S) log-probabilities of a (B, 7, T) (or (B, 6, T)) integer array, checked against the tables."""
+        try:
+            array = np.asarray(model_input)
+        except ValueError:
+            raise ValueError("expected a (B, 7, T) array of integers as Batch.packed() gives it; the rows are ragged") from None
+        if array.dtype == object or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
+            raise ValueError(f"expected a (B, 7, T) array of integers as Batch.packed() gives it, got {array.dtype} values")
+        if array.ndim != 3 or array.shape[1] not in (6, 7) or array.shape[0] < 1 or array.shape[2] < 1:
+            raise ValueError(f"expected a (B, 7, T) array of integers as Batch.packed() gives it, got shape {array.shape}")
+        if np.issubdtype(array.dtype, np.floating) and not (np.isfinite(array).all() and (array == np.round(array)).all()):
+            raise ValueError("expected integers; the array holds fractions, NaN or infinities")
+        from pgt.model import check_packed
+
+        x = torch.as_tensor(array.astype(np.int64))
+        check_packed(x, self.packed.cfg)
         with torch.no_grad():
             return self.packed(x).numpy()
 
@@ -117,12 +152,22 @@ class PGTModel(PythonModel):
         from pgt.serve import place_predictions, predict_applied, top_k_predictions
         from preprocessing.pipeline import StageLog, apply_fitted
 
+        from preprocessing.errors import InputError
+
         columns = set(frame.columns)
+        if len(frame) == 0:
+            raise ValueError("the request has no rows")
         if "locations" in columns:  # sequences, as a split holds them
             from pgt.data import SequenceDataset
+            from pgt.serve import _check_vocab
 
-            samples = pl.from_pandas(frame)
+            try:
+                samples = pl.from_pandas(frame)
+            except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
+                raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
+            SequenceDataset.check_schema(samples.to_arrow().schema, "request", require_target=False)
             dataset = SequenceDataset.from_arrow(samples.to_arrow(), self.packed.cfg.max_len, "request")
+            _check_vocab(self.packed, dataset, "request")
             if "source_user_id" not in columns:
                 samples = samples.with_columns(source_user_id=pl.col("user"))
             if "history_end" not in columns and "target_started_at" not in columns:
@@ -134,11 +179,33 @@ class PGTModel(PythonModel):
             shm = Path("/dev/shm")  # a memory-backed folder where there is one: the request never touches disk
             with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
                 path = Path(tmp) / "request.parquet"
-                pl.from_pandas(frame).write_parquet(path)
-                applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False), evaluation=False)
+                try:
+                    pl.from_pandas(frame).write_parquet(path)
+                except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
+                    raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
+                try:
+                    applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False),
+                                           evaluation=False)
+                except InputError as exc:  # the request, not the server's temporary file
+                    raise InputError("request", exc.problem.replace(str(path), "request")) from None
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
         records = result.with_columns(pl.col("time").cast(pl.String)).to_dicts()
         return pd.DataFrame(records, columns=result.columns, dtype=object)  # ints stay ints, JSON null (not NaN) for none
+
+
+MAX_TOP_K = 1000  # the most places one answer may list
+
+
+def top_k_of(params: dict | None) -> int:
+    """The request's `top_k` (TOP_K when it has none): an integer 1..MAX_TOP_K, else ValueError naming it."""
+    if not params or "top_k" not in params:
+        return TOP_K
+    value = params["top_k"]
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_TOP_K:
+        raise ValueError(f"params.top_k must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
+    return int(value)
 
 
 mlflow.models.set_model(PGTModel())

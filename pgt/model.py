@@ -309,6 +309,20 @@ class PackedModel(nn.Module):
         return self.model(locations, users[:, 0], times, weekdays, recency, durations, slots).log_probs.float()
 
 
+def check_packed(x: torch.Tensor, cfg: ModelConfig) -> None:
+    """ValueError naming the row of a (B, 7, T) input (PackedModel's) that lies outside the model's tables."""
+    tables = [("locations", cfg.num_locations - 1), ("users", cfg.num_users - 1), ("time slots", cfg.time_slots),
+              ("weekdays", cfg.weekdays), ("recency", cfg.recency_days), ("durations", cfg.duration_buckets),
+              ("slots", x.shape[2])]
+    for row, (name, top) in enumerate(tables[:x.shape[1]]):
+        values = x[:, row]
+        if int(values.min()) < 0 or int(values.max()) > top:
+            raise ValueError(f"row {row} ({name}) of the (B, 7, T) input holds {int(values.min())}..{int(values.max())}, "
+                             f"but the model's table takes 0..{top}")
+    if not bool((x[:, 0, 0] != 0).all()):
+        raise ValueError("every history starts at column 0: row 0 (locations) is 0 there, which pads")
+
+
 def _xavier(model: nn.Module) -> None:
     """Xavier-uniform initialisation of every matrix, as the reference implementation does."""
     for p in model.parameters():

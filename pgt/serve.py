@@ -237,12 +237,17 @@ def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> No
 
 
 def _check_vocab(model, dataset: SequenceDataset, path: Path) -> None:
-    """Ids beyond the model's tables mean the sequences come from another preprocessing run."""
-    checks = [("locations", dataset.locations, model.cfg.num_locations), ("user", dataset.users, model.cfg.num_users)]
-    for column, values, size in checks:
-        if len(values) and int(values.max()) >= size:
-            raise ValueError(f"{path}: column {column} holds id {int(values.max())}, but the model knows ids "
-                             f"0..{size - 1}; score sequences from the preprocessing run the model was trained on")
+    """Ids and features beyond the model's tables mean the sequences come from another preprocessing run (or are
+    not a split's): one line naming the column, before the model would index past a table."""
+    cfg = model.cfg
+    checks = [("locations", dataset.locations, cfg.num_locations - 1), ("user", dataset.users, cfg.num_users - 1),
+              ("time_slots", dataset.times - 1, cfg.time_slots - 1), ("weekdays", dataset.weekdays - 1, cfg.weekdays - 1),
+              ("recency", dataset.recency - 1, cfg.recency_days - 1),
+              ("durations", dataset.durations - 1, cfg.duration_buckets - 1)]
+    for column, values, top in checks:
+        if len(values) and int(values.max()) > top:
+            raise ValueError(f"{path}: column {column} holds {int(values.max())}, but the model knows 0..{top}; score "
+                             "sequences from the preprocessing run the model was trained on")
 
 
 def last_days(points: pl.DataFrame, days: float, time_column: str = "tracked_at") -> pl.DataFrame:

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Serve a registered model over HTTP with `mlflow models serve`, bound to 127.0.0.1:${SERVE_PORT:-5056}.
+# Serve a registered model over HTTP with `pgt serve` (MLflow's scoring protocol, a request size limit of
+# ${SERVE_MAX_REQUEST_MB:-16} MB, one-line 400s, a warm model), bound to 127.0.0.1:${SERVE_PORT:-5056}.
 #   scripts/start-serve.sh [MODEL_URI]    (default models:/${PGT_MODEL_NAME:-pgt-demo}@champion)
 # The model loads from MLFLOW_TRACKING_URI (default: the local server of start-mlflow.sh) in this project's
-# environment (--env-manager local). Waits for /ping; prints the address and a request to try. Idempotent.
+# environment. Waits for /ping; prints the address. Idempotent.
 set -euo pipefail
 source "$(dirname "$0")/_lib.sh"
 PORT="${SERVE_PORT:-5056}"
@@ -19,8 +20,9 @@ if running "$PIDFILE"; then  # one server per state folder: say where it is, wha
 fi
 # Nothing is unpickled: the model is models-from-code (pgt/mlflow_model.py). A request is a few dozen rows:
 # one polars thread per worker answers it faster than a pool (scale with SERVE_WORKERS instead).
-POLARS_MAX_THREADS="${POLARS_MAX_THREADS:-1}" MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false setsid "$VENV_BIN/mlflow" models serve -m "$MODEL" \
-    --env-manager local --host 127.0.0.1 --port "$PORT" --workers "${SERVE_WORKERS:-1}" >"$DIR/server.log" 2>&1 &
+POLARS_MAX_THREADS="${POLARS_MAX_THREADS:-1}" MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false setsid "$VENV_BIN/pgt" serve --model "$MODEL" \
+    --host 127.0.0.1 --port "$PORT" --workers "${SERVE_WORKERS:-1}" --max-request-mb "${SERVE_MAX_REQUEST_MB:-16}" \
+    >"$DIR/server.log" 2>&1 &
 echo $! >"$PIDFILE"
 echo "$MODEL" >"$DIR/model"
 echo "$URL" >"$DIR/url"

@@ -91,7 +91,7 @@ def served(trained, tmp_path_factory):
     """`mlflow models serve` of the champion, started and stopped by the project's scripts."""
     root, server = trained
     env = {**os.environ, "PGT_STATE_DIR": str(tmp_path_factory.mktemp("serve")), "SERVE_PORT": str(free_port()),
-           "MLFLOW_TRACKING_URI": server}
+           "MLFLOW_TRACKING_URI": server, "SERVE_MAX_REQUEST_MB": "1"}
     started = subprocess.run([PROJECT_ROOT / "scripts" / "start-serve.sh", "models:/raw@champion"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
@@ -101,8 +101,9 @@ def served(trained, tmp_path_factory):
     assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stdout + stopped.stderr
 
 
-def post(url: str, body: dict) -> tuple[int, dict]:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def post(url: str, body: dict | bytes, content_type: str = "application/json") -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": content_type})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
@@ -159,6 +160,79 @@ def test_a_bad_request_gets_400_naming_the_column(served):
     assert status == 400 and "finished_at" in body["message"], body
     status, body = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts(), "params": {"top_k": 0}})
     assert status == 400 and "top_k" in body["message"], body
+
+
+def sequence_records(root: Path, n: int = 2) -> list[dict]:
+    latest = pl.read_parquet(root / "late" / "latest.parquet").head(n).drop("history_end")
+    return [{k: (list(v) if isinstance(v, list) else v) for k, v in row.items()} for row in latest.to_dicts()]
+
+
+def bad_requests(root: Path) -> dict[str, tuple[dict | bytes, str]]:
+    """name -> (body, a word the one-line answer must hold): what careless or hostile clients send."""
+    records = sequence_records(root)
+    beyond = [dict(records[0], locations=[10**6] * len(records[0]["locations"]))]
+    ragged = [dict(records[0], time_slots=records[0]["time_slots"][:-1])]
+    nulls = [dict(records[0], weekdays=[None] * len(records[0]["weekdays"]))]
+    stays = one_user_staypoints(root).to_dicts()
+    return {
+        "packed array of the wrong shape": ({"instances": [[1, 2, 3]]}, "shape"),
+        "packed array beyond the tables": ({"instances": [[[10**7, 1], [1, 1], [1, 1], [1, 1], [1, 1], [1, 1], [0, 0]]]},
+                                           "locations"),
+        "ragged packed array": ({"instances": [[[1, 2], [1]]]}, "ragged"),
+        "location ids beyond the model's": ({"dataframe_records": beyond}, "locations"),
+        "lists of different lengths": ({"dataframe_records": ragged}, "time_slots"),
+        "null features": ({"dataframe_records": nulls}, "weekdays"),
+        "string ids": ({"dataframe_records": [dict(records[0], user="alice")]}, "user"),
+        "top_k of the wrong type": ({"dataframe_records": stays, "params": {"top_k": "many"}}, "top_k"),
+        "top_k too large": ({"dataframe_records": stays, "params": {"top_k": 10**6}}, "top_k"),
+        "top_k null": ({"dataframe_records": stays, "params": {"top_k": None}}, "top_k"),
+        "a staypoint without finished_at": ({"dataframe_records": [{k: v for k, v in r.items() if k != "finished_at"}
+                                                                    for r in stays]}, "finished_at"),
+        "unparseable times": ({"dataframe_records": [dict(r, started_at="yesterday") for r in stays]}, "started_at"),
+        "no rows": ({"dataframe_records": []}, "records"),
+        "ragged dataframe_split": ({"dataframe_split": {"columns": ["a", "b"], "data": [[1, 2], [3]]}}, "dataframe_split"),
+        "a list body": (b"[1, 2, 3]", "object"),
+        "not JSON": (b"{not json", "JSON"),
+        "deeply nested JSON": (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested"),
+        "not UTF-8": (b'{"inputs": "\xff"}', "UTF-8"),
+        "two input keys": ({"dataframe_records": stays, "instances": stays}, "exactly one"),
+    }
+
+
+def test_every_bad_request_gets_one_line_400_and_the_server_lives_on(served):
+    url, root, _ = served
+    for name, (body, word) in bad_requests(root).items():
+        status, answer = post(url, body)
+        assert status == 400, (name, status, answer)
+        message = answer["message"]
+        assert word in message and "\n" not in message and "Traceback" not in message, (name, message)
+        assert "/tmp" not in message and "/dev/shm" not in message and "stack_trace" not in answer, (name, answer)
+    with urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=10) as response:
+        assert response.status == 200
+    status, body = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
+    assert status == 200 and len(body["predictions"]) == 5
+
+
+def test_records_under_instances_answer_like_dataframe_records(served):
+    url, root, _ = served
+    stays = one_user_staypoints(root).to_dicts()
+    first = post(url, {"dataframe_records": stays, "params": {"top_k": 2}})
+    second = post(url, {"instances": stays, "params": {"top_k": 2}})
+    assert first[0] == second[0] == 200 and first[1] == second[1]
+    third = post(url, {"dataframe_split": {"columns": list(stays[0]), "data": [list(r.values()) for r in stays]},
+                       "params": {"top_k": 2}})
+    assert third == first
+
+
+def test_a_request_over_the_size_limit_gets_413(served):
+    """The test server's limit is 1 MB: a dense request of 20,000 staypoints at one spot (about 3 MB) is refused
+    before it is read whole, and a request under the limit still answers."""
+    url, root, _ = served
+    stay = one_user_staypoints(root).to_dicts()[0]
+    status, answer = post(url, {"dataframe_records": [stay] * 20_000})
+    assert status == 413 and "1 MB" in answer["message"], answer
+    status, _ = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
+    assert status == 200
 
 
 def test_geolife_80_20_predict_equals_evaluate(geolife_parquet, tmp_path):

@@ -1,0 +1,234 @@
+"""`pgt serve`: a logged model over HTTP, with MLflow's scoring protocol and hard limits.
+
+The routes and bodies are those of `mlflow models serve` (POST /invocations with `dataframe_records`,
+`dataframe_split`, `instances` or `inputs`, and `params`; or a CSV body; GET /ping, /health, /version), and the
+model is the same pyfunc (pgt/mlflow_model.py). What this server adds:
+
+- a request body larger than `max_request_mb` is refused with HTTP 413 before it is read whole;
+- a client's error is HTTP 400 with one line naming the field, column or parameter: no stack trace, no server
+  path, never 500, and the worker lives on (JSON nested too deeply to parse included);
+- the model is loaded and warmed up before the server answers /ping, so the first request is as fast as
+  the rest.
+
+`create_app` reads its settings from the environment (`ServeConfig.from_env`), which is how uvicorn's
+worker processes receive them.
+"""
+
+
+import asyncio
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+ENV_PREFIX = "PGT_SERVE_"  # ServeConfig fields reach uvicorn's workers as PGT_SERVE_<FIELD> variables
+log = logging.getLogger("pgt.serve")
+
+
+@dataclass
+class ServeConfig:
+    model_uri: str  # an MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ...
+    host: str = "127.0.0.1"  # the address to bind
+    port: int = 5056  # the port to bind
+    workers: int = 1  # uvicorn worker processes, each with its own copy of the model
+    max_request_mb: float = 16.0  # larger request bodies get HTTP 413 (a week of one person's GPS at 1 Hz is ~60 MB)
+    tracking_uri: str | None = None  # where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_request_mb <= 4096:
+            raise ValueError(f"max_request_mb must be in (0, 4096], got {self.max_request_mb}")
+        if self.workers < 1 or not 0 < self.port < 65536:
+            raise ValueError(f"workers must be >= 1 and port in 1..65535, got {self.workers} and {self.port}")
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * 2**20)
+
+    def to_env(self) -> dict[str, str]:
+        return {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_env(cls) -> "ServeConfig":
+        values = {}
+        for field in dataclasses.fields(cls):
+            raw = os.environ.get(f"{ENV_PREFIX}{field.name.upper()}")
+            if raw is not None:
+                values[field.name] = {int: int, float: float}.get(field.type, str)(raw)
+        return cls(**values)
+
+
+class BadRequest(Exception):
+    """A client's error: HTTP `status` with one line."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_body(body: bytes, content_type: str):
+    """(model input: a pandas DataFrame or an array-like, params dict) of a request, as MLflow's protocol reads it;
+    BadRequest with one line otherwise."""
+    import pandas as pd
+
+    mime = (content_type or "application/json").split(";")[0].strip().lower()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
+    if mime == "text/csv":
+        import io
+
+        try:
+            return pd.read_csv(io.StringIO(text)), {}
+        except (ValueError, pd.errors.ParserError) as exc:
+            raise BadRequest(f"the CSV body cannot be read ({' '.join(str(exc).split())[:200]})") from None
+    if mime != "application/json":
+        raise BadRequest(f"content type {mime!r}: send application/json or text/csv", status=415)
+    try:
+        payload = json.loads(text)
+    except RecursionError:
+        raise BadRequest("the JSON body is nested too deeply to be a request") from None
+    except ValueError as exc:
+        raise BadRequest(f"the body is not valid JSON ({str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(f"the JSON body must be an object with one of dataframe_records, dataframe_split, "
+                         f"instances or inputs; got a {type(payload).__name__}")
+    params = payload.get("params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"params must be an object, got {type(payload['params']).__name__}")
+    if "top_k" in params:
+        from pgt.mlflow_model import top_k_of
+
+        try:
+            params = {**params, "top_k": top_k_of(params)}
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    keys = [k for k in ("dataframe_records", "dataframe_split", "instances", "inputs") if k in payload]
+    if len(keys) != 1:
+        raise BadRequest("the JSON body needs exactly one of dataframe_records, dataframe_split, instances or "
+                         f"inputs; found {', '.join(keys) or 'none'} (keys: {', '.join(map(str, payload))})")
+    key, data = keys[0], payload[keys[0]]
+    if key == "dataframe_split":
+        return _split_frame(data), params
+    return _records_or_array(data, key), params
+
+
+def _split_frame(data):
+    import pandas as pd
+
+    if not isinstance(data, dict) or not isinstance(data.get("columns"), list) or not isinstance(data.get("data"), list):
+        raise BadRequest("dataframe_split must be an object with lists `columns` and `data`")
+    columns, rows = data["columns"], data["data"]
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != len(columns):
+            raise BadRequest(f"dataframe_split.data[{i}] has {len(row) if isinstance(row, list) else 'no'} values for "
+                             f"{len(columns)} columns")
+    return pd.DataFrame(rows, columns=[str(c) for c in columns])
+
+
+def _records_or_array(data, key: str):
+    """Records (a list of objects) or a column dict as a DataFrame; anything else as the array it is."""
+    import pandas as pd
+
+    if isinstance(data, list) and data and all(isinstance(row, dict) for row in data):
+        return pd.DataFrame.from_records(data)
+    if isinstance(data, list) and any(isinstance(row, dict) for row in data):
+        first = next(i for i, row in enumerate(data) if not isinstance(row, dict))
+        raise BadRequest(f"{key}[{first}] is not an object like the other records")
+    if isinstance(data, dict):
+        lengths = {name: len(v) if isinstance(v, list) else None for name, v in data.items()}
+        if None in lengths.values() or len(set(lengths.values())) > 1:
+            raise BadRequest(f"{key} as columns needs lists of one length; got {lengths}")
+        return pd.DataFrame(data)
+    if not isinstance(data, list) or not data:
+        raise BadRequest(f"{key} must be a non-empty list of records or a (B, 7, T) array")
+    return data
+
+
+def create_app(config: "ServeConfig | None" = None):
+    """The FastAPI app: the model loaded and warmed up, /invocations with the limits of the module docstring."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.pyfunc.scoring_server import predictions_to_json
+
+    from pgt.tracking import check_model_uri
+
+    config = config or ServeConfig.from_env()
+    mlflow.set_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
+    model = mlflow.pyfunc.load_model(config.model_uri)
+    warm_up(model)
+    app = FastAPI(title=f"pgt serve {config.model_uri}")
+
+    def answer(status: int, message: str) -> Response:
+        code = {400: "BAD_REQUEST", 413: "REQUEST_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE"}.get(status, "INTERNAL_ERROR")
+        return Response(json.dumps({"error_code": code, "message": message}), status_code=status,
+                        media_type="application/json")
+
+    @app.get("/ping")
+    @app.get("/health")
+    async def ping():
+        return Response("\n", status_code=200, media_type="application/json")
+
+    @app.get("/version")
+    async def version():
+        return Response(mlflow.__version__, status_code=200, media_type="application/json")
+
+    @app.post("/invocations")
+    async def invocations(request: Request):
+        limit = config.max_request_bytes
+        declared = request.headers.get("content-length")
+        too_large = (f"the request body exceeds the server's limit of {config.max_request_mb:g} MB; send fewer rows "
+                     "per request (a person's last days suffice), or start the server with a larger --max-request-mb")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            return answer(413, too_large)
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                return answer(413, too_large)
+            chunks.append(chunk)
+        def predict(body: bytes, content_type: str):
+            data, params = parse_body(body, content_type)
+            return model.predict(data, params=params or None)
+
+        try:
+            predictions = await asyncio.to_thread(predict, b"".join(chunks), request.headers.get("content-type", ""))
+        except BadRequest as exc:
+            return answer(exc.status, str(exc))
+        except MlflowException as exc:  # the model's one-line client errors (INVALID_PARAMETER_VALUE)
+            if exc.get_http_status_code() == 400:
+                return answer(400, exc.message.removeprefix("bad request: ").splitlines()[0])
+            log.exception("prediction failed")
+            return answer(500, "the server failed to answer this request; its log has the details")
+        except Exception:  # a bug of ours, not the client's: logged here, one line there
+            log.exception("prediction failed")
+            return answer(500, "the server failed to answer this request; its log has the details")
+        import io
+
+        out = io.StringIO()
+        predictions_to_json(predictions, out)
+        return Response(out.getvalue(), status_code=200, media_type="application/json")
+
+    return app
+
+
+def warm_up(model) -> None:
+    """One prediction from the model's own data before the first request: its fitted tables built, torch and
+    polars code paths compiled and cached. A model that cannot (an older one) is served cold."""
+    wrapper = model.unwrap_python_model()
+    warm = getattr(wrapper, "warm_up", None)
+    if warm is not None:
+        warm()
+
+
+def serve(config: ServeConfig) -> None:
+    """Run the app under uvicorn with config.workers processes (blocking)."""
+    import uvicorn
+
+    os.environ.update(config.to_env())
+    uvicorn.run("pgt.serving:create_app", factory=True, host=config.host, port=config.port, workers=config.workers,
+                log_level="info", timeout_graceful_shutdown=10)
