@@ -103,6 +103,27 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
     return trainer.fit()
 
 
+def check_splits(data_dir: Path) -> None:
+    """ValueError, before any run or Ray starts, unless data_dir holds the three splits, each with samples
+    (read from the Parquet footers)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pgt.data import SPLITS
+
+    for split in SPLITS:
+        path = data_dir / f"{split}.parquet"
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file; --data names a `pgt preprocess` output folder")
+        try:
+            rows = pq.read_metadata(path).num_rows
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+        if rows == 0:
+            raise ValueError(f"{path}: the {split} split has no samples; nothing to train on (preprocess more people "
+                             "or more days)")
+
+
 def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=None,
                  on_epoch: Callable | None = None, callbacks: list | None = None) -> dict:
     """Train (or fit a baseline) as `pgt train` does: in this process or under Ray Train, logged to MLflow
@@ -111,6 +132,7 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
     launch = launch or LaunchConfig()
     if launch.data_engine == "ray" and cfg.model not in BASELINES:
         check_streamable(cfg)  # before a run or Ray starts
+    check_splits(Path(cfg.data_dir))
     out_dir = Path(cfg.out_dir).resolve()
     cfg = dataclasses.replace(cfg, out_dir=str(out_dir), data_dir=str(Path(cfg.data_dir).resolve()))
     if not cfg.resume:  # a fresh start: no checkpoint of an earlier run may be picked up

@@ -56,16 +56,23 @@ class PGTModel(PythonModel):
     def load_context(self, context) -> None:
         from pgt.model import ModelConfig, PackedModel, build_model
 
-        cfg = ModelConfig(**json.loads(Path(context.artifacts[CONFIG]).read_text()))
+        try:
+            cfg = ModelConfig(**_read_json(context.artifacts[CONFIG], "model_config.json"))
+        except TypeError as exc:
+            raise ValueError(f"the model's model_config.json does not describe a model ({exc}); log the model again") from None
         model = build_model(cfg)
-        model.load_state_dict(torch.load(context.artifacts[WEIGHTS], map_location="cpu", weights_only=True))
+        try:
+            model.load_state_dict(torch.load(context.artifacts[WEIGHTS], map_location="cpu", weights_only=True))
+        except Exception as exc:  # a truncated or foreign file: one line, never an unpickling attempt
+            raise ValueError(f"the model's weights.pt cannot be loaded ({' '.join(str(exc).split())[:200]}); "
+                             "log the model again") from None
         self.packed = PackedModel(model).eval()
         import pyarrow.parquet as pq
 
         artifacts = context.artifacts
         self.locations = pq.read_table(artifacts[LOCATIONS]) if LOCATIONS in artifacts else None
         self.users = pq.read_table(artifacts[USERS]) if USERS in artifacts else None
-        self.manifest = json.loads(Path(artifacts[MANIFEST]).read_text()) if MANIFEST in artifacts else None
+        self.manifest = _read_json(artifacts[MANIFEST], "manifest.json") if MANIFEST in artifacts else None
         self.data_files = {key: Path(artifacts[key]) for key in DATA_FILES if key in artifacts}
         self._fitted = None
 
@@ -191,6 +198,18 @@ class PGTModel(PythonModel):
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
         records = result.with_columns(pl.col("time").cast(pl.String)).to_dicts()
         return pd.DataFrame(records, columns=result.columns, dtype=object)  # ints stay ints, JSON null (not NaN) for none
+
+
+def _read_json(path: str, name: str) -> dict:
+    """A JSON object the model carries, or ValueError naming it (a corrupt or hand-edited model)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"the model's {name} is unreadable ({' '.join(str(exc).split())[:120]}); log the model "
+                         "again") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"the model's {name} holds a {type(data).__name__}, expected a JSON object; log the model again")
+    return data
 
 
 MAX_TOP_K = 1000  # the most places one answer may list

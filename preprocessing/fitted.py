@@ -58,12 +58,21 @@ class FittedPreprocessing:
         if not isinstance(manifest.get("config"), dict) or not isinstance(manifest.get("vocab"), dict):
             raise InputError(source, "the manifest has no `config` and `vocab`; expected a `pgt preprocess` output")
         config = PreprocessConfig.from_dict({**manifest["config"], "latest_valid_time": None}, source)
+        kinds = {"location_id": "integer", "location": "integer", "user": "integer", "latitude": "float",
+                 "longitude": "float", "is_core": "boolean", "source_user_id": None}
         for name, table, columns in (("places", places, ("location_id", "latitude", "longitude", "location")),
                                      ("location_staypoints", clustered, ("location_id", "latitude", "longitude", "is_core")),
                                      ("users", users, ("user", "source_user_id"))):
             missing = [c for c in columns if c not in table.columns]
             if missing:
                 raise InputError(source, f"{name} table lacks column(s) {', '.join(missing)}")
+            for column in columns:
+                dtype, kind = table.schema[column], kinds[column]
+                ok = (kind is None or (kind == "integer" and dtype.is_integer()) or (kind == "float" and dtype.is_float())
+                      or (kind == "boolean" and dtype == pl.Boolean))
+                if not ok:
+                    raise InputError(source, f"{name} table's column {column} has type {dtype}, expected {kind}; "
+                                             "the folder was not written by `pgt preprocess`, or was changed since")
         return cls(config, manifest["vocab"], places.select("location_id", "latitude", "longitude", "location"),
                    clustered.select("location_id", "latitude", "longitude", "is_core"),
                    users.select("user", "source_user_id"),
@@ -73,6 +82,9 @@ class FittedPreprocessing:
     def from_folder(cls, folder: Path | str) -> FittedPreprocessing:
         """The fitted tables of a full `pgt preprocess` output folder."""
         folder = Path(folder)
+        if folder.is_file():
+            raise InputError(folder, "is a file; --fitted names the folder `pgt preprocess` wrote for the model's "
+                                     "training data")
         if not folder.is_dir():
             raise InputError(folder, "no such folder; expected the `pgt preprocess` output a model was trained on")
         manifest = read_manifest(folder)

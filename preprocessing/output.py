@@ -234,10 +234,10 @@ def check_output_file(out: Path, producer: str, suffixes: tuple[str, ...], csv_h
     """InputError (before any work) unless `out` can take `producer`'s output: a suffix it writes, not a folder,
     and either absent or a file `producer` wrote (written_by): nothing else is ever replaced."""
     out = Path(out)
-    if out.suffix not in suffixes:
-        raise InputError(out, f"--out must end in {' or '.join(suffixes)} (the output's format follows its suffix)")
     if out.is_dir():
         raise InputError(out, "is a folder; --out names a file")
+    if out.suffix not in suffixes:
+        raise InputError(out, f"--out must end in {' or '.join(suffixes)} (the output's format follows its suffix)")
     if out.exists() and not written_by(out, producer, csv_header):
         raise InputError(out, f"exists and was not written by `{producer}`; nothing is replaced: remove it or choose "
                               "another --out")

@@ -30,28 +30,77 @@ running() {
     [ -f "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
-# stop_pid NAME PIDFILE [SIGNALS]: SIGTERM (repeated for processes that ignore the first one), then SIGKILL
-# after 30 s; the process group goes with it, so children (workers, job runners) do not outlive it.
+# descendants PID: every process below PID in the process tree (children first found, then theirs), one per line.
+descendants() {
+    local table
+    table="$(ps -eo pid=,ppid=)"
+    local todo=("$1") pid child
+    while [ "${#todo[@]}" -gt 0 ]; do
+        pid="${todo[0]}"
+        todo=("${todo[@]:1}")
+        for child in $(awk -v p="$pid" '$2 == p {print $1}' <<<"$table"); do
+            echo "$child"
+            todo+=("$child")
+        done
+    done
+}
+
+# any_alive PID...: true when one of the processes still runs (a zombie waiting for its parent does not).
+any_alive() {
+    local pid
+    for pid in "$@"; do
+        case "$(ps -o stat= -p "$pid" 2>/dev/null)" in
+            ""|Z*) ;;
+            *) return 0 ;;
+        esac
+    done
+    return 1
+}
+
+# stop_pid NAME PIDFILE: SIGTERM to the process, its process group and every descendant (found before any of
+# them dies: a flow run the worker started, in its own group, and the Ray it started, go too), repeated for
+# processes that ignore the first one, then SIGKILL after 30 s.
 stop_pid() {
-    local name=$1 pidfile=$2 pid waited=0
+    local name=$1 pidfile=$2 pid waited=0 tree
     if ! running "$pidfile"; then
         rm -f "$pidfile"
         echo "$name: not running"
         return 0
     fi
     pid="$(cat "$pidfile")"
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
-    while kill -0 "$pid" 2>/dev/null; do
+    tree="$(descendants "$pid" | tr '\n' ' ')"
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    # shellcheck disable=SC2086  # a list of PIDs
+    kill -TERM $tree 2>/dev/null || true
+    # shellcheck disable=SC2086
+    while any_alive "$pid" $tree; do
         sleep 1
         waited=$((waited + 1))
         if [ $((waited % 5)) -eq 0 ]; then  # Prefect's worker ignores the first SIGTERM
-            kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+            kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
         fi
         if [ "$waited" -ge 30 ]; then
-            kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+            kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+            # shellcheck disable=SC2086
+            kill -KILL $tree 2>/dev/null || true
             break
         fi
     done
     rm -f "$pidfile"
-    echo "$name: stopped (pid $pid, ${waited}s)"
+    echo "$name: stopped (pid $pid$([ -n "$tree" ] && echo ", and $(wc -w <<<"$tree") processes it started"), ${waited}s)"
+}
+
+# leftovers: PIDs of this project's orphans, processes left by a killed run (their parent gone: init, pid 1,
+# adopted them) whose command runs from this project's environment (its python, Ray's binaries in its
+# site-packages): a flow run, a Ray instance, a server whose PID file is lost. A command a person runs in a
+# shell has that shell as its parent: never listed.
+leftovers() {
+    local env_root
+    env_root="$(dirname "$VENV_BIN")"
+    ps -eo pid=,ppid=,args= | while read -r pid ppid args; do
+        [ "$ppid" = 1 ] || continue
+        case "$args" in
+            *"$env_root"/*) echo "$pid" ;;
+        esac
+    done
 }

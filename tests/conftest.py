@@ -29,6 +29,32 @@ def _require(path: Path) -> Path:
     pytest.skip(f"real data not available: {path} is missing (it lives in ../shared/data beside the project)")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """The safety net under every test's own cleanup: whatever this test run started and still runs (a
+    subprocess of a test that was interrupted, its Ray, a flow run) is stopped, TERM then KILL: only processes
+    below this one in the process tree, never another run's."""
+    import signal
+
+    left = descendant_processes(os.getpid())
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(map(running, left)):
+        time.sleep(0.2)
+    for pid in filter(running, left):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def running(pid: int) -> bool:
+    """Whether the process runs (a zombie waiting for its parent does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @pytest.fixture(scope="session", autouse=True)
 def isolated_state(tmp_path_factory) -> Iterator[Path]:
     """Runs tracked by tests go to a temporary state folder (MLflow's SQLite store), never to the project's .state.

@@ -86,6 +86,60 @@ def test_predict_warns_when_no_user_has_a_recent_history(trained, tmp_path):
     assert pl.read_parquet(tmp_path / "p.parquet").height == 0 and "of 0 users" in r.stdout
 
 
+def test_predict_names_who_it_could_not_score_and_keeps_the_quarantined_rows(trained, tmp_path):
+    """Nothing vanishes: a person whose every row is invalid, one with ten minutes of GPS (no staypoint) and a few
+    invalid rows of a known person are counted, written beside the output and named with the reason."""
+    root, server = trained
+    late = pl.read_parquet(root / "late.parquet")
+
+    def predict(points: pl.DataFrame) -> subprocess.CompletedProcess:
+        points.write_parquet(tmp_path / "points.parquet")
+        r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "points.parquet", "--format",
+                "positionfixes", "--out", tmp_path / "pred.csv", "--tracking-uri", server)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r
+
+    clean = predict(late)  # the synthetic GPS has its own implausible fixes
+    side = {name: tmp_path / f"pred.{name}.parquet" for name in ("quarantine", "unscored")}
+    baseline = pl.read_parquet(side["quarantine"]).height if side["quarantine"].exists() else 0
+    assert f"{baseline:,} quarantined" in clean.stdout and not side["unscored"].exists()
+    start, time_type = late["tracked_at"].min(), late.schema["tracked_at"]
+    ghost = late.head(50).with_columns(pl.lit(9001, late.schema["user_id"]).alias("user_id"), pl.lit(999.0).alias("latitude"))
+    brief = late.head(10).with_columns(pl.lit(9002, late.schema["user_id"]).alias("user_id"),
+                                       (start + pl.duration(minutes=1) * pl.int_range(10)).cast(time_type).alias("tracked_at"))
+    broken = late.head(7).with_columns(pl.lit(0.0).alias("latitude"), pl.lit(0.0).alias("longitude"),
+                                       (pl.col("tracked_at") + pl.duration(milliseconds=500)).alias("tracked_at"))
+    dirty = predict(pl.concat([late, ghost, brief, broken]))
+    quarantine, unscored = pl.read_parquet(side["quarantine"]), pl.read_parquet(side["unscored"])
+    assert quarantine.height == baseline + 57
+    assert f"{baseline + 57:,} quarantined (written to {side['quarantine']})" in dirty.stdout
+    assert dict(unscored.iter_rows()) == {"9001": "every row quarantined",
+                                          "9002": "no staypoint (no stay within the staypoint distance and time thresholds)"}
+    assert "not scored: 2 users" in dirty.stdout and "9001 (every row quarantined)" in dirty.stdout
+    scored = pl.read_csv(tmp_path / "pred.csv").filter(pl.col("sample") == "latest")["source_user_id"].unique()
+    assert scored.len() + unscored.height == late["user_id"].n_unique() + 2  # every person accounted for
+    predict(late)  # a clean rerun into the same output leaves no stale list of unscored people behind
+    assert not side["unscored"].exists()
+
+
+def test_evaluate_refuses_data_of_another_preprocessing_run(trained, tmp_path):
+    """The later days preprocessed on their own have ids of their own: scoring them with the model would compare
+    other places. So would data applied with another run's fitted preprocessing."""
+    root, server = trained
+    preprocess(root / "late.parquet", "positionfixes", tmp_path / "other", progress=False)
+    r = run("evaluate", "--model", "models:/raw@champion", "--data", tmp_path / "other", "--tracking-uri", server)
+    error = r.stderr.strip().splitlines()[-1]  # after MLflow's download progress
+    assert r.returncode == 2 and error.startswith("error: ") and "comes from another preprocessing run" in error
+    assert "Traceback" not in r.stderr
+    preprocess_fitted(root / "late.parquet", "positionfixes", tmp_path / "other", tmp_path / "applied", progress=False)
+    r = run("evaluate", "--model", "models:/raw@champion", "--data", tmp_path / "applied", "--split", "evaluation",
+            "--tracking-uri", server)
+    assert r.returncode == 2 and "applied with the fitted preprocessing of another run" in r.stderr, r.stderr[-2000:]
+    r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "applied" / "latest.parquet",
+            "--out", tmp_path / "p.parquet", "--tracking-uri", server)
+    assert r.returncode == 2 and "another run" in r.stderr and not (tmp_path / "p.parquet").exists()
+
+
 @pytest.fixture(scope="module")
 def served(trained, tmp_path_factory):
     """`mlflow models serve` of the champion, started and stopped by the project's scripts."""

@@ -1,0 +1,97 @@
+"""The stop scripts stop what the project started and nothing else: a server's whole process tree (children in
+other process groups included), and the orphans a killed run left, never a process someone still runs."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT
+
+SLEEPER = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], " \
+          "start_new_session=True); time.sleep(300)"  # a process whose child lives in another session
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
+    return state not in ("Z", "X")  # a zombie waiting for its parent is gone
+
+
+def children_of(pid: int) -> list[int]:
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True, check=True).stdout.split()
+    return [int(a) for a, b in zip(ps[::2], ps[1::2]) if int(b) == pid]
+
+
+def wait_for(condition, timeout_s: float = 20) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.fixture
+def environment(tmp_path):
+    """A stand-in for the project's environment: tmp/env/bin/python runs this interpreter; PGT_VENV_BIN names it."""
+    bin_dir = tmp_path / "env" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    return bin_dir, {**os.environ, "PGT_VENV_BIN": str(bin_dir), "PGT_STATE_DIR": str(tmp_path / "state")}
+
+
+def test_stop_leftovers_stops_orphans_of_the_environment_and_their_trees_only(environment):
+    bin_dir, env = environment
+    # an orphan (its starter exited, so init adopted it) with a child in another session: a killed run's leftover
+    started = subprocess.run(["bash", "-c", f"setsid {bin_dir}/python -c \"{SLEEPER}\" >/dev/null 2>&1 & echo $!"],
+                             capture_output=True, text=True, check=True)
+    orphan = int(started.stdout.split()[-1])
+    assert wait_for(lambda: len(children_of(orphan)) == 1)
+    grandchild = children_of(orphan)[0]
+    # a process of the same environment that someone still runs (its parent, this test, is alive)
+    running = subprocess.Popen([bin_dir / "python", "-c", "import time; time.sleep(300)"])
+    try:
+        r = subprocess.run([PROJECT_ROOT / "scripts" / "stop-leftovers.sh"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert f"leftover: pid {orphan}" in r.stdout and "stopped 1 (and 1 processes they started)" in r.stdout, r.stdout
+        assert wait_for(lambda: not alive(orphan) and not alive(grandchild))
+        assert running.poll() is None  # untouched
+        again = subprocess.run([PROJECT_ROOT / "scripts" / "stop-leftovers.sh"], env=env, capture_output=True,
+                               text=True, timeout=60)
+        assert again.stdout.strip() == "leftovers: none"
+    finally:
+        running.kill()
+        for pid in (orphan, grandchild):
+            if alive(pid):
+                os.kill(pid, 9)
+
+
+def test_a_stopped_server_takes_its_children_in_other_sessions_along(environment, tmp_path):
+    """What a Prefect worker does: its flow runs live in their own process groups. Stopping the worker by its PID
+    file stops them too (here: stop-serve.sh and a stand-in server with a child in another session)."""
+    bin_dir, env = environment
+    server = subprocess.Popen([bin_dir / "python", "-c", SLEEPER], start_new_session=True)
+    try:
+        assert wait_for(lambda: len(children_of(server.pid)) == 1)
+        child = children_of(server.pid)[0]
+        (tmp_path / "state" / "serve").mkdir(parents=True)
+        (tmp_path / "state" / "serve" / "server.pid").write_text(f"{server.pid}\n")
+        r = subprocess.run([PROJECT_ROOT / "scripts" / "stop-serve.sh"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and "serve: stopped" in r.stdout and "and 1 processes it started" in r.stdout, r.stdout
+        server.wait(10)
+        assert wait_for(lambda: not alive(child))
+        assert not (tmp_path / "state" / "serve" / "server.pid").exists()
+    finally:
+        if server.poll() is None:
+            server.kill()
