@@ -4,7 +4,7 @@
    a few epochs: speed does not depend on how long it trained) against a local SQLite MLflow store.
 2. `pgt predict --format positionfixes` on the last 30 days of every one of the 182 users' GPS points, as a
    subprocess, end to end (model download, fitted preprocessing, scoring, writing). Target: under 30 s.
-3. `scripts/start-serve.sh` (`mlflow models serve`), then one-user requests of each user's last 7 days of
+3. `scripts/start-serve.sh` (`pgt serve`), then one-user requests of each user's last 7 days of
    staypoints, one at a time, cycling over the users whose request returns places (a user without a recent
    history gets an empty answer, faster): latency median / p90 / p99. Target: median under 50 ms.
 

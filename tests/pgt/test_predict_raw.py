@@ -140,6 +140,37 @@ def test_evaluate_refuses_data_of_another_preprocessing_run(trained, tmp_path):
     assert r.returncode == 2 and "another run" in r.stderr and not (tmp_path / "p.parquet").exists()
 
 
+def test_a_corrupt_model_is_named_in_one_line(trained, tmp_path):
+    """A downloaded model whose model_config.json or manifest.json was damaged: one line naming the file."""
+    import shutil
+
+    import mlflow
+
+    root, server = trained
+    mlflow.set_tracking_uri(server)
+    original = Path(mlflow.artifacts.download_artifacts("models:/raw@champion", dst_path=str(tmp_path / "model")))
+    for name, damage in (("model_config.json", "{not json"), ("manifest.json", "[1, 2]")):
+        broken = tmp_path / f"broken-{name}"
+        shutil.copytree(original, broken)
+        found = next(broken.rglob(name))
+        found.write_text(damage)
+        r = run("evaluate", "--model", broken, "--data", root / "early", "--tracking-uri", server)
+        error = r.stderr.strip().splitlines()[-1]
+        assert r.returncode == 2 and error.startswith("error: ") and name in error and "Traceback" not in r.stderr, \
+            r.stderr[-2000:]
+
+
+def test_training_refuses_an_empty_split_before_ray_starts(trained, tmp_path):
+    import shutil
+
+    root, server = trained
+    shutil.copytree(root / "early", tmp_path / "data")
+    pl.read_parquet(tmp_path / "data" / "validation.parquet").head(0).write_parquet(tmp_path / "data" / "validation.parquet")
+    r = run("train", "--data", tmp_path / "data", "--out", tmp_path / "run", "--workers", 2, "--tracking-uri", server)
+    assert r.returncode == 2 and "the validation split has no samples" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.fixture(scope="module")
 def served(trained, tmp_path_factory):
     """`mlflow models serve` of the champion, started and stopped by the project's scripts."""

@@ -252,3 +252,18 @@ def test_geolife_80_20_keeps_place_ids_and_scores_every_user(geolife_parquet, tm
     enough = recent.group_by("user_id").len().filter(pl.col("len") >= 3)["user_id"]
     assert sorted(latest["source_user_id"].to_list()) == sorted(enough.to_list()) and latest.height >= 80
     assert result.manifest["counts"]["samples"]["evaluation"] > 3000
+
+
+def test_a_mistyped_or_corrupt_fitted_table_is_named_in_one_line(synthetic_80_20, tmp_path):
+    """A fitted folder whose places table was rewritten with text coordinates, or truncated: refused by name."""
+    import shutil
+
+    root, _ = synthetic_80_20
+    shutil.copytree(root / "early", tmp_path / "fitted")
+    places = pl.read_parquet(tmp_path / "fitted" / "places.parquet")
+    places.with_columns(pl.col("latitude").cast(pl.String)).write_parquet(tmp_path / "fitted" / "places.parquet")
+    with pytest.raises(InputError, match="places table's column latitude has type String, expected float"):
+        FittedPreprocessing.from_folder(tmp_path / "fitted")
+    (tmp_path / "fitted" / "places.parquet").write_bytes(b"PAR1 truncated")
+    with pytest.raises(InputError, match="places.parquet: unreadable Parquet"):
+        FittedPreprocessing.from_folder(tmp_path / "fitted")
