@@ -76,7 +76,7 @@ def preprocess(
     from preprocessing.pipeline import preprocess_fitted
 
     try:
-        check_apart(out, {"--input": input, "--fitted": fitted, "--config": config, "--work-dir": work_dir})
+        check_apart(out, {"--input": input, "--fitted": fitted, "--config": config})  # --work-dir is scratch space
         if work_dir is not None and work_dir.exists() and not work_dir.is_dir():
             raise InputError(work_dir, "--work-dir is a file; it names a folder for the input's partitions")
         if fitted is not None:
@@ -273,7 +273,10 @@ def train(
     from preprocessing.errors import InputError
     from preprocessing.output import check_apart, check_output_entries
 
+    from pgt.data import Vocab
+
     try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
+        Vocab.from_manifest(data)  # what --data is comes first, then where --out may go
         check_apart(out, {"--data": data})
         check_output_entries(out, "pgt train", OUTPUTS)
         cfg, launch = train_config(locals()), launch_config(locals())

@@ -109,8 +109,9 @@ def check_splits(data_dir: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pgt.data import SPLITS
+    from pgt.data import SPLITS, Vocab
 
+    Vocab.from_manifest(data_dir)  # not a `pgt preprocess` folder: one line that says so
     for split in SPLITS:
         path = data_dir / f"{split}.parquet"
         if not path.is_file():

@@ -22,6 +22,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+DRAIN_FACTOR = 8  # an over-limit body is read (and dropped) up to this many limits, then the connection closes
 ENV_PREFIX = "PGT_SERVE_"  # ServeConfig fields reach uvicorn's workers as PGT_SERVE_<FIELD> variables
 log = logging.getLogger("pgt.serve")
 
@@ -183,14 +184,17 @@ def create_app(config: "ServeConfig | None" = None):
         declared = request.headers.get("content-length")
         too_large = (f"the request body exceeds the server's limit of {config.max_request_mb:g} MB; send fewer rows "
                      "per request (a person's last days suffice), or start the server with a larger --max-request-mb")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            return answer(413, too_large)
         chunks, size = [], 0
+        over = declared is not None and declared.isdigit() and int(declared) > limit
         async for chunk in request.stream():
             size += len(chunk)
-            if size > limit:
-                return answer(413, too_large)
-            chunks.append(chunk)
+            over = over or size > limit
+            if over and size > DRAIN_FACTOR * limit:
+                break  # a body this large is not drained: the connection closes after the answer
+            if not over:
+                chunks.append(chunk)
+        if over:  # the rest of the body was read and dropped, so that the client reads the answer, not a reset
+            return answer(413, too_large)
         def predict(body: bytes, content_type: str):
             data, params = parse_body(body, content_type)
             return model.predict(data, params=params or None)

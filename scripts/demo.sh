@@ -7,6 +7,9 @@ set -euo pipefail
 DIR="$(dirname "$0")"
 source "$DIR/env.sh"
 began=$(date +%s)
+# interrupted (Ctrl+C, a kill), the demo stops what it started, flow runs and their Ray included; a finished
+# demo leaves the stack running for the UIs
+trap 'echo "demo interrupted: stopping the stack" >&2; "$DIR/stop-stack.sh"; exit 130' INT TERM
 "$DIR/start-stack.sh"
 echo "running preprocess-and-train/demo (watch it at http://127.0.0.1:$PREFECT_PORT/runs) ..."
 prefect deployment run preprocess-and-train/demo --watch --watch-timeout "${DEMO_TIMEOUT_S:-1200}" \
@@ -19,4 +22,5 @@ python "$DIR/show_run.py" predict-next-places/predict pgt-predictions-summary \
     || { tail -30 "$PREFECT_HOME/predict-run.log" >&2; exit 1; }
 echo
 echo "Prefect UI: http://127.0.0.1:$PREFECT_PORT    MLflow UI: http://127.0.0.1:$MLFLOW_PORT"
+trap - INT TERM
 echo "demo finished in $(( $(date +%s) - began ))s; the stack keeps running: \`make stop\` stops it"
