@@ -169,7 +169,7 @@ def make_trial_events(out: Path):
     """A Tune callback (built here so that ray is imported late) that appends to trials/<id>/tune_events.jsonl,
     in the driver, once Tune itself has acted: `checkpoint` after Tune registered a reported checkpoint (the one a
     restart restores), `restarted` when a failed trial is scheduled again (with the epoch it will resume after),
-    `failed` when it errors for good. One JSON object per line: event, time, epoch (0-based, or null),
+    `failed` when it errors for good, `completed` when it ended (finished, or stopped by ASHA). One JSON object per line: event, time, epoch (0-based, or null),
     training_iteration."""
     from ray.tune import Callback
 
@@ -182,6 +182,9 @@ def make_trial_events(out: Path):
 
         def on_trial_error(self, iteration, trials, trial, **info):
             _append_event(out, trial, "failed")
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            _append_event(out, trial, "completed")
 
     return TrialEvents()
 

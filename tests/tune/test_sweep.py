@@ -67,8 +67,8 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_se
                              "--epochs", "3", "--max-concurrent", "1", "--grace-period", "3"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
-    # one trial at a time: a second trial's folder means Tune has recorded the first as terminated
-    while len(list((out / "trials").glob("*/node.json"))) < 2:
+    # Tune's own record that it has ended the first trial (its driver's event, after the trial returned)
+    while not any(e["event"] == "completed" for trial in (out / "trials").glob("*") for e in read_trial_events(trial)):
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.2)
