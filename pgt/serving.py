@@ -223,7 +223,10 @@ def create_app(config: "ServeConfig | None" = None):
 def warm_up(model) -> None:
     """One prediction from the model's own data before the first request: its fitted tables built, torch and
     polars code paths compiled and cached. A model that cannot (an older one) is served cold."""
-    wrapper = model.unwrap_python_model()
+    try:
+        wrapper = model.unwrap_python_model()
+    except Exception:  # not a python model (a pickled PyTorch one, logged before): nothing of ours to warm
+        return
     warm = getattr(wrapper, "warm_up", None)
     if warm is not None:
         warm()
