@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from types import SimpleNamespace
 from dataclasses import dataclass
 
 DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
@@ -62,6 +63,9 @@ class ModelConfig:
 
 
 NEURAL_MODELS = VARIANTS  # the models trained by gradient descent
+# the smallest vocabulary a model can be built for: TrainConfig checks its model settings against it when built,
+# before any data is read (the real sizes come from the data's manifest)
+SMALLEST_VOCAB = SimpleNamespace(locations=3, users=2, time_slots=1, weekdays=1, recency=1, durations=1)
 BASELINES = ("markov", "most-frequent")
 MODELS = NEURAL_MODELS + BASELINES
 
@@ -180,6 +184,8 @@ class TrainConfig:
             raise ValueError(f"new_place_weight must be a number >= 0, got {self.new_place_weight}")
         if self.epochs < 1 or self.batch_size < 1:
             raise ValueError("epochs and batch_size must be at least 1")
+        if self.model in NEURAL_MODELS:  # the model's own checks (d_model by nhead, the relation switches), now
+            self.model_config(SMALLEST_VOCAB)
 
     @classmethod
     def from_recipe(cls, recipe: str, **fields) -> TrainConfig:

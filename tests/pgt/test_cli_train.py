@@ -41,6 +41,18 @@ def test_train_then_explain(synthetic_sequences, tmp_path):
     assert all((plots / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (plots / n).stat().st_size > 10_000 for n in names)
 
 
+@pytest.mark.parametrize("options, words", [
+    (["--d-model", "30", "--nhead", "4"], "d_model (30) must be divisible by nhead (4)"),
+    (["--relation-inputs", "--no-visit-relations"], "relation_inputs embeds the visit relations"),
+    (["--model", "lstm-pg", "--visit-relations"], "visit_relations biases the transformer's pointer"),
+])
+def test_a_model_that_cannot_be_built_is_refused_before_anything_exists(synthetic_sequences, tmp_path, options, words):
+    """Checked when the config is built: before the data is read, an MLflow run exists or --out is made."""
+    r = run("train", "--data", synthetic_sequences, "--out", tmp_path / "run", *options)
+    assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_train_refuses_a_folder_without_manifest(tmp_path):
     r = run("train", "--data", tmp_path, "--out", tmp_path / "o")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no manifest.json" in r.stderr
