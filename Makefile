@@ -1,4 +1,5 @@
 # make test: create .venv, install the project with its pinned stack, run the whole test suite.
+# make lint: ruff over the project (its settings in pyproject.toml).
 # make demo: start the local stack (MLflow server, Prefect server and worker), deploy prefect.yaml, run the
 #            demo deployment on the synthetic default, print its metrics and the UI addresses.
 # make stop: stop what `make demo` started.
@@ -10,7 +11,7 @@ PGT := $(VENV)/bin/pgt
 STATE ?= .state
 PYTEST_ARGS ?=
 
-.PHONY: install test demo stop bench clean
+.PHONY: install lint test demo stop bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +20,9 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+lint: install
+	$(VENV)/bin/ruff check .
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -31,7 +31,7 @@ import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.preprocess import machine  # noqa: E402
+from benchmarks.preprocess import machine  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "geolife" / "geolife_positionfixes.parquet"
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "predict.json"
@@ -125,7 +125,8 @@ def main() -> None:
         "input": str(args.input), "fit": {"preprocess_s": round(fit_s, 1), "train_s": round(train_s, 1),
                                           "epochs": args.epochs, "recipe": "tuned"},
         "predict": {"wall_s": round(predict_s, 2), "points": recent.height, "users_in_input": recent["user_id"].n_unique(),
-                    "users_scored": users_scored, "evaluation_samples": pred.filter(sample="evaluation")["sample_index"].n_unique(),
+                    "users_scored": users_scored,
+                    "evaluation_samples": pred.filter(sample="evaluation")["sample_index"].n_unique(),
                     "stdout": done.stdout.strip()},
         "served": {"requests": len(latencies), "users_with_a_week_of_staypoints": len(bodies),
                    "users_answered_with_places": len(scored),

@@ -35,7 +35,8 @@ def machine() -> dict:
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
                 break
-        mem_kb = int(next(l for l in Path("/proc/meminfo").read_text().splitlines() if l.startswith("MemTotal")).split()[1])
+        meminfo = Path("/proc/meminfo").read_text().splitlines()
+        mem_kb = int(next(line for line in meminfo if line.startswith("MemTotal")).split()[1])
     except (OSError, StopIteration):
         mem_kb = 0
     import polars
@@ -73,7 +74,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--format", default="positionfixes")
-    parser.add_argument("--repeat", type=int, default=2, help="runs; the first also pays numba's one-off compile if its cache is cold")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="runs; the first also pays numba's one-off compile if its cache is cold")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
     if not args.input.exists():
@@ -119,7 +121,8 @@ def main() -> None:
     console.print(table)
     c = best["counts"]
     console.print(f"rows/s {best['rows_per_s']:,} | speed-up vs reference {result['speedup_vs_reference']}x | "
-                  f"target <= {TARGET['wall_s']} s and < {TARGET['peak_gib']} GiB: {'met' if result['meets_target'] else 'MISSED'}")
+                  f"target <= {TARGET['wall_s']} s and < {TARGET['peak_gib']} GiB: "
+                  f"{'met' if result['meets_target'] else 'MISSED'}")
     console.print(f"counts: {json.dumps(c)} vocab: {json.dumps(best['vocab'])}")
     console.print(f"wrote {args.results}")
 

@@ -25,8 +25,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from preprocess import DEFAULT_INPUT, machine  # noqa: E402
-from train import VARIANTS, sequences  # noqa: E402
+from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
+from train import VARIANTS, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "recipe_search.json"
 SELECTION = ("Choices use validation metrics only. Runs made by this script never score test (evaluate_test=False). "
@@ -123,7 +123,8 @@ def summarise(records: list[dict]) -> list[dict]:
 
         def stat(key: str) -> dict:
             values = np.array([r["validation"][key] for r in runs])
-            return {"mean": round(float(values.mean()), 2), "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
+            return {"mean": round(float(values.mean()), 2),
+                    "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
 
         rows.append({"name": name, "change": CONFIGS[name][0], "settings": CONFIGS[name][1],
                      "seeds": [r["seed"] for r in runs], "validation_strict_acc@1": stat("strict_acc@1"),

@@ -36,7 +36,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from preprocess import DEFAULT_INPUT, machine  # noqa: E402
+from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "train.json"
 GPU_RESULTS = ROOT / "benchmarks" / "results" / "train_gpu.json"
@@ -80,8 +80,8 @@ def forward_speed(run_dir: Path, data_dir: Path, device: str = "cpu") -> float:
     """Test samples per second of the best model's forward pass (evaluation) on `device`."""
     import torch
 
-    from pgt.data import SequenceDataset
     from pgt.checkpoint import load_checkpoint
+    from pgt.data import SequenceDataset
     from pgt.train import model_scores, predict
 
     model, cfg = load_checkpoint(run_dir / "best.pt")
@@ -354,7 +354,8 @@ def print_table(result: dict, variant: str) -> None:
     for col in columns:
         table.add_column(col, justify="right")
     for model, s in v["summary"].items():
-        table.add_row(f"{model} (n={s['runs']})", *(f"{s['strict'][m]['mean']:.2f} ± {s['strict'][m]['std']:.2f}" for m in STRICT),
+        strict = (f"{s['strict'][m]['mean']:.2f} ± {s['strict'][m]['std']:.2f}" for m in STRICT)
+        table.add_row(f"{model} (n={s['runs']})", *strict,
                       *(f"{s[m]['mean']:.2f} ± {s[m]['std']:.2f}" for m in METRICS),
                       f"{s['new_place']['precision']['mean']:.0f}/{s['new_place']['recall']['mean']:.0f}",
                       f"{s.get('train_samples_per_second_median', 0):.0f}", f"{s.get('epochs_run', 0):.0f}")

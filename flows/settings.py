@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Literal
 
 from pgt.config import RECIPES
-from preprocessing.config import FORMATS
-from preprocessing.config import SynthConfig
+from preprocessing.config import FORMATS, SynthConfig
 
 InputFormat = Literal[FORMATS]
 Recipe = Literal[tuple(RECIPES)]
@@ -44,7 +43,8 @@ class FlowSettings:
                 recipe: str = "paper") -> FlowSettings:
         """The flow's parameters checked and resolved, once. trials and epochs None: the configs' defaults."""
         from pgt.config import recipe_settings
-        from pgt.tracking import resolve_tracking_uri, state_dir as default_state_dir
+        from pgt.tracking import resolve_tracking_uri
+        from pgt.tracking import state_dir as default_state_dir
 
         if input_format not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
@@ -154,7 +154,8 @@ class PredictSettings:
                 recent_days: float, tracking_uri: str | None, state_dir: str | None,
                 synthetic_users: int = SynthConfig.users, synthetic_days: int = SynthConfig.days) -> PredictSettings:
         """The predict flow's parameters checked and resolved, once."""
-        from pgt.tracking import resolve_tracking_uri, state_dir as default_state_dir
+        from pgt.tracking import resolve_tracking_uri
+        from pgt.tracking import state_dir as default_state_dir
 
         if input_format not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")

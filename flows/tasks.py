@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from prefect import get_run_logger, task

@@ -17,6 +17,7 @@ import torch
 from pgt.config import ModelConfig, TrainConfig
 from pgt.model import build_model
 
+
 def rng_state() -> dict:
     """Every generator's state as tensors and plain numbers, which `torch.load(weights_only=True)` reads back."""
     version, words, gauss = random.getstate()

@@ -44,7 +44,8 @@ ScoredSplit = Literal[(*SPLITS, APPLIED_SPLIT)]
 def preprocess(
     input: Path = typer.Option(..., "--input", help="A GeoLife folder, or a Parquet/CSV file of GPS points or staypoints."),
     format: InputFormat = typer.Option(..., "--format", help="What --input holds."),
-    out: Path = typer.Option(..., "--out", help="Output folder: train/validation/test.parquet, quarantine.parquet, manifest.json."),
+    out: Path = typer.Option(..., "--out",
+                             help="Output folder: train/validation/test.parquet, quarantine.parquet, manifest.json."),
     config: Path | None = typer.Option(None, "--config", help="YAML, JSON or TOML file of PreprocessConfig settings."),
     force: bool = typer.Option(False, "--force", help="Recompute even if --out holds the result for this input and config."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar per stage."),
@@ -69,8 +70,8 @@ def preprocess(
 ) -> None:
     """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol (SPEC §2)."""
     from preprocessing.config import load_config
-    from preprocessing.errors import InputError
     from preprocessing.engine import check_ray_address
+    from preprocessing.errors import InputError
     from preprocessing.output import check_apart
     from preprocessing.pipeline import preprocess as run
     from preprocessing.pipeline import preprocess_fitted
@@ -265,6 +266,7 @@ def train(
     register: str | None = typer.Option(None, "--register", help="Register the best checkpoint under this model name."),
 ) -> None:
     """Train a model (by default with the paper's settings, SPEC §3.8), log it to MLflow, write --out/metrics.json."""
+    from pgt.data import Vocab
     from pgt.distributed import run_training
     from pgt.report import EpochPrinter, print_metrics
     from pgt.tracking import champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
@@ -272,8 +274,6 @@ def train(
     from preprocessing.engine import check_ray_address
     from preprocessing.errors import InputError
     from preprocessing.output import check_apart, check_output_entries
-
-    from pgt.data import Vocab
 
     try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
         Vocab.from_manifest(data)  # what --data is comes first, then where --out may go

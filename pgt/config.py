@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from types import SimpleNamespace
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
 
@@ -220,7 +220,7 @@ class TrainConfig:
 class LaunchConfig:
     workers: int = 0  # DDP workers under Ray Train; 0 = train in this process, without Ray
     use_gpu: bool | None = None  # one GPU per worker; None = when the Ray cluster has enough GPUs
-    address: str | None = None  # a Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None = $RAY_ADDRESS or a local Ray
+    address: str | None = None  # a Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None: $RAY_ADDRESS, else local
     max_failures: int = 0  # worker-group restarts (from the last checkpoint) before the run fails
     cpus_per_worker: float = 1.0  # Ray CPU resources each worker reserves
     gpus_per_worker: float = 1.0  # Ray GPU resources each worker reserves when use_gpu (fractions share a GPU)

@@ -157,7 +157,8 @@ class SequenceDataset(Dataset):
         with_target = "target" in cls.check_columns(path, require_target)
         places, target_place = PLACE_COLUMNS
         try:
-            table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places] + (["target", target_place] if with_target else []))
+            targets = ["target", target_place] if with_target else []
+            table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places, *targets])
         except (pa.ArrowException, OSError) as exc:
             raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
         return cls.from_arrow(table, max_len, path)

@@ -18,10 +18,10 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from preprocessing.engine import prepare_ray_env, ray_session  # noqa: F401 - the one Ray session helper
 from pgt.config import LaunchConfig  # noqa: F401 - re-exported
 from pgt.data import LIST_COLUMNS, PLACE_COLUMNS
-from pgt.train import BASELINES, check_streamable, TrainConfig, Worker, evaluate_baseline, train_loop_per_worker, write_json
+from pgt.train import BASELINES, TrainConfig, Worker, check_streamable, evaluate_baseline, train_loop_per_worker, write_json
+from preprocessing.engine import prepare_ray_env, ray_session  # noqa: F401 - the one Ray session helper
 
 RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
 STREAM_KEY = "_stream_train"  # in the train loop's config: the workers stream their shard of the "train" dataset

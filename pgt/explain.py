@@ -14,12 +14,12 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402 - after matplotlib.use("Agg")
+import numpy as np  # noqa: E402 - after matplotlib.use("Agg")
+import torch  # noqa: E402 - after matplotlib.use("Agg")
 
-from pgt.checkpoint import load_checkpoint  # noqa: E402
-from pgt.data import SequenceDataset  # noqa: E402
+from pgt.checkpoint import load_checkpoint  # noqa: E402 - after matplotlib.use("Agg")
+from pgt.data import SequenceDataset  # noqa: E402 - after matplotlib.use("Agg")
 
 EXPLAINER = "pgt explain"  # the producer mark of its PNGs (preprocessing.output.written_by)
 OUTPUTS = ("pointer_attention.png", "gate.png", "attention_entropy.png", "position_bias.png", ".*.tmp-*")
@@ -42,8 +42,8 @@ def collect(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int = 
 
 def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, samples: int = 6, seed: int = 0) -> list[Path]:
     """The PNGs of the module docstring in out_dir, which must hold nothing but them (InputError otherwise)."""
-    from preprocessing.output import check_apart, check_output_entries, written_by
     from preprocessing.errors import InputError
+    from preprocessing.output import check_apart, check_output_entries, written_by
 
     check_apart(Path(out_dir), {"--checkpoint": checkpoint, "--data": data_dir})
     check_output_entries(Path(out_dir), EXPLAINER, OUTPUTS)

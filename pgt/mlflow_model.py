@@ -157,9 +157,8 @@ class PGTModel(PythonModel):
         import polars as pl
 
         from pgt.serve import place_predictions, predict_applied, top_k_predictions
-        from preprocessing.pipeline import StageLog, apply_fitted
-
         from preprocessing.errors import InputError
+        from preprocessing.pipeline import StageLog, apply_fitted
 
         columns = set(frame.columns)
         if len(frame) == 0:

@@ -227,7 +227,8 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
     relation: 2 * [the visit before it was at the current place] + [it is at the current place], and with
     cfg.relation_order 2 also 4 * [the two visits before it were at the last two places, in order]; the current
     place is the last visit's (unseen places told apart by their slots, visit_ids, with cfg.unseen_slots). These
-    are the history's own transitions out of where the user is now. clock: 2 * (whole hours from now to the visit's start, in time of day, 0..23)
+    are the history's own transitions out of where the user is now. clock: 2 * (whole hours from now to the visit's
+    start, in time of day, 0..23)
     + [the visit's weekday is the target's]; now is the last visit's end (its start slot plus its duration
     bucket; a slot is 1440 / cfg.time_slots minutes, a bucket 2880 / cfg.duration_buckets, as the protocol's 15 and
     30), and the target's weekday is the last visit's plus its recency (days before the target's day)."""

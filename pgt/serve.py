@@ -15,8 +15,7 @@ from pgt.data import UNSEEN, Batch, SequenceDataset
 from pgt.metrics import compute_all
 from pgt.tracking import load_model_and_manifest, load_pgt_model
 from pgt.train import Scores, predict
-from preprocessing.output import (check_apart, check_output_file, output_lock, write_file_atomically,
-                                  write_parquet_marked)
+from preprocessing.output import check_apart, check_output_file, output_lock, write_file_atomically, write_parquet_marked
 
 PREDICTOR = "pgt predict"  # the producer mark of predict's output files (preprocessing.output.written_by)
 # the columns of place_predictions, one row per (sample, rank)

@@ -149,10 +149,9 @@ def _records_or_array(data, key: str):
 
 def create_app(config: "ServeConfig | None" = None):
     """The FastAPI app: the model loaded and warmed up, /invocations with the limits of the module docstring."""
+    import mlflow
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
-
-    import mlflow
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc.scoring_server import predictions_to_json
 

@@ -25,13 +25,41 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import (SPLITS, UNSEEN, Batch, BucketBatchSampler, FirstVisits, SequenceDataset, StreamedBatches,
-                      UnseenSimulation, Vocab, keep_batch, load_splits)
+from pgt.checkpoint import (  # noqa: F401 - re-exported for callers
+    CHECKPOINT_KEYS,
+    RESUMABLE_CHANGES,
+    check_resumable,
+    latest_checkpoint,
+    read_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from pgt.config import (  # noqa: F401 - re-exported for callers
+    BASELINES,
+    MODELS,
+    NEURAL_MODELS,
+    RECIPES,
+    SELECT_ON,
+    ModelConfig,
+    TrainConfig,
+    recipe_settings,
+    selection_score,
+)
+from pgt.data import (
+    SPLITS,
+    UNSEEN,
+    Batch,
+    BucketBatchSampler,
+    FirstVisits,
+    SequenceDataset,
+    StreamedBatches,
+    UnseenSimulation,
+    Vocab,
+    keep_batch,
+    load_splits,
+)
 from pgt.metrics import Scored, compute_all, target_ranks, top1
-from pgt.config import (BASELINES, MODELS, NEURAL_MODELS, RECIPES, SELECT_ON, ModelConfig, TrainConfig,  # noqa: F401
-                        recipe_settings, selection_score)
-from pgt.checkpoint import (CHECKPOINT_KEYS, RESUMABLE_CHANGES, check_resumable, latest_checkpoint,  # noqa: F401
-                            read_checkpoint, rng_state, save_checkpoint, set_rng_state)
 from pgt.model import build_model, count_parameters, extended_ids, merge_slots
 
 # what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused

@@ -15,7 +15,8 @@ from preprocessing.tiles import dbscan_by_tiles
 
 
 def generate_locations(
-    staypoints: pl.DataFrame, epsilon_m: float = PreprocessConfig.location_epsilon_m, min_samples: int = PreprocessConfig.location_min_samples,
+    staypoints: pl.DataFrame, epsilon_m: float = PreprocessConfig.location_epsilon_m,
+    min_samples: int = PreprocessConfig.location_min_samples,
     axis_order: str = PreprocessConfig.location_axis_order,
     tile_deg: float = 0.0, map_tiles: Callable = serial_map,
 ) -> tuple[pl.DataFrame, pl.DataFrame]:

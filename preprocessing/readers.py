@@ -236,7 +236,8 @@ def find_plt_files(folder: Path | str) -> list[Path]:
     if not folder.exists():
         raise InputError(folder, "no such folder")
     if not folder.is_dir():
-        raise InputError(folder, "not a folder: --format geolife-plt expects the GeoLife folder holding Data/<user>/Trajectory/*.plt")
+        raise InputError(folder, "not a folder: --format geolife-plt expects the GeoLife folder holding "
+                                 "Data/<user>/Trajectory/*.plt")
     data = folder / "Data" if (folder / "Data").is_dir() else folder
     files = sorted(f for f in data.glob("*/Trajectory/*") if f.suffix.lower() == ".plt" and f.is_file())
     if not files:
@@ -402,7 +403,7 @@ def _failing_parquet_column(path: Path) -> str:
     for name in names:
         try:
             pq.read_table(path, columns=[name])
-        except Exception:  # noqa: BLE001
+        except Exception:  # noqa: BLE001 - any failure means the same to the caller
             return f" (column {name})"
     return ""
 

@@ -131,7 +131,8 @@ def generate_samples(staypoints: pl.DataFrame, history_days: int = PreprocessCon
     kept = marked.filter(kept_mask)
     # history_start indexes rows of `marked`; re-index into `kept` (whole users were removed)
     shift = np.cumsum(~kept_mask.to_numpy())
-    kept = kept.with_columns((pl.col("history_start") - pl.Series(shift[kept["history_start"].to_numpy()])).alias("history_start"))
+    shifted = pl.col("history_start") - pl.Series(shift[kept["history_start"].to_numpy()])
+    kept = kept.with_columns(shifted.alias("history_start"))
     vocab = fit_vocabularies(kept)
     kept = encode(kept, vocab)
     samples = {split: sample_table(kept, split) for split in SPLITS}

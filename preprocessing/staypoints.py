@@ -147,8 +147,10 @@ def generate_staypoints(
     })
 
 
-def flag_activity(staypoints: pl.DataFrame, time_threshold_min: float = PreprocessConfig.activity_time_threshold_min) -> pl.DataFrame:
+def flag_activity(staypoints: pl.DataFrame,
+                  time_threshold_min: float = PreprocessConfig.activity_time_threshold_min) -> pl.DataFrame:
     """Add is_activity: the staypoint lasted at least `time_threshold_min` minutes."""
     require_columns(staypoints, "staypoints", {"started_at": pl.Datetime, "finished_at": pl.Datetime})
     duration = pl.col("finished_at") - pl.col("started_at")
-    return staypoints.with_columns((duration >= pl.duration(milliseconds=int(time_threshold_min * MS_PER_MIN))).alias("is_activity"))
+    long_enough = duration >= pl.duration(milliseconds=int(time_threshold_min * MS_PER_MIN))
+    return staypoints.with_columns(long_enough.alias("is_activity"))

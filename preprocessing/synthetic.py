@@ -11,8 +11,8 @@ Routines are in local time (`utc_offset_hours`); fixes are written in UTC like G
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np

@@ -10,7 +10,13 @@ from __future__ import annotations
 import sys
 
 from prefect.client.orchestration import get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey, DeploymentFilter, DeploymentFilterId
+from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
+    ArtifactFilterKey,
+    DeploymentFilter,
+    DeploymentFilterId,
+)
 from prefect.client.schemas.sorting import FlowRunSort
 from rich.console import Console
 from rich.markdown import Markdown

@@ -182,7 +182,8 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120) -> Iterator[tuple[
     nodes: list[subprocess.Popen] = []
     try:
         for i, resources in enumerate(node_resources):
-            role = ["--head", "--port", str(port), "--include-dashboard", "false"] if i == 0 else ["--address", f"127.0.0.1:{port}"]
+            head = ["--head", "--port", str(port), "--include-dashboard", "false"]
+            role = head if i == 0 else ["--address", f"127.0.0.1:{port}"]
             log = tmp / f"node{i}.log"
             with log.open("w") as fh:
                 nodes.append(subprocess.Popen([ray, "start", *role, "--resources", resources, *common], env=env, stdout=fh,

@@ -169,8 +169,8 @@ def make_trial_events(out: Path):
     """A Tune callback (built here so that ray is imported late) that appends to trials/<id>/tune_events.jsonl,
     in the driver, once Tune itself has acted: `checkpoint` after Tune registered a reported checkpoint (the one a
     restart restores), `restarted` when a failed trial is scheduled again (with the epoch it will resume after),
-    `failed` when it errors for good, `completed` when it ended (finished, or stopped by ASHA). One JSON object per line: event, time, epoch (0-based, or null),
-    training_iteration."""
+    `failed` when it errors for good, `completed` when it ended (finished, or stopped by ASHA). One JSON object per
+    line: event, time, epoch (0-based, or null), training_iteration."""
     from ray.tune import Callback
 
     class TrialEvents(Callback):
@@ -323,13 +323,13 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     tune.json, the best checkpoint as a model; registered under the champion rule when asked."""
     import time
 
+    import mlflow
     import torch
     from mlflow.entities import Metric, Param
 
-    import mlflow
-    from pgt.data import load_splits
     from pgt.checkpoint import load_checkpoint
-    from pgt.tracking import mlflow_client, log_pytorch_model, metrics_of, register_model
+    from pgt.data import load_splits
+    from pgt.tracking import log_pytorch_model, metrics_of, mlflow_client, register_model
     from pgt.train import evaluate, model_scores
 
     client = mlflow_client(tracking.tracking_uri)

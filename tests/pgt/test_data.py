@@ -9,8 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import (BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch,
-                      unseen_slots)
+from pgt.data import BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch, unseen_slots
 
 
 def write_split(path, histories, places=None):
@@ -84,8 +83,8 @@ def write_first_visit_fixture(root):
                  schema={"user": pl.Int32, "location": pl.Int32, "started_at": pl.Datetime("ms", "UTC"),
                          "start_day": pl.Int32, "split": pl.String}).write_parquet(root / "staypoints.parquet")
     write_split(root / "train.parquet", [(1, [2, 3, 4, 4], 5), (1, [2, 3], 4)])
-    pl.read_parquet(root / "train.parquet").with_columns(target_started_at=pl.Series(
-        [start + timedelta(days=9), start + timedelta(days=5)], dtype=pl.Datetime("ms", "UTC"))).write_parquet(root / "train.parquet")
+    started = pl.Series([start + timedelta(days=9), start + timedelta(days=5)], dtype=pl.Datetime("ms", "UTC"))
+    pl.read_parquet(root / "train.parquet").with_columns(target_started_at=started).write_parquet(root / "train.parquet")
     return root
 
 

@@ -47,7 +47,8 @@ def test_a_recipe_keeps_what_is_not_typed_and_typed_options_win(monkeypatch):
     # a recipe that sets patience keeps it unless --patience is typed (a CLI default used to override it)
     monkeypatch.setitem(RECIPES, "patient", {"patience": 9, "epochs": 80})
     params = parse("train", "--data", "d", "--out", "o")
-    assert (train_config({**params, "recipe": "patient"}).patience, train_config({**params, "recipe": "patient"}).epochs) == (9, 80)
+    patient = train_config({**params, "recipe": "patient"})
+    assert (patient.patience, patient.epochs) == (9, 80)
     params = parse("train", "--data", "d", "--out", "o", "--patience", "3")
     assert train_config({**params, "recipe": "patient"}).patience == 3
 

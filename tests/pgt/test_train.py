@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pgt.data import load_splits
-from pgt.train import evaluate, lr_factor, TrainConfig, train_loop_per_worker
+from pgt.train import TrainConfig, evaluate, lr_factor, train_loop_per_worker
 
 
 def tiny_copy(src, dst, n=48):
@@ -130,8 +130,8 @@ def test_slots_are_learned_where_the_data_has_them(geolife_sequences, tmp_path):
     """On six real GeoLife users, with simulated unseen places and slots the model names revisited unseen
     places: on the validation and test targets whose place is an unseen place of the history, its strict
     Acc@5 is well above 0, the most a model without slots can reach (it can name none of them)."""
-    from pgt.data import SequenceDataset
     from pgt.checkpoint import load_checkpoint
+    from pgt.data import SequenceDataset
     from pgt.train import model_scores, predict
 
     base = {"data_dir": str(geolife_sequences), "epochs": 8, "min_epochs": 8, "seed": 1, "simulate_unseen": True,
@@ -157,8 +157,8 @@ def test_weight_average_is_what_gets_evaluated(synthetic_sequences, tmp_path):
     raw weights of the best epoch's checkpoint, and best.pt scores as metrics.json says."""
     import torch
 
-    from pgt.data import SequenceDataset
     from pgt.checkpoint import load_checkpoint
+    from pgt.data import SequenceDataset
     from pgt.train import average_weights, model_scores
 
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2,

@@ -64,7 +64,8 @@ def test_unsorted_input_is_refused():
 
 
 def test_activity_flag():
-    sp = pl.DataFrame({"started_at": [T0, T0], "finished_at": [T0 + timedelta(minutes=24, seconds=59), T0 + timedelta(minutes=25)]})
+    sp = pl.DataFrame({"started_at": [T0, T0],
+                       "finished_at": [T0 + timedelta(minutes=24, seconds=59), T0 + timedelta(minutes=25)]})
     assert flag_activity(sp)["is_activity"].to_list() == [False, True]
 
 
