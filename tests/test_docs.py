@@ -1,0 +1,56 @@
+"""The manual cannot rot: every `pgt ...` command in the README and docs/ names a command and options that exist
+(each subcommand's --help runs, and lists every option the pages use), and every page the README links exists."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from functools import cache
+
+from tests.conftest import PROJECT_ROOT
+
+PAGES = [PROJECT_ROOT / "README.md", *sorted((PROJECT_ROOT / "docs").glob("*.md"))]
+
+
+def pgt_commands() -> list[tuple[str, list[str]]]:
+    """(page, argv after `pgt`) of every `pgt` line in the pages' bash blocks (continued lines joined)."""
+    found = []
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split("  #")[0].strip()
+                if line.startswith("pgt "):
+                    found.append((page.name, shlex.split(line)[1:]))
+    return found
+
+
+@cache
+def help_of(command: str) -> tuple[int, str]:
+    r = subprocess.run([sys.executable, "-m", "pgt.cli", command, "--help"], capture_output=True, text=True, timeout=120,
+                       env={"COLUMNS": "300", "PATH": ""})
+    return r.returncode, r.stdout
+
+
+def test_the_pages_hold_pgt_commands_of_every_kind():
+    commands = {argv[0] for _, argv in pgt_commands()}
+    assert {"preprocess", "synth", "train", "tune", "evaluate", "predict", "serve", "explain"} <= commands
+
+
+def test_every_documented_command_and_option_exists():
+    missing = []
+    for page, argv in pgt_commands():
+        code, text = help_of(argv[0])
+        if code != 0:
+            missing.append(f"{page}: pgt {argv[0]} (no such command)")
+            continue
+        for option in (a.split("=")[0] for a in argv[1:] if a.startswith("--")):
+            if option not in text:
+                missing.append(f"{page}: pgt {argv[0]} {option}")
+    assert missing == [], missing
+
+
+def test_every_linked_page_exists():
+    links = re.findall(r"\]\(((?:docs/)?[\w.-]+\.md)\)", (PROJECT_ROOT / "README.md").read_text())
+    assert len(links) >= 9 and all((PROJECT_ROOT / link).is_file() for link in links), links
