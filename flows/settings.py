@@ -116,12 +116,12 @@ class FlowSettings:
         return TrackingConfig(self.tracking_uri, experiment="pgt").to_dict()
 
     def sweep_config(self) -> dict:
+        from pgt.config import recipe_settings
         from tune.config import SweepConfig
 
-        recipe = self._train_config()
         given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs)) if value is not None}
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
-                           simulate_unseen=recipe.simulate_unseen, unseen_slots=recipe.unseen_slots, **given).to_dict()
+                           recipe=recipe_settings(self.recipe), recipe_name=self.recipe, **given).to_dict()
 
     def report(self, test: dict, validation: dict, logged: dict, registered: dict) -> str:
         from pgt.report import metrics_markdown

@@ -15,7 +15,7 @@ from typing import Literal
 
 import typer
 
-from pgt.config import BASELINES, DATA_ENGINES, MODELS, RECIPES, SELECT_ON, LaunchConfig, TrainConfig
+from pgt.config import BASELINES, DATA_ENGINES, MODELS, RECIPES, SELECT_ON, LaunchConfig, TrainConfig, base_settings
 from pgt.options import default_of, fail, given
 from pgt.serving import ServeConfig
 from pgt.tracking import TrackingConfig
@@ -168,7 +168,8 @@ def train_config(params: dict) -> TrainConfig:
     typed = given(params, *TRAIN_OPTIONS)
     if params.get("known_fraction") is not None:
         typed["known_fraction_min"], typed["known_fraction_max"] = params["known_fraction"]
-    return TrainConfig.from_recipe(params.get("recipe") or "paper", **typed, data_dir=str(params["data"]),
+    base = base_settings(params.get("recipe"), params.get("recipe_file"))
+    return TrainConfig.from_recipe(base, **typed, data_dir=str(params["data"]),
                                    out_dir=str(params["out"]))
 
 
@@ -185,8 +186,11 @@ def train(
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
     out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with --workers)."),
     recipe: Recipe = typer.Option("paper", "--recipe",
-                                  help="paper: SPEC §3.8's settings (the defaults below). tuned: ours for GeoLife "
+                                  help="paper: the published settings (the defaults below). tuned: ours for GeoLife "
                                        "(pgt.config.RECIPES). Options given on the command line override it."),
+    recipe_file: Path | None = typer.Option(None, "--recipe-file",
+                                            help="A YAML file of training settings (as a sweep writes its winner), "
+                                                 "instead of --recipe; options given here override it."),
     model: Model | None = typer.Option(None, "--model", show_default=default_of(TrainConfig, "model"),
                                        help="The model or baseline to train."),
     epochs: int | None = typer.Option(None, "--epochs", min=1, show_default=default_of(TrainConfig, "epochs"),

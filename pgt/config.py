@@ -99,6 +99,43 @@ def recipe_settings(recipe: str) -> dict:
     return dict(RECIPES[recipe])
 
 
+RECIPE_FREE = ("data_dir", "out_dir", "resume")  # where and whether: what a run decides, never a recipe
+
+
+def load_recipe_file(path) -> dict:
+    """The TrainConfig fields of a recipe file: YAML (or JSON) mapping field names to values, as a sweep writes
+    its winner. ValueError naming the file for anything that is not such a mapping or does not build a config."""
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(path)
+    try:
+        settings = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: unreadable recipe file ({' '.join(str(exc).split())[:160]})") from None
+    if not isinstance(settings, dict):
+        raise ValueError(f"{path}: a recipe file maps TrainConfig fields to values; found {type(settings).__name__}")
+    settings = settings.get("train", settings)  # a sweep's winner nests them under `train`
+    fixed = sorted(set(settings) & set(RECIPE_FREE))
+    if fixed:
+        raise ValueError(f"{path}: {', '.join(fixed)} belong to a run, not to a recipe")
+    try:
+        TrainConfig.from_dict({**settings, "data_dir": ".", "out_dir": "."})
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    return settings
+
+
+def base_settings(recipe: str | None = None, recipe_file=None) -> dict:
+    """The TrainConfig fields a run starts from: a recipe file's, else a named recipe's (paper by default)."""
+    if recipe_file is not None:
+        if recipe not in (None, "paper"):
+            raise ValueError("--recipe and --recipe-file name two bases; give one")
+        return load_recipe_file(recipe_file)
+    return recipe_settings(recipe or "paper")
+
+
 @dataclass
 class TrainConfig:
     data_dir: str  # a `pgt preprocess` output folder
@@ -188,9 +225,9 @@ class TrainConfig:
             self.model_config(SMALLEST_VOCAB)
 
     @classmethod
-    def from_recipe(cls, recipe: str, **fields) -> TrainConfig:
-        """A recipe's settings (RECIPES), then `fields` over them."""
-        return cls.from_dict({**recipe_settings(recipe), **fields})
+    def from_recipe(cls, recipe: str | dict, **fields) -> TrainConfig:
+        """A recipe's settings (a name in RECIPES, or the settings themselves), then `fields` over them."""
+        return cls.from_dict({**(recipe_settings(recipe) if isinstance(recipe, str) else recipe), **fields})
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:

@@ -10,12 +10,14 @@ from typing import Literal
 
 import typer
 
+from pgt.config import RECIPES, base_settings
 from pgt.options import default_of, fail, given
 from pgt.tracking import TrackingConfig
 from tune.config import OBJECTIVES, SEARCH_ALGS, SweepConfig
 
 Objective = Literal[OBJECTIVES]
 SearchAlg = Literal[SEARCH_ALGS]
+Recipe = Literal[tuple(RECIPES)]
 
 # SweepConfig fields the command line may set; the rest keep SweepConfig's defaults
 SWEEP_OPTIONS = ("trials", "epochs", "max_concurrent", "workers_per_trial", "cpus_per_trial", "cpus_per_worker",
@@ -23,12 +25,17 @@ SWEEP_OPTIONS = ("trials", "epochs", "max_concurrent", "workers_per_trial", "cpu
 
 
 def sweep_config(params: dict) -> SweepConfig:
-    """`pgt tune`'s SweepConfig from its parsed options: the typed ones over SweepConfig's defaults. A typed
-    --objective is also what early stopping inside each trial follows."""
+    """`pgt tune`'s SweepConfig from its parsed options: the typed ones over SweepConfig's defaults, every trial
+    starting from the recipe (--recipe or --recipe-file). A typed --objective is also what early stopping inside
+    each trial follows."""
     typed = given(params, *SWEEP_OPTIONS)
     if params.get("objective") is not None:
         typed["objective"] = typed["select_on"] = params["objective"]
-    return SweepConfig(data_dir=str(params["data"]), out_dir=str(params["out"]), **typed)
+    recipe_file = params.get("recipe_file")
+    recipe = base_settings(params.get("recipe"), recipe_file)
+    name = str(recipe_file) if recipe_file is not None else (params.get("recipe") or "paper")
+    return SweepConfig(data_dir=str(params["data"]), out_dir=str(params["out"]), recipe=recipe, recipe_name=name,
+                       **typed)
 
 
 def _default(name: str) -> str:
@@ -44,6 +51,11 @@ def tune(
                                       help="At most this many epochs per trial (ASHA may stop it sooner)."),
     address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS",
                                        help="Ray cluster to run on; default a local Ray."),
+    recipe: Recipe | None = typer.Option(None, "--recipe", show_default="paper",
+                                         help="Every trial trains this recipe (pgt.config.RECIPES) with only the "
+                                              "searched settings replaced."),
+    recipe_file: Path | None = typer.Option(None, "--recipe-file",
+                                            help="The same from a YAML file of training settings (a sweep's winner)."),
     max_concurrent: int | None = typer.Option(None, "--max-concurrent", min=1, show_default=_default("max_concurrent"),
                                               help="Trials at once."),
     workers_per_trial: int | None = typer.Option(None, "--workers-per-trial", min=1,

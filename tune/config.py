@@ -30,8 +30,10 @@ class SweepConfig:
     seed: int = 0  # the searcher's seed and every trial's training seed
     objective: str = "strict_acc@1"  # the validation score ASHA, the searcher and the best trial follow (OBJECTIVES)
     select_on: str = "strict_acc@1"  # training's early stopping inside a trial (see TrainConfig)
-    unseen_slots: bool = False  # trials point at unseen places of the history (extended vocabulary, see TrainConfig)
-    simulate_unseen: bool = False  # trials train on samples that show unseen locations (see TrainConfig)
+    unseen_slots: bool | None = None  # trials point at unseen places of the history; None: the recipe's
+    simulate_unseen: bool | None = None  # trials train on samples that show unseen locations; None: the recipe's
+    recipe: dict = field(default_factory=dict)  # the TrainConfig fields every trial starts from (a recipe's)
+    recipe_name: str = "paper"  # where they came from: a name in pgt.config.RECIPES or a recipe file
     max_failures: int = 2  # a crashed trial restarts from its last reported checkpoint this many times (-1: no limit)
     space: SearchSpace = field(default_factory=SearchSpace)
 
@@ -44,6 +46,7 @@ class SweepConfig:
             raise ValueError(f"objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if min(self.trials, self.epochs, self.max_concurrent, self.workers_per_trial) < 1:
             raise ValueError("trials, epochs, max_concurrent and workers_per_trial must be at least 1")
+        self.train_config({}, Path(self.out_dir))  # a recipe that cannot train is refused now, not in every trial
 
     @property
     def metric(self) -> str:
@@ -58,7 +61,11 @@ class SweepConfig:
         return cls(**values)
 
     def train_config(self, hyper: dict, out_dir: Path) -> TrainConfig:
+        """A trial's TrainConfig: the recipe's settings, the sweep's own (epochs, seed, selection, threads, the
+        switches given), and the drawn hyper-parameters over them; nothing else of the recipe is replaced."""
         threads = max(1, int(self.cpus_per_trial)) if self.workers_per_trial == 1 else 0
-        return TrainConfig(data_dir=self.data_dir, out_dir=str(out_dir), epochs=self.epochs, seed=self.seed,
-                           select_on=self.select_on, simulate_unseen=self.simulate_unseen,
-                           unseen_slots=self.unseen_slots, threads=threads, **hyper)
+        switches = {name: getattr(self, name) for name in ("unseen_slots", "simulate_unseen")
+                    if getattr(self, name) is not None}
+        return TrainConfig.from_recipe(self.recipe, data_dir=self.data_dir, out_dir=str(out_dir), epochs=self.epochs,
+                                       seed=self.seed, select_on=self.select_on, threads=threads,
+                                       **switches, **hyper)

@@ -72,3 +72,43 @@ def test_help_shows_the_config_default(command, option, config, field):
     params = typer.main.get_command(app).get_command(None, command).params
     shown = next(p for p in params if option in p.opts).show_default
     assert shown == str(next(f.default for f in dataclasses.fields(config) if f.name == field))
+
+
+def test_a_recipe_file_trains_what_the_named_recipe_trains(tmp_path):
+    """`--recipe-file` of a YAML holding a recipe's settings gives the same TrainConfig as `--recipe`; options typed
+    on the command line still win; a bad file is refused naming it."""
+    import yaml
+
+    recipe = tmp_path / "tuned.yaml"
+    recipe.write_text(yaml.safe_dump(RECIPES["tuned"]))
+    named = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned"))
+    from_file = train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(recipe)))
+    assert from_file == named and from_file.visit_relations and from_file.dropout == 0.4
+    typed = train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(recipe), "--dropout", "0.1"))
+    assert typed.dropout == 0.1 and typed.relation_inputs
+    # a sweep's winner nests the settings under `train`
+    (tmp_path / "winner.yaml").write_text(yaml.safe_dump({"train": RECIPES["tuned"], "sweep": {"trials": 4}}))
+    assert train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(tmp_path / "winner.yaml"))) == named
+    for text, words in (("[1, 2]", "found list"), ("dropuot: 0.2", "unknown training setting(s): dropuot"),
+                        ("out_dir: x", "out_dir belong to a run"), ("d_model: 30", "d_model (30) must be divisible"),
+                        ("a: [", "unreadable recipe file")):
+        (tmp_path / "bad.yaml").write_text(text)
+        with pytest.raises(ValueError, match=f"{tmp_path / 'bad.yaml'}: .*" + words.replace("(", r"\(").replace(")", r"\)")):
+            train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(tmp_path / "bad.yaml")))
+    with pytest.raises(ValueError, match="give one"):
+        train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned", "--recipe-file", str(recipe)))
+
+
+def test_every_trial_of_a_sweep_trains_its_recipe_with_only_the_searched_settings_replaced():
+    spec = sweep_config(parse("tune", "--data", "d", "--out", "o", "--recipe", "tuned", "--epochs", "7"))
+    hyper = {"d_model": 96, "nhead": 8, "num_layers": 3, "dim_feedforward": 192, "dropout": 0.1, "lr": 3e-4,
+             "weight_decay": 0.02}
+    cfg = spec.train_config(hyper, "trial")
+    expected = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="trial", epochs=7, seed=spec.seed,
+                                       select_on=spec.select_on, threads=1, **hyper)
+    assert cfg == expected and cfg.visit_relations and cfg.relation_inputs and cfg.new_place_weight == 0.5
+    assert spec.recipe_name == "tuned" and SweepConfig.from_dict(spec.to_dict()) == spec  # the Ray boundary
+    paper = sweep_config(parse("tune", "--data", "d", "--out", "o")).train_config(hyper, "trial")
+    assert not paper.visit_relations and not paper.unseen_slots
+    switched = sweep_config(parse("tune", "--data", "d", "--out", "o", "--recipe", "tuned", "--no-unseen-slots"))
+    assert switched.train_config(hyper, "t").unseen_slots is False and switched.train_config(hyper, "t").visit_relations

@@ -173,3 +173,23 @@ def test_trials_run_a_torch_trainer_of_two_workers(training_sequences, tmp_path)
         metrics = json.loads((out / "trials" / row["trial_id"] / "metrics.json").read_text())
         assert metrics["workers"] == 2 and all(h["replicas_in_sync"] for h in metrics["history"])
         assert (out / "trials" / row["trial_id"] / "ray" / "train").is_dir()  # the trial's own Ray Train run
+
+
+def test_a_sweep_from_the_tuned_recipe_trains_the_tuned_family(training_sequences, tmp_path, mlflow_server):
+    """`pgt tune --recipe tuned`: the trial's logged params are the recipe's (visit relations, relation inputs,
+    the extended vocabulary, new-place weight) with the searched settings drawn; the parent run names the recipe."""
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "sweep"
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 1, "--epochs", 1, "--recipe", "tuned",
+                 "--search", "random", "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
+    assert r.returncode == 0, r.stderr[-4000:]
+    result = json.loads((out / "tune.json").read_text())
+    client = MlflowClient(mlflow_server)
+    parent = client.get_run(result["mlflow"]["run_id"])
+    assert parent.data.params["recipe_name"] == "tuned" and parent.data.params["recipe.visit_relations"] == "True"
+    trial = client.get_run(result["trials"][0]["mlflow_run_id"])
+    params = trial.data.params
+    assert (params["visit_relations"], params["relation_inputs"], params["unseen_slots"], params["new_place_weight"]) == (
+        "True", "True", "True", "0.5")
+    assert int(params["d_model"]) == result["trials"][0]["config"]["d_model"]  # the searched setting was drawn
