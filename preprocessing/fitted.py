@@ -193,14 +193,13 @@ def _join_by_pairs(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray,
     place = near["location_id"].fill_null(-1).to_numpy()
     fitted_new_degree = np.bincount(fit_j, minlength=m)
     core = np.concatenate([1 + degree >= min_samples, fitted_core | (1 + fitted_new_degree >= min_samples)])
-    # edges between cores: new-new, new-fitted, and each fitted core to the first core of its place
+    # edges between cores: new-new, new-fitted, and the fitted cores of each place
     src = np.concatenate([new_i, fit_i])
     dst = np.concatenate([new_j, n + fit_j])
-    place_cores = np.flatnonzero(fitted_core & (place >= 0))
-    _, first, same_place = np.unique(place[place_cores], return_index=True, return_inverse=True)
+    place_cores = fitted_core & (place >= 0)  # each joined to the first core of its place
+    links_src, links_dst = same_place_links(n + np.flatnonzero(place_cores), place[place_cores])
     both = core[src] & core[dst]
-    component = components(n + m, np.concatenate([src[both], n + place_cores]),
-                           np.concatenate([dst[both], n + place_cores[first][same_place]]))
+    component = components(n + m, np.concatenate([src[both], links_src]), np.concatenate([dst[both], links_dst]))
     # a non-core new staypoint joins the component of its nearest core neighbour, if any
     cluster = np.where(core, component, -1)
     distance = np.concatenate([new_d, fit_d])
@@ -234,9 +233,7 @@ def _join_by_cells(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray,
     cell_kind = np.zeros(count, np.int64)
     cell_kind[cells] = kind[core_index]
     # fitted cells are joined through their place only, never by distance (as _join_by_pairs)
-    same_place = np.flatnonzero(cell_kind > 0)
-    _, first, which = np.unique(cell_kind[same_place], return_index=True, return_inverse=True)
-    joined = (same_place, same_place[first][which])
+    joined = same_place_links(np.flatnonzero(cell_kind > 0), cell_kind[cell_kind > 0])
     g, h = linked_groups(points[core_index], cells, radius, lambda a, b: (cell_kind[a] == 0) | (cell_kind[b] == 0),
                          joined)
     component = components(count, np.concatenate([g, joined[0]]), np.concatenate([h, joined[1]]))[cells]
@@ -246,6 +243,12 @@ def _join_by_cells(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray,
     nearest, _ = SphereTree(points[core_index]).nearest(coords[border], radius)
     cluster[border[nearest >= 0]] = component[nearest[nearest >= 0]]
     return rows, cluster[:n], cluster[n:]
+
+
+def same_place_links(nodes: np.ndarray, place: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Edges (node, the first node of its place) that join the nodes of each place: a fitted place is one cluster."""
+    _, first, which = np.unique(place, return_index=True, return_inverse=True)
+    return nodes, nodes[first][which]
 
 
 def _nearest_core_place(points: np.ndarray, point_cluster: np.ndarray, cores: np.ndarray, core_cluster: np.ndarray,

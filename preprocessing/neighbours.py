@@ -47,9 +47,14 @@ def within(radius: float) -> float:
     return float(np.sin(0.5 * radius) ** 2)
 
 
+def distance_of(r: np.ndarray) -> np.ndarray:
+    """The great-circle distances (radians) of rdist values."""
+    return 2 * np.arcsin(np.sqrt(np.clip(r, 0.0, 1.0)))
+
+
 def haversine(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Great-circle distances (radians) between rows of p and q, (n, 2) each."""
-    return 2 * np.arcsin(np.sqrt(np.clip(rdist(p, q), 0.0, 1.0)))
+    return distance_of(rdist(p, q))
 
 
 def unit_vectors(coords: np.ndarray) -> np.ndarray:
@@ -65,9 +70,6 @@ class SphereTree:
     def __init__(self, coords: np.ndarray):
         self.coords = np.ascontiguousarray(coords, dtype=np.float64).reshape(-1, 2)
         self.tree = KDTree(unit_vectors(self.coords)) if len(self.coords) else None
-
-    def __len__(self) -> int:
-        return len(self.coords)
 
     def _chords(self, radius: float) -> tuple[float, float]:
         chord = 2 * np.sin(0.5 * radius)
@@ -104,7 +106,7 @@ class SphereTree:
         query, found = np.repeat(np.arange(len(index)), sizes), np.concatenate(index).astype(np.int64)
         r = rdist(points[query], self.coords[found])
         keep = r <= within(radius)
-        return query[keep], found[keep], 2 * np.arcsin(np.sqrt(np.clip(r[keep], 0.0, 1.0)))
+        return query[keep], found[keep], distance_of(r[keep])
 
     def k_nearest(self, points: np.ndarray, k: int) -> np.ndarray:
         """(m, k) indices of each point's k nearest tree points, nearest first (k at most the tree's size)."""
@@ -120,10 +122,9 @@ class SphereTree:
         chord, found = self.tree.query(unit_vectors(points), k=1)
         found = found[:, 0]
         r = rdist(points, self.coords[found])
-        inner, outer = self._chords(radius)
         hit = r <= within(radius)
-        index[hit], distance[hit] = found[hit], 2 * np.arcsin(np.sqrt(np.clip(r[hit], 0.0, 1.0)))
-        for i in np.flatnonzero(~hit & (chord[:, 0] <= outer)):  # the nearest chord just past the radius
+        index[hit], distance[hit] = found[hit], distance_of(r[hit])
+        for i in np.flatnonzero(~hit & (chord[:, 0] <= self._chords(radius)[1])):  # the nearest chord just past the radius
             query, near, d = self.pairs(points[i:i + 1], radius)
             if len(near):
                 index[i], distance[i] = near[np.argmin(d)], d.min()
@@ -196,28 +197,24 @@ def linked_groups(coords: np.ndarray, group: np.ndarray, radius: float,
         sure_h.append(h[sure])
         maybe_g.append(g[~sure])
         maybe_h.append(h[~sure])
-    g, h = np.concatenate(sure_g), np.concatenate(sure_h)
-    position = np.full(int(ids.max()) + 1, -1, np.int64)
-    position[ids] = np.arange(len(ids))
-    src, dst = [g], [h]
+    src, dst = [np.concatenate(sure_g)], [np.concatenate(sure_h)]  # the edges found, as positions in ids
+    known_src, known_dst = empty, empty  # the `joined` edges: they count for the components, they are not returned
     if joined is not None:
-        src.append(position[joined[0]])
-        dst.append(position[joined[1]])
+        position = np.full(int(ids.max()) + 1, -1, np.int64)
+        position[ids] = np.arange(len(ids))
+        known_src, known_dst = position[joined[0]], position[joined[1]]
     maybe_g, maybe_h = np.concatenate(maybe_g), np.concatenate(maybe_h)
     closest_first = np.argsort(haversine(anchors[maybe_g], anchors[maybe_h]), kind="stable")
     maybe_g, maybe_h = maybe_g[closest_first], maybe_h[closest_first]
     for begin in range(0, len(maybe_g), LINK_BATCH):  # pairs already connected through others are not compared
-        component = components(len(ids), np.concatenate(src), np.concatenate(dst))
+        component = components(len(ids), np.concatenate([known_src, *src]), np.concatenate([known_dst, *dst]))
         bg, bh = maybe_g[begin:begin + LINK_BATCH], maybe_h[begin:begin + LINK_BATCH]
         apart = component[bg] != component[bh]
         bg, bh = bg[apart], bh[apart]
         linked = _closest_within(points, starts, sizes, bg, bh, radius)
         src.append(bg[linked])
         dst.append(bh[linked])
-    found = len(g) + (len(joined[0]) if joined is not None else 0)
-    src, dst = np.concatenate(src), np.concatenate(dst)
-    keep = np.r_[np.ones(len(g), bool), np.zeros(found - len(g), bool), np.ones(len(src) - found, bool)]
-    return ids[src[keep]], ids[dst[keep]]
+    return ids[np.concatenate(src)], ids[np.concatenate(dst)]
 
 
 def _closest_within(points: np.ndarray, starts: np.ndarray, sizes: np.ndarray, g: np.ndarray, h: np.ndarray,
