@@ -42,15 +42,12 @@ def collect(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int = 
 
 def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, samples: int = 6, seed: int = 0) -> list[Path]:
     """The PNGs of the module docstring in out_dir, which must hold nothing but them (InputError otherwise)."""
-    from preprocessing.errors import InputError
-    from preprocessing.output import check_apart, check_output_entries, written_by
+    from preprocessing.output import check_apart, check_output_entries, check_output_file
 
     check_apart(Path(out_dir), {"--checkpoint": checkpoint, "--data": data_dir})
     check_output_entries(Path(out_dir), EXPLAINER, OUTPUTS)
-    for name in OUTPUTS[:-1]:
-        if (Path(out_dir) / name).exists() and not written_by(Path(out_dir) / name, EXPLAINER):
-            raise InputError(Path(out_dir) / name, f"exists and was not written by `{EXPLAINER}`; nothing is replaced: "
-                                                   "choose another --out")
+    for name in OUTPUTS[:-1]:  # a PNG of that name that someone else wrote is not replaced either
+        check_output_file(Path(out_dir) / name, EXPLAINER, (".png",))
     model, cfg = load_checkpoint(checkpoint)
     dataset = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len)
     out_dir = Path(out_dir)

@@ -167,10 +167,7 @@ class PGTModel(PythonModel):
             from pgt.data import SequenceDataset
             from pgt.serve import _check_vocab
 
-            try:
-                samples = pl.from_pandas(frame)
-            except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
-                raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
+            samples = _polars(frame)
             SequenceDataset.check_schema(samples.to_arrow().schema, "request", require_target=False)
             dataset = SequenceDataset.from_arrow(samples.to_arrow(), self.packed.cfg.max_len, "request")
             _check_vocab(self.packed, dataset, "request")
@@ -185,10 +182,7 @@ class PGTModel(PythonModel):
             shm = Path("/dev/shm")  # a memory-backed folder where there is one: the request never touches disk
             with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
                 path = Path(tmp) / "request.parquet"
-                try:
-                    pl.from_pandas(frame).write_parquet(path)
-                except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
-                    raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
+                _polars(frame, write_to=path)
                 try:
                     applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False),
                                            evaluation=False)
@@ -197,6 +191,20 @@ class PGTModel(PythonModel):
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
         records = result.with_columns(pl.col("time").cast(pl.String)).to_dicts()
         return pd.DataFrame(records, columns=result.columns, dtype=object)  # ints stay ints, JSON null (not NaN) for none
+
+
+def _polars(frame, write_to: Path | None = None):
+    """The request's pandas frame as polars (written to `write_to` as Parquet when given), or ValueError naming
+    what polars could not take."""
+    import polars as pl
+
+    try:
+        converted = pl.from_pandas(frame)
+        if write_to is not None:
+            converted.write_parquet(write_to)
+        return converted
+    except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
+        raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
 
 
 def _read_json(path: str, name: str) -> dict:

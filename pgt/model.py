@@ -310,11 +310,16 @@ class PackedModel(nn.Module):
         return self.model(locations, users[:, 0], times, weekdays, recency, durations, slots).log_probs.float()
 
 
+def input_tables(cfg: ModelConfig) -> dict[str, int]:
+    """The largest value each input may hold as the data loader gives it (the features stored + 1, 0 pads), by the
+    split column it comes from, in PackedModel's row order: the model's embedding tables end there."""
+    return {"locations": cfg.num_locations - 1, "user": cfg.num_users - 1, "time_slots": cfg.time_slots,
+            "weekdays": cfg.weekdays, "recency": cfg.recency_days, "durations": cfg.duration_buckets}
+
+
 def check_packed(x: torch.Tensor, cfg: ModelConfig) -> None:
     """ValueError naming the row of a (B, 7, T) input (PackedModel's) that lies outside the model's tables."""
-    tables = [("locations", cfg.num_locations - 1), ("users", cfg.num_users - 1), ("time slots", cfg.time_slots),
-              ("weekdays", cfg.weekdays), ("recency", cfg.recency_days), ("durations", cfg.duration_buckets),
-              ("slots", x.shape[2])]
+    tables = [*input_tables(cfg).items(), ("slots", x.shape[2])]
     for row, (name, top) in enumerate(tables[:x.shape[1]]):
         values = x[:, row]
         if int(values.min()) < 0 or int(values.max()) > top:

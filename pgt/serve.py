@@ -13,6 +13,7 @@ import torch
 
 from pgt.data import UNSEEN, Batch, SequenceDataset
 from pgt.metrics import compute_all
+from pgt.model import input_tables
 from pgt.tracking import load_model_and_manifest, load_pgt_model
 from pgt.train import Scores, predict
 from preprocessing.output import check_apart, check_output_file, output_lock, write_file_atomically, write_parquet_marked
@@ -238,15 +239,12 @@ def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> No
 def _check_vocab(model, dataset: SequenceDataset, path: Path) -> None:
     """Ids and features beyond the model's tables mean the sequences come from another preprocessing run (or are
     not a split's): one line naming the column, before the model would index past a table."""
-    cfg = model.cfg
-    checks = [("locations", dataset.locations, cfg.num_locations - 1), ("user", dataset.users, cfg.num_users - 1),
-              ("time_slots", dataset.times - 1, cfg.time_slots - 1), ("weekdays", dataset.weekdays - 1, cfg.weekdays - 1),
-              ("recency", dataset.recency - 1, cfg.recency_days - 1),
-              ("durations", dataset.durations - 1, cfg.duration_buckets - 1)]
-    for column, values, top in checks:
+    stored = (dataset.locations, dataset.users, dataset.times, dataset.weekdays, dataset.recency, dataset.durations)
+    for (column, top), values in zip(input_tables(model.cfg).items(), stored):
+        shift = 0 if column in ("locations", "user") else 1  # features are stored + 1; the message shows the split's
         if len(values) and int(values.max()) > top:
-            raise ValueError(f"{path}: column {column} holds {int(values.max())}, but the model knows 0..{top}; score "
-                             "sequences from the preprocessing run the model was trained on")
+            raise ValueError(f"{path}: column {column} holds {int(values.max()) - shift}, but the model knows "
+                             f"0..{top - shift}; score sequences from the preprocessing run the model was trained on")
 
 
 def last_days(points: pl.DataFrame, days: float, time_column: str = "tracked_at") -> pl.DataFrame:

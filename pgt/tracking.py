@@ -298,29 +298,29 @@ def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
     """A logged pgt model's pyfunc wrapper (`pgt.mlflow_model.PGTModel`): `.packed` (the torch module),
     its training data's tables and `.fitted()` (the fitted preprocessing). Nothing is unpickled."""
     import mlflow
-    import mlflow.pyfunc
     from mlflow.models import get_model_info
 
     mlflow.set_tracking_uri(check_model_uri(model_uri, tracking_uri))
     if "pytorch" in get_model_info(model_uri).flavors:
         raise ValueError(f"{model_uri}: logged before models carried their preprocessing (a pickled PyTorch model); "
                          "train it again to score raw GPS")
+    return _pyfunc_wrapper(model_uri)
+
+
+def _pyfunc_wrapper(model_uri: str):
+    import mlflow.pyfunc
+
     wrapper = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
     if getattr(wrapper, "packed", None) is None:
         raise ValueError(f"{model_uri}: not a pgt model (its python model is {type(wrapper).__name__})")
     return wrapper
 
 
-def load_model(model_uri: str, tracking_uri: str | None = None):
-    """A logged model's PackedModel (models:/NAME@champion, runs:/ID/model, ...), in eval mode on the CPU.
-    Models logged by this version load without unpickling anything; those logged before it (the pickled
-    PyTorch flavour) load only where MLflow allows pickle."""
-    return load_model_and_manifest(model_uri, tracking_uri)[0]
-
-
 def load_model_and_manifest(model_uri: str, tracking_uri: str | None = None) -> tuple:
-    """(load_model's PackedModel, the manifest.json of its training data, or None for a model logged before
-    models carried it): what lineage checks compare data with."""
+    """(a logged model's PackedModel, in eval mode on the CPU; the manifest.json of its training data, or None for
+    a model logged before models carried it): what scoring and lineage checks need. Models logged by this
+    version load without unpickling anything; those logged before it (the pickled PyTorch flavour) load only
+    where MLflow allows pickle."""
     import mlflow
     from mlflow.models import get_model_info
 
@@ -329,7 +329,7 @@ def load_model_and_manifest(model_uri: str, tracking_uri: str | None = None) -> 
         import mlflow.pytorch
 
         return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval(), None
-    wrapper = load_pgt_model(model_uri, tracking_uri)
+    wrapper = _pyfunc_wrapper(model_uri)
     return wrapper.packed, wrapper.manifest
 
 

@@ -7,28 +7,14 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import PROJECT_ROOT
+from tests.conftest import PROJECT_ROOT, descendant_processes
+from tests.conftest import running as alive
 
 SLEEPER = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'], " \
           "start_new_session=True); time.sleep(300)"  # a process whose child lives in another session
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    state = Path(f"/proc/{pid}/stat").read_text().split()[2] if Path(f"/proc/{pid}/stat").exists() else "X"
-    return state not in ("Z", "X")  # a zombie waiting for its parent is gone
-
-
-def children_of(pid: int) -> list[int]:
-    ps = subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True, text=True, check=True).stdout.split()
-    return [int(a) for a, b in zip(ps[::2], ps[1::2]) if int(b) == pid]
 
 
 def wait_for(condition, timeout_s: float = 20) -> bool:
@@ -55,8 +41,8 @@ def test_stop_leftovers_stops_orphans_of_the_environment_and_their_trees_only(en
     started = subprocess.run(["bash", "-c", f"setsid {bin_dir}/python -c \"{SLEEPER}\" >/dev/null 2>&1 & echo $!"],
                              capture_output=True, text=True, check=True)
     orphan = int(started.stdout.split()[-1])
-    assert wait_for(lambda: len(children_of(orphan)) == 1)
-    grandchild = children_of(orphan)[0]
+    assert wait_for(lambda: len(descendant_processes(orphan)) == 1)
+    grandchild = list(descendant_processes(orphan))[0]
     # a process of the same environment that someone still runs (its parent, this test, is alive)
     running = subprocess.Popen([bin_dir / "python", "-c", "import time; time.sleep(300)"])
     try:
@@ -82,8 +68,8 @@ def test_a_stopped_server_takes_its_children_in_other_sessions_along(environment
     bin_dir, env = environment
     server = subprocess.Popen([bin_dir / "python", "-c", SLEEPER], start_new_session=True)
     try:
-        assert wait_for(lambda: len(children_of(server.pid)) == 1)
-        child = children_of(server.pid)[0]
+        assert wait_for(lambda: len(descendant_processes(server.pid)) == 1)
+        child = list(descendant_processes(server.pid))[0]
         (tmp_path / "state" / "serve").mkdir(parents=True)
         (tmp_path / "state" / "serve" / "server.pid").write_text(f"{server.pid}\n")
         r = subprocess.run([PROJECT_ROOT / "scripts" / "stop-serve.sh"], env=env, capture_output=True, text=True,
