@@ -30,8 +30,8 @@ TARGET_SPEEDUP = 1.6  # 2 CPU workers against 1 (issue 4)
 
 
 def run(data_dir: Path, label: str, workers: int, epochs: int, use_gpu: bool = False) -> dict:
-    from pgt.distributed import LaunchConfig, run_training
-    from pgt.train import TrainConfig
+    from pgt.config import LaunchConfig, TrainConfig
+    from pgt.distributed import run_training
 
     cfg = TrainConfig(data_dir=str(data_dir), out_dir=str(WORK / "ddp" / label), epochs=epochs, min_epochs=epochs,
                       resume=False, seed=0)
@@ -51,7 +51,8 @@ def run(data_dir: Path, label: str, workers: int, epochs: int, use_gpu: bool = F
 def _torch_ddp_worker(rank: int, world_size: int, port: int, config: dict) -> None:
     import torch.distributed as dist
 
-    from pgt.train import Worker, train_loop_per_worker
+    from pgt.train import train_loop_per_worker
+    from pgt.worker import Worker
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)

@@ -96,7 +96,8 @@ CONFIGS: dict[str, tuple[str, dict]] = {
 
 def run_one(name: str, seed: int, data_dir: str, record: str) -> dict:
     """One training run on validation only; its record is written to `record` (JSON)."""
-    from pgt.train import TrainConfig, train_loop_per_worker
+    from pgt.config import TrainConfig
+    from pgt.train import train_loop_per_worker
 
     settings = CONFIGS[name][1]
     out = Path(record).with_suffix("")

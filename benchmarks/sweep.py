@@ -39,9 +39,10 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from pgt.config import TrainConfig, selection_score
     from pgt.distributed import run_training
-    from pgt.train import TrainConfig, selection_score
-    from tune.sweep import SweepConfig, headline_metrics, run_sweep
+    from tune.config import SweepConfig
+    from tune.sweep import headline_metrics, run_sweep
 
     data_dir = sequences(args.input, None)
     if args.sweep:

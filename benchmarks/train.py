@@ -82,17 +82,17 @@ def forward_speed(run_dir: Path, data_dir: Path, device: str = "cpu") -> float:
 
     from pgt.checkpoint import load_checkpoint
     from pgt.data import SequenceDataset
-    from pgt.train import model_scores, predict
+    from pgt.scoring import model_scores, score_dataset
 
     model, cfg = load_checkpoint(run_dir / "best.pt")
     model.to(device)
     test = SequenceDataset.from_parquet(data_dir / "test.parquet", cfg.max_len)
     score = model_scores(model)
-    predict(score, test, 1024, torch.device(device))  # warm-up
+    score_dataset(score, test, 1024, torch.device(device))  # warm-up
     if device == "cuda":
         torch.cuda.synchronize()
     began = time.perf_counter()
-    predict(score, test, 1024, torch.device(device))
+    score_dataset(score, test, 1024, torch.device(device))
     if device == "cuda":
         torch.cuda.synchronize()
     return len(test) / (time.perf_counter() - began)
@@ -105,7 +105,8 @@ def label(model: str, recipe: str) -> str:
 def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | None, device: str = "cpu") -> dict:
     """One run, in this process: on the CPU, or on the one CUDA GPU where `device` is "cuda"
     (train_loop_per_worker takes the GPU wherever torch sees one)."""
-    from pgt.train import BASELINES, TrainConfig, evaluate_baseline, train_loop_per_worker
+    from pgt.config import BASELINES, TrainConfig
+    from pgt.train import evaluate_baseline, train_loop_per_worker
 
     out = (WORK / ("train" if device == "cpu" else f"train-{device}") / data_dir.name
            / (model if recipe == "paper" else f"{model}-{recipe}") / f"seed{seed}")

@@ -10,8 +10,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pgt.config import RECIPES
-from preprocessing.config import FORMATS, SynthConfig
+from pgt.config import RECIPES, LaunchConfig, TrainConfig, recipe_settings
+from pgt.report import metrics_markdown
+from pgt.tracking import TrackingConfig, champion_verdict, resolve_tracking_uri, run_url
+from pgt.tracking import state_dir as default_state_dir
+from preprocessing.config import FORMATS, SynthConfig, load_config
+from preprocessing.engine import EngineConfig
+from preprocessing.pipeline import stage_key
+from tune.config import SweepConfig
 
 InputFormat = Literal[FORMATS]
 Recipe = Literal[tuple(RECIPES)]
@@ -42,10 +48,6 @@ class FlowSettings:
                 synthetic_users: int = SynthConfig.users, synthetic_days: int = SynthConfig.days,
                 recipe: str = "paper") -> FlowSettings:
         """The flow's parameters checked and resolved, once. trials and epochs None: the configs' defaults."""
-        from pgt.config import recipe_settings
-        from pgt.tracking import resolve_tracking_uri
-        from pgt.tracking import state_dir as default_state_dir
-
         if input_format not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
         recipe_settings(recipe)  # refuses an unknown recipe before anything runs
@@ -83,50 +85,33 @@ class FlowSettings:
 
     def engine_config(self) -> dict:
         """Preprocessing's engine: Ray tasks on the cluster when ray_address is set, else local partitions."""
-        from preprocessing.engine import EngineConfig
-
         engine = "ray" if self.ray_address else "local"
         return EngineConfig(engine, address=self.ray_address, work_dir=self.work_dir / "partitions").to_dict()
 
     def stage_key(self, hashed) -> str:
         """The cache key of the stages of this input (the first stage's Stage: its hash) under this config."""
-        from preprocessing.config import load_config
-        from preprocessing.pipeline import stage_key
-
         return stage_key(hashed.details["input_sha256"], self.input_format, load_config(self.config_file))
 
     def train_config(self) -> dict:
         return self._train_config().to_dict()
 
     def _train_config(self):
-        from pgt.config import TrainConfig
-
         epochs = {"epochs": self.epochs} if self.epochs is not None else {}
         return TrainConfig.from_recipe(self.recipe, data_dir=str(self.sequences_dir), out_dir=str(self.runs_dir),
                                        **epochs)
 
     def launch_config(self) -> dict:
-        from pgt.distributed import LaunchConfig
-
         return dataclasses.asdict(LaunchConfig(workers=self.workers, use_gpu=self.gpu, address=self.ray_address))
 
     def tracking_config(self) -> dict:
-        from pgt.tracking import TrackingConfig
-
         return TrackingConfig(self.tracking_uri, experiment="pgt").to_dict()
 
     def sweep_config(self) -> dict:
-        from pgt.config import recipe_settings
-        from tune.config import SweepConfig
-
         given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs)) if value is not None}
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
                            recipe=recipe_settings(self.recipe), recipe_name=self.recipe, **given).to_dict()
 
     def report(self, test: dict, validation: dict, logged: dict, registered: dict) -> str:
-        from pgt.report import metrics_markdown
-        from pgt.tracking import champion_verdict, run_url
-
         links = {"MLflow run": run_url(logged["tracking_uri"], logged["run_id"]),
                  "registered model": f"models:/{registered['name']}/{registered['version']} ({champion_verdict(registered)})",
                  "sequences": str(self.sequences_dir)}
@@ -154,9 +139,6 @@ class PredictSettings:
                 recent_days: float, tracking_uri: str | None, state_dir: str | None,
                 synthetic_users: int = SynthConfig.users, synthetic_days: int = SynthConfig.days) -> PredictSettings:
         """The predict flow's parameters checked and resolved, once."""
-        from pgt.tracking import resolve_tracking_uri
-        from pgt.tracking import state_dir as default_state_dir
-
         if input_format not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
         if top_k < 1 or not recent_days > 0:

@@ -10,12 +10,27 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import polars as pl
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from pgt.config import LaunchConfig, TrainConfig
+from pgt.distributed import run_training
+from pgt.evaluate import evaluate_model
+from pgt.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
+from pgt.tracking import TrackingConfig, register_model
+from pgt.tracking import log_predictions as log_prediction_run
+from preprocessing.config import SynthConfig, load_config
+from preprocessing.engine import EngineConfig, mapper
+from preprocessing.pipeline import STEPS, StageRun, cached_stage, reusable_manifest, run_step, stage_input, write_stages
+from preprocessing.stages import Stage
+from preprocessing.synthetic import write_positionfixes
+from tune.config import SweepConfig
+from tune.sweep import run_sweep
+
 if TYPE_CHECKING:
-    from preprocessing.pipeline import Stage
+    from preprocessing.stages import Stage
 
 
 def _transient_io(task, task_run, state) -> bool:
@@ -27,40 +42,27 @@ def _transient_io(task, task_run, state) -> bool:
 @task(name="synthetic input", cache_policy=NO_CACHE)
 def synthetic_input(out_file: Path, users: int, days: int, seed: int) -> Path:
     """The synthetic GPS default; the same (users, days, seed) writes the same bytes, so preprocessing is reused."""
-    from preprocessing.synthetic import SynthConfig, write_positionfixes
-
     return write_positionfixes(SynthConfig(users=users, days=days, seed=seed), out_file)
 
 
 @task(name="hash input", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
 def hash_input(input_path: Path, input_format: str) -> Stage:
     """The first stage: the input's sha256, with its stage log entry."""
-    from preprocessing.pipeline import stage_input
-
     return stage_input(input_path, input_format)
 
 
 @task(name="cached sequences", cache_policy=NO_CACHE)
 def cached_sequences(out_dir: Path, hashed: Stage, input_format: str, config_file: Path | None) -> dict | None:
     """The manifest of out_dir when it already holds this input's sequences under this config."""
-    from preprocessing.config import load_config
-    from preprocessing.pipeline import reusable_manifest
-
     return reusable_manifest(out_dir, hashed.details["input_sha256"], input_format, load_config(config_file))
 
 
 def cached_steps() -> list[str]:
     """The stages of preprocessing.pipeline.STEPS the flow keeps in folders, in order (they come first)."""
-    from preprocessing.pipeline import STEPS
-
     return [step.name for step in STEPS if step.cached]
 
 
 def _stage_run(input_path: Path, input_format: str, config_file: Path | None, engine: dict, map_fn):
-    from preprocessing.config import load_config
-    from preprocessing.engine import EngineConfig
-    from preprocessing.pipeline import StageRun
-
     return StageRun(input_path, input_format, load_config(config_file), EngineConfig.from_dict(engine), map_fn)
 
 
@@ -69,9 +71,6 @@ def preprocess_stage(step_name: str, previous: Stage | Path, input_path: Path, i
                      config_file: Path | None, engine: dict, work_dir: Path, key: str) -> Path:
     """One cached stage of the table (preprocessing.pipeline.STEPS), locally or as Ray tasks: its folder
     under work_dir, reused when complete, so that a rerun continues after the last finished stage."""
-    from preprocessing.engine import EngineConfig, mapper
-    from preprocessing.pipeline import STEPS, Stage, cached_stage, run_step
-
     step = next(step for step in STEPS if step.name == step_name)
 
     def compute():
@@ -86,9 +85,6 @@ def preprocess_stage(step_name: str, previous: Stage | Path, input_path: Path, i
 def sequences(previous: Path, input_path: Path, input_format: str, config_file: Path | None, engine: dict,
               out_dir: Path) -> dict:
     """The stages of the table the flow does not keep, then the output folder, written atomically: its manifest."""
-    from preprocessing.engine import EngineConfig, mapper
-    from preprocessing.pipeline import STEPS, Stage, run_step, write_stages
-
     stage = Stage.load(previous)
     with mapper(EngineConfig.from_dict(engine)) as map_fn:
         run = _stage_run(input_path, input_format, config_file, engine, map_fn)
@@ -102,10 +98,6 @@ def sequences(previous: Path, input_path: Path, input_format: str, config_file: 
 @task(name="train", cache_policy=NO_CACHE)
 def train(train_config: dict, launch_config: dict, tracking_config: dict) -> dict:
     """Ray Train (or one process with workers=0); the run is logged to MLflow, not registered yet."""
-    from pgt.distributed import LaunchConfig, run_training
-    from pgt.tracking import TrackingConfig
-    from pgt.train import TrainConfig
-
     return run_training(TrainConfig.from_dict(train_config), LaunchConfig(**launch_config),
                         TrackingConfig.from_dict(tracking_config))
 
@@ -113,9 +105,6 @@ def train(train_config: dict, launch_config: dict, tracking_config: dict) -> dic
 @task(name="tune", cache_policy=NO_CACHE)
 def tune(sweep_config: dict, tracking_config: dict, ray_address: str | None) -> dict:
     """A Ray Tune sweep; its best trial's model is logged to the sweep's MLflow run, not registered yet."""
-    from pgt.tracking import TrackingConfig
-    from tune.sweep import SweepConfig, run_sweep
-
     out = Path(sweep_config["out_dir"])
     resume = (out / "sweep.json").is_file()  # a rerun continues an interrupted sweep
     return run_sweep(SweepConfig.from_dict(sweep_config), TrackingConfig.from_dict(tracking_config),
@@ -125,16 +114,12 @@ def tune(sweep_config: dict, tracking_config: dict, ray_address: str | None) -> 
 @task(name="evaluate", cache_policy=NO_CACHE)
 def evaluate(model_uri: str, data_dir: Path, tracking_uri: str) -> dict:
     """The logged model loaded back from MLflow and scored on the test split."""
-    from pgt.serve import evaluate_model
-
     return evaluate_model(model_uri, data_dir, "test", tracking_uri)
 
 
 @task(name="register", cache_policy=NO_CACHE)
 def register(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_strict_acc1: float) -> dict:
     """A new registry version; the alias champion moves to it only if its strict validation Acc@1 is better."""
-    from pgt.tracking import register_model
-
     return register_model(tracking_uri, name, model_uri, run_id, validation_strict_acc1)
 
 
@@ -147,10 +132,6 @@ def publish(markdown: str) -> str:
 @task(name="recent input", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
 def recent_input(source: Path, days: float, out_file: Path) -> Path:
     """Each user's last `days` days of a positionfixes Parquet file (the demo's stand-in for new data)."""
-    import polars as pl
-
-    from pgt.serve import last_days
-
     out_file.parent.mkdir(parents=True, exist_ok=True)
     last_days(pl.read_parquet(source), days).write_parquet(out_file)
     return out_file
@@ -160,8 +141,6 @@ def recent_input(source: Path, days: float, out_file: Path) -> Path:
 def predict_places(model_uri: str, input_path: Path, input_format: str, out_file: Path, top_k: int,
                    tracking_uri: str) -> Path:
     """Raw GPS through the model's fitted preprocessing: the top-k next places of every user, with coordinates."""
-    from pgt.serve import predict_raw, predict_summary
-
     get_run_logger().info(predict_summary(predict_raw(model_uri, input_path, input_format, out_file, top_k, tracking_uri),
                                           top_k))
     return out_file
@@ -169,10 +148,6 @@ def predict_places(model_uri: str, input_path: Path, input_format: str, out_file
 
 @task(name="map", cache_policy=NO_CACHE)
 def map_png(predictions_file: Path, out_png: Path) -> Path:
-    import polars as pl
-
-    from pgt.serve import plot_predicted_places
-
     return plot_predicted_places(pl.read_parquet(predictions_file), out_png)
 
 
@@ -180,13 +155,8 @@ def map_png(predictions_file: Path, out_png: Path) -> Path:
 def log_predictions(tracking_uri: str, model_uri: str, predictions_file: Path, png: Path, input_path: Path,
                     top_k: int) -> dict:
     """An MLflow run holding the predictions and the map; the summary (users, strict Acc@1 on evaluation samples)."""
-    import polars as pl
-
-    from pgt.serve import prediction_summary
-    from pgt.tracking import log_predictions as log
-
     summary = prediction_summary(pl.read_parquet(predictions_file))
-    logged = log(tracking_uri, model_uri, [predictions_file, png], {"input": input_path, "top_k": top_k}, summary)
+    logged = log_prediction_run(tracking_uri, model_uri, [predictions_file, png], {"input": input_path, "top_k": top_k}, summary)
     return {**logged, "summary": summary}
 
 
@@ -194,7 +164,6 @@ def log_predictions(tracking_uri: str, model_uri: str, predictions_file: Path, p
       cache_policy=NO_CACHE)
 def publish_predictions(predictions_file: Path, logged: dict, model_uri: str, max_rows: int = 500) -> list[str]:
     """Prefect artifacts: a table of each user's next places, the map as an image, a summary with the MLflow run."""
-    import polars as pl
     from prefect.artifacts import create_image_artifact, create_table_artifact
 
     latest = pl.read_parquet(predictions_file).filter(sample="latest").head(max_rows)

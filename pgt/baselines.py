@@ -13,7 +13,7 @@ import scipy.sparse as sp
 import torch
 
 from pgt.data import Batch, Vocab
-from pgt.model import extended_ids
+from pgt.vocabulary import extended_ids
 
 
 class MarkovChain:

@@ -312,7 +312,7 @@ def evaluate(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
 ) -> None:
     """Load a logged or registered model and print its metrics on a split as JSON."""
-    from pgt.serve import evaluate_model
+    from pgt.evaluate import evaluate_model
 
     try:
         metrics = evaluate_model(model, data, split, tracking_uri)
@@ -339,7 +339,7 @@ def predict(
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
 ) -> None:
     """Where each person goes next: the top-k next places, with coordinates and probabilities."""
-    from pgt.serve import predict_file, predict_raw, predict_summary
+    from pgt.predict import predict_file, predict_raw, predict_summary
     from preprocessing.errors import InputError
 
     try:

@@ -12,7 +12,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
+
+import yaml
 
 DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
 
@@ -105,10 +108,6 @@ RECIPE_FREE = ("data_dir", "out_dir", "resume")  # where and whether: what a run
 def load_recipe_file(path) -> dict:
     """The TrainConfig fields of a recipe file: YAML (or JSON) mapping field names to values, as a sweep writes
     its winner. ValueError naming the file for anything that is not such a mapping or does not build a config."""
-    from pathlib import Path
-
-    import yaml
-
     path = Path(path)
     try:
         settings = yaml.safe_load(path.read_text(encoding="utf-8"))

@@ -9,18 +9,19 @@ from pathlib import Path
 from typing import Iterator, NamedTuple
 
 import numpy as np
+import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset, Sampler
 
 from pgt.config import ModelConfig
+from pgt.vocabulary import UNSEEN, unseen_slots
 from preprocessing.config import SPLITS
 
 LIST_COLUMNS = ("locations", "time_slots", "weekdays", "recency", "durations")
 SHIFTED = ("time_slots", "weekdays", "recency", "durations")  # stored +1 so that 0 means padding
 PLACE_COLUMNS = ("places", "target_place")  # dataset-wide place ids (the DBSCAN location of each visit)
-UNSEEN = 1  # the location id of every place first visited after the train split ("new place" in the output)
 
 
 class Batch(NamedTuple):
@@ -57,25 +58,6 @@ class Batch(NamedTuple):
         """(B,) the column of the target's exact place, or -1 for a new place, which no column names."""
         extended = self.extended_targets(num_locations)
         return torch.where(extended == UNSEEN, -1, extended)
-
-
-def unseen_slots(locations: torch.Tensor, places: torch.Tensor, targets: torch.Tensor,
-                 target_places: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots of the extended vocabulary (See et al. 2017, "P(w) over V + max_oov").
-
-    In each row, the distinct places of the visits whose location id is UNSEEN get slots 1, 2, ... in
-    the order of their first visit; known locations and padding get 0. The target gets its place's slot
-    when it is unseen and its place is one of the row's slots, else 0. `places` (B, T) and
-    `target_places` (B,) are dataset-wide place ids. Returns (slots (B, T), target_slots (B,))."""
-    T = locations.shape[1]
-    unseen = locations == UNSEEN  # (B, T)
-    same = (places.unsqueeze(2) == places.unsqueeze(1)) & unseen.unsqueeze(1) & unseen.unsqueeze(2)  # (B, T, T)
-    first_visit = same.to(torch.uint8).argmax(dim=2)  # (B, T) first visit to the same unseen place
-    is_first = unseen & (first_visit == torch.arange(T, device=locations.device))  # (B, T)
-    numbered = torch.cumsum(is_first, dim=1) * is_first  # (B, T) slot number at each first visit
-    slots = numbered.gather(1, first_visit) * unseen  # (B, T)
-    hit = unseen & (places == target_places.unsqueeze(1)) & (targets == UNSEEN).unsqueeze(1)  # (B, T)
-    return slots, (slots * hit).amax(dim=1) if T else torch.zeros_like(targets)
 
 
 @dataclass
@@ -323,8 +305,6 @@ class FirstVisits:
 
     @classmethod
     def from_data_dir(cls, data_dir: Path | str, vocab: Vocab) -> FirstVisits:
-        import polars as pl
-
         data_dir = Path(data_dir)
         path = data_dir / "staypoints.parquet"
         if not path.is_file():

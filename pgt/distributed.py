@@ -18,10 +18,21 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from pgt.config import LaunchConfig  # noqa: F401 - re-exported
-from pgt.data import LIST_COLUMNS, PLACE_COLUMNS
-from pgt.train import BASELINES, TrainConfig, Worker, check_streamable, evaluate_baseline, train_loop_per_worker, write_json
-from preprocessing.engine import prepare_ray_env, ray_session  # noqa: F401 - the one Ray session helper
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pgt.config import (
+    BASELINES,
+    LaunchConfig,
+    TrainConfig,
+)
+from pgt.data import LIST_COLUMNS, PLACE_COLUMNS, SequenceDataset, Vocab
+from pgt.report import EpochPrinter
+from pgt.tracking import end_run, log_result, register_model, reopen_run, start_run
+from pgt.train import check_streamable, evaluate_baseline, train_loop_per_worker, write_json
+from pgt.worker import Worker
+from preprocessing.config import SPLITS
+from preprocessing.engine import ray_session
 
 RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
 STREAM_KEY = "_stream_train"  # in the train loop's config: the workers stream their shard of the "train" dataset
@@ -48,8 +59,6 @@ def ray_train_loop(config: dict) -> None:
     rank = context.get_world_rank()
     printer = None
     if rank == 0:  # rank 0 prints the epoch table (Ray forwards it to the driver)
-        from pgt.report import EpochPrinter
-
         printer = EpochPrinter()
 
     def report(row: dict, checkpoint_dir: Path | None) -> None:
@@ -106,11 +115,6 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
 def check_splits(data_dir: Path) -> None:
     """ValueError, before any run or Ray starts, unless data_dir holds the three splits, each with samples
     (read from the Parquet footers)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pgt.data import SPLITS, Vocab
-
     Vocab.from_manifest(data_dir)  # not a `pgt preprocess` folder: one line that says so
     for split in SPLITS:
         path = data_dir / f"{split}.parquet"
@@ -146,8 +150,6 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
         if cfg.model in BASELINES:
             result = evaluate_baseline(cfg.to_dict())
             if tracking:
-                from pgt.tracking import log_result
-
                 log_result(dataclasses.replace(tracking, log_model=False), result, out_dir, Path(cfg.data_dir))
                 result["mlflow"] = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": None}
         elif launch.workers == 0:
@@ -159,8 +161,6 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
                 fit_with_ray(config, launch, out_dir, callbacks=callbacks)
             result = json.loads((out_dir / "metrics.json").read_text())
         if tracking and tracking.register and result["mlflow"]["model_uri"]:
-            from pgt.tracking import register_model
-
             result["mlflow"]["registered"] = register_model(
                 tracking.tracking_uri, tracking.register, result["mlflow"]["model_uri"], tracking.run_id,
                 result["validation"]["strict"]["acc@1"])
@@ -172,8 +172,6 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
         raise
     finally:
         if tracking:
-            from pgt.tracking import end_run
-
             end_run(tracking, status)
 
 
@@ -181,7 +179,6 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
     """The MLflow run: the one recorded in out_dir/mlflow_run.json when resuming it, else a new one."""
     if tracking is None:
         return None
-    from pgt.tracking import reopen_run, start_run
 
     record = out_dir / "mlflow_run.json"
     if cfg.resume and record.is_file():
@@ -200,8 +197,6 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
 def _manifest_summary(data_dir: str) -> dict:
     """What the run's params say of its data; the manifest and the splits' columns are checked first, so that
     a bad --data fails in one line before an MLflow run or Ray starts."""
-    from pgt.data import SPLITS, SequenceDataset, Vocab
-
     Vocab.from_manifest(data_dir)
     for split in SPLITS:
         SequenceDataset.check_columns(Path(data_dir) / f"{split}.parquet")

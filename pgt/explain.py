@@ -20,6 +20,7 @@ import torch  # noqa: E402 - after matplotlib.use("Agg")
 
 from pgt.checkpoint import load_checkpoint  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.data import SequenceDataset  # noqa: E402 - after matplotlib.use("Agg")
+from preprocessing.output import PRODUCER_KEY, check_apart, check_output_entries, check_output_file, write_file_atomically
 
 EXPLAINER = "pgt explain"  # the producer mark of its PNGs (preprocessing.output.written_by)
 OUTPUTS = ("pointer_attention.png", "gate.png", "attention_entropy.png", "position_bias.png", ".*.tmp-*")
@@ -42,8 +43,6 @@ def collect(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int = 
 
 def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, samples: int = 6, seed: int = 0) -> list[Path]:
     """The PNGs of the module docstring in out_dir, which must hold nothing but them (InputError otherwise)."""
-    from preprocessing.output import check_apart, check_output_entries, check_output_file
-
     check_apart(Path(out_dir), {"--checkpoint": checkpoint, "--data": data_dir})
     check_output_entries(Path(out_dir), EXPLAINER, OUTPUTS)
     for name in OUTPUTS[:-1]:  # a PNG of that name that someone else wrote is not replaced either
@@ -65,8 +64,6 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
 
 
 def _save(fig, path: Path) -> Path:
-    from preprocessing.output import PRODUCER_KEY, write_file_atomically
-
     fig.tight_layout()
     write_file_atomically(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png",
                                                         metadata={PRODUCER_KEY.decode(): EXPLAINER}))

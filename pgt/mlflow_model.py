@@ -17,7 +17,7 @@ preprocessing (preprocessing/fitted.py) that turns raw GPS into the model's ids.
 - a (B, 7, T) int64 array as `Batch.packed()` gives it: returns (B, V + S) float32 log-probabilities;
 - a table of GPS points (user_id, tracked_at, latitude, longitude) or staypoints (user_id, started_at,
   finished_at, latitude, longitude): returns, per user, the top-k next places (rank, place_id, latitude,
-  longitude, probability, new_place_probability; pgt.serve.place_predictions), times as ISO 8601 text;
+  longitude, probability, new_place_probability; pgt.inference.place_predictions), times as ISO 8601 text;
 - a table of sequences in the columns of a `pgt preprocess` split: the same, one block per row.
 params {"top_k": K} sets k (default TOP_K).
 """
@@ -25,12 +25,26 @@ params {"top_k": K} sets k (default TOP_K).
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import mlflow
 import numpy as np
+import pandas as pd
+import polars as pl
+import pyarrow.parquet as pq
 import torch
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
+
+from pgt.config import ModelConfig
+from pgt.data import SequenceDataset
+from pgt.inference import check_vocabulary, place_predictions, predict_applied, top_k_predictions
+from pgt.model import PackedModel, build_model, check_packed
+from preprocessing.errors import InputError
+from preprocessing.fitted import FittedPreprocessing, apply_fitted
+from preprocessing.stages import StageLog
 
 WEIGHTS, CONFIG = "weights", "model_config"  # artifact keys: the model itself
 LOCATIONS, USERS, MANIFEST = "locations", "users", "manifest"  # the data it was trained on: tables and preprocessing
@@ -54,8 +68,6 @@ class PGTModel(PythonModel):
     manifest: dict | None = None  # the training data's manifest: config, vocab, counts
 
     def load_context(self, context) -> None:
-        from pgt.model import ModelConfig, PackedModel, build_model
-
         try:
             cfg = ModelConfig(**_read_json(context.artifacts[CONFIG], "model_config.json"))
         except TypeError as exc:
@@ -67,8 +79,6 @@ class PGTModel(PythonModel):
             raise ValueError(f"the model's weights.pt cannot be loaded ({' '.join(str(exc).split())[:200]}); "
                              "log the model again") from None
         self.packed = PackedModel(model).eval()
-        import pyarrow.parquet as pq
-
         artifacts = context.artifacts
         self.locations = pq.read_table(artifacts[LOCATIONS]) if LOCATIONS in artifacts else None
         self.users = pq.read_table(artifacts[USERS]) if USERS in artifacts else None
@@ -79,10 +89,6 @@ class PGTModel(PythonModel):
     def fitted(self, source: str = "the model"):
         """The fitted preprocessing of the training data (built once): raw GPS -> the model's ids."""
         if self._fitted is None:
-            import polars as pl
-
-            from preprocessing.fitted import FittedPreprocessing
-
             missing = [DATA_FILES[k] for k in (MANIFEST, PLACES, CLUSTERED, USERS) if k not in self.data_files]
             if missing:
                 raise ValueError(f"{source}: carries no {', '.join(missing)} (logged before models carried their "
@@ -95,9 +101,6 @@ class PGTModel(PythonModel):
     def warm_up(self) -> None:
         """Answer two small requests built from the model's own places (staypoints, then GPS points), so that the
         fitted tables, the neighbour trees and the code paths are ready before the first client's request."""
-        import pandas as pd
-        import polars as pl
-
         places = self.fitted().places.filter(pl.col("location") >= 2).head(3)
         if places.height == 0:
             return
@@ -116,12 +119,6 @@ class PGTModel(PythonModel):
     def predict(self, context, model_input, params=None):
         """The module docstring's inputs. A client's error (a column, a shape, an id beyond the model's tables, a
         parameter) raises MlflowException(INVALID_PARAMETER_VALUE) with one line naming it: HTTP 400."""
-        import pandas as pd
-        from mlflow.exceptions import MlflowException
-        from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
-
-        from preprocessing.errors import InputError
-
         try:
             if isinstance(model_input, pd.DataFrame):
                 return self._predict_table(model_input, top_k_of(params))
@@ -142,8 +139,6 @@ class PGTModel(PythonModel):
             raise ValueError(f"expected a (B, 7, T) array of integers as Batch.packed() gives it, got shape {array.shape}")
         if np.issubdtype(array.dtype, np.floating) and not (np.isfinite(array).all() and (array == np.round(array)).all()):
             raise ValueError("expected integers; the array holds fractions, NaN or infinities")
-        from pgt.model import check_packed
-
         x = torch.as_tensor(array.astype(np.int64))
         check_packed(x, self.packed.cfg)
         with torch.no_grad():
@@ -151,26 +146,15 @@ class PGTModel(PythonModel):
 
     def _predict_table(self, frame, top_k: int):
         """Top-k places with coordinates for GPS points, staypoints or sequences (the module docstring)."""
-        import tempfile
-
-        import pandas as pd
-        import polars as pl
-
-        from pgt.serve import place_predictions, predict_applied, top_k_predictions
-        from preprocessing.errors import InputError
-        from preprocessing.pipeline import StageLog, apply_fitted
 
         columns = set(frame.columns)
         if len(frame) == 0:
             raise ValueError("the request has no rows")
         if "locations" in columns:  # sequences, as a split holds them
-            from pgt.data import SequenceDataset
-            from pgt.serve import _check_vocab
-
             samples = _polars(frame)
             SequenceDataset.check_schema(samples.to_arrow().schema, "request", require_target=False)
             dataset = SequenceDataset.from_arrow(samples.to_arrow(), self.packed.cfg.max_len, "request")
-            _check_vocab(self.packed, dataset, "request")
+            check_vocabulary(self.packed, dataset, "request")
             if "source_user_id" not in columns:
                 samples = samples.with_columns(source_user_id=pl.col("user"))
             if "history_end" not in columns and "target_started_at" not in columns:
@@ -196,8 +180,6 @@ class PGTModel(PythonModel):
 def _polars(frame, write_to: Path | None = None):
     """The request's pandas frame as polars (written to `write_to` as Parquet when given), or ValueError naming
     what polars could not take."""
-    import polars as pl
-
     try:
         converted = pl.from_pandas(frame)
         if write_to is not None:

@@ -31,7 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pgt.config import VARIANTS, ModelConfig  # noqa: F401 - the config lives with the others
+from pgt.config import ModelConfig
+from pgt.vocabulary import extended_ids, visit_ids
 
 EPS = 1e-10
 
@@ -252,22 +253,6 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
     return relation, 2 * hours + same_day.long()
 
 
-def visit_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations: int) -> torch.Tensor:
-    """(B, T) each visit's column in the extended vocabulary: a slot k is column V + k - 1, every other visit
-    keeps its location id (all of them without slots)."""
-    if slots is None or not slots.numel():
-        return locations
-    return torch.where(slots > 0, num_locations - 1 + slots, locations)
-
-
-def extended_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations: int) -> tuple[torch.Tensor, int]:
-    """((B, T) each visit's column in the extended vocabulary (visit_ids), its width V + S): S is the batch's most
-    slots (0 without slots)."""
-    if slots is None or not slots.numel():
-        return locations, num_locations
-    return visit_ids(locations, slots, num_locations), num_locations + int(slots.max())
-
-
 def pointer_distribution(attention: torch.Tensor, locations: torch.Tensor, slots: torch.Tensor | None,
                          cfg: ModelConfig) -> torch.Tensor:
     """(B, T) attention -> (B, V + S) pointer distribution: each visit's weight goes to its location id, or
@@ -282,15 +267,6 @@ def mix(gate: torch.Tensor, p_ptr: torch.Tensor, p_gen: torch.Tensor) -> torch.T
     p_gen = F.pad(p_gen, (0, p_ptr.shape[1] - p_gen.shape[1]))
     g = gate.unsqueeze(1).to(p_gen.dtype)
     return g * p_ptr.to(p_gen.dtype) + (1 - g) * p_gen
-
-
-def merge_slots(log_probs: torch.Tensor, num_locations: int) -> torch.Tensor:
-    """(B, V + S) extended log-probabilities -> (B, V) the protocol's: id 1 ("unseen in train") takes the
-    probability of a new place plus that of every slot, which are all places unseen in train."""
-    if log_probs.shape[1] == num_locations:
-        return log_probs
-    unseen = torch.logsumexp(torch.cat([log_probs[:, 1:2], log_probs[:, num_locations:]], dim=1), dim=1)  # (B,)
-    return torch.cat([log_probs[:, :1], unseen.unsqueeze(1), log_probs[:, 2:num_locations]], dim=1)
 
 
 class PackedModel(nn.Module):

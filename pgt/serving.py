@@ -14,17 +14,19 @@ model is the same pyfunc (pgt/mlflow_model.py). What this server adds:
 worker processes receive them.
 """
 
-
 import asyncio
 import dataclasses
+import io
 import json
 import logging
 import os
 from dataclasses import dataclass
 
+from pgt.tracking import check_model_uri
+
 DRAIN_FACTOR = 8  # an over-limit body is read (and dropped) up to this many limits, then the connection closes
 ENV_PREFIX = "PGT_SERVE_"  # ServeConfig fields reach uvicorn's workers as PGT_SERVE_<FIELD> variables
-log = logging.getLogger("pgt.serve")
+log = logging.getLogger("pgt.serving")
 
 
 @dataclass
@@ -78,8 +80,6 @@ def parse_body(body: bytes, content_type: str):
     except UnicodeDecodeError:
         raise BadRequest("the body is not UTF-8 text") from None
     if mime == "text/csv":
-        import io
-
         try:
             return pd.read_csv(io.StringIO(text)), {}
         except (ValueError, pd.errors.ParserError) as exc:
@@ -155,8 +155,6 @@ def create_app(config: "ServeConfig | None" = None):
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc.scoring_server import predictions_to_json
 
-    from pgt.tracking import check_model_uri
-
     config = config or ServeConfig.from_env()
     mlflow.set_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
     model = mlflow.pyfunc.load_model(config.model_uri)
@@ -210,7 +208,6 @@ def create_app(config: "ServeConfig | None" = None):
         except Exception:  # a bug of ours, not the client's: logged here, one line there
             log.exception("prediction failed")
             return answer(500, "the server failed to answer this request; its log has the details")
-        import io
 
         out = io.StringIO()
         predictions_to_json(predictions, out)

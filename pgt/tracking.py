@@ -13,9 +13,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import tempfile
 import time
+import urllib.error
+import urllib.request
+import warnings
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+
+import torch
+
+import pgt
+import preprocessing
+from pgt.checkpoint import load_checkpoint
 
 CHAMPION = "champion"
 SCORE_TAG = "validation_strict_acc_at_1"  # the registered version's own strict validation Acc@1
@@ -66,9 +77,6 @@ def resolve_tracking_uri(uri: str | None, state: Path | None = None) -> str:
 def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
     """ValueError, within `timeout_s`, unless an http(s) tracking URI answers its /health (a local store always
     passes): a stopped server would otherwise keep MLflow retrying for minutes."""
-    import urllib.error
-    import urllib.request
-
     if not tracking_uri.startswith(("http://", "https://")):
         return
     try:
@@ -213,18 +221,11 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     pickled, so it loads with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. With the places, the staypoints
     DBSCAN clustered and the preprocessing package, it applies the fitted preprocessing to raw GPS
     (mlflow_model.py lists the inputs it takes). The signature declares only the `top_k` parameter."""
-    import tempfile
-    import warnings
-    from importlib.metadata import version
 
     import mlflow.pyfunc
-    import torch
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec
 
-    import pgt
-    import preprocessing
-    from pgt.checkpoint import load_checkpoint
     from pgt.mlflow_model import CONFIG, DATA_FILES, TOP_K, WEIGHTS
 
     model, cfg = load_checkpoint(checkpoint)
@@ -244,7 +245,7 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
                 code_paths=[str(package), str(Path(preprocessing.__file__).parent)], signature=signature,
                 metadata={"model_config": dataclasses.asdict(cfg)},
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}",
-                                  *(f"{dist}=={version(dist)}" for dist in ("numpy", "pyarrow", "polars", "scikit-learn",
+                                  *(f"{dist}=={metadata.version(dist)}" for dist in ("numpy", "pyarrow", "polars", "scikit-learn",
                                                                             "pyyaml", "pandas"))])
 
 

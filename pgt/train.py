@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
 import math
 import os
 import random
@@ -18,16 +19,18 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
+import pyarrow.parquet as pq
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.checkpoint import (  # noqa: F401 - re-exported for callers
-    CHECKPOINT_KEYS,
-    RESUMABLE_CHANGES,
+from pgt.baselines import MarkovChain, MostFrequent
+from pgt.checkpoint import (
     check_resumable,
     latest_checkpoint,
     read_checkpoint,
@@ -35,20 +38,12 @@ from pgt.checkpoint import (  # noqa: F401 - re-exported for callers
     save_checkpoint,
     set_rng_state,
 )
-from pgt.config import (  # noqa: F401 - re-exported for callers
-    BASELINES,
-    MODELS,
-    NEURAL_MODELS,
-    RECIPES,
-    SELECT_ON,
+from pgt.config import (
     ModelConfig,
     TrainConfig,
-    recipe_settings,
     selection_score,
 )
 from pgt.data import (
-    SPLITS,
-    UNSEEN,
     Batch,
     BucketBatchSampler,
     FirstVisits,
@@ -59,33 +54,19 @@ from pgt.data import (
     keep_batch,
     load_splits,
 )
-from pgt.metrics import Scored, compute_all, target_ranks, top1
-from pgt.model import build_model, count_parameters, extended_ids, merge_slots
+from pgt.model import build_model, count_parameters
+from pgt.scoring import Scores, evaluate, model_scores
+from pgt.tracking import EpochLogger, TrackingConfig, log_result
+from pgt.vocabulary import UNSEEN, extended_ids
+from pgt.worker import Worker, local_worker
+from preprocessing.config import SPLITS
+from preprocessing.output import write_json_atomically
 
 # what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
 OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", ".*.tmp-*")
 
 # ---------------------------------------------------------------------------------------------
 # the worker's environment: one process here; Ray Train supplies rank, world size and reporting
-
-
-@dataclass
-class Worker:
-    rank: int = 0
-    world_size: int = 1
-    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
-    restored: Path | None = None  # a checkpoint.pt the runtime hands back after a failure (Ray's get_checkpoint)
-    train_shard: object | None = None  # a Ray Data shard of the train split to stream (--data-engine ray); None: in memory
-    ray_owned: bool = False  # under Ray Train: checkpoints go to Ray (reported) and come back only by get_checkpoint;
-    # else rank 0 keeps them in out_dir/checkpoints
-
-    @property
-    def is_chief(self) -> bool:
-        return self.rank == 0
-
-
-def local_worker() -> Worker:
-    return Worker(device=torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def seed_everything(seed: int) -> None:
@@ -104,8 +85,6 @@ def check_streamable(cfg: TrainConfig) -> None:
 
 def _train_rows(data_dir: str) -> int:
     """The train split's sample count, from its Parquet footer (the streamed path does not load it)."""
-    import pyarrow.parquet as pq
-
     return pq.read_metadata(Path(data_dir) / "train.parquet").num_rows
 
 
@@ -127,23 +106,6 @@ def train_loader(dataset: SequenceDataset | UnseenSimulation, cfg: TrainConfig, 
     return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch, num_workers=0)
 
 
-class Scores(NamedTuple):
-    extended: torch.Tensor  # (B, V + S) scores over the known ids and the batch's slots (S = 0 without slots)
-    protocol: torch.Tensor  # (B, V) scores over the known ids, every unseen place in id 1
-
-    @classmethod
-    def from_log_probs(cls, extended: torch.Tensor, num_locations: int) -> Scores:
-        """A model's (B, V + S) log-probabilities and the protocol's merge of them (model.merge_slots)."""
-        return cls(extended, merge_slots(extended, num_locations))
-
-
-def model_scores(model: torch.nn.Module) -> Callable[[Batch], Scores]:
-    """A scorer for `predict`: the model's log-probabilities in eval mode; the protocol's id 1 takes the
-    probability of a new place and of every slot (model.merge_slots)."""
-    model.eval()
-    return lambda batch: Scores.from_log_probs(model(*batch.inputs()).log_probs.float(), model.cfg.num_locations)
-
-
 def training_targets(batch: Batch, model_cfg: ModelConfig) -> torch.Tensor:
     """What the loss asks for: with slots, the extended target (a slot, or 1 for a new place); else the protocol's."""
     return batch.extended_targets(model_cfg.num_locations) if model_cfg.unseen_slots else batch.targets
@@ -161,58 +123,8 @@ def criterion(log_probs: torch.Tensor, batch: Batch, model_cfg: ModelConfig, cfg
 
 
 def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
-    """The training criterion summed over a batch, for `predict`'s validation loss."""
+    """The training criterion summed over a batch, for `score_dataset`'s validation loss."""
     return lambda batch, log_probs: criterion(log_probs, batch, model_cfg, cfg, reduction="sum")
-
-
-@torch.no_grad()
-def predict(score: Callable[[Batch], Scores], dataset: SequenceDataset, batch_size: int, device: torch.device,
-            indices: np.ndarray | None = None, loss: Callable[[Batch, torch.Tensor], torch.Tensor] | None = None,
-            worker: Worker | None = None) -> tuple[Scored, float | None]:
-    """(the predictions of the given samples, all by default, as metrics.Scored; the mean loss or None).
-
-    `score(batch)` gives Scores, higher first. `loss(batch, extended scores)`, when given, is summed and
-    averaged. With a worker of a larger world, each rank scores every world_size-th sample and the
-    results are summed across ranks (each sample is scored by one rank), so every rank returns the
-    whole split's predictions."""
-    indices = np.arange(len(dataset)) if indices is None else indices
-    order = indices[np.argsort(dataset.lengths[indices].numpy(), kind="stable")]  # little padding
-    if worker is not None and worker.world_size > 1:
-        order = order[worker.rank::worker.world_size]
-    # rows: protocol rank, protocol top-1, strict rank, strict top-1; every sample is written by one rank
-    found = torch.zeros(4, len(dataset), dtype=torch.int64)
-    loss_sum = torch.zeros((), dtype=torch.float64)
-    for start in range(0, len(order), batch_size):
-        chunk = torch.from_numpy(order[start:start + batch_size])
-        batch = dataset.__getitems__(chunk.tolist()).to(device)
-        scores = score(batch)
-        if loss is not None:
-            loss_sum += float(loss(batch, scores.extended))
-        strict_targets = batch.strict_targets(scores.protocol.shape[1])
-        found[:, chunk] = torch.stack([target_ranks(scores.protocol, batch.targets), top1(scores.protocol),
-                                       target_ranks(scores.extended, strict_targets), top1(scores.extended)]).cpu()
-    if worker is not None and worker.world_size > 1:
-        import torch.distributed as dist
-
-        totals = torch.cat([found.flatten().double(), loss_sum.reshape(1)]).to(worker.device)
-        dist.all_reduce(totals)  # float64 holds every rank and id exactly
-        found, loss_sum = totals[:-1].cpu().round().long().view(4, -1), totals[-1].cpu()
-    pick = torch.from_numpy(indices)
-    ranks, best, strict_ranks, strict_best = (row[pick].numpy() for row in found)
-    scored = Scored(ranks=ranks, top1=best, targets=dataset.targets[pick].numpy(),
-                    in_history=dataset.in_history()[indices], strict_ranks=strict_ranks, strict_top1=strict_best,
-                    place_in_history=dataset.place_in_history()[indices], new_place=dataset.new_place()[indices])
-    mean_loss = float(loss_sum) / max(len(indices), 1) if loss is not None else None
-    return scored, mean_loss
-
-
-def evaluate(score: Callable[[Batch], Scores], dataset: SequenceDataset, batch_size: int, device: torch.device,
-             loss: Callable[[Batch, torch.Tensor], torch.Tensor] | None = None, worker: Worker | None = None) -> dict:
-    """Metrics over the whole split (metrics.compute_all), plus `loss` (the training criterion's mean) when given.
-    Under DDP every rank scores its share and gets the whole split's metrics."""
-    scored, mean_loss = predict(score, dataset, batch_size, device, loss=loss, worker=worker)
-    metrics = compute_all(scored)
-    return metrics if mean_loss is None else {**metrics, "loss": mean_loss}
 
 
 def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | None:
@@ -231,8 +143,6 @@ def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | Non
 
 def broadcast_text(text: str, worker: Worker, src: int = 0) -> str:
     """Rank `src`'s text on every rank, sent as tensors (no pickling; works under gloo and NCCL)."""
-    import torch.distributed as dist
-
     data = torch.tensor(list(text.encode()), dtype=torch.int64, device=worker.device)
     length = torch.tensor([len(data)], dtype=torch.int64, device=worker.device)
     dist.broadcast(length, src=src)
@@ -321,8 +231,6 @@ def setup(config: dict, worker: Worker) -> TrainState:
     cfg = TrainConfig.from_dict(config)
     epoch_logger, tracking = None, None
     if tracking_values and worker.is_chief:
-        from pgt.tracking import EpochLogger, TrackingConfig
-
         tracking = TrackingConfig.from_dict(tracking_values)
         epoch_logger = EpochLogger(tracking)
     out_dir = Path(cfg.out_dir)
@@ -451,8 +359,6 @@ def finish(state: TrainState) -> dict:
                     "config": cfg.to_dict(), "best_epoch": state.best_epoch}, out_dir / "best.pt")
         write_json(out_dir / "metrics.json", result)
         if state.tracking is not None:
-            from pgt.tracking import log_result
-
             model_uri = log_result(state.tracking, result, out_dir, Path(cfg.data_dir))
             result["mlflow"] = {"tracking_uri": state.tracking.tracking_uri, "run_id": state.tracking.run_id,
                                 "model_uri": model_uri}
@@ -493,8 +399,6 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
 
 def evaluate_baseline(config: dict) -> dict:
     """Fit a non-neural baseline on train and write metrics.json in the same shape as the neural models."""
-    from pgt.baselines import MarkovChain, MostFrequent
-
     cfg = TrainConfig.from_dict(config)
     vocab = Vocab.from_manifest(cfg.data_dir)
     splits = load_splits(cfg.data_dir, cfg.max_len, vocab)
@@ -533,8 +437,6 @@ def average_weights(averaged: torch.nn.Module, model: torch.nn.Module, decay: fl
 
 def _all_reduce_mean(loss_sum: torch.Tensor, seen: int, worker: Worker) -> tuple[float, int]:
     if worker.world_size > 1:
-        import torch.distributed as dist
-
         packed = torch.stack([loss_sum.float(), torch.tensor(float(seen), device=loss_sum.device)])
         dist.all_reduce(packed)
         return float(packed[0] / packed[1]), int(packed[1])
@@ -542,8 +444,6 @@ def _all_reduce_mean(loss_sum: torch.Tensor, seen: int, worker: Worker) -> tuple
 
 
 def _wrap_ddp(model: torch.nn.Module, worker: Worker) -> torch.nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
-
     ids = [worker.device.index] if worker.device.type == "cuda" else None
     # the one-sided variants leave the gate (and the pointer variant the generator) out of the graph
     unused = getattr(model, "cfg", None) is not None and model.cfg.variant in ("mhsa", "pointer")
@@ -554,10 +454,6 @@ def _wrap_ddp(model: torch.nn.Module, worker: Worker) -> torch.nn.Module:
 
 def _replicas_in_sync(model: torch.nn.Module, device: torch.device) -> bool:
     """Whether every rank holds bit-identical parameters (a digest of their bytes, all-gathered as tensors)."""
-    import hashlib
-
-    import torch.distributed as dist
-
     digest = hashlib.sha256()
     for p in model.parameters():
         digest.update(p.detach().cpu().contiguous().numpy().tobytes())
@@ -569,6 +465,5 @@ def _replicas_in_sync(model: torch.nn.Module, device: torch.device) -> bool:
 
 def write_json(path: Path, data: dict) -> None:
     """Atomically, through a uniquely named temporary file (two writers never share one)."""
-    from preprocessing.output import write_json_atomically
-
     write_json_atomically(path, data, indent=2, default=float)
+

@@ -31,6 +31,7 @@ from preprocessing.locations import merge_staypoints, summarise_locations
 from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
 from preprocessing.output import read_manifest
 from preprocessing.sequences import UNSEEN, add_time_features, find_samples, history_lists, sample_table
+from preprocessing.stages import Stage, StageLog, stage_read, stage_staypoints
 from preprocessing.staypoints import EARTH_RADIUS_M
 
 UNKNOWN_USER = 0  # the user id of people absent from the fitted data (the padding row of the user table)
@@ -340,9 +341,7 @@ class AppliedData:
 def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
                         fitted: FittedPreprocessing, log=None, evaluation: bool = True) -> AppliedData:
     """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
-    (pipeline.stage_read's tables). Counts reconcile: activity staypoints = on fitted places + on new places + noise."""
-    from preprocessing.pipeline import Stage, stage_staypoints
-
+    (stages.stage_read's tables). Counts reconcile: activity staypoints = on fitted places + on new places + noise."""
     config = fitted.config
     found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log)
     counts, details = found.counts, found.details
@@ -402,3 +401,13 @@ def fitted_summary(fitted: FittedPreprocessing) -> dict:
     """The manifest's `fitted` entry: where the ids come from."""
     return {"source": fitted.source, "input_sha256": fitted.input_sha256, "places": fitted.places.height,
             "users": fitted.users.height}  # the config is the manifest's own
+
+
+def apply_fitted(input_path: Path | str, input_format: str, fitted: FittedPreprocessing,
+                 log: StageLog | None = None, evaluation: bool = True) -> AppliedData:
+    """New data through a fitted preprocessing, in memory (preprocessing/fitted.py): read and validate with
+    the fitted run's rules, then staypoints, fitted places, samples (without `evaluation`: the latest only)."""
+    log = log or StageLog()
+    read = stage_read(Path(input_path), input_format, log, config=fitted.config)
+    with log.stage("fitted places and samples"):
+        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log, evaluation)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
 from sklearn.neighbors import KDTree
 
 CELL_SLACK = 1e-7  # cells shrink by this fraction, so that rounding never puts two points too far apart in one
@@ -248,9 +250,6 @@ def _closest_within(points: np.ndarray, starts: np.ndarray, sizes: np.ndarray, g
 
 def components(count: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """(count,) the connected component (0..) of each of `count` nodes under the undirected edges (src, dst)."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
-
     graph = coo_matrix((np.ones(len(src), np.int8), (src, dst)), shape=(count, count))
     return connected_components(graph, directed=False)[1].astype(np.int64)
 

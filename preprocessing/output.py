@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import json
 import os
 import re
@@ -20,6 +21,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+import pyarrow.parquet as pq
 
 from preprocessing.errors import InputError
 
@@ -214,8 +217,6 @@ def written_by(path: Path, producer: str, csv_header: list[str] | None = None) -
     path = Path(path)
     try:
         if path.suffix == ".parquet":
-            import pyarrow.parquet as pq
-
             return (pq.read_schema(path).metadata or {}).get(PRODUCER_KEY) == producer.encode()
         if path.suffix == ".png":
             from PIL import Image
@@ -251,7 +252,6 @@ def check_output_entries(out: Path, producer: str, own: tuple[str, ...]) -> None
         return
     if not out.is_dir():
         raise InputError(out, "exists and is not a folder; choose another --out")
-    import fnmatch
 
     foreign = sorted(p.name for p in out.iterdir() if not any(fnmatch.fnmatch(p.name, pattern) for pattern in own))
     if foreign:
@@ -262,8 +262,6 @@ def check_output_entries(out: Path, producer: str, own: tuple[str, ...]) -> None
 
 def write_parquet_marked(path: Path, table, producer: str) -> Path:
     """Write a pyarrow table (or a polars frame) as Parquet atomically, marked as `producer`'s (written_by)."""
-    import pyarrow.parquet as pq
-
     table = table.to_arrow() if hasattr(table, "to_arrow") else table
     marked = table.replace_schema_metadata({**(table.schema.metadata or {}), PRODUCER_KEY: producer.encode()})
     return write_file_atomically(path, lambda tmp: pq.write_table(marked, tmp))

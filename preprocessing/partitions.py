@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
+import pyarrow.parquet as pq
 
 from preprocessing import readers
 from preprocessing.config import PreprocessConfig
@@ -69,8 +70,6 @@ def auto_partitions(input_path: Path, input_format: str) -> int:
 
 
 def _table_rows_estimate(path: Path) -> float:
-    import pyarrow.parquet as pq
-
     if not path.is_file():
         return 0
     with path.open("rb") as fh:

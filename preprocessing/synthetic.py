@@ -17,8 +17,10 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
+from rich.progress import Progress
 
-from preprocessing.config import SynthConfig  # noqa: F401 - its config lives with the others
+from preprocessing.config import SynthConfig
 from preprocessing.output import PRODUCER_KEY, temporary_sibling
 
 M_PER_DEG_LAT = 111_320.0
@@ -211,14 +213,11 @@ SYNTHESISER = "pgt synth"  # the producer mark of the Parquet it writes (preproc
 def write_positionfixes(cfg: SynthConfig, out_file: Path | str, progress: bool = False) -> Path:
     """Generate and write the points as Parquet, atomically, a chunk of people at a time (memory stays flat
     at any size). The same config writes the same bytes."""
-    import pyarrow.parquet as pq
-
     out_file = Path(out_file)
     if out_file.suffix != ".parquet":
         raise ValueError(f"{out_file}: the synthetic points are written as a .parquet file")
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(out_file)
-    from rich.progress import Progress
 
     with Progress(disable=not progress, transient=True) as bar:
         task = bar.add_task("synthetic people", total=cfg.users)

@@ -120,8 +120,9 @@ def training_sequences(request, tmp_path_factory) -> Path:
         return request.getfixturevalue("geolife_sequences")
     import warnings
 
+    from preprocessing.config import SynthConfig
     from preprocessing.pipeline import preprocess
-    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+    from preprocessing.synthetic import generate_positionfixes
 
     why = "not used (PGT_TEST_DATA=synthetic)" if synthetic else "is missing"
     warnings.warn(f"{GEOLIFE_PARQUET} {why}: the DDP and Tune tests train on synthetic sequences instead")

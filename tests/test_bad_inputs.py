@@ -40,7 +40,8 @@ class Case:
 
 def _base(root: Path) -> pl.DataFrame:
     """Three synthetic people over 60 days: enough for every split to have samples."""
-    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+    from preprocessing.config import SynthConfig
+    from preprocessing.synthetic import generate_positionfixes
 
     return generate_positionfixes(SynthConfig(users=3, days=60, seed=1))
 

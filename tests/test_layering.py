@@ -1,9 +1,11 @@
-"""Nothing below imports what sits above it: preprocessing <- pgt <- tune <- flows (benchmarks and scripts
-on top). Every import statement counts, those inside functions too."""
+"""The import graph of the packages: nothing below imports what sits above it (preprocessing <- pgt <- tune <-
+flows), no module imports itself back through others, and imports inside functions are only of the kinds
+ARCHITECTURE.md names. Every import statement counts, those inside functions too."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import subprocess
 import sys
 from pathlib import Path
@@ -11,31 +13,97 @@ from pathlib import Path
 from tests.conftest import PROJECT_ROOT
 
 LAYERS = ("preprocessing", "pgt", "tune", "flows")  # bottom to top
+# what may be imported inside a function (ARCHITECTURE.md, rule 4): heavy optional dependencies, with what comes
+# with them, and the project's modules that import one of them at their top
+LAZY_KINDS = {
+    "ray": {"ray", "grpc", "tune.scheduler"},
+    "mlflow": {"mlflow", "pandas", "pgt.mlflow_model"},
+    "prefect": {"prefect"},
+    "matplotlib": {"matplotlib", "PIL", "pgt.explain"},
+    "web server": {"fastapi", "uvicorn"},
+}
+LAZY = set().union(*LAZY_KINDS.values())
+CLI_MODULES = {"pgt.cli", "tune.cli"}  # the command line loads what a command needs when it runs
 
 
-def imported_packages(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+def module_files(root: Path = PROJECT_ROOT) -> dict[str, Path]:
+    """Every module of the packages by dotted name (a package's __init__ under the package's name)."""
+    return {(package if path.stem == "__init__" else f"{package}.{path.stem}"): path
+            for package in LAYERS for path in sorted((root / package).glob("*.py"))}
+
+
+def imports_of(path: Path, module: str) -> list[tuple[str, bool]]:
+    """(imported module, whether the statement sits inside a function) for every import statement of a file,
+    with relative imports resolved; `from m import name` counts as m, and as m.name where that is a module."""
+    tree = ast.parse(path.read_text())
+    inside = {id(node) for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for node in ast.walk(fn)}
+    package = module if path.stem == "__init__" else module.rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
+            found += [(alias.name, id(node) in inside) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.append((base, id(node) in inside))
+            found += [(f"{base}.{alias.name}", id(node) in inside) for alias in node.names]
     return found
 
 
+def import_graph(root: Path = PROJECT_ROOT) -> dict[str, set[str]]:
+    """module -> the project's modules it imports, at the top or inside functions."""
+    modules = module_files(root)
+    return {module: {name for name, _ in imports_of(path, module) if name in modules and name != module}
+            for module, path in modules.items()}
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    try:
+        tuple(graphlib.TopologicalSorter(graph).static_order())
+    except graphlib.CycleError as exc:
+        return exc.args[1]
+    return None
+
+
 def test_no_package_imports_one_above_it():
-    wrong = []
-    for level, package in enumerate(LAYERS):
-        above = set(LAYERS[level + 1:])
-        for path in sorted((PROJECT_ROOT / package).glob("*.py")):
-            wrong += [f"{path.relative_to(PROJECT_ROOT)} imports {name}" for name in imported_packages(path) & above]
+    wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
+             if LAYERS.index(target.split(".")[0]) > LAYERS.index(module.split(".")[0])]
     assert wrong == []
 
 
-def test_the_layering_test_sees_a_violation(tmp_path):
-    bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from tune.sweep import run_sweep\n")
-    assert "tune" in imported_packages(bad)
+def test_the_import_graph_has_no_cycle():
+    assert cycle(import_graph()) is None
+
+
+def needless_lazy_imports(root: Path = PROJECT_ROOT) -> list[str]:
+    """Imports inside functions (outside the command line) of anything but the lazy kinds."""
+    return [f"{path.relative_to(root)}: {name}" for module, path in module_files(root).items()
+            if module not in CLI_MODULES for name, in_function in imports_of(path, module)
+            if in_function and not any(name == lazy or name.startswith(f"{lazy}.") for lazy in LAZY)]
+
+
+def test_imports_inside_functions_are_only_the_lazy_kinds():
+    assert needless_lazy_imports() == []
+
+
+def test_the_checks_see_what_they_guard(tmp_path):
+    """A cycle hidden in a function, a package importing one above it, and a needless lazy import are all seen."""
+    for package in LAYERS:
+        (tmp_path / package).mkdir()
+    (tmp_path / "pgt" / "a.py").write_text("from pgt import b\n")
+    (tmp_path / "pgt" / "b.py").write_text("def f():\n    from pgt.a import g\n")
+    (tmp_path / "preprocessing" / "c.py").write_text("def f():\n    from tune.sweep import run_sweep\n    import json\n")
+    graph = import_graph(tmp_path)
+    assert graph["pgt.a"] == {"pgt.b"} and graph["pgt.b"] == {"pgt.a"}
+    assert set(cycle(graph)) == {"pgt.a", "pgt.b"}
+    assert ("tune.sweep", True) in imports_of(tmp_path / "preprocessing" / "c.py", "preprocessing.c")
+    assert set(needless_lazy_imports(tmp_path)) == {"preprocessing/c.py: tune.sweep", "preprocessing/c.py: tune.sweep.run_sweep",
+                                                    "preprocessing/c.py: json", "pgt/b.py: pgt.a", "pgt/b.py: pgt.a.g"}
+    (tmp_path / "pgt" / "b.py").write_text("def f():\n    import mlflow\n")
+    assert cycle(import_graph(tmp_path)) is None
 
 
 def test_pgt_tune_comes_from_the_tune_package_through_an_entry_point():

@@ -14,12 +14,30 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 
-from pgt.config import selection_score
+import torch
+
+from pgt.checkpoint import load_checkpoint, read_checkpoint
+from pgt.config import LaunchConfig, selection_score
+from pgt.data import load_splits
+from pgt.distributed import flat_metrics, run_training
+from pgt.scoring import evaluate, model_scores
+from pgt.tracking import (
+    TrackingConfig,
+    end_run,
+    log_pytorch_model,
+    metrics_of,
+    mlflow_client,
+    register_model,
+    reopen_run,
+    start_run,
+)
+from preprocessing.engine import prepare_ray_env, ray_session
 from preprocessing.output import write_json_atomically
-from tune.config import OBJECTIVES, SEARCH_ALGS, SweepConfig  # noqa: F401 - re-exported
+from tune.config import SweepConfig
 from tune.space import SEARCHED, SearchSpace
 
 EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
@@ -34,9 +52,6 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
     """Tune's function trainable: one training run with the drawn hyper-parameters."""
     import ray
     import ray.tune
-
-    from pgt.distributed import LaunchConfig, flat_metrics, run_training
-    from pgt.tracking import TrackingConfig
 
     spec = SweepConfig.from_dict(sweep)
     context = ray.tune.get_context()
@@ -75,9 +90,6 @@ def restore_trial_checkpoint(checkpoint, out_dir: Path) -> Path | None:
     exactly where Tune's iteration count does. Returns its path, None without one."""
     if checkpoint is None:
         return None
-    import shutil
-
-    from pgt.train import read_checkpoint
 
     with checkpoint.as_directory() as folder:
         source = Path(folder) / "checkpoint.pt"
@@ -99,8 +111,6 @@ def restore_trial_checkpoint(checkpoint, out_dir: Path) -> Path | None:
 def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resume: bool = False,
               register: str | None = None) -> dict:
     """Run (or resume) a sweep and return tune.json's content. `tracking` is a TrackingConfig or None."""
-    from pgt.distributed import prepare_ray_env, ray_session
-
     prepare_ray_env(address)  # before the first import of ray
     import ray
     from ray import tune
@@ -157,7 +167,6 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
     finally:
         if tracking:
             _close_trial_runs(tracking, out)
-            from pgt.tracking import end_run
 
             end_run(tracking, status)
 
@@ -305,7 +314,6 @@ def _trial_run_id(trial_dir: Path) -> str | None:
 def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
     if tracking is None:
         return None
-    from pgt.tracking import reopen_run, start_run
 
     saved = out / "sweep.json"
     if resume and saved.is_file():
@@ -321,16 +329,9 @@ def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
 def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) -> dict:
     """Parent run: best config, the best trial's test metrics (evaluated again here), the trials plot,
     tune.json, the best checkpoint as a model; registered under the champion rule when asked."""
-    import time
 
     import mlflow
-    import torch
     from mlflow.entities import Metric, Param
-
-    from pgt.checkpoint import load_checkpoint
-    from pgt.data import load_splits
-    from pgt.tracking import log_pytorch_model, metrics_of, mlflow_client, register_model
-    from pgt.train import evaluate, model_scores
 
     client = mlflow_client(tracking.tracking_uri)
     model, cfg = load_checkpoint(result["best_checkpoint"])
@@ -360,8 +361,6 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
 
 def _close_trial_runs(tracking, out: Path) -> None:
     """Child runs of trials that ASHA stopped (or that died) stay RUNNING in MLflow: mark them KILLED."""
-    from pgt.tracking import mlflow_client
-
     client = mlflow_client(tracking.tracking_uri)
     for record in (out / "trials").glob("*/mlflow_run.json"):
         run_id = json.loads(record.read_text())["run_id"]

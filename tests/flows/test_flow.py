@@ -93,7 +93,8 @@ def test_rerun_continues_from_the_finished_stages(tmp_path):
     import polars as pl
 
     from flows.preprocess_and_train import preprocess_and_train
-    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+    from preprocessing.config import SynthConfig
+    from preprocessing.synthetic import generate_positionfixes
 
     points = tmp_path / "points.parquet"
     generate_positionfixes(SynthConfig(users=6, days=70, seed=5)).write_parquet(points)

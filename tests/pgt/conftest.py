@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from pgt.config import ModelConfig
 from pgt.data import Batch
-from pgt.model import ModelConfig
 
 
 @pytest.fixture
@@ -26,8 +26,9 @@ def tiny_config() -> ModelConfig:
 @pytest.fixture(scope="session")
 def synthetic_sequences(tmp_path_factory):
     """A `pgt preprocess` folder from the synthetic generator: 8 people over 70 days."""
+    from preprocessing.config import SynthConfig
     from preprocessing.pipeline import preprocess
-    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+    from preprocessing.synthetic import generate_positionfixes
 
     root = tmp_path_factory.mktemp("synthetic")
     generate_positionfixes(SynthConfig(users=8, days=70, seed=11)).write_parquet(root / "fixes.parquet")

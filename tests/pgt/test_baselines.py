@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from pgt.baselines import MostFrequent
-from pgt.data import Batch, unseen_slots
+from pgt.data import Batch
 from pgt.metrics import target_ranks
+from pgt.vocabulary import unseen_slots
 
 
 def history_batch() -> Batch:

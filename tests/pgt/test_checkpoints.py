@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pgt.train import read_checkpoint, rng_state, set_rng_state, train_loop_per_worker
+from pgt.checkpoint import read_checkpoint, rng_state, set_rng_state
+from pgt.train import train_loop_per_worker
 
 
 def test_rng_state_round_trips_through_a_weights_only_load(tmp_path):

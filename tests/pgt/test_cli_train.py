@@ -89,14 +89,14 @@ def choices(command: str, option: str) -> list[str]:
 
 
 def test_the_command_offers_every_recipe():
-    from pgt.train import RECIPES
+    from pgt.config import RECIPES
 
     assert choices("train", "recipe") == list(RECIPES)
 
 
 def test_the_command_offers_every_selection_score_and_sweep_objective():
-    from pgt.train import MODELS, SELECT_ON
-    from tune.sweep import OBJECTIVES
+    from pgt.config import MODELS, SELECT_ON
+    from tune.config import OBJECTIVES
 
     assert choices("train", "select_on") == list(SELECT_ON) and choices("tune", "objective") == list(OBJECTIVES)
     assert choices("train", "model") == list(MODELS)
@@ -123,9 +123,9 @@ def test_slot_options_reach_the_config(synthetic_sequences, tmp_path):
 def test_any_valid_preprocessing_config_trains(tmp_path):
     """10-minute slots, 3 history days, hourly duration buckets: the model's tables follow the manifest's vocab
     (before, 144 slots overflowed a 97-row table and `pgt train` died with an IndexError)."""
-    from preprocessing.config import PreprocessConfig
+    from preprocessing.config import PreprocessConfig, SynthConfig
     from preprocessing.pipeline import preprocess
-    from preprocessing.synthetic import SynthConfig, generate_positionfixes
+    from preprocessing.synthetic import generate_positionfixes
 
     generate_positionfixes(SynthConfig(users=4, days=60, seed=3)).write_parquet(tmp_path / "fixes.parquet")
     config = PreprocessConfig(time_slot_min=10, history_days=3, duration_bucket_min=60)

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
-from pgt.data import BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch, unseen_slots
+from pgt.data import BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch
+from pgt.vocabulary import unseen_slots
 
 
 def write_split(path, histories, places=None):

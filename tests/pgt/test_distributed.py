@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pgt.distributed import LaunchConfig, run_training
-from pgt.train import TrainConfig
+from pgt.config import LaunchConfig, TrainConfig
+from pgt.distributed import run_training
 from tests.conftest import PROJECT_ROOT, descendant_processes, ray_cluster
 
 pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
@@ -140,8 +140,8 @@ def test_ray_owns_the_checkpoints_and_a_rerun_resumes_from_its_storage(synthetic
     """Under Ray Train the checkpoints exist once, in Ray's storage (out/ray/train/epoch_NNN, reported and
     committed); a second `run_training` with more epochs resumes from there, as Ray restores a run of the same
     name and storage path; out/checkpoints, the folder of runs without Ray, is never written."""
-    from pgt.distributed import LaunchConfig, run_training
-    from pgt.train import TrainConfig
+    from pgt.config import LaunchConfig, TrainConfig
+    from pgt.distributed import run_training
 
     cfg = TrainConfig(data_dir=str(synthetic_sequences), out_dir=str(tmp_path / "run"), epochs=2, min_epochs=3)
     first = run_training(cfg, LaunchConfig(workers=2))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pgt.metrics import Scored, compute_all, compute_metrics, target_ranks, top1
-from pgt.model import merge_slots
+from pgt.vocabulary import merge_slots
 
 
 def test_ranks_with_ties_broken_by_id():

@@ -5,7 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from pgt.model import VARIANTS, FastDropout, ModelConfig, build_model, positions_from_end
+from pgt.config import VARIANTS, ModelConfig
+from pgt.model import FastDropout, build_model, positions_from_end
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -84,7 +85,7 @@ def test_a_pointer_at_a_slot_is_a_strict_and_a_protocol_hit(tiny_config):
     A pointer-only model whose attention goes to the last visit names slot 1 (column V) first."""
     from pgt.data import Batch
     from pgt.metrics import target_ranks
-    from pgt.train import model_scores
+    from pgt.scoring import model_scores
 
     cfg = dataclasses.replace(tiny_config, variant="pointer", unseen_slots=True, slot_identity=False)
     torch.manual_seed(0)
@@ -113,7 +114,7 @@ def test_a_pointer_at_a_slot_is_a_strict_and_a_protocol_hit(tiny_config):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_slots_move_the_unseen_mass_without_changing_the_protocols_probabilities(tiny_config, variant):
-    from pgt.model import merge_slots
+    from pgt.vocabulary import merge_slots
 
     torch.manual_seed(0)
     locations = torch.tensor([[5, 1, 1, 1], [1, 2, 0, 0]])

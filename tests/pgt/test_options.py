@@ -10,8 +10,8 @@ import typer.main
 
 from pgt.cli import app, launch_config, train_config
 from pgt.config import RECIPES, LaunchConfig, TrainConfig
+from preprocessing.config import SynthConfig
 from preprocessing.engine import EngineConfig
-from preprocessing.synthetic import SynthConfig
 from tune.cli import sweep_config
 from tune.config import SweepConfig
 

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import polars as pl
 
-from pgt.serve import last_days, plot_predicted_places, prediction_summary
+from pgt.predict import last_days, plot_predicted_places, prediction_summary
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 

@@ -13,8 +13,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from preprocessing.config import SynthConfig
 from preprocessing.pipeline import preprocess, preprocess_fitted
-from preprocessing.synthetic import SynthConfig, generate_positionfixes
+from preprocessing.synthetic import generate_positionfixes
 from tests.conftest import PROJECT_ROOT, free_port, split_days
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,10 @@ import polars as pl
 import pytest
 import torch
 
+from pgt.config import TrainConfig
 from pgt.data import load_splits
-from pgt.train import TrainConfig, evaluate, lr_factor, train_loop_per_worker
+from pgt.scoring import evaluate
+from pgt.train import lr_factor, train_loop_per_worker
 
 
 def tiny_copy(src, dst, n=48):
@@ -110,7 +112,7 @@ def test_selection_on_validation_loss(synthetic_sequences, tmp_path):
 def torch_load_history(out_dir):
     import torch
 
-    from pgt.train import latest_checkpoint
+    from pgt.checkpoint import latest_checkpoint
 
     return torch.load(latest_checkpoint(out_dir), weights_only=True)["history"]
 
@@ -132,7 +134,7 @@ def test_slots_are_learned_where_the_data_has_them(geolife_sequences, tmp_path):
     Acc@5 is well above 0, the most a model without slots can reach (it can name none of them)."""
     from pgt.checkpoint import load_checkpoint
     from pgt.data import SequenceDataset
-    from pgt.train import model_scores, predict
+    from pgt.scoring import model_scores, score_dataset
 
     base = {"data_dir": str(geolife_sequences), "epochs": 8, "min_epochs": 8, "seed": 1, "simulate_unseen": True,
             "select_on": "loss", "lr": 1e-3}
@@ -145,7 +147,7 @@ def test_slots_are_learned_where_the_data_has_them(geolife_sequences, tmp_path):
             dataset = SequenceDataset.from_parquet(geolife_sequences / f"{split}.parquet")
             slot_targets = np.flatnonzero(dataset.target_slots.numpy() > 0)
             assert len(slot_targets) >= 10  # people find new places and go back
-            scored, _ = predict(model_scores(model), dataset, 256, torch.device("cpu"), indices=slot_targets)
+            scored, _ = score_dataset(model_scores(model), dataset, 256, torch.device("cpu"), indices=slot_targets)
             assert np.all(scored.targets == 1) and np.all(scored.ranks >= 1)
             found.append((scored.strict_ranks >= 1) & (scored.strict_ranks <= 5))
         hits[slots] = float(np.mean(np.concatenate(found)))
@@ -159,7 +161,8 @@ def test_weight_average_is_what_gets_evaluated(synthetic_sequences, tmp_path):
 
     from pgt.checkpoint import load_checkpoint
     from pgt.data import SequenceDataset
-    from pgt.train import average_weights, model_scores
+    from pgt.scoring import model_scores
+    from pgt.train import average_weights
 
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2,
                                     "min_epochs": 2, "weight_average": 0.9, "keep_checkpoints": 2})
@@ -181,7 +184,7 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     import importlib.util
     from pathlib import Path
 
-    from pgt.train import RECIPES
+    from pgt.config import RECIPES
 
     path = Path(__file__).resolve().parents[2] / "benchmarks" / "recipe_search.py"
     spec = importlib.util.spec_from_file_location("recipe_search", path)

@@ -10,11 +10,11 @@ from datetime import datetime, timedelta, timezone
 import polars as pl
 import pytest
 
-from preprocessing.config import PreprocessConfig
+from preprocessing.config import PreprocessConfig, SynthConfig
 from preprocessing.errors import InputError
 from preprocessing.fitted import UNKNOWN_USER, FittedPreprocessing, encode_applied, join_fitted_places
 from preprocessing.pipeline import preprocess, preprocess_fitted
-from preprocessing.synthetic import SynthConfig, generate_positionfixes
+from preprocessing.synthetic import generate_positionfixes
 from tests.conftest import place_agreement, split_days
 
 M_PER_DEG = 111_195.0  # metres per degree of latitude (haversine, mean earth radius)

@@ -17,7 +17,8 @@ from polars.testing import assert_frame_equal
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import EngineConfig
 from preprocessing.partitions import auto_partitions, partitioned_staypoints
-from preprocessing.pipeline import OUTPUT_FILES, preprocess, stage_read, stage_staypoints
+from preprocessing.pipeline import OUTPUT_FILES, preprocess
+from preprocessing.stages import stage_read, stage_staypoints
 from tests.conftest import PROJECT_ROOT, ray_cluster
 
 CONFIG = PreprocessConfig(latest_valid_time="2030-01-01")  # one window for every run compared

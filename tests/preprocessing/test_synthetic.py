@@ -3,8 +3,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
+from preprocessing.config import SynthConfig
 from preprocessing.pipeline import preprocess
-from preprocessing.synthetic import SynthConfig, generate_positionfixes
+from preprocessing.synthetic import generate_positionfixes
 
 
 def test_deterministic_and_realistic():

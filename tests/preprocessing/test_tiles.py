@@ -71,7 +71,7 @@ def test_trackintel_axis_order_on_both_sides_of_90_east_is_one_tile():
 def test_geolife_locations_by_tiles_equal_whole_data_dbscan(geolife_parquet):
     """All 182 users' staypoints, clustered with the protocol's 20 m: identical labels and core flags."""
     from preprocessing.config import PreprocessConfig
-    from preprocessing.pipeline import stage_read, stage_staypoints
+    from preprocessing.stages import stage_read, stage_staypoints
 
     config = PreprocessConfig()
     found = stage_staypoints(stage_read(geolife_parquet, "positionfixes", config=config), "positionfixes", config)

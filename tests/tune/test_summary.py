@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pgt.train import selection_score
-from tune.sweep import SweepConfig, headline_metrics
+from pgt.config import selection_score
+from tune.config import SweepConfig
+from tune.sweep import headline_metrics
 
 
 def test_headline_keeps_protocol_and_strict_overall_metrics():

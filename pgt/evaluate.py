@@ -1,0 +1,24 @@
+"""`pgt evaluate`: the metrics of SPEC §4, protocol and strict, of a model logged in MLflow on one split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pgt.data import SequenceDataset
+from pgt.inference import check_lineage, check_vocabulary
+from pgt.metrics import compute_all
+from pgt.scoring import packed_scores, score_dataset
+from pgt.tracking import load_model_and_manifest
+
+
+def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking_uri: str | None = None) -> dict:
+    """The metrics of SPEC §4, protocol and strict, for a logged PackedModel on one split of a `pgt preprocess` folder."""
+    SequenceDataset.check_columns(Path(data_dir) / f"{split}.parquet")
+    model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
+    check_lineage(trained_on, Path(data_dir), model_uri)
+    dataset = SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", model.cfg.max_len)
+    check_vocabulary(model, dataset, Path(data_dir) / f"{split}.parquet")
+    scored, _ = score_dataset(packed_scores(model), dataset, 1024, torch.device("cpu"))
+    return compute_all(scored)

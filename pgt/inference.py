@@ -1,0 +1,149 @@
+"""A model's top-k next places for sequences: the ranked location ids with their probabilities, turned into
+places with coordinates for data applied through a fitted preprocessing (preprocessing.fitted). What
+`pgt predict`, the MLflow pyfunc and `pgt serve` all answer with. No MLflow here: it takes a loaded model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import polars as pl
+import torch
+
+from pgt.data import SequenceDataset
+from pgt.model import input_tables
+from pgt.vocabulary import UNSEEN
+from preprocessing.output import read_manifest
+
+# the columns of place_predictions, one row per (sample, rank)
+PREDICTION_COLUMNS = ["sample", "sample_index", "source_user_id", "user", "time", "rank", "place_id", "location",
+                      "latitude", "longitude", "probability", "new_place_probability", "target_place"]
+
+
+
+class TopK(NamedTuple):
+    locations: np.ndarray  # (N, k) location ids, UNSEEN (1) for a new place and for a slot
+    places: np.ndarray  # (N, k) the dataset-wide place of a slot prediction (an unseen place of the history), else -1
+    probabilities: np.ndarray  # (N, k) highest first
+    new_place: np.ndarray  # (N,) the probability of id 1: a new place (with slots) or any place unseen in train
+
+
+
+@torch.no_grad()
+def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: int = 1024) -> TopK:
+    """The k most probable next locations of every sample of `dataset` under a PackedModel."""
+    V = model.cfg.num_locations
+    k = min(top_k, V - 1)
+    locations = np.zeros((len(dataset), k), np.int64)
+    places = np.full((len(dataset), k), -1, np.int64)
+    probabilities = np.zeros((len(dataset), k), np.float32)
+    new_place = np.zeros(len(dataset), np.float32)
+    for start in range(0, len(dataset), batch_size):
+        idx = list(range(start, min(start + batch_size, len(dataset))))
+        batch = dataset.__getitems__(idx)
+        log_probs = model(batch.packed())  # (B, V + S)
+        new_place[idx] = log_probs[:, UNSEEN].exp().numpy()
+        log_probs[:, 0] = -torch.inf  # id 0 pads histories; it is never a place
+        top = torch.topk(log_probs, k, dim=1)
+        slot = (top.indices - V + 1).clamp_min(0)  # (B, k) the slot of each prediction, 0 for known ids and 1
+        # the place of a slot: that of its first visit in the history
+        first = (batch.slots.unsqueeze(1) == slot.unsqueeze(2)) & (slot.unsqueeze(2) > 0)  # (B, k, T)
+        slot_place = dataset.places[idx, :batch.slots.shape[1]].gather(1, first.to(torch.uint8).argmax(dim=2))
+        places[idx] = torch.where(slot > 0, slot_place, -1).numpy()
+        locations[idx] = torch.where(slot > 0, UNSEEN, top.indices).numpy()
+        probabilities[idx] = top.values.exp().numpy()
+    return TopK(locations, places, probabilities, new_place)
+
+
+
+def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, kind: str) -> pl.DataFrame:
+    """Long format, one row per (sample, rank): sample (`kind`), sample_index, source_user_id, user, time (when
+    the target started for evaluation samples, when the history ended for latest ones), rank (1 = most
+    probable), place_id (null for a new place), location (the model's id: >= 2 known, 1 unseen in train),
+    latitude, longitude, probability, new_place_probability and, for evaluation samples, target_place.
+
+    `places` (location_id, latitude, longitude, location) names the fitted and new places; a known id is the
+    place the fitted vocabulary gave it, a slot is the history's place it points at."""
+    n, k = top.locations.shape
+    rows = np.repeat(np.arange(n), k)
+    location = top.locations.reshape(-1)
+    # a known id's place (the fitted vocabulary maps ids 2.. to places one to one), a slot's place as pointed at
+    known = places.filter(pl.col("location") >= 2)
+    place_of_id = np.full(max(int(known["location"].max() or 0), int(location.max(initial=0))) + 1, -1, np.int64)
+    place_of_id[known["location"].to_numpy()] = known["location_id"].to_numpy()
+    place = np.where(top.places.reshape(-1) >= 0, top.places.reshape(-1), place_of_id[location])
+    # coordinates by place id (ids are small non-negative integers); NaN for a new place or an unknown id
+    ids = places["location_id"].to_numpy()
+    coordinates = np.full((max(int(ids.max(initial=-1)), int(place.max(initial=-1))) + 1, 2), np.nan)
+    coordinates[ids] = places.select("latitude", "longitude").to_numpy()
+    latitude, longitude = np.where((place >= 0)[:, None], coordinates[place], np.nan).T
+    time = samples["target_started_at"] if "target_started_at" in samples.columns else samples["history_end"]
+    target = (samples["target_place"].cast(pl.Int64).gather(rows) if "target_place" in samples.columns
+              else pl.Series("target_place", [None] * (n * k), dtype=pl.Int64))
+    return pl.DataFrame({
+        "sample": pl.Series([kind] * (n * k), dtype=pl.String),
+        "sample_index": rows,
+        "source_user_id": samples["source_user_id"].gather(rows),
+        "user": np.repeat(samples["user"].to_numpy().astype(np.int64), k),
+        "time": time.gather(rows),
+        "rank": np.tile(np.arange(1, k + 1), n),
+        "place_id": pl.Series(place).set(pl.Series(place < 0), None) if n else pl.Series([], dtype=pl.Int64),
+        "location": location,
+        "latitude": pl.Series(latitude).fill_nan(None),
+        "longitude": pl.Series(longitude).fill_nan(None),
+        "probability": top.probabilities.reshape(-1),
+        "new_place_probability": np.repeat(top.new_place, k),
+        "target_place": target,
+    })
+
+
+
+def predict_applied(model, applied, top_k: int, evaluation: bool = True) -> pl.DataFrame:
+    """place_predictions for the latest samples (and the evaluation samples) of fitted.AppliedData."""
+    frames = []
+    for kind, samples in (("latest", applied.latest), ("evaluation", applied.evaluation if evaluation else None)):
+        if samples is None:
+            continue
+        dataset = SequenceDataset.from_arrow(samples.to_arrow(), model.cfg.max_len, f"{kind} samples")
+        check_vocabulary(model, dataset, f"{kind} samples")
+        frames.append(place_predictions(top_k_predictions(model, dataset, top_k), samples, applied.places, kind))
+    return pl.concat(frames, how="vertical_relaxed")
+
+
+
+def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> None:
+    """ValueError unless the `pgt preprocess` folder data_dir comes from the preprocessing the model was trained on:
+    its input (sha256) and settings, or, for an output of `--fitted`, the fitted run's. Its ids would otherwise
+    mean other places and other people. A folder without a manifest, or a model logged before models carried
+    theirs, leaves only the vocabulary check (check_vocabulary)."""
+
+    data = read_manifest(data_dir)
+    if not trained_on or data is None:
+        return
+
+    def settings(manifest: dict) -> dict:
+        return {k: v for k, v in (manifest.get("config") or {}).items() if k != "latest_valid_time"}
+
+    fitted = data.get("mode") == "fitted"
+    source = (data.get("fitted") or {}).get("input_sha256") if fitted else data.get("input_sha256")
+    expected = trained_on.get("input_sha256")
+    if source != expected or settings(data) != settings(trained_on):
+        what = "was applied with the fitted preprocessing of another run" if fitted else "comes from another preprocessing run"
+        problem = (f"input sha256 {str(source)[:12]}, the model's {str(expected)[:12]}" if source != expected
+                   else "same input, other settings")
+        raise ValueError(f"{data_dir}: {what} than the one {model_uri} was trained on ({problem}); its ids mean other "
+                         "places and people: score that run's own data, or new data through `pgt preprocess --fitted` "
+                         "of the model's training folder (or `pgt predict --format`)")
+
+
+
+def check_vocabulary(model, dataset: SequenceDataset, path: Path) -> None:
+    """Ids and features beyond the model's tables mean the sequences come from another preprocessing run (or are
+    not a split's): one line naming the column, before the model would index past a table."""
+    stored = (dataset.locations, dataset.users, dataset.times, dataset.weekdays, dataset.recency, dataset.durations)
+    for (column, top), values in zip(input_tables(model.cfg).items(), stored):
+        shift = 0 if column in ("locations", "user") else 1  # features are stored + 1; the message shows the split's
+        if len(values) and int(values.max()) > top:
+            raise ValueError(f"{path}: column {column} holds {int(values.max()) - shift}, but the model knows "
+                             f"0..{top - shift}; score sequences from the preprocessing run the model was trained on")

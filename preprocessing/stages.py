@@ -1,0 +1,279 @@
+"""The stages of the reference protocol, each a pure step from one Stage (tables, counts, details) to the next:
+
+    stage_read -> stage_staypoints (or stage_partitions: both, partition by partition) -> stage_locations
+    -> stage_sequences
+
+The runner (preprocessing.pipeline) orders, caches and writes them; the fitted application
+(preprocessing.fitted) reuses stage_read and stage_staypoints on new data. StageLog times each stage.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from preprocessing import readers
+from preprocessing.config import FORMATS, SPLITS, PreprocessConfig
+from preprocessing.engine import EngineConfig, serial_map
+from preprocessing.errors import InputError
+from preprocessing.locations import generate_locations, merge_staypoints
+from preprocessing.output import clean_stale_temporaries, temporary_sibling
+from preprocessing.partitions import auto_partitions, partitioned_staypoints
+from preprocessing.quality import filter_users, tracking_days
+from preprocessing.sequences import UNSEEN, add_time_features, generate_samples, split_by_day
+from preprocessing.staypoints import flag_activity, generate_staypoints
+
+STAGES = ("hash input", "read and validate", "staypoints", "activity", "user filter", "locations", "merge",
+          "split and samples", "write")
+
+
+
+def check_format(input_path: Path | str, input_format: str) -> None:
+    """InputError naming the input unless input_format is one of FORMATS."""
+    if input_format not in FORMATS:
+        raise InputError(input_path, f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+
+
+
+@dataclass
+class StageLog:
+    """Wall time and peak resident memory of each stage, sampled by a background thread."""
+
+    stages: list[dict] = field(default_factory=list)
+    sample_memory: bool = True  # False: wall time only, no sampling thread (a served request of a few rows)
+    _peak: int = 0
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    @staticmethod
+    def rss_bytes() -> int:
+        try:
+            with open("/proc/self/statm") as fh:
+                return int(fh.read().split()[1]) * 4096
+        except OSError:
+            return 0
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self._peak = max(self._peak, self.rss_bytes())
+
+    @contextmanager
+    def stage(self, name: str):
+        if not self.sample_memory:
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.stages.append({"name": name, "seconds": round(time.perf_counter() - start, 3)})
+            return
+        self._peak = self.rss_bytes()
+        self._stop.clear()
+        sampler = threading.Thread(target=self._sample, daemon=True)
+        sampler.start()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            seconds = time.perf_counter() - start
+            self._stop.set()
+            sampler.join()
+            self._peak = max(self._peak, self.rss_bytes())
+            self.stages.append({"name": name, "seconds": round(seconds, 3), "peak_rss_mb": round(self._peak / 2**20, 1)})
+
+
+
+@dataclass
+class Stage:
+    """What one stage hands the next: its tables, and the counts and details gathered so far."""
+
+    tables: dict[str, pl.DataFrame]
+    counts: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+    stages: list[dict] = field(default_factory=list)  # the StageLog entries of the run so far (the manifest's "stages")
+
+    def save(self, folder: Path) -> Path:
+        """Write the tables as Parquet and the counts as stage.json, atomically (a temporary folder, then a rename)."""
+        folder = Path(folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temporaries(folder)
+        tmp = temporary_sibling(folder)
+        tmp.mkdir()
+        for name, table in self.tables.items():
+            table.write_parquet(tmp / f"{name}.parquet", compression="zstd")
+        (tmp / "stage.json").write_text(json.dumps({"counts": self.counts, "details": self.details,
+                                                     "tables": sorted(self.tables), "stages": self.stages},
+                                                    default=str) + "\n")
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        return folder
+
+    @classmethod
+    def load(cls, folder: Path) -> Stage:
+        meta = json.loads((Path(folder) / "stage.json").read_text())
+        tables = {name: pl.read_parquet(Path(folder) / f"{name}.parquet") for name in meta["tables"]}
+        return cls(tables, meta["counts"], meta["details"], meta.get("stages", []))
+
+
+
+def no_progress(name: str | None = None) -> None:
+    return None
+
+
+
+def stage_read(input_path: Path, input_format: str, log: StageLog | None = None, advance=no_progress,
+               config: PreprocessConfig | None = None) -> Stage:
+    """Read and validate: the valid rows ("points") and the quarantined ones, with their counts."""
+    log = log or StageLog()
+    earliest, latest = (config or PreprocessConfig()).time_window()
+    window = readers.TimeWindow(earliest, latest)
+    with log.stage("read and validate"):
+        if input_format == "geolife-plt":
+            result = readers.read_geolife_plt(input_path, window)
+        elif input_format == "positionfixes":
+            result = readers.read_positionfixes(input_path, window)
+        elif input_format == "staypoints":
+            result = readers.read_staypoints(input_path, window)
+        else:
+            check_format(input_path, input_format)
+        counts = {"positionfixes_read": result.rows_read, "positionfixes_quarantined": result.quarantine.height}
+        reasons = dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
+        details = {"quarantine_reasons": reasons, "time_window": window.describe(), **result.notes}
+        if result.table.height == 0:
+            top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
+            listed = "; ".join(f"{reason}: {n:,}" for reason, n in top)
+            raise InputError(input_path, f"no valid rows: all {result.rows_read:,} rows were quarantined ({listed})")
+    advance("staypoints")
+    return Stage({"points": result.table, "quarantine": result.quarantine}, counts, details)
+
+
+
+def stage_staypoints(read: Stage, input_format: str, config: PreprocessConfig, log: StageLog | None = None,
+                     advance=no_progress) -> Stage:
+    """Staypoints (sliding; given ones pass through), each user's tracked days, and the activity flag."""
+    log = log or StageLog()
+    points = read.tables["points"]
+    counts, details = dict(read.counts), dict(read.details)
+    with log.stage("staypoints"):
+        if input_format == "staypoints":
+            staypoints = points
+            tracking = tracking_days(staypoints, "started_at", "finished_at")
+        else:
+            tracking = tracking_days(points, "tracked_at", "tracked_at")
+            staypoints = generate_staypoints(points, config.staypoint_dist_threshold_m,
+                                             config.staypoint_time_threshold_min, config.staypoint_gap_threshold_min)
+        counts["staypoints"] = staypoints.height
+    advance("activity")
+    with log.stage("activity"):
+        staypoints = flag_activity(staypoints, config.activity_time_threshold_min)
+        counts["activity_staypoints"] = int(staypoints["is_activity"].sum())
+    advance("user filter")
+    return Stage({"staypoints": staypoints, "tracking": tracking, "quarantine": read.tables["quarantine"]}, counts, details)
+
+
+
+def stage_partitions(input_path: Path, input_format: str, config: PreprocessConfig, engine: EngineConfig,
+                     map_partitions=serial_map, log: StageLog | None = None, advance=no_progress, bar=None) -> Stage:
+    """stage_read and stage_staypoints partition by partition (preprocessing/partitions.py): the same tables,
+    counts and details, with memory bounded by the largest partition. details["partitions"]: how many.
+    `bar`: a rich Progress to which a bar over the partitions is added."""
+    log = log or StageLog()
+    partitions = engine.partitions or auto_partitions(input_path, input_format)
+    task = bar.add_task("partitions", total=None) if bar is not None else None
+    planned = (lambda n: bar.update(task, total=n)) if bar is not None else None
+    done = (lambda: bar.advance(task)) if bar is not None else None
+    try:
+        with log.stage(f"read, validate, staypoints ({partitions} partition{'s' if partitions > 1 else ''})"):
+            tables, counts, details = partitioned_staypoints(input_path, input_format, config, partitions,
+                                                             map_partitions, engine.work_dir, planned, done)
+    finally:
+        if bar is not None:
+            bar.remove_task(task)
+    advance("staypoints")
+    advance("activity")
+    advance("user filter")
+    return Stage(tables, counts, {**details, "partitions": partitions})
+
+
+
+def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=no_progress,
+                    engine: EngineConfig | None = None, map_tiles=serial_map) -> Stage:
+    """The user filter, DBSCAN locations over the kept users' activities (by tiles as `engine` says), and
+    the merge of repeated visits."""
+    log = log or StageLog()
+    staypoints, tracking = found.tables["staypoints"], found.tables["tracking"]
+    counts, details = dict(found.counts), dict(found.details)
+    with log.stage("user filter"):
+        users = filter_users(tracking, staypoints, config.min_tracking_days, config.min_mean_window_quality,
+                             config.quality_window_weeks)
+        counts["users_kept"] = users.len()
+        details["users_read"] = tracking.height
+        activities = staypoints.filter(pl.col("is_activity") & pl.col("user_id").is_in(users.implode()))
+        activities = activities.sort("user_id", "started_at", maintain_order=True)
+        details["activity_staypoints_of_kept_users"] = activities.height
+    advance("locations")
+    with log.stage("locations"):
+        tile_deg = (engine or EngineConfig()).tiles_for(activities.height)
+        details["location_tile_deg"] = tile_deg
+        labelled, locations = generate_locations(activities, config.location_epsilon_m, config.location_min_samples,
+                                                 config.location_axis_order, tile_deg, map_tiles)
+        counts["locations"] = locations.height
+        located = labelled.filter(pl.col("location_id").is_not_null())
+        details["staypoints_noise"] = labelled.height - located.height
+        clustered = labelled.select("location_id", "latitude", "longitude", "is_core")
+    advance("merge")
+    with log.stage("merge"):
+        merged = merge_staypoints(located, config.merge_max_gap_min)
+        counts["staypoints_merged"] = merged.height
+    advance("split and samples")
+    return Stage({"merged": merged, "locations": locations, "clustered": clustered, "quarantine": found.tables["quarantine"]},
+                 counts, details)
+
+
+
+def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=no_progress) -> Stage:
+    """Time features, the per-user day split, samples and vocabularies: the output tables, the counts, and in
+    details["vocab"] the manifest's table sizes."""
+    log = log or StageLog()
+    merged, locations = located.tables["merged"], located.tables["locations"]
+    counts, details = dict(located.counts), dict(located.details)
+    with log.stage("split and samples"):
+        featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
+                                     config.duration_bucket_min)
+        featured = split_by_day(featured, config.train_fraction, config.validation_fraction)
+        samples, kept, vocab = generate_samples(featured, config.history_days, config.min_history_staypoints)
+        counts["samples"] = {split: samples[split].height for split in SPLITS}
+        details["users_with_samples_in_all_splits"] = vocab.users.height
+        details["staypoints_of_users_with_samples"] = kept.height
+        details["history_length_max"] = max(
+            (int(s["locations"].list.len().max() or 0) for s in samples.values()), default=0)
+    advance("write")
+    located_vocab = vocab.locations.join(locations, left_on="source_location_id", right_on="location_id", how="left",
+                                         maintain_order="left")
+    places = locations.join(vocab.locations, left_on="location_id", right_on="source_location_id", how="left",
+                            maintain_order="left").with_columns(pl.col("location").fill_null(UNSEEN))
+    tables = {
+        **{f"{split}.parquet": samples[split] for split in SPLITS},
+        "quarantine.parquet": located.tables["quarantine"],
+        "staypoints.parquet": kept.drop("history_start", "is_activity", strict=False),
+        "locations.parquet": located_vocab,
+        "users.parquet": vocab.users,
+        "places.parquet": places,  # every DBSCAN location: its vocabulary id (1 when unseen in train), coordinates
+        # the staypoints DBSCAN clustered (location_id null for noise): what new staypoints join (fitted.py)
+        "location_staypoints.parquet": located.tables["clustered"],
+    }
+    details["vocab"] = feature_vocab(vocab.location_size, vocab.user_size, config, details["history_length_max"])
+    return Stage(tables, counts, details)
+
+
+
+def feature_vocab(locations: int, users: int, config: PreprocessConfig, max_history: int) -> dict:
+    """The manifest's `vocab`: every table size the model needs, so that any valid config trains.
+    locations and users count their embedding rows (with padding); the features count their values."""
+    return {"locations": locations, "users": users, "time_slots": config.time_slots, "weekdays": 7,
+            "recency": config.recency_days, "durations": config.duration_buckets, "max_history": max_history}
