@@ -33,18 +33,22 @@ def preprocess_and_train(
     synthetic_users: int = SynthConfig.users,
     synthetic_days: int = SynthConfig.days,
     recipe: Recipe = "paper",
+    recipe_file: str | None = None,
 ) -> dict:
     """Preprocess (reusing cached stages), train or tune, evaluate the logged model, register it.
 
     input_path None uses the synthetic default (synthetic_users people over synthetic_days days). workers 0 trains
     in the flow's process; N >= 1 under Ray Train. recipe is the training recipe: paper (SPEC §3.8) or tuned (ours
-    for GeoLife). tune runs a sweep of `trials` instead of one training run. epochs and trials left empty take
-    the defaults of TrainConfig (or SweepConfig). model_name is the registered model; the alias champion moves to
-    the new version only when its strict validation Acc@1 is better. The state folder holds every output."""
+    for GeoLife); recipe_file, a YAML file of training settings (a sweep's winner), replaces it, and sets any
+    training setting. tune runs a sweep of `trials` instead of one training run, each trial the recipe with the
+    searched settings replaced. epochs and trials left empty take the defaults of TrainConfig (or SweepConfig).
+    model_name is the registered model; the alias champion moves to the new version only when its strict
+    validation Acc@1 is better. The state folder holds every output."""
     s = FlowSettings.resolve(input_path=input_path, input_format=input_format, config_file=config_file, workers=workers,
                              gpu=gpu, tune=tune, trials=trials, epochs=epochs, tracking_uri=tracking_uri,
                              ray_address=ray_address, model_name=model_name, state_dir=state_dir,
-                             synthetic_users=synthetic_users, synthetic_days=synthetic_days, recipe=recipe)
+                             synthetic_users=synthetic_users, synthetic_days=synthetic_days, recipe=recipe,
+                             recipe_file=recipe_file)
     log = get_run_logger()
     source = s.input_path or tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
     hashed = tasks.hash_input(source, s.input_format)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pgt.config import RECIPES, LaunchConfig, TrainConfig, recipe_settings
+from pgt.config import RECIPES, LaunchConfig, TrainConfig, base_settings
 from pgt.report import metrics_markdown
 from pgt.tracking import TrackingConfig, champion_verdict, resolve_tracking_uri, run_url
 from pgt.tracking import state_dir as default_state_dir
@@ -39,18 +39,20 @@ class FlowSettings:
     synthetic_users: int = SynthConfig.users  # the synthetic default's people
     synthetic_days: int = SynthConfig.days  # and days of tracking
     synthetic_seed: int = 0
-    recipe: str = "paper"  # training recipe (pgt.config.RECIPES); a sweep takes its simulate_unseen and unseen_slots
+    recipe: str = "paper"  # training recipe (pgt.config.RECIPES); a sweep's trials start from it
+    recipe_file: Path | None = None  # a recipe file (YAML of TrainConfig settings) instead of the named recipe
 
     @classmethod
     def resolve(cls, *, input_path: str | None, input_format: str, config_file: str | None, workers: int,
                 gpu: bool | None, tune: bool, trials: int | None, epochs: int | None, tracking_uri: str | None,
                 ray_address: str | None, model_name: str, state_dir: str | None,
                 synthetic_users: int = SynthConfig.users, synthetic_days: int = SynthConfig.days,
-                recipe: str = "paper") -> FlowSettings:
+                recipe: str = "paper", recipe_file: str | None = None) -> FlowSettings:
         """The flow's parameters checked and resolved, once. trials and epochs None: the configs' defaults."""
         if input_format not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
-        recipe_settings(recipe)  # refuses an unknown recipe before anything runs
+        recipe_file = Path(recipe_file).resolve() if recipe_file else None
+        base_settings(recipe, recipe_file)  # refuses an unknown recipe or a bad recipe file before anything runs
         if input_path is None and input_format != "positionfixes":
             raise ValueError("the synthetic default input is positionfixes; give input_path for other formats")
         if workers < 0 or (trials is not None and trials < 1) or (epochs is not None and epochs < 1):
@@ -59,7 +61,7 @@ class FlowSettings:
         return cls(Path(input_path).resolve() if input_path else None, input_format,
                    Path(config_file).resolve() if config_file else None, workers, gpu, tune, trials, epochs,
                    resolve_tracking_uri(tracking_uri, state), ray_address, model_name, state, synthetic_users,
-                   synthetic_days, recipe=recipe)
+                   synthetic_days, recipe=recipe, recipe_file=recipe_file)
 
     @property
     def run_name(self) -> str:
@@ -77,7 +79,12 @@ class FlowSettings:
     @property
     def runs_dir(self) -> Path:
         """Training output; one per recipe, since a rerun resumes only a run of the same settings."""
-        return self.state_dir / "runs" / (self.run_name if self.recipe == "paper" else f"{self.run_name}-{self.recipe}")
+        return self.state_dir / "runs" / (self.run_name if self.recipe_name == "paper" else f"{self.run_name}-{self.recipe_name}")
+
+    @property
+    def recipe_name(self) -> str:
+        """The recipe file's name (its stem) when one is given, else the named recipe."""
+        return self.recipe_file.stem if self.recipe_file else self.recipe
 
     @property
     def work_dir(self) -> Path:
@@ -97,7 +104,8 @@ class FlowSettings:
 
     def _train_config(self):
         epochs = {"epochs": self.epochs} if self.epochs is not None else {}
-        return TrainConfig.from_recipe(self.recipe, data_dir=str(self.sequences_dir), out_dir=str(self.runs_dir),
+        return TrainConfig.from_recipe(base_settings(self.recipe, self.recipe_file), data_dir=str(self.sequences_dir),
+                                       out_dir=str(self.runs_dir),
                                        **epochs)
 
     def launch_config(self) -> dict:
@@ -109,7 +117,8 @@ class FlowSettings:
     def sweep_config(self) -> dict:
         given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs)) if value is not None}
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
-                           recipe=recipe_settings(self.recipe), recipe_name=self.recipe, **given).to_dict()
+                           recipe=base_settings(self.recipe, self.recipe_file),
+                           recipe_name=str(self.recipe_file or self.recipe), **given).to_dict()
 
     def report(self, test: dict, validation: dict, logged: dict, registered: dict) -> str:
         links = {"MLflow run": run_url(logged["tracking_uri"], logged["run_id"]),

@@ -16,7 +16,7 @@ from typing import Literal
 import typer
 
 from pgt.config import BASELINES, DATA_ENGINES, MODELS, RECIPES, SELECT_ON, LaunchConfig, TrainConfig, base_settings
-from pgt.options import default_of, fail, given
+from pgt.options import default_of, fail, given, option_for
 from pgt.serving import ServeConfig
 from pgt.tracking import TrackingConfig
 from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
@@ -191,68 +191,33 @@ def train(
     recipe_file: Path | None = typer.Option(None, "--recipe-file",
                                             help="A YAML file of training settings (as a sweep writes its winner), "
                                                  "instead of --recipe; options given here override it."),
-    model: Model | None = typer.Option(None, "--model", show_default=default_of(TrainConfig, "model"),
-                                       help="The model or baseline to train."),
-    epochs: int | None = typer.Option(None, "--epochs", min=1, show_default=default_of(TrainConfig, "epochs"),
-                                      help="At most this many epochs (early stopping may end sooner)."),
-    seed: int | None = typer.Option(None, "--seed", show_default=default_of(TrainConfig, "seed")),
-    batch_size: int | None = typer.Option(None, "--batch-size", min=1, show_default=default_of(TrainConfig, "batch_size"),
-                                          help="Global batch, split over the workers."),
-    lr: float | None = typer.Option(None, "--lr", show_default=default_of(TrainConfig, "lr"), help="Peak learning rate."),
-    d_model: int | None = typer.Option(None, "--d-model", show_default=default_of(TrainConfig, "d_model")),
-    nhead: int | None = typer.Option(None, "--nhead", show_default=default_of(TrainConfig, "nhead")),
-    num_layers: int | None = typer.Option(None, "--layers", show_default=default_of(TrainConfig, "num_layers")),
-    dim_feedforward: int | None = typer.Option(None, "--dim-feedforward",
-                                               show_default=default_of(TrainConfig, "dim_feedforward")),
-    dropout: float | None = typer.Option(None, "--dropout", show_default=default_of(TrainConfig, "dropout")),
-    patience: int | None = typer.Option(None, "--patience", show_default=default_of(TrainConfig, "patience"),
-                                        help="Epochs without a better validation score before stopping."),
-    select_on: SelectOn | None = typer.Option(None, "--select-on", show_default=default_of(TrainConfig, "select_on"),
-                                              help="Validation score for early stopping and the best epoch: acc@1 "
-                                                   "(protocol), strict_acc@1 (the exact place) or loss."),
-    unseen_slots: bool | None = typer.Option(None, "--unseen-slots/--no-unseen-slots",
-                                             show_default=default_of(TrainConfig, "unseen_slots"),
-                                             help="Extended vocabulary: the pointer names the unseen places of the "
-                                                  "history (each its own slot) and the generator's id 1 means a new place."),
-    slot_identity: bool | None = typer.Option(None, "--slot-identity/--no-slot-identity",
-                                              show_default=default_of(TrainConfig, "slot_identity"),
-                                              help="With --unseen-slots: visits to the same unseen place share a "
-                                                   "learned slot embedding in the input."),
-    new_place_weight: float | None = typer.Option(None, "--new-place-weight",
-                                                  show_default=default_of(TrainConfig, "new_place_weight"),
-                                                  help="With --unseen-slots: loss weight of train samples whose target "
-                                                       "is a new place."),
-    previous_location: bool | None = typer.Option(None, "--previous-location/--no-previous-location",
-                                                  show_default=default_of(TrainConfig, "previous_location"),
-                                                  help="Each visit also embeds the location visited before it."),
-    visit_relations: bool | None = typer.Option(None, "--visit-relations/--no-visit-relations",
-                                                show_default=default_of(TrainConfig, "visit_relations"),
-                                                help="The pointer scores each visit also by learned biases for its "
-                                                     "relation to the last visit: it followed the current place, is "
-                                                     "the current place, starts so many hours after now."),
-    relation_inputs: bool | None = typer.Option(None, "--relation-inputs/--no-relation-inputs",
-                                                show_default=default_of(TrainConfig, "relation_inputs"),
-                                                help="With --visit-relations: the encoder's inputs embed them too."),
-    relation_order: int | None = typer.Option(None, "--relation-order", min=1, max=2,
-                                              show_default=default_of(TrainConfig, "relation_order"),
-                                              help="With --visit-relations: transitions from the current place (1) "
-                                                   "or from the last two places (2)."),
-    weight_average: float | None = typer.Option(None, "--weight-average",
-                                                show_default=default_of(TrainConfig, "weight_average"),
-                                                help="Decay of a moving average of the weights, evaluated and kept "
-                                                     "instead of them (e.g. 0.99); 0 = off."),
-    simulate_unseen: bool | None = typer.Option(None, "--simulate-unseen/--no-simulate-unseen",
-                                                show_default=default_of(TrainConfig, "simulate_unseen"),
-                                                help="Train on samples where locations first visited after a random "
-                                                     "cutoff are id 1 (unseen in train), as in later splits."),
+    model: Model | None = option_for(TrainConfig, "model"),
+    epochs: int | None = option_for(TrainConfig, "epochs"),
+    seed: int | None = option_for(TrainConfig, "seed"),
+    batch_size: int | None = option_for(TrainConfig, "batch_size"),
+    lr: float | None = option_for(TrainConfig, "lr"),
+    d_model: int | None = option_for(TrainConfig, "d_model"),
+    nhead: int | None = option_for(TrainConfig, "nhead"),
+    num_layers: int | None = option_for(TrainConfig, "num_layers", "--layers"),
+    dim_feedforward: int | None = option_for(TrainConfig, "dim_feedforward"),
+    dropout: float | None = option_for(TrainConfig, "dropout"),
+    patience: int | None = option_for(TrainConfig, "patience"),
+    select_on: SelectOn | None = option_for(TrainConfig, "select_on"),
+    unseen_slots: bool | None = option_for(TrainConfig, "unseen_slots", "--unseen-slots/--no-unseen-slots"),
+    slot_identity: bool | None = option_for(TrainConfig, "slot_identity", "--slot-identity/--no-slot-identity"),
+    new_place_weight: float | None = option_for(TrainConfig, "new_place_weight"),
+    previous_location: bool | None = option_for(TrainConfig, "previous_location", "--previous-location/--no-previous-location"),
+    visit_relations: bool | None = option_for(TrainConfig, "visit_relations", "--visit-relations/--no-visit-relations"),
+    relation_inputs: bool | None = option_for(TrainConfig, "relation_inputs", "--relation-inputs/--no-relation-inputs"),
+    relation_order: int | None = option_for(TrainConfig, "relation_order"),
+    weight_average: float | None = option_for(TrainConfig, "weight_average"),
+    simulate_unseen: bool | None = option_for(TrainConfig, "simulate_unseen", "--simulate-unseen/--no-simulate-unseen"),
     known_fraction: tuple[float, float] | None = typer.Option(
         None, "--known-fraction", show_default=(f"{default_of(TrainConfig, 'known_fraction_min')} "
                                                 f"{default_of(TrainConfig, 'known_fraction_max')}"),
         help="With --simulate-unseen: the cutoff's range, as fractions of the user's days before each sample."),
-    resume: bool | None = typer.Option(None, "--resume/--no-resume", show_default=default_of(TrainConfig, "resume"),
-                                       help="Continue from the latest checkpoint in --out."),
-    threads: int | None = typer.Option(None, "--threads", show_default=default_of(TrainConfig, "threads"),
-                                       help="torch CPU threads per worker; 0 = the cores / workers."),
+    resume: bool | None = option_for(TrainConfig, "resume", "--resume/--no-resume"),
+    threads: int | None = option_for(TrainConfig, "threads"),
     workers: int | None = typer.Option(None, "--workers", min=0, show_default=default_of(LaunchConfig, "workers"),
                                        help="DDP workers under Ray Train; 0 = in this process, without Ray."),
     gpu: bool | None = typer.Option(None, "--gpu/--no-gpu", help="One GPU per worker (default: when Ray sees enough GPUs)."),

@@ -10,12 +10,13 @@ line can show them without loading it.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import yaml
+
+from preprocessing.settings import check_settings, setting
 
 DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
 
@@ -139,87 +140,73 @@ def base_settings(recipe: str | None = None, recipe_file=None) -> dict:
 class TrainConfig:
     data_dir: str  # a `pgt preprocess` output folder
     out_dir: str  # metrics.json, best.pt and checkpoints/ go here
-    model: str = "pgt"  # one of MODELS
+    model: str = setting("pgt", "The model or baseline to train.", choices=MODELS)
     # model shape: ModelConfig's defaults (the paper's GeoLife configuration)
-    d_model: int = ModelConfig.d_model
-    nhead: int = ModelConfig.nhead
-    num_layers: int = ModelConfig.num_layers
-    dim_feedforward: int = ModelConfig.dim_feedforward
-    dropout: float = ModelConfig.dropout
-    max_len: int = ModelConfig.max_len  # histories keep their most recent max_len visits
+    d_model: int = setting(ModelConfig.d_model, "Width of the embeddings and the encoder; divisible by nhead and by 4.",
+                           low=4, high=1 << 16)
+    nhead: int = setting(ModelConfig.nhead, "Attention heads; must divide d_model.", low=1, high=1 << 10)
+    num_layers: int = setting(ModelConfig.num_layers, "Encoder layers (LSTM layers for lstm-pg).", low=1, high=64)
+    dim_feedforward: int = setting(ModelConfig.dim_feedforward, "Feed-forward width of the encoder layers.",
+                                   low=1, high=1 << 18)
+    dropout: float = setting(ModelConfig.dropout, "Dropout inside the encoder layers (and on the LSTM's inputs).",
+                             low=0.0, high=1.0, high_open=True)
+    max_len: int = setting(ModelConfig.max_len, "Longest history; longer ones keep their most recent visits.",
+                           low=1, high=1 << 16)
     # optimisation
-    epochs: int = 50  # at most
-    min_epochs: int = 8  # no early stop before this many epochs
-    patience: int = 5  # stop after this many epochs without a better validation score
-    select_on: str = "acc@1"  # validation score for early stopping and the best epoch: one of SELECT_ON
-    batch_size: int = 128  # global batch, split evenly over workers
-    eval_batch_size: int = 1024
-    lr: float = 6.5e-4  # peak learning rate, reached after warmup
-    min_lr: float = 1e-6  # floor of the cosine decay
-    warmup_epochs: int = 5
-    weight_decay: float = 0.015
-    beta1: float = 0.9
-    beta2: float = 0.98
-    label_smoothing: float = 0.03
-    unseen_slots: bool = False  # extended vocabulary: the pointer names unseen places of the history (ModelConfig)
-    slot_identity: bool = True  # with unseen_slots: same-place unseen visits share a slot embedding (ModelConfig)
-    previous_location: bool = False  # each visit also embeds the location visited before it (ModelConfig)
-    visit_relations: bool = False  # the pointer also scores each visit's relation to the last one (ModelConfig)
-    relation_inputs: bool = False  # with visit_relations: the encoder's inputs embed those relations too (ModelConfig)
-    relation_order: int = 1  # with visit_relations: transitions from the last 1 or 2 places (ModelConfig)
-    new_place_weight: float = 1.0  # with unseen_slots: the loss weight of train samples whose target is a new place
-    simulate_unseen: bool = False  # train samples show id 1 as later splits do (data.UnseenSimulation)
-    known_fraction_min: float = 0.8  # with simulate_unseen, locations first visited after a fraction f of the
-    known_fraction_max: float = 1.0  # user's days before the sample become id 1; f is drawn uniformly in [min, max]
-    grad_clip: float = 0.8  # max gradient norm
-    weight_average: float = 0.0  # decay of a moving average of the weights, updated every step and evaluated (and
-    # kept) instead of them; 0 = off
-    seed: int = 42
-    bucket_by_length: bool = True  # batch similar history lengths together (less padding)
-    amp: bool = True  # mixed precision (bfloat16/float16 autocast) when training on CUDA
-    threads: int = 0  # torch CPU threads per worker; 0 = all cores in one process, the reserved CPUs under Ray
-    resume: bool = True  # continue from the latest checkpoint in out_dir/checkpoints
-    keep_checkpoints: int = 2  # epoch checkpoints kept on disk (the best model is kept apart)
-    evaluate_test: bool = True  # score the best model on test at the end; off while choosing settings on validation
-
-    # (low, high, whether high is allowed) of every numeric setting that has bounds
-    RANGES = {"lr": (0.0, math.inf, False), "min_lr": (0.0, math.inf, False), "dropout": (0.0, 1.0, False),
-              "label_smoothing": (0.0, 1.0, False), "beta1": (0.0, 1.0, False), "beta2": (0.0, 1.0, False),
-              "weight_decay": (0.0, math.inf, False), "grad_clip": (0.0, math.inf, False),
-              "d_model": (1, 1 << 16, True), "nhead": (1, 1 << 10, True), "num_layers": (1, 64, True),
-              "dim_feedforward": (1, 1 << 18, True), "max_len": (1, 1 << 16, True), "min_epochs": (0, 1 << 20, True),
-              "patience": (1, 1 << 20, True), "eval_batch_size": (1, 1 << 24, True), "warmup_epochs": (0, 1 << 20, True),
-              "threads": (0, 4096, True), "keep_checkpoints": (1, 1 << 20, True)}
+    epochs: int = setting(50, "At most this many epochs (early stopping may end sooner).", low=1, high=1 << 20)
+    min_epochs: int = setting(8, "No early stop before this many epochs.", low=0, high=1 << 20)
+    patience: int = setting(5, "Epochs without a better validation score before stopping.", low=1, high=1 << 20)
+    select_on: str = setting("acc@1", "Validation score for early stopping and the best epoch: acc@1 (protocol), "
+                                      "strict_acc@1 (the exact place) or loss.", choices=SELECT_ON)
+    batch_size: int = setting(128, "Global batch, split evenly over the workers.", low=1, high=1 << 24)
+    eval_batch_size: int = setting(1024, "Batch of the validation and test passes.", low=1, high=1 << 24)
+    lr: float = setting(6.5e-4, "Peak learning rate, reached after warmup.", low=0.0, low_open=True)
+    min_lr: float = setting(1e-6, "Floor of the cosine decay; at most lr.", low=0.0)
+    warmup_epochs: int = setting(5, "Epochs of linear warmup to the peak learning rate.", low=0, high=1 << 20)
+    weight_decay: float = setting(0.015, "AdamW weight decay.", low=0.0)
+    beta1: float = setting(0.9, "AdamW beta1.", low=0.0, high=1.0, high_open=True)
+    beta2: float = setting(0.98, "AdamW beta2.", low=0.0, high=1.0, high_open=True)
+    label_smoothing: float = setting(0.03, "Label smoothing of the cross-entropy.", low=0.0, high=1.0, high_open=True)
+    unseen_slots: bool = setting(False, "Extended vocabulary: the pointer names the unseen places of the history "
+                                        "(each its own slot) and the generator's id 1 means a new place.")
+    slot_identity: bool = setting(True, "With unseen_slots: visits to the same unseen place share a learned slot "
+                                        "embedding in the input.")
+    previous_location: bool = setting(False, "Each visit also embeds the location visited before it.")
+    visit_relations: bool = setting(False, "The pointer scores each visit also by learned biases for its relation to "
+                                           "the last visit: it followed the current place, is the current place, "
+                                           "starts so many hours after now.")
+    relation_inputs: bool = setting(False, "With visit_relations: the encoder's inputs embed them too.")
+    relation_order: int = setting(1, "With visit_relations: transitions from the current place (1) or from the last "
+                                     "two places (2).", choices=(1, 2))
+    new_place_weight: float = setting(1.0, "With unseen_slots: loss weight of train samples whose target is a new "
+                                           "place.", low=0.0)
+    simulate_unseen: bool = setting(False, "Train on samples where locations first visited after a random cutoff are "
+                                           "id 1 (unseen in train), as in later splits.")
+    known_fraction_min: float = setting(0.8, "With simulate_unseen: the cutoff's lowest fraction of the user's days "
+                                             "before each sample.", low=0.0, high=1.0)
+    known_fraction_max: float = setting(1.0, "With simulate_unseen: the cutoff's highest fraction (at least the "
+                                             "lowest).", low=0.0, high=1.0)
+    grad_clip: float = setting(0.8, "Largest gradient norm.", low=0.0, low_open=True)
+    weight_average: float = setting(0.0, "Decay of a moving average of the weights, evaluated and kept instead of "
+                                         "them (e.g. 0.99); 0 = off.", low=0.0, high=1.0, high_open=True)
+    seed: int = setting(42, "Seed of the weights, the batches and the unseen-place simulation.")
+    bucket_by_length: bool = setting(True, "Batch similar history lengths together (less padding).")
+    amp: bool = setting(True, "Mixed precision (bfloat16/float16 autocast) when training on CUDA.")
+    threads: int = setting(0, "torch CPU threads per worker; 0 = the cores / workers (the reserved CPUs under Ray).",
+                           low=0, high=4096)
+    resume: bool = setting(True, "Continue from the latest checkpoint in the output folder.")
+    keep_checkpoints: int = setting(2, "Epoch checkpoints kept on disk (the best model is kept apart).",
+                                    low=1, high=1 << 20)
+    evaluate_test: bool = setting(True, "Score the best model on test at the end; off while choosing settings on "
+                                        "validation.")
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.type in ("int", "float") and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise ValueError(f"{f.name} must be a number, got {value!r}")
-            if f.type == "int" and not isinstance(value, int):
-                raise ValueError(f"{f.name} must be an integer, got {value!r}")
-            if f.type == "float" and not math.isfinite(value):
-                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
-        for name, (low, high, closed) in self.RANGES.items():
-            value = getattr(self, name)
-            if not (low <= value <= high if closed else low <= value < high):
-                raise ValueError(f"{name} must be in [{low}, {high}{']' if closed else ')'}, got {value!r}")
-        if self.lr <= 0 or self.grad_clip <= 0 or self.min_lr > self.lr:
-            raise ValueError(f"lr and grad_clip must be positive and min_lr at most lr, got lr={self.lr!r}, "
-                             f"grad_clip={self.grad_clip!r}, min_lr={self.min_lr!r}")
-        if self.model not in MODELS:
-            raise ValueError(f"model must be one of {', '.join(MODELS)}, got {self.model!r}")
-        if self.select_on not in SELECT_ON:
-            raise ValueError(f"select_on must be one of {', '.join(SELECT_ON)}, got {self.select_on!r}")
-        if not 0.0 <= self.known_fraction_min <= self.known_fraction_max <= 1.0:
-            raise ValueError("known_fraction_min and known_fraction_max must satisfy 0 <= min <= max <= 1, got "
+        check_settings(self)  # types, bounds and choices, from each field's one definition
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr must be at most lr, got min_lr={self.min_lr!r}, lr={self.lr!r}")
+        if self.known_fraction_min > self.known_fraction_max:
+            raise ValueError("known_fraction_min must be at most known_fraction_max, got "
                              f"{self.known_fraction_min} and {self.known_fraction_max}")
-        if not 0.0 <= self.weight_average < 1.0:
-            raise ValueError(f"weight_average must be in [0, 1), got {self.weight_average}")
-        if not self.new_place_weight >= 0.0:
-            raise ValueError(f"new_place_weight must be a number >= 0, got {self.new_place_weight}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("epochs and batch_size must be at least 1")
         if self.model in NEURAL_MODELS:  # the model's own checks (d_model by nhead, the relation switches), now
             self.model_config(SMALLEST_VOCAB)
 

@@ -2,7 +2,9 @@
 
 An option a user does not type stays None, and only typed options reach a config: every default lives in
 its config dataclass (pgt.config, tune.config, preprocessing.config, preprocessing.synthetic), which the
-help shows as the option's default. Choices are Literals built from the registries (MODELS, RECIPES, ...).
+help shows as the option's default. `option_for` builds an option from a setting's one definition
+(preprocessing.settings.setting): its help with its bounds, and its default as shown. Choices are Literals built
+from the registries (MODELS, RECIPES, ...).
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ import dataclasses
 from typing import Any, NoReturn
 
 import typer
+
+from preprocessing.settings import bounds_text, help_of, settings_of
 
 
 def fail(message: str) -> NoReturn:
@@ -30,3 +34,14 @@ def default_of(config: type, name: str) -> str:
 def given(params: dict[str, Any], *names: str) -> dict[str, Any]:
     """The options among `names` that were typed: those whose value is not None."""
     return {name: params[name] for name in names if params.get(name) is not None}
+
+
+def option_for(config: type, name: str, *flags: str, **extra: Any) -> Any:
+    """A typer option (default None: "not given") for the setting `name` of a config dataclass: its help, and its
+    default as the help shows it, from the field's one definition; `extra` adds typer's own arguments (envvar, ...).
+    The flag is --name with dashes unless `flags` are given. Bounds and choices are checked when the config is
+    built, so a bad value fails in one line naming the setting, like a bad value from a recipe file."""
+    bounds = bounds_text(settings_of(config)[name])
+    help = help_of(config, name) + (f" In {bounds}." if bounds else "")
+    return typer.Option(None, *(flags or (f"--{name.replace('_', '-')}",)), help=help,
+                        show_default=default_of(config, name), **extra)

@@ -200,8 +200,14 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     ({"dropout": 1.0}, "dropout must be in [0.0, 1.0), got 1.0"),
     ({"epochs": 2.5}, "epochs must be an integer, got 2.5"),
     ({"d_model": True}, "d_model must be a number, got True"),
-    ({"lr": 0.0}, "lr and grad_clip must be positive"),
+    ({"lr": 0.0}, "lr must be in (0.0, inf), got 0.0"),
     ({"max_len": 0}, "max_len must be in [1, 65536], got 0"),
+    ({"unseen_slots": "yes"}, "unseen_slots must be true or false, got 'yes'"),
+    ({"select_on": "mrr"}, "select_on must be one of acc@1, strict_acc@1, loss, got 'mrr'"),
+    ({"relation_order": 3}, "relation_order must be one of 1, 2, got 3"),
+    ({"min_lr": 1e-2}, "min_lr must be at most lr"),
+    ({"known_fraction_min": 0.9, "known_fraction_max": 0.5}, "known_fraction_min must be at most known_fraction_max"),
+    ({"d_model": 30, "nhead": 4}, "d_model (30) must be divisible by nhead (4) and by 4"),
 ])
 def test_training_settings_are_checked(setting, message):
     with pytest.raises(ValueError) as info:

@@ -1,0 +1,76 @@
+"""One definition per setting: a config dataclass field that carries its help, bounds and choices.
+
+    lr: float = setting(6.5e-4, "Peak learning rate, reached after warmup.", low=0.0, low_open=True)
+
+The command line's options (pgt.options.option_for), the flows' parameters, the sweeps and the MLflow params
+all read this one definition, and `check_settings` refuses a value of the wrong type, out of its bounds or not
+among its choices with one line naming the field. No third-party import here: every layer may use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+HELP, LOW, HIGH, LOW_OPEN, HIGH_OPEN, CHOICES = "help", "low", "high", "low_open", "high_open", "choices"
+
+
+def setting(default: Any, help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
+            high_open: bool = False, choices: tuple | None = None) -> Any:
+    """A dataclass field with a default, its help (one sentence or two, as `--help` shows it), bounds (low and
+    high, each closed unless low_open / high_open) and choices."""
+    if not help:
+        raise ValueError("a setting needs its help")
+    return dataclasses.field(default=default, metadata={HELP: help, LOW: low, HIGH: high, LOW_OPEN: low_open,
+                                                        HIGH_OPEN: high_open, CHOICES: choices})
+
+
+def settings_of(config: type | object) -> dict[str, dataclasses.Field]:
+    """The fields of a config defined with `setting`, by name, in their order."""
+    return {f.name: f for f in dataclasses.fields(config) if HELP in f.metadata}
+
+
+def help_of(config: type | object, name: str) -> str:
+    return settings_of(config)[name].metadata[HELP]
+
+
+def bounds_text(field: dataclasses.Field) -> str:
+    """The bounds as an interval, e.g. "[0.0, 1.0)"; "" without bounds."""
+    meta = field.metadata
+    if meta.get(LOW) is None and meta.get(HIGH) is None:
+        return ""
+    low = "-inf" if meta.get(LOW) is None else meta[LOW]
+    high = "inf" if meta.get(HIGH) is None else meta[HIGH]
+    opens = "(" if meta.get(LOW_OPEN) or meta.get(LOW) is None else "["
+    closes = ")" if meta.get(HIGH_OPEN) or meta.get(HIGH) is None else "]"
+    return f"{opens}{low}, {high}{closes}"
+
+
+def check_value(field: dataclasses.Field, value: Any) -> None:
+    """ValueError naming the field unless value has the field's type, lies within its bounds and among its choices."""
+    meta, kind = field.metadata, field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    name = field.name
+    if kind in ("int", "float"):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
+        if kind == "int" and not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        low, high = meta.get(LOW), meta.get(HIGH)
+        too_low = low is not None and (value <= low if meta.get(LOW_OPEN) else value < low)
+        too_high = high is not None and (value >= high if meta.get(HIGH_OPEN) else value > high)
+        if too_low or too_high:
+            raise ValueError(f"{name} must be in {bounds_text(field)}, got {value!r}")
+    elif kind == "bool" and not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
+    choices = meta.get(CHOICES)
+    if choices is not None and value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+def check_settings(config: object) -> None:
+    """check_value for every setting of a config dataclass instance."""
+    for field in settings_of(config).values():
+        check_value(field, getattr(config, field.name))
