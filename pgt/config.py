@@ -2,8 +2,13 @@
 flows build their choices from. Every default lives here, once; nothing here imports torch, so the command
 line can show them without loading it.
 
-    ModelConfig   the network's shape and feature sizes (pgt.model builds it)
-    TrainConfig   one training run (pgt.train runs it); a named recipe sets some fields (RECIPES)
+    ModelSettings the network's shape and switches: what a recipe or a sweep chooses
+    ModelConfig   those settings with the data's sizes (pgt.model builds it)
+    TrainConfig   one training run (pgt.train runs it), holding its ModelSettings (`network`); a named recipe
+                  sets some settings (RECIPES). Its dict (to_dict, from_dict) is flat: the network's settings
+                  sit beside the others, as recipe files, sweeps and MLflow params name them.
+
+Each setting is one field with its help, bounds and choices (preprocessing.settings.setting).
     LaunchConfig  where it runs: this process or Ray Train workers (pgt.distributed launches it)
 """
 
@@ -16,7 +21,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from preprocessing.settings import check_settings, setting
+from preprocessing.settings import check_settings, flat_settings, nested, setting, unflatten
 
 DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
 
@@ -25,45 +30,67 @@ VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")  # the neural models (pgt.model
 
 
 @dataclass
-class ModelConfig:
-    num_locations: int  # location vocabulary incl. 0 (padding) and 1 (unseen in train)
-    num_users: int  # user vocabulary incl. 0 (padding)
-    d_model: int = 64  # width d of embeddings and encoder
-    nhead: int = 4  # attention heads; must divide d_model
-    num_layers: int = 2  # transformer encoder layers (LSTM layers for lstm-pg)
-    dim_feedforward: int = 128  # encoder feed-forward width (2d by default)
-    dropout: float = 0.15  # dropout inside the encoder layers (and on the LSTM's inputs)
-    max_len: int = 64  # longest history; longer ones keep their most recent max_len visits
+class ModelSettings:
+    """The network's shape and switches: what a recipe or a sweep chooses. TrainConfig holds them (`network`);
+    ModelConfig adds the sizes the data gives."""
+
+    d_model: int = setting(64, "Width of the embeddings and the encoder; divisible by nhead and by 4.",
+                           low=4, high=1 << 16)
+    nhead: int = setting(4, "Attention heads; must divide d_model.", low=1, high=1 << 10)
+    num_layers: int = setting(2, "Encoder layers (LSTM layers for lstm-pg).", low=1, high=64)
+    dim_feedforward: int = setting(128, "Feed-forward width of the encoder layers (the paper's 2 * d_model).",
+                                   low=1, high=1 << 18)
+    dropout: float = setting(0.15, "Dropout inside the encoder layers (and on the LSTM's inputs).",
+                             low=0.0, high=1.0, high_open=True)
+    max_len: int = setting(64, "Longest history; longer ones keep their most recent visits.", low=1, high=1 << 16)
+    unseen_slots: bool = setting(False, "Extended vocabulary: the pointer names the unseen places of the history "
+                                        "(each its own slot) and the generator's id 1 means a new place.")
+    slot_identity: bool = setting(True, "With unseen_slots: visits to the same unseen place share a learned slot "
+                                        "embedding in the input.")
+    previous_location: bool = setting(False, "Each visit also embeds the location visited before it.")
+    visit_relations: bool = setting(False, "The pointer scores each visit also by learned biases for its relation to "
+                                           "the last visit: it followed the current place, is the current place, "
+                                           "starts so many hours after now (pgt.model.visit_relations).")
+    relation_inputs: bool = setting(False, "With visit_relations: the encoder's inputs embed them too.")
+    relation_order: int = setting(1, "With visit_relations: transitions from the current place (1) or from the last "
+                                     "two places (2).", choices=(1, 2))
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        if self.d_model % self.nhead or self.d_model % 4:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
+        if self.relation_inputs and not self.visit_relations:
+            raise ValueError("relation_inputs embeds the visit relations: it needs visit_relations")
+
+
+@dataclass
+class ModelConfig(ModelSettings):
+    """What pgt.model builds: the settings, the variant, and the vocabulary sizes of the data (its manifest)."""
+
+    num_locations: int = dataclasses.field(kw_only=True)  # location vocabulary incl. 0 (padding) and 1 (unseen)
+    num_users: int = dataclasses.field(kw_only=True)  # user vocabulary incl. 0 (padding)
     variant: str = "pgt"  # one of VARIANTS
-    unseen_slots: bool = False  # extended vocabulary: the pointer points at per-sample slots of unseen places
-    slot_identity: bool = True  # with unseen_slots: visits to the same unseen place share a learned slot embedding
-    previous_location: bool = False  # each visit also embeds the location visited before it (its transition source)
-    visit_relations: bool = False  # the pointer adds learned biases for each visit's relation to the last one
-    # (pgt.model.visit_relations: it followed the current place, is the current place, starts near now in time of day)
-    relation_inputs: bool = False  # with visit_relations: the encoder's inputs also embed those relations (d each)
-    relation_order: int = 1  # with visit_relations: transitions from the current place (1) or from the last two (2)
     time_slots: int = 96  # time-of-day slot values (the manifest's vocab); tables get one more row for padding
     weekdays: int = 7  # weekday values
     recency_days: int = 8  # recency values: days 0 .. history_days before the target's day
     duration_buckets: int = 99  # duration bucket values
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
-        if self.d_model % self.nhead or self.d_model % 4:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
         if self.num_locations < 3 or self.num_users < 2:
             raise ValueError(f"vocabularies too small: {self.num_locations} locations, {self.num_users} users")
         if self.visit_relations and self.variant not in ("pgt", "pointer"):
             raise ValueError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
                              f"got {self.variant!r}")
-        if self.relation_order not in (1, 2):
-            raise ValueError(f"relation_order must be 1 or 2, got {self.relation_order!r}")
-        if self.relation_inputs and not self.visit_relations:
-            raise ValueError("relation_inputs embeds the visit relations: it needs visit_relations")
         small = [name for name in ("time_slots", "weekdays", "recency_days", "duration_buckets") if getattr(self, name) < 1]
         if small:
             raise ValueError(f"feature tables need at least one value: {', '.join(small)}")
+
+    def settings(self) -> ModelSettings:
+        """The chosen part, without the data's sizes."""
+        return ModelSettings(**{f.name: getattr(self, f.name) for f in dataclasses.fields(ModelSettings)})
 
 
 NEURAL_MODELS = VARIANTS  # the models trained by gradient descent
@@ -141,17 +168,7 @@ class TrainConfig:
     data_dir: str  # a `pgt preprocess` output folder
     out_dir: str  # metrics.json, best.pt and checkpoints/ go here
     model: str = setting("pgt", "The model or baseline to train.", choices=MODELS)
-    # model shape: ModelConfig's defaults (the paper's GeoLife configuration)
-    d_model: int = setting(ModelConfig.d_model, "Width of the embeddings and the encoder; divisible by nhead and by 4.",
-                           low=4, high=1 << 16)
-    nhead: int = setting(ModelConfig.nhead, "Attention heads; must divide d_model.", low=1, high=1 << 10)
-    num_layers: int = setting(ModelConfig.num_layers, "Encoder layers (LSTM layers for lstm-pg).", low=1, high=64)
-    dim_feedforward: int = setting(ModelConfig.dim_feedforward, "Feed-forward width of the encoder layers.",
-                                   low=1, high=1 << 18)
-    dropout: float = setting(ModelConfig.dropout, "Dropout inside the encoder layers (and on the LSTM's inputs).",
-                             low=0.0, high=1.0, high_open=True)
-    max_len: int = setting(ModelConfig.max_len, "Longest history; longer ones keep their most recent visits.",
-                           low=1, high=1 << 16)
+    network: ModelSettings = nested(ModelSettings)  # the network's shape and switches
     # optimisation
     epochs: int = setting(50, "At most this many epochs (early stopping may end sooner).", low=1, high=1 << 20)
     min_epochs: int = setting(8, "No early stop before this many epochs.", low=0, high=1 << 20)
@@ -167,17 +184,6 @@ class TrainConfig:
     beta1: float = setting(0.9, "AdamW beta1.", low=0.0, high=1.0, high_open=True)
     beta2: float = setting(0.98, "AdamW beta2.", low=0.0, high=1.0, high_open=True)
     label_smoothing: float = setting(0.03, "Label smoothing of the cross-entropy.", low=0.0, high=1.0, high_open=True)
-    unseen_slots: bool = setting(False, "Extended vocabulary: the pointer names the unseen places of the history "
-                                        "(each its own slot) and the generator's id 1 means a new place.")
-    slot_identity: bool = setting(True, "With unseen_slots: visits to the same unseen place share a learned slot "
-                                        "embedding in the input.")
-    previous_location: bool = setting(False, "Each visit also embeds the location visited before it.")
-    visit_relations: bool = setting(False, "The pointer scores each visit also by learned biases for its relation to "
-                                           "the last visit: it followed the current place, is the current place, "
-                                           "starts so many hours after now.")
-    relation_inputs: bool = setting(False, "With visit_relations: the encoder's inputs embed them too.")
-    relation_order: int = setting(1, "With visit_relations: transitions from the current place (1) or from the last "
-                                     "two places (2).", choices=(1, 2))
     new_place_weight: float = setting(1.0, "With unseen_slots: loss weight of train samples whose target is a new "
                                            "place.", low=0.0)
     simulate_unseen: bool = setting(False, "Train on samples where locations first visited after a random cutoff are "
@@ -217,26 +223,19 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> TrainConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown training setting(s): {', '.join(unknown)}")
-        return cls(**values)
+        """A config from its flat dict (to_dict's): the network's settings sit beside the others, as recipes,
+        recipe files, sweeps and MLflow params name them."""
+        return cls(**unflatten(cls, values, "training setting"))
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The flat dict of every setting (the network's among them): what Ray, MLflow and a recipe file hold."""
+        return flat_settings(self)
 
     def model_config(self, vocab) -> ModelConfig:
         """The model of these settings for a vocabulary (pgt.data.Vocab: the sizes in a manifest)."""
-        return ModelConfig(num_locations=vocab.locations, num_users=vocab.users, d_model=self.d_model,
-                           nhead=self.nhead, num_layers=self.num_layers, dim_feedforward=self.dim_feedforward,
-                           dropout=self.dropout, max_len=self.max_len, variant=self.model,
-                           unseen_slots=self.unseen_slots, slot_identity=self.slot_identity,
-                           previous_location=self.previous_location, visit_relations=self.visit_relations,
-                           relation_inputs=self.relation_inputs, relation_order=self.relation_order,
-                           time_slots=vocab.time_slots,
-                           weekdays=vocab.weekdays, recency_days=vocab.recency, duration_buckets=vocab.durations)
-
+        return ModelConfig(**dataclasses.asdict(self.network), variant=self.model, num_locations=vocab.locations,
+                           num_users=vocab.users, time_slots=vocab.time_slots, weekdays=vocab.weekdays,
+                           recency_days=vocab.recency, duration_buckets=vocab.durations)
 
 
 @dataclass

@@ -25,7 +25,7 @@ def fail(message: str) -> NoReturn:
 
 def default_of(config: type, name: str) -> str:
     """The default of a config dataclass's field, as `--help` shows it."""
-    field = {f.name: f for f in dataclasses.fields(config)}[name]
+    field = {**{f.name: f for f in dataclasses.fields(config)}, **settings_of(config)}[name]
     if field.default is dataclasses.MISSING:
         raise ValueError(f"{config.__name__}.{name} has no default")
     return str(field.default)

@@ -241,7 +241,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
     streamed = worker.train_shard is not None
     if streamed:
         check_streamable(cfg)
-    splits = load_splits(cfg.data_dir, cfg.max_len, vocab, names=("validation", "test") if streamed else SPLITS)
+    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab, names=("validation", "test") if streamed else SPLITS)
     sizes = [len(s) for s in splits.values()] + ([_train_rows(cfg.data_dir)] if streamed else [])
     if min(sizes) == 0:
         raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
@@ -257,7 +257,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
     amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if use_amp else None
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     if streamed:
-        loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.max_len,
+        loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.network.max_len,
                                  cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet")
     else:
         train_set = splits["train"]
@@ -401,7 +401,7 @@ def evaluate_baseline(config: dict) -> dict:
     """Fit a non-neural baseline on train and write metrics.json in the same shape as the neural models."""
     cfg = TrainConfig.from_dict(config)
     vocab = Vocab.from_manifest(cfg.data_dir)
-    splits = load_splits(cfg.data_dir, cfg.max_len, vocab)
+    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab)
     began = time.perf_counter()
     markov = MarkovChain.from_data_dir(cfg.data_dir) if cfg.model == "markov" else None
     fit_seconds = time.perf_counter() - began

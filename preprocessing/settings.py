@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 HELP, LOW, HIGH, LOW_OPEN, HIGH_OPEN, CHOICES = "help", "low", "high", "low_open", "high_open", "choices"
+NESTED = "nested"  # the metadata key of a field that holds another config of settings
 
 
 def setting(default: Any, help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
@@ -26,9 +27,55 @@ def setting(default: Any, help: str, *, low: float | None = None, high: float | 
                                                         HIGH_OPEN: high_open, CHOICES: choices})
 
 
+def nested(config: type) -> Any:
+    """A field that holds another config of settings (TrainConfig's network: ModelSettings), built with its
+    defaults. Its settings count as the holder's own in settings_of, flat_settings and unflatten."""
+    return dataclasses.field(default_factory=config, metadata={NESTED: config})
+
+
 def settings_of(config: type | object) -> dict[str, dataclasses.Field]:
-    """The fields of a config defined with `setting`, by name, in their order."""
-    return {f.name: f for f in dataclasses.fields(config) if HELP in f.metadata}
+    """The settings of a config by name, in their order, those of its nested configs in their place."""
+    found = {}
+    for f in dataclasses.fields(config):
+        if NESTED in f.metadata:
+            found.update(settings_of(f.metadata[NESTED]))
+        elif HELP in f.metadata:
+            found[f.name] = f
+    return found
+
+
+def flat_settings(config: object) -> dict[str, Any]:
+    """Every field of a config instance, nested configs' settings flattened into it: the dict a recipe file,
+    Ray and MLflow params hold (names are unique across the nesting)."""
+    flat = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        flat.update(flat_settings(value) if NESTED in f.metadata else {f.name: value})
+    return flat
+
+
+def unflatten(config: type, values: dict[str, Any], what: str = "setting") -> dict[str, Any]:
+    """The keyword arguments of `config` from a flat dict (flat_settings'): the nested configs built from their
+    settings. ValueError naming the unknown keys."""
+    own = {f.name: f for f in dataclasses.fields(config)}
+    kwargs, taken = {}, set()
+    for name, f in own.items():
+        if NESTED in f.metadata:
+            inner = settings_of(f.metadata[NESTED]).keys() | {g.name for g in dataclasses.fields(f.metadata[NESTED])}
+            part = {k: v for k, v in values.items() if k in inner}
+            taken |= part.keys()
+            if name in values:  # already built (or a dict of its settings)
+                taken.add(name)
+                given = values[name]
+                part = {**(dataclasses.asdict(given) if dataclasses.is_dataclass(given) else dict(given)), **part}
+            kwargs[name] = f.metadata[NESTED](**unflatten(f.metadata[NESTED], part, what))
+        elif name in values:
+            kwargs[name] = values[name]
+            taken.add(name)
+    unknown = sorted(set(values) - taken)
+    if unknown:
+        raise ValueError(f"unknown {what}(s): {', '.join(unknown)}")
+    return kwargs
 
 
 def help_of(config: type | object, name: str) -> str:
@@ -71,6 +118,7 @@ def check_value(field: dataclasses.Field, value: Any) -> None:
 
 
 def check_settings(config: object) -> None:
-    """check_value for every setting of a config dataclass instance."""
-    for field in settings_of(config).values():
-        check_value(field, getattr(config, field.name))
+    """check_value for every setting of a config dataclass instance (its nested configs check their own)."""
+    for field in dataclasses.fields(config):
+        if HELP in field.metadata:
+            check_value(field, getattr(config, field.name))

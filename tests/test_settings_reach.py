@@ -14,7 +14,7 @@ import yaml
 from flows.preprocess_and_train import preprocess_and_train
 from flows.settings import FlowSettings
 from pgt.cli import app, train_config
-from pgt.config import RECIPE_FREE, TrainConfig, load_recipe_file
+from pgt.config import RECIPE_FREE, ModelSettings, TrainConfig, load_recipe_file
 from preprocessing.settings import CHOICES, HIGH, help_of, settings_of
 from tune.config import SweepConfig
 
@@ -59,7 +59,10 @@ def resolve_flow(tmp_path, **given) -> FlowSettings:
 
 
 def test_every_field_but_the_run_s_folders_is_a_setting_with_help():
-    assert set(SETTINGS) == {f.name for f in dataclasses.fields(TrainConfig)} - {"data_dir", "out_dir"}
+    """The network's settings are TrainConfig's through its nested ModelSettings, defined there once."""
+    own = {f.name for f in dataclasses.fields(TrainConfig)} - {"data_dir", "out_dir", "network"}
+    assert set(SETTINGS) == own | {f.name for f in dataclasses.fields(ModelSettings)}
+    assert not own & {f.name for f in dataclasses.fields(ModelSettings)}  # flat names stay unique
     assert all(help_of(TrainConfig, name).endswith((".", ")")) for name in SETTINGS)
 
 
@@ -67,7 +70,7 @@ def test_every_field_but_the_run_s_folders_is_a_setting_with_help():
 def test_each_setting_reaches_a_run_from_the_cli_the_flow_and_a_sweep(tmp_path, name):
     path, value = recipe_file(tmp_path, name)
     # the command line: `pgt train --recipe-file FILE`
-    assert getattr(train_config(parse("--data", "d", "--out", "o", "--recipe-file", str(path))), name) == value
+    assert train_config(parse("--data", "d", "--out", "o", "--recipe-file", str(path))).to_dict()[name] == value
     # the flow: its recipe_file parameter
     assert "recipe_file" in inspect.signature(preprocess_and_train.fn).parameters
     assert resolve_flow(tmp_path, recipe_file=str(path)).train_config()[name] == value
@@ -77,7 +80,7 @@ def test_each_setting_reaches_a_run_from_the_cli_the_flow_and_a_sweep(tmp_path, 
     if name in SWEEP_OWN:
         assert SWEEP_OWN[name] in {f.name for f in dataclasses.fields(SweepConfig)}
     else:
-        assert getattr(trial, name) == value
+        assert trial.to_dict()[name] == value
 
 
 @pytest.mark.parametrize("name", sorted(set(SETTINGS) & set(RECIPE_FREE)))
@@ -90,7 +93,7 @@ def test_one_default_everywhere(tmp_path):
     defaults = {name: field.default for name, field in SETTINGS.items()}
     # the command line: untyped options leave them, and --help shows them with the definition's help
     cli = train_config(parse("--data", "d", "--out", "o"))
-    assert {name: getattr(cli, name) for name in SETTINGS} == defaults
+    assert {name: cli.to_dict()[name] for name in SETTINGS} == defaults
     options = {p.name: p for p in typer.main.get_command(app).get_command(None, "train").params}
     for name in SETTINGS.keys() & options.keys():
         assert options[name].help.startswith(help_of(TrainConfig, name)), name
@@ -100,7 +103,7 @@ def test_one_default_everywhere(tmp_path):
     assert {name: flow[name] for name in SETTINGS} == defaults
     # a sweep's trial: the defaults but for the sweep's own settings
     trial = SweepConfig(data_dir="d", out_dir="o").train_config({}, tmp_path / "trial")
-    assert {name for name in SETTINGS if getattr(trial, name) != defaults[name]} <= SWEEP_OWN.keys()
+    assert {name for name in SETTINGS if trial.to_dict()[name] != defaults[name]} <= SWEEP_OWN.keys()
 
 
 def test_the_walk_covers_a_new_setting(monkeypatch):
@@ -108,4 +111,4 @@ def test_the_walk_covers_a_new_setting(monkeypatch):
     for name, field in SETTINGS.items():
         value = other_value(field)
         assert value != field.default, name
-        TrainConfig(data_dir="d", out_dir="o", **{name: value, **NEEDS.get(name, {})})
+        TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", name: value, **NEEDS.get(name, {})})

@@ -25,8 +25,8 @@ def test_two_workers_train_like_one_process(training_sequences, tmp_path):
     one process's batch, so losses and metrics agree within float noise (and one padded duplicate per epoch)."""
     common = dict(data_dir=str(training_sequences), epochs=3, batch_size=64, dropout=0.0, bucket_by_length=False,
                   seed=3, min_epochs=3)
-    one = run_training(TrainConfig(out_dir=str(tmp_path / "one"), **common))
-    two = run_training(TrainConfig(out_dir=str(tmp_path / "two"), **common), LaunchConfig(workers=2))
+    one = run_training(TrainConfig.from_dict({"out_dir": str(tmp_path / "one"), **common}))
+    two = run_training(TrainConfig.from_dict({"out_dir": str(tmp_path / "two"), **common}), LaunchConfig(workers=2))
 
     assert one["workers"] == 1 and two["workers"] == 2
     assert json.loads((tmp_path / "two" / "metrics.json").read_text())["workers"] == 2

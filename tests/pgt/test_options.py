@@ -12,6 +12,7 @@ from pgt.cli import app, launch_config, train_config
 from pgt.config import RECIPES, LaunchConfig, TrainConfig
 from preprocessing.config import SynthConfig
 from preprocessing.engine import EngineConfig
+from preprocessing.settings import settings_of
 from tune.cli import sweep_config
 from tune.config import SweepConfig
 
@@ -39,10 +40,10 @@ def test_untyped_train_options_leave_the_config_defaults():
 
 def test_a_recipe_keeps_what_is_not_typed_and_typed_options_win(monkeypatch):
     tuned = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned"))
-    assert (tuned.dropout, tuned.lr, tuned.select_on) == (0.4, 1e-3, "strict_acc@1")  # RECIPES["tuned"]
+    assert (tuned.network.dropout, tuned.lr, tuned.select_on) == (0.4, 1e-3, "strict_acc@1")  # RECIPES["tuned"]
     typed = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned", "--dropout", "0.2",
                                "--no-simulate-unseen", "--known-fraction", "0.5", "0.9"))
-    assert (typed.dropout, typed.simulate_unseen, typed.lr) == (0.2, False, 1e-3)
+    assert (typed.network.dropout, typed.simulate_unseen, typed.lr) == (0.2, False, 1e-3)
     assert (typed.known_fraction_min, typed.known_fraction_max) == (0.5, 0.9)
     # a recipe that sets patience keeps it unless --patience is typed (a CLI default used to override it)
     monkeypatch.setitem(RECIPES, "patient", {"patience": 9, "epochs": 80})
@@ -71,7 +72,7 @@ def test_untyped_sweep_synth_and_engine_options_leave_the_config_defaults():
 def test_help_shows_the_config_default(command, option, config, field):
     params = typer.main.get_command(app).get_command(None, command).params
     shown = next(p for p in params if option in p.opts).show_default
-    assert shown == str(next(f.default for f in dataclasses.fields(config) if f.name == field))
+    assert shown == str({**{f.name: f for f in dataclasses.fields(config)}, **settings_of(config)}[field].default)
 
 
 def test_a_recipe_file_trains_what_the_named_recipe_trains(tmp_path):
@@ -83,9 +84,9 @@ def test_a_recipe_file_trains_what_the_named_recipe_trains(tmp_path):
     recipe.write_text(yaml.safe_dump(RECIPES["tuned"]))
     named = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned"))
     from_file = train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(recipe)))
-    assert from_file == named and from_file.visit_relations and from_file.dropout == 0.4
+    assert from_file == named and from_file.network.visit_relations and from_file.network.dropout == 0.4
     typed = train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(recipe), "--dropout", "0.1"))
-    assert typed.dropout == 0.1 and typed.relation_inputs
+    assert typed.network.dropout == 0.1 and typed.network.relation_inputs
     # a sweep's winner nests the settings under `train`
     (tmp_path / "winner.yaml").write_text(yaml.safe_dump({"train": RECIPES["tuned"], "sweep": {"trials": 4}}))
     assert train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(tmp_path / "winner.yaml"))) == named
@@ -106,9 +107,9 @@ def test_every_trial_of_a_sweep_trains_its_recipe_with_only_the_searched_setting
     cfg = spec.train_config(hyper, "trial")
     expected = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="trial", epochs=7, seed=spec.seed,
                                        select_on=spec.select_on, threads=1, **hyper)
-    assert cfg == expected and cfg.visit_relations and cfg.relation_inputs and cfg.new_place_weight == 0.5
+    assert cfg == expected and cfg.network.visit_relations and cfg.network.relation_inputs and cfg.new_place_weight == 0.5
     assert spec.recipe_name == "tuned" and SweepConfig.from_dict(spec.to_dict()) == spec  # the Ray boundary
     paper = sweep_config(parse("tune", "--data", "d", "--out", "o")).train_config(hyper, "trial")
-    assert not paper.visit_relations and not paper.unseen_slots
+    assert not paper.network.visit_relations and not paper.network.unseen_slots
     switched = sweep_config(parse("tune", "--data", "d", "--out", "o", "--recipe", "tuned", "--no-unseen-slots"))
-    assert switched.train_config(hyper, "t").unseen_slots is False and switched.train_config(hyper, "t").visit_relations
+    assert switched.train_config(hyper, "t").network.unseen_slots is False and switched.train_config(hyper, "t").network.visit_relations

@@ -211,5 +211,5 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
 ])
 def test_training_settings_are_checked(setting, message):
     with pytest.raises(ValueError) as info:
-        TrainConfig(data_dir="d", out_dir="o", **setting)
+        TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", **setting})
     assert message in str(info.value)
