@@ -12,6 +12,7 @@ from prefect import flow
 
 from flows import tasks
 from flows.settings import InputFormat, PredictSettings
+from pgt.config import TOP_K
 from preprocessing.config import SynthConfig
 
 
@@ -22,7 +23,7 @@ def predict_next_places(
     alias: str = "champion",
     input_path: str | None = None,
     input_format: InputFormat = "positionfixes",
-    top_k: int = 5,
+    top_k: int = TOP_K,
     recent_days: float = 14.0,
     tracking_uri: str | None = None,
     state_dir: str | None = None,

@@ -10,9 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pgt.config import RECIPES, LaunchConfig, TrainConfig, base_settings
+from pgt.config import RECIPES, LaunchConfig, TrackingConfig, TrainConfig, base_settings
+from pgt.inference import check_top_k
 from pgt.report import metrics_markdown
-from pgt.tracking import TrackingConfig, champion_verdict, resolve_tracking_uri, run_url
+from pgt.tracking import champion_verdict, resolve_tracking_uri, run_url
 from pgt.tracking import state_dir as default_state_dir
 from preprocessing.config import FORMATS, SynthConfig, load_config
 from preprocessing.engine import EngineConfig
@@ -150,8 +151,9 @@ class PredictSettings:
         """The predict flow's parameters checked and resolved, once."""
         if input_format not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
-        if top_k < 1 or not recent_days > 0:
-            raise ValueError(f"top_k must be >= 1 and recent_days > 0 (got {top_k}, {recent_days})")
+        check_top_k(top_k)
+        if not recent_days > 0:
+            raise ValueError(f"recent_days must be > 0, got {recent_days}")
         state = Path(state_dir).resolve() if state_dir else default_state_dir()
         return cls(f"models:/{model_name}@{alias}", Path(input_path).resolve() if input_path else None, input_format,
                    top_k, recent_days, resolve_tracking_uri(tracking_uri, state), state, synthetic_users, synthetic_days)

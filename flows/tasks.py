@@ -15,12 +15,12 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
-from pgt.config import LaunchConfig, TrainConfig
+from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
 from pgt.distributed import run_training
 from pgt.evaluate import evaluate_model
 from pgt.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
-from pgt.tracking import TrackingConfig, register_model
 from pgt.tracking import log_predictions as log_prediction_run
+from pgt.tracking import register_model
 from preprocessing.config import SynthConfig, load_config
 from preprocessing.engine import EngineConfig, mapper
 from preprocessing.pipeline import STEPS, StageRun, cached_stage, reusable_manifest, run_step, stage_input, write_stages

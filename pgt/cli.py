@@ -15,10 +15,21 @@ from typing import Literal
 
 import typer
 
-from pgt.config import BASELINES, DATA_ENGINES, MODELS, RECIPES, SELECT_ON, LaunchConfig, TrainConfig, base_settings
+from pgt.config import (
+    BASELINES,
+    DATA_ENGINES,
+    MAX_TOP_K,
+    MODELS,
+    RECIPES,
+    SELECT_ON,
+    TOP_K,
+    LaunchConfig,
+    ServeConfig,
+    TrackingConfig,
+    TrainConfig,
+    base_settings,
+)
 from pgt.options import default_of, fail, given, option_for
-from pgt.serving import ServeConfig
-from pgt.tracking import TrackingConfig
 from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
 from preprocessing.engine import ENGINES, EngineConfig
 
@@ -218,16 +229,11 @@ def train(
         help="With --simulate-unseen: the cutoff's range, as fractions of the user's days before each sample."),
     resume: bool | None = option_for(TrainConfig, "resume", "--resume/--no-resume"),
     threads: int | None = option_for(TrainConfig, "threads"),
-    workers: int | None = typer.Option(None, "--workers", min=0, show_default=default_of(LaunchConfig, "workers"),
-                                       help="DDP workers under Ray Train; 0 = in this process, without Ray."),
-    gpu: bool | None = typer.Option(None, "--gpu/--no-gpu", help="One GPU per worker (default: when Ray sees enough GPUs)."),
-    address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS", help="Ray cluster to join; default a local Ray."),
-    max_failures: int | None = typer.Option(None, "--max-failures", min=-1, show_default=default_of(LaunchConfig, "max_failures"),
-                                            help="Restarts from the last checkpoint when a worker dies (-1: no limit)."),
-    data_engine: DataEngine | None = typer.Option(None, "--data-engine", show_default=default_of(LaunchConfig, "data_engine"),
-                                                  help="memory: each worker loads the train split; ray (with --workers "
-                                                       ">= 1): each streams its shard with Ray Data, for splits larger "
-                                                       "than a worker's memory (a local shuffle buffer, no length bucketing)."),
+    workers: int | None = option_for(LaunchConfig, "workers"),
+    gpu: bool | None = option_for(LaunchConfig, "use_gpu", "--gpu/--no-gpu"),
+    address: str | None = option_for(LaunchConfig, "address", envvar="RAY_ADDRESS"),
+    max_failures: int | None = option_for(LaunchConfig, "max_failures"),
+    data_engine: DataEngine | None = option_for(LaunchConfig, "data_engine"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
     experiment: str | None = typer.Option(None, "--experiment", show_default=default_of(TrackingConfig, "experiment"),
@@ -300,7 +306,7 @@ def predict(
     out: Path = typer.Option(..., "--out", help="With --format: .parquet or .csv, one row per user (and evaluation "
                                                 "sample) and rank, with the place's coordinates. Else Parquet: the "
                                                 "input's row, top-k locations and probabilities."),
-    top_k: int = typer.Option(5, "--top-k", min=1),
+    top_k: int = typer.Option(TOP_K, "--top-k", help=f"Places per prediction, 1 to {MAX_TOP_K}."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
 ) -> None:
     """Where each person goes next: the top-k next places, with coordinates and probabilities."""

@@ -15,6 +15,7 @@ Each setting is one field with its help, bounds and choices (preprocessing.setti
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,6 +24,8 @@ import yaml
 
 from preprocessing.settings import check_settings, flat_settings, nested, setting, unflatten
 
+TOP_K = 5  # places per prediction unless asked otherwise (`pgt predict --top-k`, the flow, a request's params)
+MAX_TOP_K = 1000  # the most places one answer may list
 DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
 
 
@@ -240,18 +243,74 @@ class TrainConfig:
 
 @dataclass
 class LaunchConfig:
-    workers: int = 0  # DDP workers under Ray Train; 0 = train in this process, without Ray
-    use_gpu: bool | None = None  # one GPU per worker; None = when the Ray cluster has enough GPUs
-    address: str | None = None  # a Ray cluster to join ("auto", "ray://host:10001", "host:6379"); None: $RAY_ADDRESS, else local
-    max_failures: int = 0  # worker-group restarts (from the last checkpoint) before the run fails
-    cpus_per_worker: float = 1.0  # Ray CPU resources each worker reserves
-    gpus_per_worker: float = 1.0  # Ray GPU resources each worker reserves when use_gpu (fractions share a GPU)
-    data_engine: str = "memory"  # "memory": every worker loads the train split; "ray": each streams its Ray Data shard
+    workers: int = setting(0, "DDP workers under Ray Train; 0 = train in this process, without Ray.", low=0, high=4096)
+    use_gpu: bool | None = setting(None, "One GPU per worker; None = when the Ray cluster has enough GPUs.")
+    address: str | None = setting(None, "A Ray cluster to join (auto, ray://host:10001, host:6379); None = "
+                                        "$RAY_ADDRESS, else a local Ray.")
+    max_failures: int = setting(0, "Restarts of the worker group from the last checkpoint when a worker dies, before "
+                                   "the run fails (-1: no limit).", low=-1, high=1 << 20)
+    cpus_per_worker: float = setting(1.0, "Ray CPUs each worker reserves.", low=0.0, low_open=True)
+    gpus_per_worker: float = setting(1.0, "Ray GPUs each worker reserves with use_gpu (fractions share a GPU).",
+                                     low=0.0)
+    data_engine: str = setting("memory", "memory: each worker loads the train split; ray (with workers >= 1): each "
+                                         "streams its shard with Ray Data, for splits larger than a worker's memory "
+                                         "(a local shuffle buffer, no length bucketing).", choices=DATA_ENGINES)
 
     def __post_init__(self) -> None:
-        if self.workers < 0 or self.max_failures < -1 or self.cpus_per_worker <= 0:
-            raise ValueError("workers must be >= 0, max_failures >= -1 (-1 = no limit), cpus_per_worker > 0")
-        if self.data_engine not in DATA_ENGINES:
-            raise ValueError(f"data_engine must be one of {', '.join(DATA_ENGINES)}, got {self.data_engine!r}")
+        check_settings(self)
         if self.data_engine == "ray" and self.workers < 1:
             raise ValueError("data_engine 'ray' streams shards to Ray Train workers: it needs workers >= 1")
+
+
+@dataclass
+class TrackingConfig:
+    tracking_uri: str  # MLflow tracking URI: sqlite:////abs/mlflow.db, or http://127.0.0.1:5055 for a server
+    experiment: str = "pgt"  # experiment the runs go to
+    run_id: str | None = None  # the run rank 0 logs into; set by start_run
+    register: str | None = None  # registered model name for the best checkpoint; None: not registered
+    log_model: bool = True  # log the best checkpoint as an MLflow PyTorch model (and the explain PNGs)
+    run_name: str | None = None  # the new run's name; None: "<model>-<out folder>"
+    parent_run_id: str | None = None  # nest the new run under this one (a sweep's trials)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict) -> TrackingConfig:
+        return cls(**values)
+
+
+ENV_PREFIX = "PGT_SERVE_"  # ServeConfig fields reach uvicorn's workers as PGT_SERVE_<FIELD> variables
+
+
+
+@dataclass
+class ServeConfig:
+    model_uri: str  # an MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ...
+    host: str = "127.0.0.1"  # the address to bind
+    port: int = 5056  # the port to bind
+    workers: int = 1  # uvicorn worker processes, each with its own copy of the model
+    max_request_mb: float = 16.0  # larger request bodies get HTTP 413 (a week of one person's GPS at 1 Hz is ~60 MB)
+    tracking_uri: str | None = None  # where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI
+
+    def __post_init__(self) -> None:
+        if not 0 < self.max_request_mb <= 4096:
+            raise ValueError(f"max_request_mb must be in (0, 4096], got {self.max_request_mb}")
+        if self.workers < 1 or not 0 < self.port < 65536:
+            raise ValueError(f"workers must be >= 1 and port in 1..65535, got {self.workers} and {self.port}")
+
+    @property
+    def max_request_bytes(self) -> int:
+        return int(self.max_request_mb * 2**20)
+
+    def to_env(self) -> dict[str, str]:
+        return {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_env(cls) -> "ServeConfig":
+        values = {}
+        for field in dataclasses.fields(cls):
+            raw = os.environ.get(f"{ENV_PREFIX}{field.name.upper()}")
+            if raw is not None:
+                values[field.name] = {int: int, float: float}.get(field.type, str)(raw)
+        return cls(**values)

@@ -11,6 +11,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from pgt.config import MAX_TOP_K, TOP_K
 from pgt.data import SequenceDataset
 from pgt.model import input_tables
 from pgt.vocabulary import UNSEEN
@@ -20,6 +21,23 @@ from preprocessing.output import read_manifest
 PREDICTION_COLUMNS = ["sample", "sample_index", "source_user_id", "user", "time", "rank", "place_id", "location",
                       "latitude", "longitude", "probability", "new_place_probability", "target_place"]
 
+
+
+
+
+def check_top_k(value, what: str = "top_k") -> int:
+    """value as the number of places to list: an integer 1..MAX_TOP_K (digits as text count), else ValueError
+    naming `what`."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_TOP_K:
+        raise ValueError(f"{what} must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
+    return int(value)
+
+
+def top_k_of(params: dict | None) -> int:
+    """A request's `top_k` (TOP_K when its params have none), checked (check_top_k)."""
+    return TOP_K if not params or "top_k" not in params else check_top_k(params["top_k"], "params.top_k")
 
 
 class TopK(NamedTuple):

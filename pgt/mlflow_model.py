@@ -40,7 +40,7 @@ from mlflow.pyfunc import PythonModel
 
 from pgt.config import ModelConfig
 from pgt.data import SequenceDataset
-from pgt.inference import check_vocabulary, place_predictions, predict_applied, top_k_predictions
+from pgt.inference import TOP_K, check_vocabulary, place_predictions, predict_applied, top_k_of, top_k_predictions
 from pgt.model import PackedModel, build_model, check_packed
 from preprocessing.errors import InputError
 from preprocessing.fitted import FittedPreprocessing, apply_fitted
@@ -51,7 +51,6 @@ LOCATIONS, USERS, MANIFEST = "locations", "users", "manifest"  # the data it was
 PLACES, CLUSTERED = "places", "location_staypoints"  # every place and the staypoints DBSCAN clustered: new data joins them
 DATA_FILES = {LOCATIONS: "locations.parquet", USERS: "users.parquet", MANIFEST: "manifest.json",
               PLACES: "places.parquet", CLUSTERED: "location_staypoints.parquet"}  # artifact key -> file of the data folder
-TOP_K = 5  # places per served prediction unless the request's params say `top_k`
 
 
 class PGTModel(PythonModel):
@@ -199,21 +198,6 @@ def _read_json(path: str, name: str) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"the model's {name} holds a {type(data).__name__}, expected a JSON object; log the model again")
     return data
-
-
-MAX_TOP_K = 1000  # the most places one answer may list
-
-
-def top_k_of(params: dict | None) -> int:
-    """The request's `top_k` (TOP_K when it has none): an integer 1..MAX_TOP_K, else ValueError naming it."""
-    if not params or "top_k" not in params:
-        return TOP_K
-    value = params["top_k"]
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_TOP_K:
-        raise ValueError(f"params.top_k must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
-    return int(value)
 
 
 mlflow.models.set_model(PGTModel())

@@ -14,7 +14,14 @@ import pyarrow.parquet as pq
 import torch
 
 from pgt.data import SequenceDataset
-from pgt.inference import PREDICTION_COLUMNS, check_lineage, check_vocabulary, predict_applied, top_k_predictions
+from pgt.inference import (
+    PREDICTION_COLUMNS,
+    TOP_K,
+    check_lineage,
+    check_vocabulary,
+    predict_applied,
+    top_k_predictions,
+)
 from pgt.tracking import load_model_and_manifest, load_pgt_model
 from preprocessing.fitted import apply_fitted
 from preprocessing.output import check_apart, check_output_file, output_lock, write_file_atomically, write_parquet_marked
@@ -38,7 +45,7 @@ def side_files(out_path: Path) -> dict[str, Path]:
             "unscored": out_path.with_name(f"{out_path.stem}.unscored.parquet")}
 
 
-def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: Path, top_k: int = 5,
+def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: Path, top_k: int = TOP_K,
                 tracking_uri: str | None = None) -> RawPrediction:
     """`pgt predict --format F`: raw GPS points or staypoints through the model's own fitted preprocessing, then
     the top-k next places of every user (the latest sample) and of every evaluation sample, written to
@@ -70,7 +77,8 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
 
 
 @torch.no_grad()
-def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 5, tracking_uri: str | None = None) -> int:
+def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = TOP_K,
+                 tracking_uri: str | None = None) -> int:
     """Write, for every sequence of `input_path`, its top-k predictions and their probabilities (highest first).
 
     Output columns: row (the input's row number), user, top_locations (location ids; 1 is a place unseen in

@@ -15,50 +15,17 @@ worker processes receive them.
 """
 
 import asyncio
-import dataclasses
 import io
 import json
 import logging
 import os
-from dataclasses import dataclass
 
+from pgt.config import ServeConfig
+from pgt.inference import top_k_of
 from pgt.tracking import check_model_uri
 
 DRAIN_FACTOR = 8  # an over-limit body is read (and dropped) up to this many limits, then the connection closes
-ENV_PREFIX = "PGT_SERVE_"  # ServeConfig fields reach uvicorn's workers as PGT_SERVE_<FIELD> variables
 log = logging.getLogger("pgt.serving")
-
-
-@dataclass
-class ServeConfig:
-    model_uri: str  # an MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ...
-    host: str = "127.0.0.1"  # the address to bind
-    port: int = 5056  # the port to bind
-    workers: int = 1  # uvicorn worker processes, each with its own copy of the model
-    max_request_mb: float = 16.0  # larger request bodies get HTTP 413 (a week of one person's GPS at 1 Hz is ~60 MB)
-    tracking_uri: str | None = None  # where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI
-
-    def __post_init__(self) -> None:
-        if not 0 < self.max_request_mb <= 4096:
-            raise ValueError(f"max_request_mb must be in (0, 4096], got {self.max_request_mb}")
-        if self.workers < 1 or not 0 < self.port < 65536:
-            raise ValueError(f"workers must be >= 1 and port in 1..65535, got {self.workers} and {self.port}")
-
-    @property
-    def max_request_bytes(self) -> int:
-        return int(self.max_request_mb * 2**20)
-
-    def to_env(self) -> dict[str, str]:
-        return {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in dataclasses.asdict(self).items() if v is not None}
-
-    @classmethod
-    def from_env(cls) -> "ServeConfig":
-        values = {}
-        for field in dataclasses.fields(cls):
-            raw = os.environ.get(f"{ENV_PREFIX}{field.name.upper()}")
-            if raw is not None:
-                values[field.name] = {int: int, float: float}.get(field.type, str)(raw)
-        return cls(**values)
 
 
 class BadRequest(Exception):
@@ -99,8 +66,6 @@ def parse_body(body: bytes, content_type: str):
     if not isinstance(params, dict):
         raise BadRequest(f"params must be an object, got {type(payload['params']).__name__}")
     if "top_k" in params:
-        from pgt.mlflow_model import top_k_of
-
         try:
             params = {**params, "top_k": top_k_of(params)}
         except ValueError as exc:

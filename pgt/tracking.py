@@ -18,7 +18,6 @@ import time
 import urllib.error
 import urllib.request
 import warnings
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -27,28 +26,11 @@ import torch
 import pgt
 import preprocessing
 from pgt.checkpoint import load_checkpoint
+from pgt.config import TOP_K, TrackingConfig
 
 CHAMPION = "champion"
 SCORE_TAG = "validation_strict_acc_at_1"  # the registered version's own strict validation Acc@1
 RIVAL_TAG = "champion_validation_strict_acc_at_1"  # the champion's, when the version was compared
-
-
-@dataclass
-class TrackingConfig:
-    tracking_uri: str  # MLflow tracking URI: sqlite:////abs/mlflow.db, or http://127.0.0.1:5055 for a server
-    experiment: str = "pgt"  # experiment the runs go to
-    run_id: str | None = None  # the run rank 0 logs into; set by start_run
-    register: str | None = None  # registered model name for the best checkpoint; None: not registered
-    log_model: bool = True  # log the best checkpoint as an MLflow PyTorch model (and the explain PNGs)
-    run_name: str | None = None  # the new run's name; None: "<model>-<out folder>"
-    parent_run_id: str | None = None  # nest the new run under this one (a sweep's trials)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, values: dict) -> TrackingConfig:
-        return cls(**values)
 
 
 def state_dir() -> Path:
@@ -226,7 +208,7 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec
 
-    from pgt.mlflow_model import CONFIG, DATA_FILES, TOP_K, WEIGHTS
+    from pgt.mlflow_model import CONFIG, DATA_FILES, WEIGHTS
 
     model, cfg = load_checkpoint(checkpoint)
     # no input schema: the model takes packed (B, 7, T) arrays, GPS points, staypoints or sequences

@@ -40,6 +40,7 @@ from pgt.checkpoint import (
 )
 from pgt.config import (
     ModelConfig,
+    TrackingConfig,
     TrainConfig,
     selection_score,
 )
@@ -56,7 +57,7 @@ from pgt.data import (
 )
 from pgt.model import build_model, count_parameters
 from pgt.scoring import Scores, evaluate, model_scores
-from pgt.tracking import EpochLogger, TrackingConfig, log_result
+from pgt.tracking import EpochLogger, log_result
 from pgt.vocabulary import UNSEEN, extended_ids
 from pgt.worker import Worker, local_worker
 from preprocessing.config import SPLITS

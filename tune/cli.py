@@ -10,9 +10,8 @@ from typing import Literal
 
 import typer
 
-from pgt.config import RECIPES, base_settings
-from pgt.options import default_of, fail, given
-from pgt.tracking import TrackingConfig
+from pgt.config import RECIPES, TrackingConfig, base_settings
+from pgt.options import default_of, fail, given, option_for
 from tune.config import OBJECTIVES, SEARCH_ALGS, SweepConfig
 
 Objective = Literal[OBJECTIVES]
@@ -21,7 +20,7 @@ Recipe = Literal[tuple(RECIPES)]
 
 # SweepConfig fields the command line may set; the rest keep SweepConfig's defaults
 SWEEP_OPTIONS = ("trials", "epochs", "max_concurrent", "workers_per_trial", "cpus_per_trial", "cpus_per_worker",
-                 "gpus_per_worker", "search", "grace_period", "simulate_unseen", "unseen_slots", "seed")
+                 "gpus_per_worker", "search", "grace_period", "reduction_factor", "seed", "max_failures")
 
 
 def sweep_config(params: dict) -> SweepConfig:
@@ -38,17 +37,11 @@ def sweep_config(params: dict) -> SweepConfig:
                        **typed)
 
 
-def _default(name: str) -> str:
-    return default_of(SweepConfig, name)
-
-
 def tune(
     data: Path | None = typer.Option(None, "--data", help="A `pgt preprocess` output folder."),
     out: Path | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/."),
-    trials: int | None = typer.Option(None, "--trials", min=1, show_default=_default("trials"),
-                                      help="Configurations to try."),
-    epochs: int | None = typer.Option(None, "--epochs", min=1, show_default=_default("epochs"),
-                                      help="At most this many epochs per trial (ASHA may stop it sooner)."),
+    trials: int | None = option_for(SweepConfig, "trials"),
+    epochs: int | None = option_for(SweepConfig, "epochs"),
     address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS",
                                        help="Ray cluster to run on; default a local Ray."),
     recipe: Recipe | None = typer.Option(None, "--recipe", show_default="paper",
@@ -56,32 +49,17 @@ def tune(
                                               "searched settings replaced."),
     recipe_file: Path | None = typer.Option(None, "--recipe-file",
                                             help="The same from a YAML file of training settings (a sweep's winner)."),
-    max_concurrent: int | None = typer.Option(None, "--max-concurrent", min=1, show_default=_default("max_concurrent"),
-                                              help="Trials at once."),
-    workers_per_trial: int | None = typer.Option(None, "--workers-per-trial", min=1,
-                                                 show_default=_default("workers_per_trial"),
-                                                 help="W > 1 runs a TorchTrainer of W workers per trial."),
-    cpus_per_trial: float | None = typer.Option(None, "--cpus-per-trial", show_default=_default("cpus_per_trial"),
-                                                help="Ray CPUs a one-worker trial reserves."),
-    cpus_per_worker: float | None = typer.Option(None, "--cpus-per-worker", show_default=_default("cpus_per_worker"),
-                                                 help="With W > 1: Ray CPUs per training worker."),
-    gpus_per_worker: float | None = typer.Option(None, "--gpus-per-worker", show_default=_default("gpus_per_worker"),
-                                                 help="GPUs per training worker (fractions share one)."),
-    search: SearchAlg | None = typer.Option(None, "--search", show_default=_default("search"),
-                                            help="optuna (TPE) or random."),
-    grace_period: int | None = typer.Option(None, "--grace-period", min=1, show_default=_default("grace_period"),
-                                            help="ASHA: epochs before a trial may be stopped."),
-    simulate_unseen: bool | None = typer.Option(None, "--simulate-unseen/--no-simulate-unseen",
-                                                show_default=_default("simulate_unseen"),
-                                                help="Trials train on samples that show unseen locations as later "
-                                                     "splits do."),
-    unseen_slots: bool | None = typer.Option(None, "--unseen-slots/--no-unseen-slots",
-                                             show_default=_default("unseen_slots"),
-                                             help="Trials point at unseen places of the history (extended vocabulary)."),
-    objective: Objective | None = typer.Option(None, "--objective", show_default=_default("objective"),
-                                               help="The validation score the sweep maximises and early stopping "
-                                                    "follows: strict_acc@1 (the exact place) or acc@1 (the protocol's)."),
-    seed: int | None = typer.Option(None, "--seed", show_default=_default("seed")),
+    max_concurrent: int | None = option_for(SweepConfig, "max_concurrent"),
+    workers_per_trial: int | None = option_for(SweepConfig, "workers_per_trial"),
+    cpus_per_trial: float | None = option_for(SweepConfig, "cpus_per_trial"),
+    cpus_per_worker: float | None = option_for(SweepConfig, "cpus_per_worker"),
+    gpus_per_worker: float | None = option_for(SweepConfig, "gpus_per_worker"),
+    search: SearchAlg | None = option_for(SweepConfig, "search"),
+    grace_period: int | None = option_for(SweepConfig, "grace_period"),
+    reduction_factor: int | None = option_for(SweepConfig, "reduction_factor"),
+    objective: Objective | None = option_for(SweepConfig, "objective"),
+    seed: int | None = option_for(SweepConfig, "seed"),
+    max_failures: int | None = option_for(SweepConfig, "max_failures"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
     experiment: str | None = typer.Option(None, "--experiment", show_default=default_of(TrackingConfig, "experiment"),

@@ -21,20 +21,11 @@ from pathlib import Path
 import torch
 
 from pgt.checkpoint import load_checkpoint, read_checkpoint
-from pgt.config import LaunchConfig, selection_score
+from pgt.config import LaunchConfig, TrackingConfig, selection_score
 from pgt.data import load_splits
 from pgt.distributed import flat_metrics, run_training
 from pgt.scoring import evaluate, model_scores
-from pgt.tracking import (
-    TrackingConfig,
-    end_run,
-    log_pytorch_model,
-    metrics_of,
-    mlflow_client,
-    register_model,
-    reopen_run,
-    start_run,
-)
+from pgt.tracking import end_run, log_pytorch_model, metrics_of, mlflow_client, register_model, reopen_run, start_run
 from preprocessing.engine import prepare_ray_env, ray_session
 from preprocessing.output import write_json_atomically
 from tune.config import SweepConfig
