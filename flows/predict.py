@@ -35,9 +35,7 @@ def predict_next_places(
     input_path None takes the last recent_days days of the synthetic default (synthetic_users people over
     synthetic_days days, as the demo deployment trains on). The predictions
     (Parquet), the map (PNG) and a summary are logged to an MLflow run in the experiment pgt-predictions."""
-    s = PredictSettings.resolve(model_name=model_name, alias=alias, input_path=input_path, input_format=input_format,
-                                top_k=top_k, recent_days=recent_days, tracking_uri=tracking_uri, state_dir=state_dir,
-                                synthetic_users=synthetic_users, synthetic_days=synthetic_days)
+    s = PredictSettings.resolve(locals())  # first: the parameters, as the signature defines them
     source = s.input_path
     if source is None:
         synthetic = tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)

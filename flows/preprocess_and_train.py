@@ -44,11 +44,7 @@ def preprocess_and_train(
     searched settings replaced. epochs and trials left empty take the defaults of TrainConfig (or SweepConfig).
     model_name is the registered model; the alias champion moves to the new version only when its strict
     validation Acc@1 is better. The state folder holds every output."""
-    s = FlowSettings.resolve(input_path=input_path, input_format=input_format, config_file=config_file, workers=workers,
-                             gpu=gpu, tune=tune, trials=trials, epochs=epochs, tracking_uri=tracking_uri,
-                             ray_address=ray_address, model_name=model_name, state_dir=state_dir,
-                             synthetic_users=synthetic_users, synthetic_days=synthetic_days, recipe=recipe,
-                             recipe_file=recipe_file)
+    s = FlowSettings.resolve(locals())  # first: the parameters, as the signature defines them
     log = get_run_logger()
     source = s.input_path or tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
     hashed = tasks.hash_input(source, s.input_format)

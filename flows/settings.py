@@ -15,7 +15,7 @@ from pgt.inference import check_top_k
 from pgt.report import metrics_markdown
 from pgt.tracking import champion_verdict, resolve_tracking_uri, run_url
 from pgt.tracking import state_dir as default_state_dir
-from preprocessing.config import FORMATS, SynthConfig, load_config
+from preprocessing.config import FORMATS, load_config
 from preprocessing.engine import EngineConfig
 from preprocessing.pipeline import stage_key
 from tune.config import SweepConfig
@@ -23,46 +23,50 @@ from tune.config import SweepConfig
 InputFormat = Literal[FORMATS]
 Recipe = Literal[tuple(RECIPES)]
 
+def _absolute(path: str | Path | None) -> Path | None:
+    return Path(path).resolve() if path else None
+
+
 @dataclass
 class FlowSettings:
+    """The parameters of `preprocess-and-train` resolved: paths made absolute, the tracking URI and the state folder
+    chosen. The flow's signature defines the parameters and their defaults; these fields are the same names
+    (tests/flows/test_parameters.py holds the two together)."""
+
     input_path: Path | None  # None: the synthetic default
-    input_format: str  # geolife-plt, positionfixes or staypoints
-    config_file: Path | None  # PreprocessConfig settings (YAML, JSON or TOML); None: the reference protocol
-    workers: int  # Ray Train workers; 0 = in the flow's process
-    gpu: bool | None  # None: GPUs when Ray sees them
-    tune: bool  # a Ray Tune sweep instead of one training run
-    trials: int | None  # sweep size; None: SweepConfig's
-    epochs: int | None  # at most, per run or trial; None: TrainConfig's (or SweepConfig's)
-    tracking_uri: str  # MLflow
-    ray_address: str | None  # a Ray cluster, or None for a local Ray
-    model_name: str  # registered model name
+    input_format: str
+    config_file: Path | None  # PreprocessConfig settings; None: the reference protocol
+    workers: int
+    gpu: bool | None
+    tune: bool
+    trials: int | None  # None: SweepConfig's
+    epochs: int | None  # None: TrainConfig's (or SweepConfig's)
+    tracking_uri: str
+    ray_address: str | None
+    model_name: str
     state_dir: Path  # every output lives here
-    synthetic_users: int = SynthConfig.users  # the synthetic default's people
-    synthetic_days: int = SynthConfig.days  # and days of tracking
-    synthetic_seed: int = 0
-    recipe: str = "paper"  # training recipe (pgt.config.RECIPES); a sweep's trials start from it
-    recipe_file: Path | None = None  # a recipe file (YAML of TrainConfig settings) instead of the named recipe
+    synthetic_users: int
+    synthetic_days: int
+    recipe: str
+    recipe_file: Path | None
+    synthetic_seed: int = 0  # not a parameter: the synthetic default is one city
 
     @classmethod
-    def resolve(cls, *, input_path: str | None, input_format: str, config_file: str | None, workers: int,
-                gpu: bool | None, tune: bool, trials: int | None, epochs: int | None, tracking_uri: str | None,
-                ray_address: str | None, model_name: str, state_dir: str | None,
-                synthetic_users: int = SynthConfig.users, synthetic_days: int = SynthConfig.days,
-                recipe: str = "paper", recipe_file: str | None = None) -> FlowSettings:
-        """The flow's parameters checked and resolved, once. trials and epochs None: the configs' defaults."""
-        if input_format not in FORMATS:
-            raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
-        recipe_file = Path(recipe_file).resolve() if recipe_file else None
-        base_settings(recipe, recipe_file)  # refuses an unknown recipe or a bad recipe file before anything runs
-        if input_path is None and input_format != "positionfixes":
+    def resolve(cls, parameters: dict) -> FlowSettings:
+        """The flow's parameters (its locals() on entry) checked and resolved, once, before anything runs: each
+        setting by the config it builds (TrainConfig or SweepConfig, LaunchConfig), with that config's message."""
+        if parameters["input_format"] not in FORMATS:
+            raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
+        if parameters["input_path"] is None and parameters["input_format"] != "positionfixes":
             raise ValueError("the synthetic default input is positionfixes; give input_path for other formats")
-        if workers < 0 or (trials is not None and trials < 1) or (epochs is not None and epochs < 1):
-            raise ValueError(f"workers must be >= 0, trials and epochs >= 1 (got {workers}, {trials}, {epochs})")
-        state = Path(state_dir).resolve() if state_dir else default_state_dir()
-        return cls(Path(input_path).resolve() if input_path else None, input_format,
-                   Path(config_file).resolve() if config_file else None, workers, gpu, tune, trials, epochs,
-                   resolve_tracking_uri(tracking_uri, state), ray_address, model_name, state, synthetic_users,
-                   synthetic_days, recipe=recipe, recipe_file=recipe_file)
+        state = _absolute(parameters["state_dir"]) or default_state_dir()
+        settings = cls(**{**parameters, "input_path": _absolute(parameters["input_path"]), "state_dir": state,
+                          "config_file": _absolute(parameters["config_file"]),
+                          "recipe_file": _absolute(parameters["recipe_file"]),
+                          "tracking_uri": resolve_tracking_uri(parameters["tracking_uri"], state)})
+        settings.sweep_config() if settings.tune else settings.train_config()
+        settings.launch_config()
+        return settings
 
     @property
     def run_name(self) -> str:
@@ -131,32 +135,35 @@ class FlowSettings:
 
 @dataclass
 class PredictSettings:
-    """The predict flow's parameters resolved into paths."""
+    """The parameters of `predict-next-places` resolved into paths (the flow's signature defines them)."""
 
-    model_uri: str  # models:/NAME@ALIAS
+    model_name: str
+    alias: str
     input_path: Path | None  # None: the last recent_days of the synthetic default
     input_format: str
     top_k: int
     recent_days: float
     tracking_uri: str
     state_dir: Path
-    synthetic_users: int = SynthConfig.users  # the demo's synthetic default
-    synthetic_days: int = SynthConfig.days
-    synthetic_seed: int = 0
+    synthetic_users: int  # the demo's synthetic default
+    synthetic_days: int
+    synthetic_seed: int = 0  # not a parameter
 
     @classmethod
-    def resolve(cls, *, model_name: str, alias: str, input_path: str | None, input_format: str, top_k: int,
-                recent_days: float, tracking_uri: str | None, state_dir: str | None,
-                synthetic_users: int = SynthConfig.users, synthetic_days: int = SynthConfig.days) -> PredictSettings:
-        """The predict flow's parameters checked and resolved, once."""
-        if input_format not in FORMATS:
-            raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
-        check_top_k(top_k)
-        if not recent_days > 0:
-            raise ValueError(f"recent_days must be > 0, got {recent_days}")
-        state = Path(state_dir).resolve() if state_dir else default_state_dir()
-        return cls(f"models:/{model_name}@{alias}", Path(input_path).resolve() if input_path else None, input_format,
-                   top_k, recent_days, resolve_tracking_uri(tracking_uri, state), state, synthetic_users, synthetic_days)
+    def resolve(cls, parameters: dict) -> PredictSettings:
+        """The predict flow's parameters (its locals() on entry) checked and resolved, once."""
+        if parameters["input_format"] not in FORMATS:
+            raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
+        check_top_k(parameters["top_k"])
+        if not parameters["recent_days"] > 0:
+            raise ValueError(f"recent_days must be > 0, got {parameters['recent_days']}")
+        state = _absolute(parameters["state_dir"]) or default_state_dir()
+        return cls(**{**parameters, "input_path": _absolute(parameters["input_path"]), "state_dir": state,
+                      "tracking_uri": resolve_tracking_uri(parameters["tracking_uri"], state)})
+
+    @property
+    def model_uri(self) -> str:
+        return f"models:/{self.model_name}@{self.alias}"
 
     @property
     def synthetic_file(self) -> Path:

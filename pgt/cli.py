@@ -64,20 +64,11 @@ def preprocess(
                                        help="Apply the preprocessing fitted in this folder (the output a model was trained "
                                             "on) to new data: its places, users and settings; writes latest.parquet "
                                             "(one sample per user) and evaluation.parquet."),
-    engine: PreprocessEngine | None = typer.Option(None, "--engine", show_default=default_of(EngineConfig, "engine"),
-                                                   help="local: partitions one after another in this process; ray: as "
-                                                        "Ray tasks on a local Ray or the cluster at --address. Same outputs."),
-    partitions: int | None = typer.Option(None, "--partitions", min=0, show_default=default_of(EngineConfig, "partitions"),
-                                          help="Users hashed into this many partitions; memory follows the largest. "
-                                               "0 = one per ~4M input rows."),
-    tile_deg: float | None = typer.Option(None, "--tile-deg", min=0.0,
-                                          help="DBSCAN by spatial tiles of this many degrees (0 = whole-data DBSCAN; "
-                                               "default: 0.05 past 200,000 staypoints); the same labels either way."),
-    address: str | None = typer.Option(None, "--address", envvar="RAY_ADDRESS",
-                                       help="--engine ray: the Ray cluster to run on (host:port or auto); default a local Ray."),
-    work_dir: Path | None = typer.Option(None, "--work-dir",
-                                         help="Where the input's partitions are written (default a temporary folder); "
-                                              "on a multi-machine Ray cluster, a path every node can read, like --input."),
+    engine: PreprocessEngine | None = option_for(EngineConfig, "engine"),
+    partitions: int | None = option_for(EngineConfig, "partitions"),
+    tile_deg: float | None = option_for(EngineConfig, "tile_deg"),
+    address: str | None = option_for(EngineConfig, "address", envvar="RAY_ADDRESS"),
+    work_dir: Path | None = option_for(EngineConfig, "work_dir"),
 ) -> None:
     """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol (SPEC §2)."""
     from preprocessing.config import load_config
@@ -135,18 +126,11 @@ def preprocess(
 @app.command()
 def synth(
     out: Path = typer.Option(..., "--out", help="Parquet file of GPS points (user_id, tracked_at, latitude, longitude)."),
-    users: int | None = typer.Option(None, "--users", min=1, show_default=default_of(SynthConfig, "users"),
-                                     help="People to simulate."),
-    days: int | None = typer.Option(None, "--days", min=1, show_default=default_of(SynthConfig, "days"),
-                                    help="Days of tracking per person."),
-    seed: int | None = typer.Option(None, "--seed", show_default=default_of(SynthConfig, "seed"),
-                                    help="Random seed; the same seed writes the same file."),
-    public_places: int | None = typer.Option(None, "--public-places", min=1,
-                                             show_default=default_of(SynthConfig, "public_places"),
-                                             help="Shops, parks and restaurants everybody shares."),
-    city_radius_m: float | None = typer.Option(None, "--city-radius-m", min=100.0,
-                                               show_default=default_of(SynthConfig, "city_radius_m"),
-                                               help="Homes and public places lie within about this radius (m)."),
+    users: int | None = option_for(SynthConfig, "users"),
+    days: int | None = option_for(SynthConfig, "days"),
+    seed: int | None = option_for(SynthConfig, "seed"),
+    public_places: int | None = option_for(SynthConfig, "public_places"),
+    city_radius_m: float | None = option_for(SynthConfig, "city_radius_m"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the people."),
 ) -> None:
     """Write synthetic GPS points: homes, workplaces, routines, exploration, noise, gaps, phone-off days.
@@ -333,14 +317,11 @@ def predict(
 @app.command()
 def serve(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
-    host: str | None = typer.Option(None, "--host", show_default=default_of(ServeConfig, "host"), help="Address to bind."),
-    port: int | None = typer.Option(None, "--port", min=1, max=65535, show_default=default_of(ServeConfig, "port")),
-    workers: int | None = typer.Option(None, "--workers", min=1, show_default=default_of(ServeConfig, "workers"),
-                                       help="Worker processes, each with its own copy of the model."),
-    max_request_mb: float | None = typer.Option(None, "--max-request-mb",
-                                                show_default=default_of(ServeConfig, "max_request_mb"),
-                                                help="Request bodies larger than this get HTTP 413."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
+    host: str | None = option_for(ServeConfig, "host"),
+    port: int | None = option_for(ServeConfig, "port"),
+    workers: int | None = option_for(ServeConfig, "workers"),
+    max_request_mb: float | None = option_for(ServeConfig, "max_request_mb"),
+    tracking_uri: str | None = option_for(ServeConfig, "tracking_uri", envvar="MLFLOW_TRACKING_URI"),
 ) -> None:
     """Serve a logged model over HTTP with MLflow's scoring protocol (POST /invocations), with a request size limit,
     one-line 400s for bad requests and a warm model."""

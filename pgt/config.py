@@ -287,17 +287,15 @@ ENV_PREFIX = "PGT_SERVE_"  # ServeConfig fields reach uvicorn's workers as PGT_S
 @dataclass
 class ServeConfig:
     model_uri: str  # an MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ...
-    host: str = "127.0.0.1"  # the address to bind
-    port: int = 5056  # the port to bind
-    workers: int = 1  # uvicorn worker processes, each with its own copy of the model
-    max_request_mb: float = 16.0  # larger request bodies get HTTP 413 (a week of one person's GPS at 1 Hz is ~60 MB)
-    tracking_uri: str | None = None  # where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI
+    host: str = setting("127.0.0.1", "Address to bind.")
+    port: int = setting(5056, "Port to bind.", low=1, high=65535)
+    workers: int = setting(1, "Worker processes, each with its own copy of the model.", low=1, high=256)
+    max_request_mb: float = setting(16.0, "Request bodies larger than this get HTTP 413 (a week of one person's GPS "
+                                          "at 1 Hz is about 60 MB).", low=0.0, high=4096.0, low_open=True)
+    tracking_uri: str | None = setting(None, "Where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI.")
 
     def __post_init__(self) -> None:
-        if not 0 < self.max_request_mb <= 4096:
-            raise ValueError(f"max_request_mb must be in (0, 4096], got {self.max_request_mb}")
-        if self.workers < 1 or not 0 < self.port < 65536:
-            raise ValueError(f"workers must be >= 1 and port in 1..65535, got {self.workers} and {self.port}")
+        check_settings(self)
 
     @property
     def max_request_bytes(self) -> int:
@@ -312,5 +310,5 @@ class ServeConfig:
         for field in dataclasses.fields(cls):
             raw = os.environ.get(f"{ENV_PREFIX}{field.name.upper()}")
             if raw is not None:
-                values[field.name] = {int: int, float: float}.get(field.type, str)(raw)
+                values[field.name] = {"int": int, "float": float}.get(str(field.type), str)(raw)
         return cls(**values)

@@ -16,8 +16,9 @@ import torch
 from torch.utils.data import Dataset, Sampler
 
 from pgt.config import ModelConfig
-from pgt.vocabulary import UNSEEN, unseen_slots
+from pgt.vocabulary import unseen_slots
 from preprocessing.config import SPLITS
+from preprocessing.sequences import UNSEEN
 
 LIST_COLUMNS = ("locations", "time_slots", "weekdays", "recency", "durations")
 SHIFTED = ("time_slots", "weekdays", "recency", "durations")  # stored +1 so that 0 means padding

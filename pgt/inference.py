@@ -14,8 +14,8 @@ import torch
 from pgt.config import MAX_TOP_K, TOP_K
 from pgt.data import SequenceDataset
 from pgt.model import input_tables
-from pgt.vocabulary import UNSEEN
 from preprocessing.output import read_manifest
+from preprocessing.sequences import UNSEEN
 
 # the columns of place_predictions, one row per (sample, rank)
 PREDICTION_COLUMNS = ["sample", "sample_index", "source_user_id", "user", "time", "rank", "place_id", "location",

@@ -22,9 +22,11 @@ import numpy as np
 import torch
 from sklearn.metrics import f1_score
 
+from preprocessing.sequences import UNSEEN
+
 METRIC_NAMES = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n")
 STRICT_NAMES = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "n")
-NEW_PLACE = 1  # the id of "a place unseen in train" (protocol) or "a new place" (extended vocabulary)
+NEW_PLACE = UNSEEN  # "a place unseen in train" (protocol) or "a new place" (extended vocabulary)
 
 
 def target_ranks(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -38,9 +38,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
-from pgt.config import ModelConfig
+from pgt.config import TOP_K, ModelConfig
 from pgt.data import SequenceDataset
-from pgt.inference import TOP_K, check_vocabulary, place_predictions, predict_applied, top_k_of, top_k_predictions
+from pgt.inference import check_vocabulary, place_predictions, predict_applied, top_k_of, top_k_predictions
 from pgt.model import PackedModel, build_model, check_packed
 from preprocessing.errors import InputError
 from preprocessing.fitted import FittedPreprocessing, apply_fitted

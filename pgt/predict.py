@@ -13,11 +13,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
+from pgt.config import TOP_K
 from pgt.data import SequenceDataset
 from pgt.inference import (
     PREDICTION_COLUMNS,
-    TOP_K,
     check_lineage,
+    check_top_k,
     check_vocabulary,
     predict_applied,
     top_k_predictions,
@@ -52,6 +53,7 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
     out_path (.parquet or .csv; place_predictions gives the columns). Rows the readers quarantined go to
     `<out>.quarantine.parquet` and the people without a prediction, with the reason, to `<out>.unscored.parquet`
     (side_files); nothing is dropped unsaid. Every path is checked before the model loads."""
+    check_top_k(top_k, "--top-k")
     out_path = Path(out_path)
     check_output_file(out_path, PREDICTOR, (".parquet", ".csv"), PREDICTION_COLUMNS)
     for side in side_files(out_path).values():
@@ -86,6 +88,7 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     slot of the extended vocabulary, else null), top_probabilities, new_place_probability (the probability of
     id 1: a new place, none of the known or visited ones, for a model with slots; any place unseen in train
     without), and target and target_place when the input has them. Returns the number of rows."""
+    check_top_k(top_k, "--top-k")
     check_output_file(Path(out_path), PREDICTOR, (".parquet",))  # before the model's download
     check_apart(Path(out_path), {"--input": input_path})
     SequenceDataset.check_columns(input_path, require_target=False)

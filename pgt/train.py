@@ -58,10 +58,11 @@ from pgt.data import (
 from pgt.model import build_model, count_parameters
 from pgt.scoring import Scores, evaluate, model_scores
 from pgt.tracking import EpochLogger, log_result
-from pgt.vocabulary import UNSEEN, extended_ids
+from pgt.vocabulary import extended_ids
 from pgt.worker import Worker, local_worker
 from preprocessing.config import SPLITS
 from preprocessing.output import write_json_atomically
+from preprocessing.sequences import UNSEEN
 
 # what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
 OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", ".*.tmp-*")

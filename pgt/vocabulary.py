@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-UNSEEN = 1  # the location id of every place first visited after the train split ("new place" in the output)
+from preprocessing.sequences import UNSEEN  # the id of every place first visited after the train split
 
 
 def unseen_slots(locations: torch.Tensor, places: torch.Tensor, targets: torch.Tensor,

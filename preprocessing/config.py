@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 
 from preprocessing.errors import InputError
+from preprocessing.settings import check_settings, setting
 
 FORMATS = ("geolife-plt", "positionfixes", "staypoints")  # what an input may hold (preprocessing.readers)
 SPLITS = ("train", "validation", "test")  # the protocol's per-user day splits, in time order
@@ -176,26 +177,29 @@ def load_config(path: Path | None) -> PreprocessConfig:
 
 @dataclass(frozen=True)
 class SynthConfig:
-    users: int = 50  # people
-    days: int = 120  # days of tracking per person
-    seed: int = 0  # random seed: the same seed gives the same file
-    start: str = "2024-01-01"  # first day (local), ISO date
-    city_lat: float = 39.9042  # city centre, degrees (Beijing, as GeoLife)
-    city_lon: float = 116.4074
-    utc_offset_hours: int = 8  # routines are in local time; fixes are written in UTC
-    city_radius_m: float = 12_000.0  # homes and public places lie within about this radius
-    public_places: int = 400  # shops, restaurants, parks shared by everybody
-    employed_share: float = 0.8  # people with a workplace; the others keep weekend-like days
-    explore_rho: float = 0.6  # exploration: P(new place) = rho * S^-gamma
-    explore_gamma: float = 0.21
-    gps_noise_m: float = 8.0  # standard deviation of the fix error
-    outlier_prob: float = 0.0005  # a fix thrown 300-1000 m off
-    duplicate_prob: float = 0.003  # a fix written twice with the same timestamp
-    stay_interval_s: float = 600.0  # mean time between fixes while staying (the phone sleeps)
-    move_interval_s: float = 15.0  # mean time between fixes while moving
-    trip_gap_prob: float = 0.15  # a trip loses a stretch of its fixes
-    phone_off_day_prob: float = 0.04  # a whole day without any fix
+    users: int = setting(50, "People to simulate.", low=1, high=1 << 24)
+    days: int = setting(120, "Days of tracking per person.", low=1, high=36_500)
+    seed: int = setting(0, "Random seed; the same seed writes the same file.")
+    start: str = setting("2024-01-01", "First day (local), an ISO date.")
+    city_lat: float = setting(39.9042, "City centre latitude, degrees (Beijing, as GeoLife).", low=-85.0, high=85.0)
+    city_lon: float = setting(116.4074, "City centre longitude, degrees.", low=-180.0, high=180.0)
+    utc_offset_hours: int = setting(8, "Routines are in local time at this offset; fixes are written in UTC.",
+                                    low=-12, high=14)
+    city_radius_m: float = setting(12_000.0, "Homes and public places lie within about this radius (m).",
+                                   low=100.0, high=1_000_000.0)
+    public_places: int = setting(400, "Shops, parks and restaurants everybody shares.", low=1, high=1 << 20)
+    employed_share: float = setting(0.8, "People with a workplace; the others keep weekend-like days.",
+                                    low=0.0, high=1.0)
+    explore_rho: float = setting(0.6, "Exploration: P(new place) = rho * S^-gamma.", low=0.0, high=1.0)
+    explore_gamma: float = setting(0.21, "Exploration's decay with the places S seen so far.", low=0.0, high=10.0)
+    gps_noise_m: float = setting(8.0, "Standard deviation of the fix error (m).", low=0.0, high=1000.0)
+    outlier_prob: float = setting(0.0005, "Chance of a fix thrown 300-1000 m off.", low=0.0, high=1.0)
+    duplicate_prob: float = setting(0.003, "Chance of a fix written twice with the same timestamp.", low=0.0, high=1.0)
+    stay_interval_s: float = setting(600.0, "Mean time between fixes while staying (the phone sleeps), seconds.",
+                                     low=0.0, low_open=True)
+    move_interval_s: float = setting(15.0, "Mean time between fixes while moving, seconds.", low=0.0, low_open=True)
+    trip_gap_prob: float = setting(0.15, "Chance that a trip loses a stretch of its fixes.", low=0.0, high=1.0)
+    phone_off_day_prob: float = setting(0.04, "Chance of a whole day without any fix.", low=0.0, high=1.0)
 
     def __post_init__(self) -> None:
-        if self.users < 1 or self.days < 1:
-            raise ValueError(f"users and days must be at least 1, got users={self.users}, days={self.days}")
+        check_settings(self)

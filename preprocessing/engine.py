@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from preprocessing.errors import InputError
+from preprocessing.settings import check_settings, setting
 
 ENGINES = ("local", "ray")
 AUTO_TILE_POINTS = 200_000  # auto: whole-data DBSCAN up to this many staypoints, whose neighbour lists it holds at once
@@ -22,22 +23,21 @@ AUTO_TILE_DEG = 0.05  # auto: beyond that, tiles of this size (about 5.5 km nort
 
 @dataclass(frozen=True)
 class EngineConfig:
-    engine: str = "local"  # "local": partitions and tiles in this process, one after another; "ray": Ray tasks
-    partitions: int = 0  # users hashed into this many partitions; 0 = auto, one per ~4M input rows
-    tile_deg: float | None = None  # DBSCAN by tiles of this many degrees; 0 = whole-data DBSCAN; None = auto
-    #                                (tiles of AUTO_TILE_DEG past AUTO_TILE_POINTS staypoints); same labels either way
-    address: str | None = None  # engine "ray": the cluster to join (host:port, "auto"); None = $RAY_ADDRESS or a local Ray
-    work_dir: Path | None = None  # the input's partitions go here (a temporary folder); on a multi-machine
-    #                               cluster it, like the input, must be a path every node can read
+    engine: str = setting("local", "local: partitions and tiles one after another in this process; ray: as Ray tasks "
+                                   "on a local Ray or the cluster at address. Same outputs.", choices=ENGINES)
+    partitions: int = setting(0, "Users hashed into this many partitions; memory follows the largest. 0 = one per "
+                                 "~4M input rows.", low=0, high=1 << 20)
+    tile_deg: float | None = setting(None, "DBSCAN by spatial tiles of this many degrees (0 = whole-data DBSCAN; None "
+                                           f"= {AUTO_TILE_DEG} past {AUTO_TILE_POINTS:,} staypoints); the same labels "
+                                           "either way.", low=0.0)
+    address: str | None = setting(None, "Engine ray: the Ray cluster to run on (host:port or auto); None = "
+                                        "$RAY_ADDRESS or a local Ray.")
+    work_dir: Path | None = setting(None, "Where the input's partitions are written (None: a temporary folder); on a "
+                                          "multi-machine Ray cluster, a path every node can read, like the input.")
 
     def __post_init__(self) -> None:
+        check_settings(self)
         problems = []
-        if self.engine not in ENGINES:
-            problems.append(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
-        if self.partitions < 0:
-            problems.append(f"partitions must be >= 0 (0 = auto), got {self.partitions}")
-        if self.tile_deg is not None and not self.tile_deg >= 0:
-            problems.append(f"tile_deg must be >= 0 (0 = whole-data DBSCAN), got {self.tile_deg}")
         if self.address and self.engine != "ray":
             problems.append("address is for engine 'ray' only")
         if problems:

@@ -98,6 +98,10 @@ def check_value(field: dataclasses.Field, value: Any) -> None:
     """ValueError naming the field unless value has the field's type, lies within its bounds and among its choices."""
     meta, kind = field.metadata, field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
     name = field.name
+    if kind.replace(" ", "").endswith("|None"):  # optional: None passes, anything else is checked as the type
+        if value is None:
+            return
+        kind = kind.replace(" ", "")[: -len("|None")]
     if kind in ("int", "float"):
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{name} must be a number, got {value!r}")

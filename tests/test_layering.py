@@ -114,3 +114,46 @@ def test_pgt_tune_comes_from_the_tune_package_through_an_entry_point():
     r = subprocess.run([sys.executable, "-m", "pgt.cli", "tune", "--help"], capture_output=True, text=True,
                        env={"COLUMNS": "200", "PATH": ""}, cwd=PROJECT_ROOT)
     assert r.returncode == 0 and "--objective" in r.stdout and "strict_acc@1" in r.stdout
+
+
+def defined_names(path: Path) -> set[str]:
+    """What a module defines at its top: functions, classes, assigned names."""
+    names = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                names |= {name.id for name in ast.walk(target) if isinstance(name, ast.Name)}  # a, b = ...
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names
+
+
+def borrowed_imports(root: Path = PROJECT_ROOT) -> list[str]:
+    """`from project.module import name` where module does not define name (it re-exports an import)."""
+    modules = module_files(root)
+    files = [*modules.values(), *sorted((root / "tests").rglob("*.py")), *sorted((root / "benchmarks").glob("*.py"))]
+    wrong = []
+    for path in files:
+        if not path.is_file():
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                defined = defined_names(modules[node.module])
+                wrong += [f"{path.relative_to(root)}: {node.module}.{alias.name}" for alias in node.names
+                          if alias.name not in defined and f"{node.module}.{alias.name}" not in modules]
+    return wrong
+
+
+def test_every_name_is_imported_from_the_module_that_defines_it():
+    assert borrowed_imports() == []
+
+
+def test_a_re_export_is_seen(tmp_path):
+    for package in LAYERS:
+        (tmp_path / package).mkdir()
+    (tmp_path / "pgt" / "a.py").write_text("X = 1\n")
+    (tmp_path / "pgt" / "b.py").write_text("from pgt.a import X\n")
+    (tmp_path / "pgt" / "c.py").write_text("from pgt.b import X\nfrom pgt.a import X as Y\n")
+    assert borrowed_imports(tmp_path) == ["pgt/c.py: pgt.b.X"]

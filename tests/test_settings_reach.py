@@ -53,9 +53,8 @@ def parse(*args: str) -> dict:
 
 
 def resolve_flow(tmp_path, **given) -> FlowSettings:
-    return FlowSettings.resolve(input_path=None, input_format="positionfixes", config_file=None, workers=0, gpu=None,
-                                tune=False, trials=None, epochs=None, tracking_uri=None, ray_address=None,
-                                model_name="m", state_dir=str(tmp_path), **given)
+    defaults = {name: p.default for name, p in inspect.signature(preprocess_and_train.fn).parameters.items()}
+    return FlowSettings.resolve({**defaults, "workers": 0, "state_dir": str(tmp_path), **given})
 
 
 def test_every_field_but_the_run_s_folders_is_a_setting_with_help():

@@ -62,15 +62,6 @@ def test_rerun_reuses_the_cached_sequences(first_run):
     assert (logged["unseen_slots"], logged["simulate_unseen"], logged["select_on"]) == ("True", "True", "strict_acc@1")
 
 
-def test_unknown_recipe_is_refused_before_anything_runs(tmp_path):
-    from flows.settings import FlowSettings
-
-    with pytest.raises(ValueError, match="recipe must be one of paper, tuned, got 'fast'"):
-        FlowSettings.resolve(input_path=None, input_format="positionfixes", config_file=None, workers=0, gpu=None,
-                             tune=False, trials=1, epochs=1, tracking_uri=None, ray_address=None, model_name="m",
-                             state_dir=str(tmp_path), recipe="fast")
-
-
 def test_bad_config_fails_the_flow_with_its_message(tmp_path):
     from flows.preprocess_and_train import preprocess_and_train
 

@@ -3,6 +3,7 @@ keyword-only, and their defaults those of the config dataclasses."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 
 import pytest
@@ -26,16 +27,71 @@ def test_choices_are_dropdowns_of_the_registries(flow):
     assert (defaults["synthetic_users"], defaults["synthetic_days"]) == (SynthConfig.users, SynthConfig.days)
 
 
+def parameters(flow, **given) -> dict:
+    """A flow's parameters as a run gets them: the signature's defaults, then `given`."""
+    return {name: p.default for name, p in inspect.signature(flow.fn).parameters.items()} | given
+
+
 def test_epochs_and_trials_left_empty_take_the_configs_defaults(tmp_path):
     from flows.settings import FlowSettings
     from pgt.config import TrainConfig
     from tune.config import SweepConfig
 
-    s = FlowSettings.resolve(input_path=None, input_format="positionfixes", config_file=None, workers=0, gpu=None,
-                             tune=False, trials=None, epochs=None, tracking_uri=None, ray_address=None, model_name="m",
-                             state_dir=str(tmp_path))
+    s = FlowSettings.resolve(parameters(preprocess_and_train, workers=0, state_dir=str(tmp_path)))
     assert s.train_config()["epochs"] == TrainConfig.epochs
     sweep = s.sweep_config()
     assert (sweep["epochs"], sweep["trials"]) == (SweepConfig.epochs, SweepConfig.trials)
+
+
+@pytest.mark.parametrize("flow", [preprocess_and_train, predict_next_places])
+def test_the_settings_hold_the_flow_s_parameters_by_the_same_names(flow, tmp_path):
+    """The signature defines a parameter once; its resolved settings carry the same name (nothing added or lost)."""
+    from flows.settings import FlowSettings, PredictSettings
+
+    settings = FlowSettings if flow is preprocess_and_train else PredictSettings
+    fields = {f.name for f in dataclasses.fields(settings) if f.default is dataclasses.MISSING}
+    assert fields == set(inspect.signature(flow.fn).parameters)
+    resolved = settings.resolve(parameters(flow, state_dir=str(tmp_path)))
+    assert resolved.state_dir == tmp_path.resolve() and resolved.tracking_uri.startswith("sqlite:")
     with pytest.raises(TypeError):
-        FlowSettings.resolve(None, "positionfixes")  # keyword-only
+        settings.resolve(parameters(flow, state_dir=str(tmp_path), unknown=1))
+
+
+@pytest.mark.parametrize("given, message", [
+    ({"workers": -1}, "workers must be in [0, 4096], got -1"),
+    ({"epochs": 0}, "epochs must be in [1, 1048576], got 0"),
+    ({"tune": True, "trials": 0}, "trials must be in [1, 1048576], got 0"),
+    ({"recipe": "fast"}, "recipe must be one of paper, tuned, got 'fast'"),
+    ({"input_format": "staypoints"}, "the synthetic default input is positionfixes"),
+])
+def test_a_bad_parameter_fails_before_anything_runs_with_its_config_s_message(given, message, tmp_path):
+    from flows.settings import FlowSettings
+
+    with pytest.raises(ValueError) as info:
+        FlowSettings.resolve(parameters(preprocess_and_train, state_dir=str(tmp_path), **given))
+    assert message in str(info.value)
+    assert not (tmp_path / "sequences").exists()
+
+
+def test_deployments_set_only_what_differs_from_the_flow_s_defaults():
+    """prefect.yaml holds a parameter only where its deployment differs: not the flow's default, nor the config
+    default that the flow's None stands for (epochs, trials)."""
+    import yaml
+
+    from pgt.config import TrainConfig
+    from tests.conftest import PROJECT_ROOT
+    from tune.config import SweepConfig
+
+    flows = {"preprocess_and_train": preprocess_and_train, "predict_next_places": predict_next_places}
+    same = []
+    for deployment in yaml.safe_load((PROJECT_ROOT / "prefect.yaml").read_text())["deployments"]:
+        flow = flows[deployment["entrypoint"].rsplit(":", 1)[1]]
+        given = deployment.get("parameters") or {}
+        defaults = parameters(flow)
+        assert set(given) <= set(defaults), deployment["name"]
+        config = SweepConfig if given.get("tune") else TrainConfig
+        for name, value in given.items():
+            fallback = getattr(config, name, None) if defaults[name] is None and name in ("epochs", "trials") else None
+            if value == defaults[name] or value == fallback:
+                same.append(f"{deployment['name']}: {name}")
+    assert same == []

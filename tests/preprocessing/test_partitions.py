@@ -121,8 +121,10 @@ def test_tiles_are_automatic_past_200k_staypoints():
 def test_engine_settings_are_checked_at_the_door():
     with pytest.raises(ValueError, match="engine must be one of local, ray, got 'spark'"):
         EngineConfig(engine="spark")
-    with pytest.raises(ValueError, match="partitions must be >= 0"):
+    with pytest.raises(ValueError, match=r"partitions must be in \[0, 1048576\], got -1"):
         EngineConfig(partitions=-1)
+    with pytest.raises(ValueError, match=r"tile_deg must be in \[0.0, inf\), got -0.1"):
+        EngineConfig(tile_deg=-0.1)
     with pytest.raises(ValueError, match="address is for engine 'ray' only"):
         EngineConfig(address="127.0.0.1:6379")
 
