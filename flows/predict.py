@@ -11,24 +11,26 @@ from pathlib import Path  # noqa: F401 - Prefect resolves the flow's string anno
 from prefect import flow
 
 from flows import tasks
-from flows.settings import InputFormat, PredictSettings
-from pgt.config import TOP_K
+from flows.settings import InputFormat, PredictSettings, described, from_setting
+from pgt.config import MAX_TOP_K, TOP_K
 from preprocessing.config import SynthConfig
 
 
 @flow(name="predict-next-places", log_prints=True)
 def predict_next_places(
     *,
-    model_name: str = "pgt-demo",
-    alias: str = "champion",
-    input_path: str | None = None,
-    input_format: InputFormat = "positionfixes",
-    top_k: int = TOP_K,
-    recent_days: float = 14.0,
-    tracking_uri: str | None = None,
-    state_dir: str | None = None,
-    synthetic_users: int = SynthConfig.users,
-    synthetic_days: int = SynthConfig.days,
+    model_name: str = described("pgt-demo", "The registered model to score with."),
+    alias: str = described("champion", "The alias of the version to score with: champion, the best so far."),
+    input_path: str | None = described(None, "New GPS points or staypoints: a GeoLife folder, or a Parquet or CSV "
+                                              "file. Empty: the last recent_days of the synthetic default."),
+    input_format: InputFormat = described("positionfixes", "What input_path holds."),
+    top_k: int = described(TOP_K, f"Places per user, 1 to {MAX_TOP_K}."),
+    recent_days: float = described(14.0, "With no input_path: the days of the synthetic default to score."),
+    tracking_uri: str | None = described(None, "MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI, else a SQLite "
+                                               "store in the state folder."),
+    state_dir: str | None = described(None, "The folder every output goes to. Empty: $PGT_STATE_DIR, else .state."),
+    synthetic_users: int = from_setting(SynthConfig, "users"),
+    synthetic_days: int = from_setting(SynthConfig, "days"),
 ) -> dict:
     """Score new GPS data with models:/model_name@alias and publish each user's next places.
 

@@ -11,39 +11,42 @@ from pathlib import Path  # noqa: F401 - Prefect resolves the flow's string anno
 from prefect import flow, get_run_logger
 
 from flows import tasks
-from flows.settings import FlowSettings, InputFormat, Recipe
+from flows.settings import FlowSettings, InputFormat, Recipe, described, from_setting
+from pgt.config import LaunchConfig, TrainConfig
 from preprocessing.config import SynthConfig
+from tune.config import SweepConfig
 
 
 @flow(name="preprocess-and-train", log_prints=True)
 def preprocess_and_train(
     *,
-    input_path: str | None = None,
-    input_format: InputFormat = "positionfixes",
-    config_file: str | None = None,
-    workers: int = 2,
-    gpu: bool | None = None,
-    tune: bool = False,
-    trials: int | None = None,
-    epochs: int | None = None,
-    tracking_uri: str | None = None,
-    ray_address: str | None = None,
-    model_name: str = "pgt",
-    state_dir: str | None = None,
-    synthetic_users: int = SynthConfig.users,
-    synthetic_days: int = SynthConfig.days,
-    recipe: Recipe = "paper",
-    recipe_file: str | None = None,
+    input_path: str | None = described(None, "GPS points or staypoints: a GeoLife folder, or a Parquet or CSV file. "
+                                              "Empty: the synthetic default city."),
+    input_format: InputFormat = described("positionfixes", "What input_path holds."),
+    config_file: str | None = described(None, "A YAML, JSON or TOML file of PreprocessConfig settings. Empty: the "
+                                              "reference protocol."),
+    workers: int = from_setting(LaunchConfig, "workers", 2),
+    gpu: bool | None = from_setting(LaunchConfig, "use_gpu"),
+    tune: bool = described(False, "A Ray Tune sweep of `trials` trials instead of one training run."),
+    trials: int | None = from_setting(SweepConfig, "trials", None, "Empty: the sweep config's default."),
+    epochs: int | None = from_setting(TrainConfig, "epochs", None, "Empty: the recipe's, or the sweep's."),
+    tracking_uri: str | None = described(None, "MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI, else a SQLite "
+                                               "store in the state folder."),
+    ray_address: str | None = from_setting(LaunchConfig, "address"),
+    model_name: str = described("pgt", "The registered model; its alias champion moves to the new version only "
+                                       "when its strict validation Acc@1 is better."),
+    state_dir: str | None = described(None, "The folder every output goes to. Empty: $PGT_STATE_DIR, else .state."),
+    synthetic_users: int = from_setting(SynthConfig, "users"),
+    synthetic_days: int = from_setting(SynthConfig, "days"),
+    recipe: Recipe = described("paper", "The training recipe: paper (SPEC §3.8) or tuned (ours for GeoLife)."),
+    recipe_file: str | None = described(None, "A YAML file of training settings (a sweep's winner) instead of "
+                                              "recipe; it sets any training setting."),
 ) -> dict:
     """Preprocess (reusing cached stages), train or tune, evaluate the logged model, register it.
 
-    input_path None uses the synthetic default (synthetic_users people over synthetic_days days). workers 0 trains
-    in the flow's process; N >= 1 under Ray Train. recipe is the training recipe: paper (SPEC §3.8) or tuned (ours
-    for GeoLife); recipe_file, a YAML file of training settings (a sweep's winner), replaces it, and sets any
-    training setting. tune runs a sweep of `trials` instead of one training run, each trial the recipe with the
-    searched settings replaced. epochs and trials left empty take the defaults of TrainConfig (or SweepConfig).
-    model_name is the registered model; the alias champion moves to the new version only when its strict
-    validation Acc@1 is better. The state folder holds every output."""
+    Each parameter's description says what it does (the Prefect UI shows it beside the field); those that are
+    settings of a config take its help and bounds from there. A sweep's trials each train the recipe with only
+    the searched settings replaced."""
     s = FlowSettings.resolve(locals())  # first: the parameters, as the signature defines them
     log = get_run_logger()
     source = s.input_path or tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)

@@ -6,9 +6,13 @@ dropdown; every default not set by a flow lives in its config dataclass."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import Field
+from pydantic.fields import FieldInfo
 
 from pgt.config import RECIPES, LaunchConfig, TrackingConfig, TrainConfig, base_settings
 from pgt.inference import check_top_k
@@ -18,10 +22,34 @@ from pgt.tracking import state_dir as default_state_dir
 from preprocessing.config import FORMATS, load_config
 from preprocessing.engine import EngineConfig
 from preprocessing.pipeline import stage_key
+from preprocessing.settings import help_of, settings_of
 from tune.config import SweepConfig
 
 InputFormat = Literal[FORMATS]
 Recipe = Literal[tuple(RECIPES)]
+
+
+def described(default: Any, description: str) -> Any:
+    """A flow parameter's default with its description (the Prefect UI shows it beside the field)."""
+    return Field(default, description=description)
+
+
+def default_of_parameter(parameter: inspect.Parameter) -> Any:
+    """A flow parameter's default value (described and from_setting wrap it with its description)."""
+    return parameter.default.default if isinstance(parameter.default, FieldInfo) else parameter.default
+
+
+def flow_defaults(fn) -> dict[str, Any]:
+    """Every parameter of a flow's function with its default: what a run without parameters gets."""
+    return {name: default_of_parameter(p) for name, p in inspect.signature(fn).parameters.items()}
+
+
+def from_setting(config: type, name: str, default: Any = dataclasses.MISSING, note: str = "") -> Any:
+    """A flow parameter that is a config's setting: its help from the setting's one definition, its default the
+    setting's unless the flow's own is given (`note` says what the flow adds)."""
+    field = settings_of(config)[name]
+    return Field(field.default if default is dataclasses.MISSING else default,
+                 description=" ".join(filter(None, (help_of(config, name), note))))
 
 def _absolute(path: str | Path | None) -> Path | None:
     return Path(path).resolve() if path else None

@@ -12,7 +12,7 @@ import typer.main
 import yaml
 
 from flows.preprocess_and_train import preprocess_and_train
-from flows.settings import FlowSettings
+from flows.settings import FlowSettings, flow_defaults
 from pgt.cli import app, train_config
 from pgt.config import RECIPE_FREE, ModelSettings, TrainConfig, load_recipe_file
 from preprocessing.settings import CHOICES, HIGH, help_of, settings_of
@@ -53,8 +53,8 @@ def parse(*args: str) -> dict:
 
 
 def resolve_flow(tmp_path, **given) -> FlowSettings:
-    defaults = {name: p.default for name, p in inspect.signature(preprocess_and_train.fn).parameters.items()}
-    return FlowSettings.resolve({**defaults, "workers": 0, "state_dir": str(tmp_path), **given})
+    return FlowSettings.resolve({**flow_defaults(preprocess_and_train.fn), "workers": 0, "state_dir": str(tmp_path),
+                                 **given})
 
 
 def test_every_field_but_the_run_s_folders_is_a_setting_with_help():

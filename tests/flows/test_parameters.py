@@ -11,6 +11,7 @@ from prefect.utilities.callables import parameter_schema
 
 from flows.predict import predict_next_places
 from flows.preprocess_and_train import preprocess_and_train
+from flows.settings import flow_defaults
 from pgt.config import RECIPES
 from preprocessing.config import FORMATS, SynthConfig
 
@@ -23,13 +24,13 @@ def test_choices_are_dropdowns_of_the_registries(flow):
         assert properties["recipe"]["enum"] == list(RECIPES)
     params = inspect.signature(flow.fn).parameters.values()
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in params)
-    defaults = {p.name: p.default for p in params}
+    defaults = flow_defaults(flow.fn)
     assert (defaults["synthetic_users"], defaults["synthetic_days"]) == (SynthConfig.users, SynthConfig.days)
 
 
 def parameters(flow, **given) -> dict:
     """A flow's parameters as a run gets them: the signature's defaults, then `given`."""
-    return {name: p.default for name, p in inspect.signature(flow.fn).parameters.items()} | given
+    return flow_defaults(flow.fn) | given
 
 
 def test_epochs_and_trials_left_empty_take_the_configs_defaults(tmp_path):
@@ -95,3 +96,23 @@ def test_deployments_set_only_what_differs_from_the_flow_s_defaults():
             if value == defaults[name] or value == fallback:
                 same.append(f"{deployment['name']}: {name}")
     assert same == []
+
+
+@pytest.mark.parametrize("flow", [preprocess_and_train, predict_next_places])
+def test_every_parameter_is_described_and_a_setting_s_description_is_its_help(flow):
+    """The Prefect UI shows each parameter's description; a parameter that is a config's setting takes the
+    setting's help from its one definition."""
+    from pgt.config import LaunchConfig, TrainConfig
+    from preprocessing.settings import help_of
+    from tune.config import SweepConfig
+
+    properties = parameter_schema(flow.fn).model_dump()["properties"]
+    assert all(p.get("description") for p in properties.values()), [n for n, p in properties.items()
+                                                                     if not p.get("description")]
+    settings = {"workers": (LaunchConfig, "workers"), "gpu": (LaunchConfig, "use_gpu"),
+                "ray_address": (LaunchConfig, "address"), "trials": (SweepConfig, "trials"),
+                "epochs": (TrainConfig, "epochs"), "synthetic_users": (SynthConfig, "users"),
+                "synthetic_days": (SynthConfig, "days")}
+    for name, (config, setting) in settings.items():
+        if name in properties:
+            assert properties[name]["description"].startswith(help_of(config, setting)), name
