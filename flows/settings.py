@@ -17,7 +17,7 @@ from pydantic.fields import FieldInfo
 from pgt.config import RECIPES, LaunchConfig, TrackingConfig, TrainConfig, base_settings
 from pgt.inference import check_top_k
 from pgt.report import metrics_markdown
-from pgt.tracking import champion_verdict, resolve_tracking_uri, run_url
+from pgt.tracking import RECIPE_TAG, champion_verdict, resolve_tracking_uri, run_url
 from pgt.tracking import state_dir as default_state_dir
 from preprocessing.config import FORMATS, load_config
 from preprocessing.engine import EngineConfig
@@ -145,7 +145,8 @@ class FlowSettings:
         return dataclasses.asdict(LaunchConfig(workers=self.workers, use_gpu=self.gpu, address=self.ray_address))
 
     def tracking_config(self) -> dict:
-        return TrackingConfig(self.tracking_uri, experiment="pgt").to_dict()
+        return TrackingConfig(self.tracking_uri, experiment="pgt", source="preprocess-and-train flow",
+                              tags={RECIPE_TAG: str(self.recipe_file or self.recipe)}).to_dict()
 
     def sweep_config(self) -> dict:
         given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs)) if value is not None}

@@ -228,7 +228,7 @@ def train(
     from pgt.data import Vocab
     from pgt.distributed import run_training
     from pgt.report import EpochPrinter, print_metrics
-    from pgt.tracking import champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
+    from pgt.tracking import RECIPE_TAG, champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
     from pgt.train import OUTPUTS
     from preprocessing.engine import check_ray_address
     from preprocessing.errors import InputError
@@ -241,7 +241,9 @@ def train(
         cfg, launch = train_config(locals()), launch_config(locals())
         if register and cfg.model in BASELINES:
             raise ValueError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
-        tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), register=register,
+        recipe_name = str(recipe_file) if recipe_file is not None else (recipe or "paper")
+        tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), register=register, source="pgt train",
+                                  tags={RECIPE_TAG: recipe_name},
                                   **given(locals(), "experiment"))
         check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
         if launch.workers:

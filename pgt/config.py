@@ -271,6 +271,9 @@ class TrackingConfig:
     log_model: bool = True  # log the best checkpoint as an MLflow PyTorch model (and the explain PNGs)
     run_name: str | None = None  # the new run's name; None: "<model>-<out folder>"
     parent_run_id: str | None = None  # nest the new run under this one (a sweep's trials)
+    source: str = "pgt train"  # the command or flow that makes the run (the UI's Source column)
+    tags: dict = dataclasses.field(default_factory=dict)  # more run tags: pgt.recipe (tracking.RECIPE_TAG), ...
+    system_metrics_interval_s: float = 5.0  # how often a training run samples CPU, memory and GPU; 0 = off
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -28,7 +28,7 @@ from pgt.config import (
 )
 from pgt.data import LIST_COLUMNS, PLACE_COLUMNS, SequenceDataset, Vocab
 from pgt.report import EpochPrinter
-from pgt.tracking import end_run, log_result, register_model, reopen_run, start_run
+from pgt.tracking import end_run, log_datasets, log_result, register_model, reopen_run, source_tags, start_run
 from pgt.train import check_streamable, evaluate_baseline, train_loop_per_worker, write_json
 from pgt.worker import Worker
 from preprocessing.config import SPLITS
@@ -187,8 +187,10 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
         if same_store and reopen_run(tracking.tracking_uri, saved["run_id"]):  # else deleted: start a new run
             return dataclasses.replace(tracking, run_id=saved["run_id"])
     params = cfg.to_dict() | {"workers": max(1, launch.workers), "data_manifest": _manifest_summary(cfg.data_dir)}
-    run_id = start_run(tracking, params, run_name=tracking.run_name or f"{cfg.model}-{out_dir.name}",
-                       tags={"pgt.model": cfg.model, "pgt.out_dir": str(out_dir)}, parent_run_id=tracking.parent_run_id)
+    tags = {"pgt.model": cfg.model, "pgt.out_dir": str(out_dir), **source_tags(tracking.source), **tracking.tags}
+    run_id = start_run(tracking, params, run_name=tracking.run_name or f"{cfg.model}-{out_dir.name}", tags=tags,
+                       parent_run_id=tracking.parent_run_id)
+    log_datasets(tracking.tracking_uri, run_id, Path(cfg.data_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(record, {"tracking_uri": tracking.tracking_uri, "experiment": tracking.experiment, "run_id": run_id})
     return dataclasses.replace(tracking, run_id=run_id)

@@ -5,14 +5,23 @@ test metrics, the dataset manifest, the `pgt explain` PNGs and the best checkpoi
 models-from-code pyfunc (`pgt/mlflow_model.py` around `pgt.model.PackedModel`: one (B, 7, T) int64
 tensor in, (B, V + S) log-probabilities out). The driver creates the run; rank 0 of the training logs into it.
 
+Lineage: every run logs its train, validation and test Parquet as MLflow dataset inputs (a digest of the
+file, its path, its rows and the preprocessing settings: the UI's Datasets column), carries the command and
+the git commit it ran from (the Source column), and samples system metrics (CPU, memory, GPU where present)
+while it trains. A registered version carries its run's recipe, sweep and commit as tags. Experiments are
+marked as model development, so the UI opens on their training runs.
+
 MLflow names allow no "@", so metric keys read `validation_acc_at_1`, `test_ndcg_at_10`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import json
 import os
+import subprocess
 import tempfile
 import time
 import urllib.error
@@ -21,6 +30,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import torch
 
 import pgt
@@ -31,6 +41,11 @@ from pgt.config import TOP_K, TrackingConfig
 CHAMPION = "champion"
 SCORE_TAG = "validation_strict_acc_at_1"  # the registered version's own strict validation Acc@1
 RIVAL_TAG = "champion_validation_strict_acc_at_1"  # the champion's, when the version was compared
+RECIPE_TAG = "pgt.recipe"  # a run's recipe: its name, or the recipe file it trained
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the UI opens on the runs, not GenAI
+SPLIT_CONTEXT = {"train": "training", "validation": "validation", "test": "test"}  # dataset input contexts
+# a registered version's tags, copied from its run's: what made it
+VERSION_TAGS = {RECIPE_TAG: "recipe", "mlflow.parentRunId": "sweep_run_id", "mlflow.source.git.commit": "git_commit"}
 
 
 def state_dir() -> Path:
@@ -90,14 +105,94 @@ def experiment_id(tracking_uri: str, name: str) -> str:
     client = mlflow_client(tracking_uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
+        if found.tags.get(EXPERIMENT_KIND[0]) is None:
+            client.set_experiment_tag(found.experiment_id, *EXPERIMENT_KIND)
         return found.experiment_id
     location = None
     if tracking_uri.startswith("sqlite:///"):
         location = (Path(tracking_uri.removeprefix("sqlite:///")).parent / "artifacts").as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags=dict([EXPERIMENT_KIND]))
     except MlflowException:  # created meanwhile by another process
         return client.get_experiment_by_name(name).experiment_id
+
+
+def git_commit(folder: Path = Path(pgt.__file__).resolve().parent.parent) -> str | None:
+    """The commit the project's checkout is at (with "-dirty" when it has uncommitted changes), or None outside
+    a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=5)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def source_tags(command: str) -> dict[str, str]:
+    """What the UI's Source column shows: the command that made the run, and the commit it ran from."""
+    tags = {"mlflow.source.name": command, "mlflow.source.type": "LOCAL"}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def split_datasets(data_dir: Path) -> list:
+    """MLflow dataset inputs for the splits of a `pgt preprocess` folder: name, a digest of the file, its path,
+    and as profile its rows and the preprocessing (input digest and settings) that made it."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
+    inputs = []
+    for split, context in SPLIT_CONTEXT.items():
+        path = (Path(data_dir) / f"{split}.parquet").resolve()
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+        profile = {"num_rows": pq.read_metadata(path).num_rows, "input_sha256": manifest.get("input_sha256"),
+                   "input": manifest.get("input"), "preprocessing": manifest.get("config")}
+        dataset = Dataset(name=f"{path.parent.name}/{split}", digest=digest.hexdigest()[:16], source_type="local",
+                          source=json.dumps({"uri": path.as_uri()}), profile=json.dumps(profile, default=str))
+        inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
+    return inputs
+
+
+def log_datasets(tracking_uri: str, run_id: str, data_dir: Path) -> None:
+    """The splits a run trained and was scored on, as the run's dataset inputs (split_datasets)."""
+    mlflow_client(tracking_uri).log_inputs(run_id, datasets=split_datasets(data_dir))
+
+
+class SystemMetrics:
+    """MLflow's system metrics (CPU, memory, disk, network, GPU where present) sampled into a run while a
+    process trains: `with SystemMetrics(tracking_uri, run_id): ...`."""
+
+    def __init__(self, tracking_uri: str, run_id: str, interval_s: float):
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self.monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True,
+                                            tracking_uri=tracking_uri)
+
+    def __enter__(self) -> SystemMetrics:
+        self.monitor.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.monitor.finish()
+        last = self.monitor.aggregate_metrics()  # the samples of the last, shorter window (or of a short run)
+        if last:
+            self.monitor.publish_metrics(last)
+            self.monitor.mlflow_logger.flush()
+
+
+def system_metrics(tracking: TrackingConfig | None):
+    """SystemMetrics into the tracked run (at tracking.system_metrics_interval_s), or nothing untracked."""
+    if tracking is None or tracking.run_id is None or not tracking.system_metrics_interval_s:
+        return contextlib.nullcontext()
+    return SystemMetrics(tracking.tracking_uri, tracking.run_id, tracking.system_metrics_interval_s)
 
 
 def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = None, tags: dict | None = None,
@@ -240,7 +335,12 @@ def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, va
 
     mlflow.set_tracking_uri(tracking_uri)
     client = mlflow_client(tracking_uri)
-    version = mlflow.register_model(model_uri, name, tags={SCORE_TAG: repr(float(validation_acc1)), "run_id": run_id})
+    run_tags = client.get_run(run_id).data.tags
+    lineage = {tag: run_tags[key] for key, tag in VERSION_TAGS.items() if key in run_tags}
+    if run_tags.get("pgt.kind") == "sweep":  # a sweep's best trial, logged to the sweep's own run
+        lineage["sweep_run_id"] = run_id
+    version = mlflow.register_model(model_uri, name, tags={SCORE_TAG: repr(float(validation_acc1)), "run_id": run_id,
+                                                           **lineage})
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:

@@ -57,7 +57,7 @@ from pgt.data import (
 )
 from pgt.model import build_model, count_parameters
 from pgt.scoring import Scores, evaluate, model_scores
-from pgt.tracking import EpochLogger, log_result
+from pgt.tracking import EpochLogger, log_result, system_metrics
 from pgt.vocabulary import extended_ids
 from pgt.worker import Worker, local_worker
 from preprocessing.config import SPLITS
@@ -374,6 +374,11 @@ def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=N
     writes the checkpoints and logs to MLflow; `on_epoch(row, checkpoint_dir)` is called on every worker
     after each epoch (Ray reports there). Returns the final metrics."""
     state = setup(config, worker or local_worker())
+    with system_metrics(state.tracking):  # rank 0 samples CPU, memory and GPU into the run while it trains
+        return _train_epochs(state, on_epoch)
+
+
+def _train_epochs(state: TrainState, on_epoch) -> dict:
     for epoch in state.epochs():
         row = train_epoch(state, epoch)
         checkpoint_dir, staging = None, None

@@ -68,7 +68,7 @@ def tune(
     resume: Path | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
 ) -> None:
     """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE)."""
-    from pgt.tracking import champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
+    from pgt.tracking import RECIPE_TAG, champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
     from preprocessing.engine import check_ray_address
     from preprocessing.errors import InputError
     from preprocessing.output import check_apart, check_output_entries
@@ -90,7 +90,8 @@ def tune(
             check_apart(out, {"--data": data})
             check_output_entries(out, "pgt tune", OUTPUTS)
             spec = sweep_config(locals())
-            tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), **given(locals(), "experiment"))
+            tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), source="pgt tune",
+                                      tags={RECIPE_TAG: spec.recipe_name}, **given(locals(), "experiment"))
 
             from pgt.data import Vocab
 

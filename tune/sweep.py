@@ -25,7 +25,17 @@ from pgt.config import LaunchConfig, TrackingConfig, selection_score
 from pgt.data import load_splits
 from pgt.distributed import flat_metrics, run_training
 from pgt.scoring import evaluate, model_scores
-from pgt.tracking import end_run, log_pytorch_model, metrics_of, mlflow_client, register_model, reopen_run, start_run
+from pgt.tracking import (
+    end_run,
+    log_datasets,
+    log_pytorch_model,
+    metrics_of,
+    mlflow_client,
+    register_model,
+    reopen_run,
+    source_tags,
+    start_run,
+)
 from preprocessing.engine import prepare_ray_env, ray_session
 from preprocessing.output import write_json_atomically
 from tune.config import SweepConfig
@@ -313,7 +323,9 @@ def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
                                                                                         previous["run_id"]):
             return dataclasses.replace(tracking, run_id=previous["run_id"])
     params = {k: v for k, v in spec.to_dict().items() if k != "space"} | {"space": spec.space.to_dict()}
-    run_id = start_run(tracking, params, run_name=f"sweep-{out.name}", tags={"pgt.kind": "sweep"})
+    run_id = start_run(tracking, params, run_name=f"sweep-{out.name}",
+                       tags={"pgt.kind": "sweep", **source_tags(tracking.source), **tracking.tags})
+    log_datasets(tracking.tracking_uri, run_id, Path(spec.data_dir))
     return dataclasses.replace(tracking, run_id=run_id)
 
 

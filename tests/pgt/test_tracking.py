@@ -58,6 +58,36 @@ def test_run_logs_config_epochs_test_metrics_artifacts_and_model(registered_run,
     assert version.tags[RIVAL_TAG] == "none"
 
 
+def test_the_run_carries_its_lineage(registered_run, synthetic_sequences, mlflow_server):
+    """Datasets (digest, path, rows, preprocessing), the command and commit it ran from, system metrics, and
+    the registered version's recipe and commit: what made the model, seen in the MLflow UI."""
+    import hashlib
+
+    from mlflow.tracking import MlflowClient
+
+    from pgt.tracking import EXPERIMENT_KIND, git_commit
+
+    client = MlflowClient(mlflow_server)
+    run = client.get_run(registered_run["mlflow"]["run_id"])
+    inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}
+    assert sorted(inputs) == ["test", "training", "validation"]
+    train = inputs["training"]
+    assert train.digest == hashlib.sha256((synthetic_sequences / "train.parquet").read_bytes()).hexdigest()[:16]
+    assert json.loads(train.source)["uri"] == (synthetic_sequences / "train.parquet").resolve().as_uri()
+    profile = json.loads(train.profile)
+    manifest = json.loads((synthetic_sequences / "manifest.json").read_text())
+    assert profile["preprocessing"] == manifest["config"] and profile["num_rows"] == manifest["counts"]["samples"]["train"]
+    tags = run.data.tags
+    assert tags["mlflow.source.name"] == "pgt train" and tags["pgt.recipe"] == "paper"
+    assert tags.get("mlflow.source.git.commit") == git_commit()
+    assert any(key.startswith("system/cpu_utilization") for key in run.data.metrics)
+    assert any(key.startswith("system/system_memory_usage") for key in run.data.metrics)
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.tags[EXPERIMENT_KIND[0]] == EXPERIMENT_KIND[1]  # the UI opens on the runs
+    version = client.get_model_version("synth", registered_run["mlflow"]["registered"]["version"])
+    assert version.tags["recipe"] == "paper" and version.tags.get("git_commit") == git_commit()
+
+
 def test_the_logged_model_holds_no_pickle(registered_run, mlflow_server, tmp_path):
     """models-from-code: the code file, a state_dict read with weights_only=True and the config as JSON."""
     import mlflow

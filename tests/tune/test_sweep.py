@@ -193,3 +193,9 @@ def test_a_sweep_from_the_tuned_recipe_trains_the_tuned_family(training_sequence
     assert (params["visit_relations"], params["relation_inputs"], params["unseen_slots"], params["new_place_weight"]) == (
         "True", "True", "True", "0.5")
     assert int(params["d_model"]) == result["trials"][0]["config"]["d_model"]  # the searched setting was drawn
+    # lineage: the sweep and its trial name their data, source and recipe; the trial sampled its machine
+    for run in (parent, trial):
+        contexts = sorted(i.tags[0].value for i in run.inputs.dataset_inputs)
+        assert contexts == ["test", "training", "validation"], run.info.run_name
+        assert run.data.tags["mlflow.source.name"] == "pgt tune" and run.data.tags["pgt.recipe"] == "tuned"
+    assert any(key.startswith("system/cpu_utilization") for key in trial.data.metrics)
