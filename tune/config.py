@@ -43,13 +43,15 @@ class SweepConfig:
     recipe_name: str = "paper"  # where they came from: a name in pgt.config.RECIPES or a recipe file
     max_failures: int = setting(2, "A crashed trial restarts from its last reported checkpoint this many times "
                                    "(-1: no limit).", low=-1, high=1 << 20)
-    space: SearchSpace = field(default_factory=SearchSpace)
+    space: SearchSpace | None = None  # what trials draw; None: the space of tune.space.RULES around the recipe
 
     def __post_init__(self) -> None:
         if isinstance(self.space, dict):
             self.space = SearchSpace.from_dict(self.space)
         check_settings(self)
-        self.train_config({}, Path(self.out_dir))  # a recipe that cannot train is refused now, not in every trial
+        base = self.train_config({}, Path(self.out_dir))  # a recipe that cannot train is refused now, not in a trial
+        if self.space is None:
+            self.space = SearchSpace.around(base.to_dict())
 
     @property
     def metric(self) -> str:

@@ -1,39 +1,94 @@
-"""The search space of a sweep: d_model, nhead (only values that divide d_model), dropout, learning rate,
-weight decay and layers. The feed-forward width follows the paper's rule, 2 * d_model.
+"""The search space of a sweep, declared once (RULES) and centred on the recipe the sweep starts from.
 
-Optuna's TPE gets a define-by-run space: nhead is drawn from the divisors of the drawn d_model, under a
-name per d_model (`nhead_d96`), as Optuna wants conditional parameters. Random search draws the same
-space with Ray Tune's own samplers.
+Each rule names a training setting and how far around the base recipe's value a trial may go: d_model, nhead
+and dropout (the design card's), the learning rate, weight decay and layers, and, where the recipe uses them,
+the new-place weight and the order of the visit relations. Every other setting stays the recipe's. The
+feed-forward width keeps the recipe's ratio to d_model (the paper's 2 * d_model).
+
+Optuna's TPE gets a define-by-run space: nhead is drawn from the divisors of the drawn d_model, under a name
+per d_model (`nhead_d96`), as Optuna wants conditional parameters. Random search draws the same space with Ray
+Tune's own samplers.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
+KINDS = ("choice", "int", "uniform", "log")  # a set of values, an integer range, a range, a log-scale range
+HEADS = (1, 2, 4, 8)  # the head counts a trial may draw (those dividing its d_model)
 
-@dataclass
-class SearchSpace:
-    d_model: tuple[int, ...] = (32, 64, 96, 128)  # model widths (each divisible by 4, for the d/4 embeddings)
-    nhead: tuple[int, ...] = (1, 2, 4, 8)  # attention heads; a trial only draws those dividing its d_model
-    num_layers: tuple[int, ...] = (1, 2, 3)  # encoder layers
-    dropout: tuple[float, float] = (0.0, 0.4)  # uniform range
-    lr: tuple[float, float] = (1e-4, 2e-3)  # log-uniform range of the peak learning rate
-    weight_decay: tuple[float, float] = (1e-3, 1e-1)  # log-uniform range
+
+@dataclass(frozen=True)
+class Dimension:
+    name: str  # the TrainConfig setting a trial replaces
+    kind: str  # one of KINDS
+    values: tuple  # the choices ("choice"), or (low, high)
 
     def __post_init__(self) -> None:
-        for d in self.d_model:
-            if d % 4 or not self.heads_for(d):
-                raise ValueError(f"d_model {d} must be divisible by 4 and by one of the nhead choices {self.nhead}")
-        for name in ("dropout", "lr", "weight_decay"):
-            low, high = getattr(self, name)
-            if not low <= high:
-                raise ValueError(f"{name} range must be (low, high) with low <= high, got {(low, high)}")
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.name}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if not self.values or (self.kind != "choice" and not (len(self.values) == 2 and self.values[0] <= self.values[1])):
+            raise ValueError(f"{self.name}: a {self.kind} dimension needs (low, high) with low <= high, got {self.values}")
+        if self.kind == "log" and self.values[0] <= 0:
+            raise ValueError(f"{self.name}: a log range must be positive, got {self.values}")
+
+
+def _widths(d: int) -> tuple[int, ...]:
+    """d_model choices around d: half to double, multiples of 4 that some head count divides."""
+    return tuple(sorted({w for w in (d // 2, 3 * d // 4, d, 3 * d // 2, 2 * d) if w >= 16 and w % 4 == 0}))
+
+
+# What a sweep searches, around the base recipe's settings (a flat TrainConfig dict): rules in one place.
+RULES: tuple[tuple[str, Callable[[dict], Dimension | None]], ...] = (
+    ("d_model", lambda b: Dimension("d_model", "choice", _widths(b["d_model"]))),
+    ("nhead", lambda b: Dimension("nhead", "choice", HEADS)),  # drawn among those dividing the drawn d_model
+    ("num_layers", lambda b: Dimension("num_layers", "int", (max(1, b["num_layers"] - 1), b["num_layers"] + 1))),
+    ("dropout", lambda b: Dimension("dropout", "uniform", (round(max(0.0, b["dropout"] - 0.2), 6),
+                                                          round(min(0.6, b["dropout"] + 0.2), 6)))),
+    ("lr", lambda b: Dimension("lr", "log", (b["lr"] / 3, b["lr"] * 3))),
+    ("weight_decay", lambda b: Dimension("weight_decay", "log", (b["weight_decay"] / 4, b["weight_decay"] * 4))),
+    ("new_place_weight", lambda b: Dimension("new_place_weight", "uniform", (
+        round(max(0.05, b["new_place_weight"] - 0.4), 6), round(b["new_place_weight"] + 0.4, 6))) if b["unseen_slots"] else None),
+    ("relation_order", lambda b: Dimension("relation_order", "choice", (1, 2)) if b["visit_relations"] else None),
+)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    dimensions: tuple[Dimension, ...]  # what a trial draws
+    feedforward_ratio: float = 2.0  # dim_feedforward = ratio * d_model (the base recipe's ratio)
+
+    def __post_init__(self) -> None:
+        widths = self.dimension("d_model")
+        if widths is not None:
+            for d in widths.values:
+                if d % 4 or not self.heads_for(d):
+                    raise ValueError(f"d_model {d} must be divisible by 4 and by one of the nhead choices "
+                                     f"{self.head_choices}")
+
+    @classmethod
+    def around(cls, base: dict) -> SearchSpace:
+        """The space of RULES centred on a base recipe's settings (a flat TrainConfig dict)."""
+        dimensions = tuple(d for _, rule in RULES if (d := rule(base)) is not None)
+        return cls(dimensions, feedforward_ratio=feedforward_ratio_of(base))
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dimensions)
+
+    def dimension(self, name: str) -> Dimension | None:
+        return next((d for d in self.dimensions if d.name == name), None)
+
+    @property
+    def head_choices(self) -> tuple[int, ...]:
+        heads = self.dimension("nhead")
+        return tuple(heads.values) if heads is not None else HEADS
 
     def heads_for(self, d_model: int) -> list[int]:
-        return [h for h in self.nhead if d_model % h == 0]
+        return [h for h in self.head_choices if d_model % h == 0]
 
     def optuna_space(self):
         """A define-by-run function for ray.tune.search.optuna.OptunaSearch (picklable: Tune saves the searcher)."""
@@ -43,41 +98,55 @@ class SearchSpace:
         """A Ray Tune param_space for random search (the BasicVariantGenerator)."""
         from ray import tune
 
-        return {
-            "d_model": tune.choice(list(self.d_model)),
-            "nhead": tune.sample_from(lambda spec: random.choice(self.heads_for(spec.config["d_model"]))),
-            "num_layers": tune.choice(list(self.num_layers)),
-            "dropout": tune.uniform(*self.dropout),
-            "lr": tune.loguniform(*self.lr),
-            "weight_decay": tune.loguniform(*self.weight_decay),
-        }
+        samplers = {"choice": lambda d: tune.choice(list(d.values)), "int": lambda d: tune.randint(d.values[0], d.values[1] + 1),
+                    "uniform": lambda d: tune.uniform(*d.values), "log": lambda d: tune.loguniform(*d.values)}
+        space = {d.name: samplers[d.kind](d) for d in self.dimensions if d.name != "nhead"}
+        if self.dimension("nhead") is not None:
+            space["nhead"] = tune.sample_from(lambda spec: random.choice(self.heads_for(spec.config["d_model"])))
+        return space
 
-    @staticmethod
-    def resolve(config: dict) -> dict:
-        """A trial's drawn config as TrainConfig settings (nhead_dNN -> nhead, feed-forward 2 * d_model)."""
-        d = int(config["d_model"])
-        nhead = config.get("nhead", config.get(f"nhead_d{d}"))
-        if nhead is None or d % int(nhead):
-            raise ValueError(f"trial config {config} has no nhead dividing d_model {d}")
-        return {"d_model": d, "nhead": int(nhead), "num_layers": int(config["num_layers"]),
-                "dim_feedforward": 2 * d, "dropout": float(config["dropout"]), "lr": float(config["lr"]),
-                "weight_decay": float(config["weight_decay"])}
+    def resolve(self, config: dict) -> dict:
+        """A trial's drawn config as TrainConfig settings (nhead_dNN -> nhead; the feed-forward width by ratio)."""
+        hyper = {}
+        for d in self.dimensions:
+            if d.name == "nhead":
+                continue
+            value = config[d.name]
+            hyper[d.name] = float(value) if d.kind in ("uniform", "log") else int(value) if d.kind == "int" else value
+        if "d_model" in hyper:
+            d = int(hyper["d_model"])
+            hyper["d_model"] = d
+            hyper["dim_feedforward"] = max(1, round(self.feedforward_ratio * d))
+            if self.dimension("nhead") is not None:
+                nhead = config.get("nhead", config.get(f"nhead_d{d}"))
+                if nhead is None or d % int(nhead):
+                    raise ValueError(f"trial config {config} has no nhead dividing d_model {d}")
+                hyper["nhead"] = int(nhead)
+        return hyper
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {"dimensions": [{"name": d.name, "kind": d.kind, "values": list(d.values)} for d in self.dimensions],
+                "feedforward_ratio": self.feedforward_ratio}
 
     @classmethod
     def from_dict(cls, values: dict) -> SearchSpace:
-        return cls(**{k: tuple(v) for k, v in values.items()})
+        return cls(tuple(Dimension(d["name"], d["kind"], tuple(d["values"])) for d in values["dimensions"]),
+                   values.get("feedforward_ratio", 2.0))
+
+
+def feedforward_ratio_of(base: dict) -> float:
+    """The base recipe's feed-forward width over its d_model."""
+    return base["dim_feedforward"] / base["d_model"] if base.get("d_model") else 2.0
 
 
 def _define(space: SearchSpace, trial) -> None:
-    d = trial.suggest_categorical("d_model", list(space.d_model))
-    trial.suggest_categorical(f"nhead_d{d}", space.heads_for(d))
-    trial.suggest_int("num_layers", min(space.num_layers), max(space.num_layers))
-    trial.suggest_float("dropout", *space.dropout)
-    trial.suggest_float("lr", *space.lr, log=True)
-    trial.suggest_float("weight_decay", *space.weight_decay, log=True)
-
-
-SEARCHED = ("d_model", "nhead", "num_layers", "dropout", "lr", "weight_decay")
+    for d in space.dimensions:
+        if d.name == "nhead":
+            width = trial.params.get("d_model")
+            trial.suggest_categorical(f"nhead_d{width}", space.heads_for(width))
+        elif d.kind == "choice":
+            trial.suggest_categorical(d.name, list(d.values))
+        elif d.kind == "int":
+            trial.suggest_int(d.name, *d.values)
+        else:
+            trial.suggest_float(d.name, *d.values, log=d.kind == "log")

@@ -19,9 +19,10 @@ import time
 from pathlib import Path
 
 import torch
+import yaml
 
 from pgt.checkpoint import load_checkpoint, read_checkpoint
-from pgt.config import LaunchConfig, TrackingConfig, selection_score
+from pgt.config import RECIPE_FREE, LaunchConfig, TrackingConfig, selection_score
 from pgt.data import load_splits
 from pgt.distributed import flat_metrics, run_training
 from pgt.scoring import evaluate, model_scores
@@ -37,12 +38,13 @@ from pgt.tracking import (
     start_run,
 )
 from preprocessing.engine import prepare_ray_env, ray_session
-from preprocessing.output import write_json_atomically
+from preprocessing.output import write_file_atomically, write_json_atomically
 from tune.config import SweepConfig
-from tune.space import SEARCHED, SearchSpace
+from tune.space import SearchSpace
 
 EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
-OUTPUTS = ("sweep.json", "tune.json", "trials", "trials.png", "ray", ".*.tmp-*")  # what a sweep writes in its --out
+WINNER = "best_recipe.yaml"  # the best trial's configuration as a recipe file
+OUTPUTS = ("sweep.json", "tune.json", WINNER, "trials", "trials.png", "ray", ".*.tmp-*")  # what a sweep writes in --out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,7 +64,7 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
     write_json_atomically(out_dir / "node.json", {"node_id": ray.get_runtime_context().get_node_id(),
                                                   "hostname": os.uname().nodename, "pid": os.getpid(),
                                                   "started_at": time.time()})
-    cfg = spec.train_config(SearchSpace.resolve(config), out_dir)
+    cfg = spec.train_config(spec.space.resolve(config), out_dir)
     child = None
     if tracking:
         parent = TrackingConfig.from_dict(tracking)
@@ -160,6 +162,7 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
             raise SweepInterrupted(f"{out}: sweep interrupted with {len(grid) - len(unfinished)} of {spec.trials} "
                                    f"trials done; resume it with `pgt tune --resume {out}`")
         result = summarise(spec, grid, nodes)
+        result["best_recipe"] = str(write_winner_recipe(spec, result))
         if tracking:
             result["mlflow"] = _log_sweep(spec, tracking, result, register)
         write_json_atomically(out / "tune.json", result, indent=2, default=float)
@@ -254,7 +257,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
         metrics = result.metrics or {}
         trial_id = Path(result.path).name.removeprefix("trial_")
         trial_dir = Path(spec.out_dir) / "trials" / trial_id
-        hyper = SearchSpace.resolve(result.config)
+        hyper = spec.space.resolve(result.config)
         node = json.loads((trial_dir / "node.json").read_text()) if (trial_dir / "node.json").is_file() else {}
         done = json.loads((trial_dir / "metrics.json").read_text()) if (trial_dir / "metrics.json").is_file() else None
         row = {
@@ -287,6 +290,26 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "best_validation": best["best_validation"], "best_test": best["test"],
             "best_checkpoint": str(Path(spec.out_dir) / "trials" / best["trial_id"] / "best.pt"),
             "trials": rows, "sweep": spec.to_dict()}
+
+
+RUN_SETTINGS = (*RECIPE_FREE, "threads")  # where and whether a run goes: never part of a recipe
+
+
+def winner_recipe(spec: SweepConfig, best_config: dict) -> dict:
+    """The best trial's whole training configuration (the recipe with the drawn settings), as a recipe's settings:
+    `pgt train --recipe-file` of it trains that configuration again."""
+    settings = spec.train_config(best_config, Path(spec.out_dir)).to_dict()
+    return {name: value for name, value in settings.items() if name not in RUN_SETTINGS}
+
+
+def write_winner_recipe(spec: SweepConfig, result: dict) -> Path:
+    """--out/best_recipe.yaml (atomically), with a header that says where it comes from."""
+    path = Path(spec.out_dir) / WINNER
+    header = (f"# pgt tune: the best of {len(result['trials'])} trials (trial {result['best_trial']}), validation "
+              f"{spec.objective} {result['best_validation_score']:.2f}, searched around the recipe "
+              f"{spec.recipe_name}.\n# Train it with: pgt train --recipe-file {path.name} --data DIR --out DIR\n")
+    body = yaml.safe_dump(winner_recipe(spec, result["best_config"]), sort_keys=False)
+    return write_file_atomically(path, lambda tmp: Path(tmp).write_text(header + body, encoding="utf-8"))
 
 
 def headline_metrics(metrics: dict) -> dict:
@@ -348,10 +371,11 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     client.log_batch(tracking.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
                      params=[Param(f"best.{k}", str(v)) for k, v in result["best_config"].items()])
     out = Path(spec.out_dir)
-    plot = plot_trials(result["trials"], out / "trials.png", spec.objective)
+    plot = plot_trials(result["trials"], out / "trials.png", spec.space, spec.objective)
     client.log_artifact(tracking.run_id, str(plot))
     write_json_atomically(out / "tune.json", result, indent=2, default=float)
     client.log_artifact(tracking.run_id, str(out / "tune.json"))
+    client.log_artifact(tracking.run_id, result["best_recipe"])
     mlflow.set_tracking_uri(tracking.tracking_uri)
     with mlflow.start_run(run_id=tracking.run_id):
         info = log_pytorch_model(Path(result["best_checkpoint"]), Path(spec.data_dir))
@@ -371,22 +395,27 @@ def _close_trial_runs(tracking, out: Path) -> None:
             client.set_terminated(run_id, status="KILLED")
 
 
-def plot_trials(rows: list[dict], path: Path, objective: str = "strict_acc@1") -> Path:
+def plot_trials(rows: list[dict], path: Path, space: SearchSpace, objective: str = "strict_acc@1") -> Path:
     """The best validation score (objective) of every trial against each searched parameter (finished trials filled)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(13, 7.5))
-    for ax, name in zip(axes.flat, SEARCHED):
+    names = space.names
+    columns = 4 if len(names) > 6 else 3
+    rows_of_plots = math.ceil(len(names) / columns)
+    fig, axes = plt.subplots(rows_of_plots, columns, figsize=(4.4 * columns, 3.8 * rows_of_plots), squeeze=False)
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
         for finished, marker in ((True, "o"), (False, "x")):
             pts = [(r["config"][name], r["best_validation_score"]) for r in rows
                    if (r["status"] == "finished") == finished and r["best_validation_score"] is not None]
             if pts:
                 x, y = zip(*pts)
                 ax.scatter(x, y, marker=marker, alpha=0.8, label="finished" if finished else "stopped early")
-        if name in ("lr", "weight_decay"):
+        if space.dimension(name).kind == "log":
             ax.set_xscale("log")
         ax.set_xlabel(name)
         ax.set_ylabel(f"best validation {objective} (%)")

@@ -1,23 +1,31 @@
-"""The search space: heads always divide d_model; a trial's draw becomes TrainConfig settings."""
+"""The search space: declared once (tune.space.RULES), centred on the recipe a sweep starts from; heads always
+divide d_model; a trial's draw becomes TrainConfig settings."""
 
 from __future__ import annotations
 
 import optuna
 import pytest
 
-from tune.space import SearchSpace
+from pgt.config import RECIPES, TrainConfig
+from tune.space import Dimension, SearchSpace
+
+
+def space_of(**dimensions) -> SearchSpace:
+    kinds = {"d_model": "choice", "nhead": "choice", "num_layers": "int", "dropout": "uniform", "lr": "log"}
+    return SearchSpace(tuple(Dimension(name, kinds[name], tuple(values)) for name, values in dimensions.items()))
 
 
 def test_optuna_draws_only_heads_that_divide_d_model():
-    space = SearchSpace(d_model=(12, 32, 48), nhead=(1, 3, 4, 8))
+    space = space_of(d_model=(12, 32, 48), nhead=(1, 3, 4, 8), dropout=(0.0, 0.4))
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
     define = space.optuna_space()
     seen = set()
     for _ in range(60):
         trial = study.ask()
         define(trial)
-        hyper = SearchSpace.resolve(trial.params)
+        hyper = space.resolve(trial.params)
         assert hyper["d_model"] % hyper["nhead"] == 0 and hyper["dim_feedforward"] == 2 * hyper["d_model"]
+        assert 0.0 <= hyper["dropout"] <= 0.4
         seen.add((hyper["d_model"], hyper["nhead"]))
         study.tell(trial, 0.0)
     # 12: 1, 3, 4; 32: 1, 4, 8; 48: 1, 3, 4, 8 -> ten pairs, and no others
@@ -26,18 +34,42 @@ def test_optuna_draws_only_heads_that_divide_d_model():
 
 
 def test_resolve_maps_the_conditional_name_and_rejects_a_bad_pair():
-    hyper = SearchSpace.resolve({"d_model": 96, "nhead_d96": 8, "num_layers": 2, "dropout": 0.2, "lr": 1e-3,
-                                 "weight_decay": 0.01})
-    assert hyper == {"d_model": 96, "nhead": 8, "num_layers": 2, "dim_feedforward": 192, "dropout": 0.2, "lr": 1e-3,
-                     "weight_decay": 0.01}
+    space = space_of(d_model=(64, 96), nhead=(1, 2, 4, 8), num_layers=(1, 3), dropout=(0.0, 0.4), lr=(1e-4, 1e-2))
+    hyper = space.resolve({"d_model": 96, "nhead_d96": 8, "num_layers": 2, "dropout": 0.2, "lr": 1e-3})
+    assert hyper == {"d_model": 96, "nhead": 8, "num_layers": 2, "dim_feedforward": 192, "dropout": 0.2, "lr": 1e-3}
     with pytest.raises(ValueError, match="no nhead dividing d_model 64"):
-        SearchSpace.resolve({"d_model": 64, "nhead": 3, "num_layers": 2, "dropout": 0.2, "lr": 1e-3, "weight_decay": 0.01})
+        space.resolve({"d_model": 64, "nhead": 3, "num_layers": 2, "dropout": 0.2, "lr": 1e-3})
 
 
-def test_a_space_without_a_valid_head_is_refused():
+def test_a_space_without_a_valid_head_or_range_is_refused():
     with pytest.raises(ValueError, match="d_model 30 must be divisible by 4"):
-        SearchSpace(d_model=(30,))
+        space_of(d_model=(30,))
     with pytest.raises(ValueError, match="d_model 20 must be divisible by 4 and by one of the nhead choices"):
-        SearchSpace(d_model=(20,), nhead=(3, 6))
-    with pytest.raises(ValueError, match="lr range"):
-        SearchSpace(lr=(1e-2, 1e-4))
+        space_of(d_model=(20,), nhead=(3, 6))
+    with pytest.raises(ValueError, match="lr: a log dimension needs \\(low, high\\) with low <= high"):
+        space_of(lr=(1e-2, 1e-4))
+    with pytest.raises(ValueError, match="lr: a log range must be positive"):
+        space_of(lr=(0.0, 1e-4))
+    with pytest.raises(ValueError, match="kind must be one of"):
+        Dimension("lr", "normal", (0.0, 1.0))
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_the_space_is_centred_on_the_base_recipe(recipe):
+    """Every searched setting's range holds the recipe's own value; the relation and new-place options are searched
+    only where the recipe uses them; the feed-forward width keeps the recipe's ratio."""
+    base = TrainConfig.from_recipe(recipe, data_dir="d", out_dir="o").to_dict()
+    space = SearchSpace.around(base)
+    assert space.names[:6] == ("d_model", "nhead", "num_layers", "dropout", "lr", "weight_decay")
+    for d in space.dimensions:
+        if d.kind == "choice":
+            assert base[d.name] in d.values, d
+        else:
+            low, high = d.values
+            assert low < base[d.name] < high or (d.kind == "int" and low <= base[d.name] <= high), d
+    assert ("new_place_weight" in space.names) == base["unseen_slots"]
+    assert ("relation_order" in space.names) == base["visit_relations"]
+    assert space.feedforward_ratio == base["dim_feedforward"] / base["d_model"]
+    wide = SearchSpace.around({**base, "d_model": 96, "dim_feedforward": 384})
+    assert wide.dimension("d_model").values == (48, 72, 96, 144, 192) and wide.feedforward_ratio == 4.0
+    assert SearchSpace.from_dict(space.to_dict()) == space  # the sweep's saved state

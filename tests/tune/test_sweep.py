@@ -181,18 +181,30 @@ def test_a_sweep_from_the_tuned_recipe_trains_the_tuned_family(training_sequence
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / "sweep"
-    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 1, "--epochs", 1, "--recipe", "tuned",
-                 "--search", "random", "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 1, "--recipe", "tuned",
+                 "--max-concurrent", 1, "--search", "random", "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     client = MlflowClient(mlflow_server)
     parent = client.get_run(result["mlflow"]["run_id"])
     assert parent.data.params["recipe_name"] == "tuned" and parent.data.params["recipe.visit_relations"] == "True"
+    assert len(result["trials"]) == 2
+    for row in result["trials"]:
+        params = client.get_run(row["mlflow_run_id"]).data.params
+        assert (params["visit_relations"], params["relation_inputs"], params["unseen_slots"], params["simulate_unseen"]) == (
+            "True", "True", "True", "True")  # the recipe's, kept
+        for name, value in row["config"].items():  # the searched settings, drawn around the recipe
+            assert params[name] == str(value), name
     trial = client.get_run(result["trials"][0]["mlflow_run_id"])
-    params = trial.data.params
-    assert (params["visit_relations"], params["relation_inputs"], params["unseen_slots"], params["new_place_weight"]) == (
-        "True", "True", "True", "0.5")
-    assert int(params["d_model"]) == result["trials"][0]["config"]["d_model"]  # the searched setting was drawn
+    # the winner is a recipe file: `pgt train --recipe-file` of it trains the best trial's configuration
+    from pgt.cli import train_config
+    from tests.pgt.test_options import parse
+
+    best = json.loads((out / "trials" / result["best_trial"] / "metrics.json").read_text())["config"]
+    again = train_config(parse("train", "--data", best["data_dir"], "--out", best["out_dir"],
+                               "--recipe-file", str(out / "best_recipe.yaml"), "--threads", str(best["threads"])))
+    assert again.to_dict() == {**best, "resume": again.resume}
+    assert "best_recipe.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     # lineage: the sweep and its trial name their data, source and recipe; the trial sampled its machine
     for run in (parent, trial):
         contexts = sorted(i.tags[0].value for i in run.inputs.dataset_inputs)
