@@ -42,7 +42,8 @@ CHAMPION = "champion"
 SCORE_TAG = "validation_strict_acc_at_1"  # the registered version's own strict validation Acc@1
 RIVAL_TAG = "champion_validation_strict_acc_at_1"  # the champion's, when the version was compared
 RECIPE_TAG = "pgt.recipe"  # a run's recipe: its name, or the recipe file it trained
-EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # the UI opens on the runs, not GenAI
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # model development, not a GenAI app
+UI_VIEW = "workflowType=machine_learning"  # links open MLflow 3's UI on runs, datasets and models, not its GenAI view
 SPLIT_CONTEXT = {"train": "training", "validation": "validation", "test": "test"}  # dataset input contexts
 # a registered version's tags, copied from its run's: what made it
 VERSION_TAGS = {RECIPE_TAG: "recipe", "mlflow.parentRunId": "sweep_run_id", "mlflow.source.git.commit": "git_commit"}
@@ -421,7 +422,7 @@ def run_url(tracking_uri: str, run_id: str) -> str:
     if tracking_uri.startswith("http"):
         client = mlflow_client(tracking_uri)
         run = client.get_run(run_id)
-        return f"{tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}"
+        return f"{tracking_uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{run_id}?{UI_VIEW}"
     return f"{tracking_uri} run {run_id}"
 
 

@@ -21,4 +21,4 @@ if ! wait_healthy mlflow "$URL/health" "${MLFLOW_START_TIMEOUT_S:-90}" "$(cat "$
     tail -5 "$DIR/server.log" >&2
     exit 1
 fi
-echo "mlflow: $URL (pid $(cat "$PIDFILE"), log $DIR/server.log)"
+echo "mlflow: $URL (pid $(cat "$PIDFILE"), log $DIR/server.log); runs: $URL/#/experiments?workflowType=machine_learning"

@@ -32,7 +32,7 @@ def registered_run(synthetic_sequences, tmp_path_factory, mlflow_server):
             "--experiment", "tracking-test", "--register", "synth", "--unseen-slots", "--simulate-unseen")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "registered synth version 1" in r.stdout and "now champion" in r.stdout
-    assert f"{mlflow_server}/#/experiments/" in r.stdout  # where to look in the UI
+    assert f"{mlflow_server}/#/experiments/" in r.stdout and "?workflowType=machine_learning" in r.stdout  # the UI's runs
     return json.loads((out / "metrics.json").read_text())
 
 
