@@ -20,7 +20,8 @@ Recipe = Literal[tuple(RECIPES)]
 
 # SweepConfig fields the command line may set; the rest keep SweepConfig's defaults
 SWEEP_OPTIONS = ("trials", "epochs", "max_concurrent", "workers_per_trial", "cpus_per_trial", "cpus_per_worker",
-                 "gpus_per_worker", "search", "grace_period", "reduction_factor", "seed", "max_failures")
+                 "gpus_per_worker", "search", "grace_period", "reduction_factor", "seed", "max_failures",
+                 "time_budget_s")
 
 
 def sweep_config(params: dict) -> SweepConfig:
@@ -60,6 +61,7 @@ def tune(
     objective: Objective | None = option_for(SweepConfig, "objective"),
     seed: int | None = option_for(SweepConfig, "seed"),
     max_failures: int | None = option_for(SweepConfig, "max_failures"),
+    time_budget_s: float | None = option_for(SweepConfig, "time_budget_s"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
     experiment: str | None = typer.Option(None, "--experiment", show_default=default_of(TrackingConfig, "experiment"),

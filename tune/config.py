@@ -41,6 +41,9 @@ class SweepConfig:
                              choices=SELECT_ON)
     recipe: dict = field(default_factory=dict)  # the TrainConfig settings every trial starts from (a recipe's)
     recipe_name: str = "paper"  # where they came from: a name in pgt.config.RECIPES or a recipe file
+    time_budget_s: float | None = setting(None, "Stop the sweep after this many seconds, with as many trials as fit "
+                                                "(those running are stopped; the best finished one wins); None: all "
+                                                "trials.", low=0.0, low_open=True)
     max_failures: int = setting(2, "A crashed trial restarts from its last reported checkpoint this many times "
                                    "(-1: no limit).", low=-1, high=1 << 20)
     space: SearchSpace | None = None  # what trials draw; None: the space of tune.space.RULES around the recipe

@@ -148,20 +148,22 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
                     tune_config=tune.TuneConfig(metric=spec.metric, mode="max", scheduler=scheduler,
                                                 search_alg=_searcher(spec), num_samples=spec.trials,
                                                 max_concurrent_trials=spec.max_concurrent,
-                                                trial_dirname_creator=trial_dirname),
+                                                time_budget_s=spec.time_budget_s, trial_dirname_creator=trial_dirname),
                     run_config=tune.RunConfig(name=EXPERIMENT_NAME, storage_path=str(out / "ray"), verbose=1,
                                               failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                                               checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                               callbacks=[make_trial_events(out)]),
                 )
+            began = time.monotonic()
             grid = tuner.fit()
             nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
+        out_of_time = spec.time_budget_s is not None and time.monotonic() - began >= 0.95 * spec.time_budget_s
         unfinished = [t for t in grid._experiment_analysis.trials if t.status not in ("TERMINATED", "ERROR")]
-        if unfinished or len(grid) < spec.trials:
+        if not out_of_time and (unfinished or len(grid) < spec.trials):
             status = "KILLED"
             raise SweepInterrupted(f"{out}: sweep interrupted with {len(grid) - len(unfinished)} of {spec.trials} "
                                    f"trials done; resume it with `pgt tune --resume {out}`")
-        result = summarise(spec, grid, nodes)
+        result = summarise(spec, grid, nodes, out_of_time)
         result["best_recipe"] = str(write_winner_recipe(spec, result))
         if tracking:
             result["mlflow"] = _log_sweep(spec, tracking, result, register)
@@ -248,11 +250,12 @@ def _searcher(spec: SweepConfig):
     return ConcurrencyLimiter(searcher, max_concurrent=spec.max_concurrent)
 
 
-def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
+def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool = False) -> dict:
     """tune.json: a row per trial (config, status, epochs, the best validation score of the objective, its
     strict and protocol validation Acc@1, test metrics when it finished), the best finished trial by the
     objective and its config."""
     rows = []
+    stopped = "stopped (ASHA or time budget)" if out_of_time else "stopped (ASHA)"
     for result in grid:
         metrics = result.metrics or {}
         trial_id = Path(result.path).name.removeprefix("trial_")
@@ -262,7 +265,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
         done = json.loads((trial_dir / "metrics.json").read_text()) if (trial_dir / "metrics.json").is_file() else None
         row = {
             "trial_id": trial_id, "config": hyper,
-            "status": "error" if result.error else ("finished" if done else "stopped (ASHA)"),
+            "status": "error" if result.error else ("finished" if done else stopped),
             "epochs": done["epochs_run"] if done else metrics.get("training_iteration", 0),
             "best_validation_score": (selection_score(done["validation"], spec.objective) if done
                                       else _best_seen(result, spec.metric)),
@@ -289,7 +292,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str]) -> dict:
             "best_validation_strict_acc@1": best["best_validation_strict_acc@1"],
             "best_validation": best["best_validation"], "best_test": best["test"],
             "best_checkpoint": str(Path(spec.out_dir) / "trials" / best["trial_id"] / "best.pt"),
-            "trials": rows, "sweep": spec.to_dict()}
+            "time_budget_reached": out_of_time, "trials": rows, "sweep": spec.to_dict()}
 
 
 RUN_SETTINGS = (*RECIPE_FREE, "threads")  # where and whether a run goes: never part of a recipe

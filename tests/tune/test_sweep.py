@@ -211,3 +211,17 @@ def test_a_sweep_from_the_tuned_recipe_trains_the_tuned_family(training_sequence
         assert contexts == ["test", "training", "validation"], run.info.run_name
         assert run.data.tags["mlflow.source.name"] == "pgt tune" and run.data.tags["pgt.recipe"] == "tuned"
     assert any(key.startswith("system/cpu_utilization") for key in trial.data.metrics)
+
+
+def test_a_time_budget_ends_the_sweep_with_the_trials_that_fit(training_sequences, tmp_path):
+    """--time-budget-s: Tune stops starting and running trials when it is spent; the sweep ends normally with the
+    trials that fit (far fewer than asked), the best finished one winning and written as a recipe."""
+    out = tmp_path / "sweep"
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 200, "--epochs", 2, "--grace-period", 1,
+                 "--search", "random", "--time-budget-s", 45)
+    assert r.returncode == 0, r.stderr[-4000:]
+    result = json.loads((out / "tune.json").read_text())
+    assert result["time_budget_reached"] and 1 <= len(result["trials"]) < 200
+    assert any(row["status"] == "finished" for row in result["trials"])
+    assert {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA or time budget)", "error"}
+    assert (out / "best_recipe.yaml").is_file()
