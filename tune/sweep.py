@@ -254,9 +254,12 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool 
     """tune.json: a row per trial (config, status, epochs, the best validation score of the objective, its
     strict and protocol validation Acc@1, test metrics when it finished), the best finished trial by the
     objective and its config."""
-    rows = []
+    rows, never_started = [], 0
     stopped = "stopped (ASHA or time budget)" if out_of_time else "stopped (ASHA)"
     for result in grid:
+        if not result.config:  # the time budget ended the sweep before this trial drew its settings
+            never_started += 1
+            continue
         metrics = result.metrics or {}
         trial_id = Path(result.path).name.removeprefix("trial_")
         trial_dir = Path(spec.out_dir) / "trials" / trial_id
@@ -292,7 +295,8 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool 
             "best_validation_strict_acc@1": best["best_validation_strict_acc@1"],
             "best_validation": best["best_validation"], "best_test": best["test"],
             "best_checkpoint": str(Path(spec.out_dir) / "trials" / best["trial_id"] / "best.pt"),
-            "time_budget_reached": out_of_time, "trials": rows, "sweep": spec.to_dict()}
+            "time_budget_reached": out_of_time, "trials_never_started": never_started, "trials": rows,
+            "sweep": spec.to_dict()}
 
 
 RUN_SETTINGS = (*RECIPE_FREE, "threads")  # where and whether a run goes: never part of a recipe
