@@ -3,6 +3,7 @@ and optional length bucketing. Built with pyarrow and numpy: no Python loop per 
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,16 @@ class SequenceDataset(Dataset):
             part = slice(start, start + 4096)
             self.slots[part], self.target_slots[part] = unseen_slots(self.locations[part], self.places[part],
                                                                      self.targets[part], self.target_places[part])
+
+    def anchored_at_last_visit(self) -> SequenceDataset:
+        """The same samples with recency counted from the day of each history's last visit instead of the
+        target's day: the inputs a live prediction has, when the day of the next visit is not known yet (the
+        last visit is on day 0, and the target's weekday the model infers becomes the last visit's)."""
+        anchored = copy.copy(self)
+        last = (self.lengths - 1).clamp(min=0).unsqueeze(1)  # (N, 1)
+        shift = self.recency.gather(1, last) - 1  # (N, 1) the last visit's days before the target (stored + 1)
+        anchored.recency = torch.where(self.locations != 0, self.recency - shift, 0)  # (N, T), padding stays 0
+        return anchored
 
     @classmethod
     def from_parquet(cls, path: Path | str, max_len: int = ModelConfig.max_len, require_target: bool = True) -> SequenceDataset:

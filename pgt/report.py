@@ -63,6 +63,8 @@ def new_place_line(metrics: dict) -> str:
 def print_metrics(result: dict) -> None:
     rows = metric_rows(result["test"], "test") | {"validation, strict": result["validation"]["strict"],
                                                   "validation, protocol": result["validation"]}
+    if "deployment" in result:  # recency from the last visit's day: what a live prediction knows
+        rows |= {f"{split}, deployment strict": metrics["strict"] for split, metrics in result["deployment"].items()}
     console.print(metrics_table(rows, f"{result['model']}: best epoch {result['best_epoch']} of {result['epochs_run']}, "
                                       f"{result['parameters']:,} parameters, {result['samples_per_second']:.0f} samples/s"))
     console.print(f"test {new_place_line(result['test'])}")

@@ -275,6 +275,8 @@ def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: 
 
     now = int(time.time() * 1000)
     final = metrics_of("test", result["test"]) | metrics_of("best_validation", result["validation"])
+    for split, metrics in result.get("deployment", {}).items():  # inputs anchored at the last visit, as served
+        final |= {k: v for k, v in metrics_of(f"deployment_{split}", metrics).items() if "history" not in k}
     final |= {"best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"],
               "train_seconds": result["train_seconds"], "parameters": result["parameters"]}
     client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in final.items()])

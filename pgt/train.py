@@ -339,6 +339,10 @@ def finish(state: TrainState) -> dict:
                          worker) if cfg.evaluate_test else None,
         "validation": evaluate(scores, state.splits["validation"], cfg.eval_batch_size, worker.device,
                                state.validation_loss(), worker),
+        # the inputs a live prediction has: recency from the last visit's day, the target's day unknown
+        "deployment": {split: evaluate(scores, state.splits[split].anchored_at_last_visit(), cfg.eval_batch_size,
+                                       worker.device, worker=worker)
+                       for split in ("validation", "test") if split == "validation" or cfg.evaluate_test},
         "select_on": cfg.select_on,
         "best_epoch": state.best_epoch + 1,  # 1-based, as epochs_run
         "epochs_run": len(history),
@@ -427,6 +431,7 @@ def evaluate_baseline(config: dict) -> dict:
         return evaluate(score, dataset, cfg.eval_batch_size, torch.device("cpu"))
 
     result = {"model": cfg.model, "test": run(splits["test"]), "validation": run(splits["validation"]),
+              "deployment": {split: run(splits[split].anchored_at_last_visit()) for split in ("validation", "test")},
               "best_epoch": 0, "epochs_run": 0, "early_stopped": False, "workers": 1,
               "train_seconds": round(fit_seconds, 3), "samples_per_second": 0.0, "parameters": 0,
               "history": [], "config": cfg.to_dict()}

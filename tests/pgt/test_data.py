@@ -46,6 +46,19 @@ def test_padded_tensors_shifted_features_and_truncation(tmp_path):
     assert ds[2].locations.tolist() == [[4]]
 
 
+def test_anchored_at_the_last_visit_counts_recency_from_its_day(tmp_path):
+    """Deployment inputs: the last visit is day 0 (stored 1), the others keep their distance to it, padding stays
+    0; nothing else changes, and the protocol's dataset is left as it was."""
+    path = tmp_path / "test.parquet"
+    write_split(path, [(1, [5, 6, 7], 5), (2, [8, 9, 10, 11, 12], 9), (1, [4], 4)])  # recency n .. 1 days
+    ds = SequenceDataset.from_parquet(path, max_len=4)
+    live = ds.anchored_at_last_visit()
+    assert ds.recency.tolist() == [[4, 3, 2, 0], [5, 4, 3, 2], [2, 0, 0, 0]]  # stored + 1: days before the target
+    assert live.recency.tolist() == [[3, 2, 1, 0], [4, 3, 2, 1], [1, 0, 0, 0]]  # days before the last visit, + 1
+    assert live.locations is ds.locations and live.weekdays is ds.weekdays and live.targets is ds.targets
+    assert live.__getitems__([0, 1]).recency.tolist() == [[3, 2, 1, 0], [4, 3, 2, 1]]
+
+
 def test_bucketed_distributed_batches_cover_every_sample_once(tmp_path):
     path = tmp_path / "train.parquet"
     rng = np.random.default_rng(0)

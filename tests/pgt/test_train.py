@@ -68,6 +68,26 @@ def test_metrics_json_shape(synthetic_sequences, tmp_path):
     assert {"best_epoch", "epochs_run", "early_stopped", "workers", "train_seconds", "samples_per_second",
             "parameters"} <= set(saved)
     assert saved["epochs_run"] == 2 and saved["workers"] == 1 and saved["parameters"] == result["parameters"] > 0
+    # the deployment block: the same samples and model, recency from the last visit's day (what serving knows)
+    assert set(saved["deployment"]) == {"validation", "test"}
+    for split in ("validation", "test"):
+        live = saved["deployment"][split]
+        assert live["n"] == saved[split]["n"] and live["strict"]["n"] == saved[split]["strict"]["n"]
+        assert 0.0 <= live["strict"]["acc@1"] <= live["acc@1"] <= 100.0
+
+
+def test_the_deployment_block_scores_the_inputs_anchored_at_the_last_visit(synthetic_sequences, tmp_path):
+    """A model whose inputs see recency scores the anchored samples differently from the protocol's, and exactly as
+    scoring the anchored dataset directly does."""
+    from pgt.checkpoint import load_checkpoint
+    from pgt.scoring import evaluate, model_scores
+
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2})
+    model, cfg = load_checkpoint(tmp_path / "best.pt")
+    test = load_splits(synthetic_sequences, cfg.max_len)["test"]
+    live = evaluate(model_scores(model), test.anchored_at_last_visit(), 1024, torch.device("cpu"))
+    assert live["strict"]["acc@1"] == result["deployment"]["test"]["strict"]["acc@1"]
+    assert not torch.equal(test.recency, test.anchored_at_last_visit().recency)  # the inputs do differ
 
 
 def test_early_stopping(synthetic_sequences, tmp_path):
