@@ -117,6 +117,7 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
     wall = time.perf_counter() - began
     row = {"model": label(model, recipe), "recipe": recipe, "seed": seed, "wall_s": round(wall, 1),
            "select_on": cfg["select_on"], "test": result["test"], "validation": result["validation"],
+           "deployment": result.get("deployment"),
            "best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"], "parameters": result["parameters"]}
     if model not in BASELINES:
         speeds = [h["samples_per_second"] for h in result["history"]]
@@ -161,6 +162,10 @@ def summarise(rows: list[dict]) -> dict:
         summary["new_place"] = {name: mean_std([r["test"]["new_place"][name] for r in runs]) for name in NEW_PLACE}
         summary["validation"] = {"acc@1": mean_std([r["validation"]["acc@1"] for r in runs]),
                                  "strict_acc@1": mean_std([r["validation"]["strict"]["acc@1"] for r in runs])}
+        if all(r.get("deployment") for r in runs):  # test with recency from the last visit's day, as served
+            live = [r["deployment"]["test"] for r in runs]
+            summary["deployment"] = {"strict": {name: mean_std([m["strict"][name] for m in live]) for name in STRICT},
+                                     **{name: mean_std([m[name] for m in live]) for name in METRICS}}
         for name in ("train_samples_per_second_median", "epoch_seconds_median", "test_forward_samples_per_second",
                      "epochs_run", "best_epoch", "parameters"):
             if name in runs[0]:
@@ -350,7 +355,8 @@ def print_table(result: dict, variant: str) -> None:
     c = v["data"]["counts"]["samples"]
     table = Table(title=f"GeoLife ({variant}) test metrics, mean ± std over seeds "
                         f"(train {c['train']:,} / test {c['test']:,} samples): strict first, then the protocol's")
-    columns = [f"strict {m}" for m in STRICT] + list(METRICS) + ["new place P/R", "train samples/s", "epochs"]
+    columns = ([f"strict {m}" for m in STRICT] + list(METRICS) + ["deployment strict acc@1", "new place P/R",
+                                                                 "train samples/s", "epochs"])
     table.add_column("model")
     for col in columns:
         table.add_column(col, justify="right")
@@ -358,12 +364,14 @@ def print_table(result: dict, variant: str) -> None:
         strict = (f"{s['strict'][m]['mean']:.2f} ± {s['strict'][m]['std']:.2f}" for m in STRICT)
         table.add_row(f"{model} (n={s['runs']})", *strict,
                       *(f"{s[m]['mean']:.2f} ± {s[m]['std']:.2f}" for m in METRICS),
+                      (f"{s['deployment']['strict']['acc@1']['mean']:.2f} ± {s['deployment']['strict']['acc@1']['std']:.2f}"
+                       if "deployment" in s else "-"),
                       f"{s['new_place']['precision']['mean']:.0f}/{s['new_place']['recall']['mean']:.0f}",
                       f"{s.get('train_samples_per_second_median', 0):.0f}", f"{s.get('epochs_run', 0):.0f}")
     for name, m in {**result["published"], **result["reference_run"]}.items():
         strict = m.get("strict", {})
         table.add_row(f"[dim]{name}", *(f"[dim]{strict[k]:.2f}" if k in strict else "[dim]-" for k in STRICT),
-                      *(f"[dim]{m[k]:.2f}" if k in m else "[dim]-" for k in METRICS), "[dim]-",
+                      *(f"[dim]{m[k]:.2f}" if k in m else "[dim]-" for k in METRICS), "[dim]-", "[dim]-",
                       f"[dim]{m.get('samples_per_second', '-')}", "[dim]-")
     Console(width=260).print(table)
 
