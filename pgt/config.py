@@ -115,6 +115,8 @@ RECIPES: dict[str, dict] = {
 }
 
 
+ANCHORS = ("target_day", "last_visit")  # the day a sample's recency counts from (TrainConfig.anchor)
+
 # validation scores that early stopping and the best epoch may follow; each is "higher is better" once signed
 SELECT_ON = ("acc@1", "strict_acc@1", "loss")
 
@@ -189,6 +191,10 @@ class TrainConfig:
     label_smoothing: float = setting(0.03, "Label smoothing of the cross-entropy.", low=0.0, high=1.0, high_open=True)
     new_place_weight: float = setting(1.0, "With unseen_slots: loss weight of train samples whose target is a new "
                                            "place.", low=0.0)
+    anchor: str = setting("target_day", "The day recency counts from in the model's inputs: target_day, the "
+                                        "protocol's (the target's day, known only afterwards), or last_visit (the "
+                                        "last history visit's, what a live prediction knows). A last_visit model "
+                                        "is trained, selected and scored on such inputs.", choices=ANCHORS)
     simulate_unseen: bool = setting(False, "Train on samples where locations first visited after a random cutoff are "
                                            "id 1 (unseen in train), as in later splits.")
     known_fraction_min: float = setting(0.8, "With simulate_unseen: the cutoff's lowest fraction of the user's days "

@@ -382,9 +382,10 @@ class StreamedBatches:
     follows the buffer, not the split."""
 
     def __init__(self, shard, batch_size: int, max_len: int, seed: int, shuffle_rows: int = 20_000,
-                 vocab: Vocab | None = None, path: Path | str = "train.parquet"):
+                 vocab: Vocab | None = None, path: Path | str = "train.parquet", at_last_visit: bool = False):
         self.shard, self.batch_size, self.max_len, self.seed = shard, batch_size, max_len, seed
         self.shuffle_rows, self.vocab, self.path, self.epoch = shuffle_rows, vocab, path, 0
+        self.at_last_visit = at_last_visit  # recency from the last visit's day (TrainConfig.anchor)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -396,4 +397,6 @@ class StreamedBatches:
             dataset = SequenceDataset.from_arrow(table, self.max_len, self.path)
             if self.vocab is not None:
                 self.vocab.check_features(dataset, self.path)
+            if self.at_last_visit:
+                dataset = dataset.anchored_at_last_visit()
             yield dataset.__getitems__(list(range(len(dataset))))

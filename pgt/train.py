@@ -247,6 +247,8 @@ def setup(config: dict, worker: Worker) -> TrainState:
     sizes = [len(s) for s in splits.values()] + ([_train_rows(cfg.data_dir)] if streamed else [])
     if min(sizes) == 0:
         raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
+    if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
+        splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
     model_cfg = cfg.model_config(vocab)
     model = build_model(model_cfg).to(worker.device)
     if worker.rank:  # the same initial weights everywhere, but each rank its own dropout masks
@@ -260,7 +262,8 @@ def setup(config: dict, worker: Worker) -> TrainState:
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
     if streamed:
         loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.network.max_len,
-                                 cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet")
+                                 cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet",
+                                 at_last_visit=cfg.anchor == "last_visit")
     else:
         train_set = splits["train"]
         if cfg.simulate_unseen:

@@ -233,3 +233,15 @@ def test_training_settings_are_checked(setting, message):
     with pytest.raises(ValueError) as info:
         TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", **setting})
     assert message in str(info.value)
+
+
+def test_a_model_anchored_at_the_last_visit_only_ever_sees_deployment_inputs(synthetic_sequences, tmp_path):
+    """anchor last_visit: trained, selected and scored on recency from the last visit's day, so its test metrics
+    are its deployment metrics; the protocol's model differs from it."""
+    common = {"data_dir": str(synthetic_sequences), "epochs": 2, "seed": 3}
+    live = train_loop_per_worker({**common, "out_dir": str(tmp_path / "live"), "anchor": "last_visit"})
+    assert live["test"]["strict"] == live["deployment"]["test"]["strict"]
+    assert live["validation"]["strict"]["acc@1"] == live["deployment"]["validation"]["strict"]["acc@1"]
+    assert live["config"]["anchor"] == "last_visit"
+    protocol = train_loop_per_worker({**common, "out_dir": str(tmp_path / "protocol")})
+    assert protocol["test"]["strict"] != protocol["deployment"]["test"]["strict"]
