@@ -25,6 +25,9 @@ def predict_next_places(
                                               "file. Empty: the last recent_days of the synthetic default."),
     input_format: InputFormat = described("positionfixes", "What input_path holds."),
     top_k: int = described(TOP_K, f"Places per user, 1 to {MAX_TOP_K}."),
+    at: str | None = described(None, "The moment the predictions are for (ISO 8601, UTC unless it names an offset); "
+                                     "recency and the weekday count from its day. Empty: the end of each user's last "
+                                     "visit."),
     recent_days: float = described(14.0, "With no input_path: the days of the synthetic default to score."),
     tracking_uri: str | None = described(None, "MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI, else a SQLite "
                                                "store in the state folder."),
@@ -42,7 +45,8 @@ def predict_next_places(
     if source is None:
         synthetic = tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
         source = tasks.recent_input(synthetic, s.recent_days, s.recent_file)
-    predictions = tasks.predict_places(s.model_uri, source, s.input_format, s.predictions_file, s.top_k, s.tracking_uri)
+    predictions = tasks.predict_places(s.model_uri, source, s.input_format, s.predictions_file, s.top_k, s.tracking_uri,
+                                       s.at)
     png = tasks.map_png(predictions, s.map_file)
     logged = tasks.log_predictions(s.tracking_uri, s.model_uri, predictions, png, source, s.top_k)
     tasks.publish_predictions(predictions, logged, s.model_uri)

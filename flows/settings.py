@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -15,7 +16,7 @@ from pydantic import Field
 from pydantic.fields import FieldInfo
 
 from pgt.config import RECIPES, LaunchConfig, TrackingConfig, TrainConfig, base_settings
-from pgt.inference import check_top_k
+from pgt.inference import check_top_k, prediction_time
 from pgt.report import metrics_markdown
 from pgt.tracking import RECIPE_TAG, champion_verdict, resolve_tracking_uri, run_url
 from pgt.tracking import state_dir as default_state_dir
@@ -171,6 +172,7 @@ class PredictSettings:
     input_path: Path | None  # None: the last recent_days of the synthetic default
     input_format: str
     top_k: int
+    at: datetime | None  # the moment predicted for; None: each user's last visit's end
     recent_days: float
     tracking_uri: str
     state_dir: Path
@@ -188,6 +190,7 @@ class PredictSettings:
             raise ValueError(f"recent_days must be > 0, got {parameters['recent_days']}")
         state = _absolute(parameters["state_dir"]) or default_state_dir()
         return cls(**{**parameters, "input_path": _absolute(parameters["input_path"]), "state_dir": state,
+                      "at": prediction_time(parameters["at"], "at"),
                       "tracking_uri": resolve_tracking_uri(parameters["tracking_uri"], state)})
 
     @property

@@ -7,6 +7,7 @@ on OSError; bad input fails at once with its one-line message.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -139,10 +140,11 @@ def recent_input(source: Path, days: float, out_file: Path) -> Path:
 
 @task(name="predict places", cache_policy=NO_CACHE)
 def predict_places(model_uri: str, input_path: Path, input_format: str, out_file: Path, top_k: int,
-                   tracking_uri: str) -> Path:
-    """Raw GPS through the model's fitted preprocessing: the top-k next places of every user, with coordinates."""
-    get_run_logger().info(predict_summary(predict_raw(model_uri, input_path, input_format, out_file, top_k, tracking_uri),
-                                          top_k))
+                   tracking_uri: str, at: datetime | None = None) -> Path:
+    """Raw GPS through the model's fitted preprocessing: the top-k next places of every user at the moment `at`
+    (None: each user's last visit's end), with coordinates."""
+    result = predict_raw(model_uri, input_path, input_format, out_file, top_k, tracking_uri, at)
+    get_run_logger().info(predict_summary(result, top_k))
     return out_file
 
 

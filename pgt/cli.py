@@ -33,6 +33,9 @@ from pgt.options import default_of, fail, given, option_for
 from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
 from preprocessing.engine import ENGINES, EngineConfig
 
+# MLflow's download bars would bury a command's one line of output or error on stderr
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
 app = typer.Typer(
     name="pgt",
     help="Next-location prediction with the Pointer Generator Transformer: preprocessing, training, tuning.",
@@ -293,15 +296,21 @@ def predict(
                                                 "sample) and rank, with the place's coordinates. Else Parquet: the "
                                                 "input's row, top-k locations and probabilities."),
     top_k: int = typer.Option(TOP_K, "--top-k", help=f"Places per prediction, 1 to {MAX_TOP_K}."),
+    at: str | None = typer.Option(None, "--at", help="With --format: the moment the prediction is for (ISO 8601, UTC "
+                                                      "unless it names an offset); recency and the weekday count from "
+                                                      "its day. Default: the end of each user's last visit."),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
 ) -> None:
     """Where each person goes next: the top-k next places, with coordinates and probabilities."""
+    from pgt.inference import prediction_time
     from pgt.predict import predict_file, predict_raw, predict_summary
     from preprocessing.errors import InputError
 
     try:
+        if at is not None and format is None:
+            raise ValueError("--at applies to raw GPS points or staypoints (--format); sequences carry their own recency")
         if format is not None:
-            result = predict_raw(model, input, format, out, top_k, tracking_uri)
+            result = predict_raw(model, input, format, out, top_k, tracking_uri, prediction_time(at))
             typer.echo(predict_summary(result, top_k))
             if result.counts["samples"]["latest"] == 0:
                 typer.echo(f"warning: {input}: no user has a recent history to predict from (at least "

@@ -4,6 +4,7 @@ places with coordinates for data applied through a fitted preprocessing (preproc
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,6 +15,7 @@ import torch
 from pgt.config import MAX_TOP_K, TOP_K
 from pgt.data import SequenceDataset
 from pgt.model import input_tables
+from preprocessing.config import parse_time
 from preprocessing.output import read_manifest
 from preprocessing.sequences import UNSEEN
 
@@ -33,6 +35,17 @@ def check_top_k(value, what: str = "top_k") -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_TOP_K:
         raise ValueError(f"{what} must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
     return int(value)
+
+
+def prediction_time(value, what: str = "--at") -> datetime | None:
+    """The moment a prediction is for, from ISO 8601 text (UTC when it names no offset); None for none given
+    (each user's last visit's end). ValueError naming `what` otherwise."""
+    if value is None or value == "":
+        return None
+    try:
+        return parse_time(str(value))
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be an ISO 8601 time such as 2024-05-01T08:00:00+08:00, got {value!r}") from None
 
 
 def top_k_of(params: dict | None) -> int:
@@ -77,7 +90,7 @@ def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: i
 
 def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, kind: str) -> pl.DataFrame:
     """Long format, one row per (sample, rank): sample (`kind`), sample_index, source_user_id, user, time (when
-    the target started for evaluation samples, when the history ended for latest ones), rank (1 = most
+    the target started for evaluation samples, the moment of the prediction for latest ones), rank (1 = most
     probable), place_id (null for a new place), location (the model's id: >= 2 known, 1 unseen in train),
     latitude, longitude, probability, new_place_probability and, for evaluation samples, target_place.
 
@@ -96,7 +109,7 @@ def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, ki
     coordinates = np.full((max(int(ids.max(initial=-1)), int(place.max(initial=-1))) + 1, 2), np.nan)
     coordinates[ids] = places.select("latitude", "longitude").to_numpy()
     latitude, longitude = np.where((place >= 0)[:, None], coordinates[place], np.nan).T
-    time = samples["target_started_at"] if "target_started_at" in samples.columns else samples["history_end"]
+    time = next(samples[name] for name in ("target_started_at", "prediction_time", "history_end") if name in samples.columns)
     target = (samples["target_place"].cast(pl.Int64).gather(rows) if "target_place" in samples.columns
               else pl.Series("target_place", [None] * (n * k), dtype=pl.Int64))
     return pl.DataFrame({

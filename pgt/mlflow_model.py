@@ -19,13 +19,15 @@ preprocessing (preprocessing/fitted.py) that turns raw GPS into the model's ids.
   finished_at, latitude, longitude): returns, per user, the top-k next places (rank, place_id, latitude,
   longitude, probability, new_place_probability; pgt.inference.place_predictions), times as ISO 8601 text;
 - a table of sequences in the columns of a `pgt preprocess` split: the same, one block per row.
-params {"top_k": K} sets k (default TOP_K).
+params {"top_k": K} sets k (default TOP_K); {"at": "ISO 8601 time"} the moment GPS points or staypoints are
+predicted for (default: the end of each user's last visit; recency counts from its day).
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+from datetime import datetime
 from pathlib import Path
 
 import mlflow
@@ -40,7 +42,7 @@ from mlflow.pyfunc import PythonModel
 
 from pgt.config import TOP_K, ModelConfig
 from pgt.data import SequenceDataset
-from pgt.inference import check_vocabulary, place_predictions, predict_applied, top_k_of, top_k_predictions
+from pgt.inference import check_vocabulary, place_predictions, predict_applied, prediction_time, top_k_of, top_k_predictions
 from pgt.model import PackedModel, build_model, check_packed
 from preprocessing.errors import InputError
 from preprocessing.fitted import FittedPreprocessing, apply_fitted
@@ -120,7 +122,8 @@ class PGTModel(PythonModel):
         parameter) raises MlflowException(INVALID_PARAMETER_VALUE) with one line naming it: HTTP 400."""
         try:
             if isinstance(model_input, pd.DataFrame):
-                return self._predict_table(model_input, top_k_of(params))
+                return self._predict_table(model_input, top_k_of(params),
+                                           prediction_time((params or {}).get("at"), "params.at"))
             return self._predict_packed(model_input)
         except (InputError, ValueError, KeyError, TypeError, OverflowError) as exc:  # the request's fault
             message = " ".join(str(exc).split()) or type(exc).__name__
@@ -143,7 +146,7 @@ class PGTModel(PythonModel):
         with torch.no_grad():
             return self.packed(x).numpy()
 
-    def _predict_table(self, frame, top_k: int):
+    def _predict_table(self, frame, top_k: int, at: datetime | None = None):
         """Top-k places with coordinates for GPS points, staypoints or sequences (the module docstring)."""
 
         columns = set(frame.columns)
@@ -168,7 +171,7 @@ class PGTModel(PythonModel):
                 _polars(frame, write_to=path)
                 try:
                     applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False),
-                                           evaluation=False)
+                                           evaluation=False, at=at)
                 except InputError as exc:  # the request, not the server's temporary file
                     raise InputError("request", exc.problem.replace(str(path), "request")) from None
             result = predict_applied(self.packed, applied, top_k, evaluation=False)

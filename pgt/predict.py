@@ -4,6 +4,7 @@ files with what could not be scored beside them; and the summaries and map of su
 
 from __future__ import annotations
 
+from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
 
@@ -47,9 +48,10 @@ def side_files(out_path: Path) -> dict[str, Path]:
 
 
 def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: Path, top_k: int = TOP_K,
-                tracking_uri: str | None = None) -> RawPrediction:
+                tracking_uri: str | None = None, at: datetime | None = None) -> RawPrediction:
     """`pgt predict --format F`: raw GPS points or staypoints through the model's own fitted preprocessing, then
-    the top-k next places of every user (the latest sample) and of every evaluation sample, written to
+    the top-k next places of every user at the moment `at` (by default the end of each user's last visit; recency
+    counts from its day) and of every evaluation sample (anchored at its last history visit, as a live row), written to
     out_path (.parquet or .csv; place_predictions gives the columns). Rows the readers quarantined go to
     `<out>.quarantine.parquet` and the people without a prediction, with the reason, to `<out>.unscored.parquet`
     (side_files); nothing is dropped unsaid. Every path is checked before the model loads."""
@@ -60,7 +62,7 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
         check_output_file(side, PREDICTOR, (".parquet",))
     check_apart(out_path, {"--input": input_path})
     wrapper = load_pgt_model(model_uri, tracking_uri)
-    applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri))
+    applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri), at=at)
     frame = predict_applied(wrapper.packed, applied, top_k)
     files = {"predictions": out_path}
     with output_lock(out_path, command=PREDICTOR):

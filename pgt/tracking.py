@@ -310,7 +310,8 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
 
     model, cfg = load_checkpoint(checkpoint)
     # no input schema: the model takes packed (B, 7, T) arrays, GPS points, staypoints or sequences
-    signature = ModelSignature(inputs=None, outputs=None, params=ParamSchema([ParamSpec("top_k", "long", TOP_K)]))
+    signature = ModelSignature(inputs=None, outputs=None, params=ParamSchema([ParamSpec("top_k", "long", TOP_K),
+                                                                                ParamSpec("at", "string", "")]))
     package = Path(pgt.__file__).parent
     with tempfile.TemporaryDirectory() as tmp:
         weights, config = Path(tmp) / "weights.pt", Path(tmp) / "model_config.json"

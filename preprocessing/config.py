@@ -89,7 +89,7 @@ class PreprocessConfig:
             if value is None and name == "latest_valid_time":
                 continue
             try:
-                _parse_time(value)
+                parse_time(value)
             except (TypeError, ValueError):
                 problems.append(f"{name} must be an ISO 8601 date or time such as 1990-01-01, got {value!r}")
         if problems:
@@ -123,8 +123,8 @@ class PreprocessConfig:
 
     def time_window(self) -> tuple[datetime, datetime | None]:
         """(earliest, latest or None for one day after the run), as UTC datetimes."""
-        latest = _parse_time(self.latest_valid_time) if self.latest_valid_time is not None else None
-        return _parse_time(self.earliest_valid_time), latest
+        latest = parse_time(self.latest_valid_time) if self.latest_valid_time is not None else None
+        return parse_time(self.earliest_valid_time), latest
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -142,7 +142,8 @@ class PreprocessConfig:
             raise InputError(source, str(exc)) from None
 
 
-def _parse_time(value: str) -> datetime:
+def parse_time(value: str) -> datetime:
+    """An ISO 8601 date or time as a UTC datetime (UTC when it names no offset); TypeError, ValueError otherwise."""
     if not isinstance(value, str):
         raise TypeError(value)
     parsed = datetime.fromisoformat(value.strip())

@@ -20,7 +20,9 @@ split (the first `history_days` of the new data only serve as history).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import polars as pl
@@ -292,33 +294,49 @@ def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.Data
     )
 
 
-def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig, evaluation: bool = True
-                             ) -> tuple[pl.DataFrame | None, pl.DataFrame]:
+def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig, evaluation: bool = True,
+                             at: datetime | None = None) -> tuple[pl.DataFrame | None, pl.DataFrame]:
     """(evaluation samples, latest samples) from encoded merged staypoints with time features.
 
-    Evaluation samples are the test split's rule applied to the whole new period: targets on or after
-    its `history_days`-th day with at least `min_history_staypoints` visits in the days before. The latest
-    sample of a user has as history the visits of the last `history_days` days before the day of the
-    user's last visit, that one included (recency counted from that day); users with fewer than
-    `min_history_staypoints` such visits get none. Its columns are those of a split without the targets,
-    plus source_user_id and history_end (when the last visit ended). Without `evaluation`, only the latest
-    samples are built (None in their place)."""
+    A latest sample is a live prediction for the moment `at` (by default the end of each user's last visit):
+    its history is the user's visits of the `history_days` days before the day of `at`, that day included, and
+    recency counts from that day; users with fewer than `min_history_staypoints` such visits get none. `at`
+    before a user's last visit is an error naming the user. Its columns are those of a split without the
+    targets, plus source_user_id, history_end (when the last visit ended) and prediction_time.
+
+    Evaluation samples are the test split's rule applied to the whole new period (targets on or after its
+    `history_days`-th day with at least `min_history_staypoints` visits in the days before), with the inputs a
+    live prediction would have had: recency counts from the day of the last history visit, as in a latest
+    sample at its default time, not from the target's day (which is not known before the visit). Without
+    `evaluation`, only the latest samples are built (None in their place)."""
     marked = find_samples(staypoints.with_columns(pl.lit("test").alias("split")), config.history_days,
                           config.min_history_staypoints)
-    evaluation = sample_table(marked, "test") if evaluation else None
+    evaluation = (sample_table(marked, "test").with_columns(pl.col("recency").list.eval(
+        pl.element() - pl.element().last())) if evaluation else None)
     last = np.flatnonzero(marked["user_id"].is_last_distinct().to_numpy())
     day = marked["start_day"].to_numpy().astype(np.int64)
     user_rank = marked.select(pl.col("user_id").rle_id()).to_series().to_numpy().astype(np.int64)
     key = (user_rank << 32) + day
-    starts = np.searchsorted(key, key[last] - config.history_days, side="left")
+    target_day, when = day[last], marked["finished_at"].gather(last)
+    if at is not None:
+        late = marked.filter(pl.col("started_at") > at)
+        if late.height:
+            first = late.row(0, named=True)
+            raise ValueError(f"--at {at.isoformat()} is before the last visit of user {first['user_id']} (it starts "
+                             f"{first['started_at'].isoformat()}); a prediction is for a moment after the history")
+        last_date = marked["started_at"].gather(last).dt.convert_time_zone(config.timezone).dt.date().to_numpy()
+        at_date = np.datetime64(at.astimezone(ZoneInfo(config.timezone)).date(), "D")
+        target_day = day[last] + (at_date - last_date.astype("datetime64[D]")).astype(np.int64)
+        when = pl.Series("prediction_time", [at] * len(last), dtype=marked["finished_at"].dtype)
+    starts = np.searchsorted(key, (user_rank[last] << 32) + np.maximum(target_day - config.history_days, 0), side="left")
     enough = (last + 1 - starts) >= config.min_history_staypoints
-    last, starts = last[enough], starts[enough]
-    rows = marked[last]
+    rows = marked[last[enough]]
     latest = pl.DataFrame({
         "user": rows["user"],
         "source_user_id": rows["user_id"],
-        **history_lists(marked, starts, last + 1, day[last]),
+        **history_lists(marked, starts[enough], last[enough] + 1, target_day[enough]),
         "history_end": rows["finished_at"],
+        "prediction_time": when.filter(pl.Series(enough)),
     })
     return evaluation, latest
 
@@ -339,7 +357,8 @@ class AppliedData:
 
 
 def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
-                        fitted: FittedPreprocessing, log=None, evaluation: bool = True) -> AppliedData:
+                        fitted: FittedPreprocessing, log=None, evaluation: bool = True,
+                        at: datetime | None = None) -> AppliedData:
     """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
     (stages.stage_read's tables). Counts reconcile: activity staypoints = on fitted places + on new places + noise."""
     config = fitted.config
@@ -358,13 +377,13 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
                                  config.duration_bucket_min)
     encoded = encode_applied(featured, fitted)
-    evaluation, latest = generate_applied_samples(encoded, config, evaluation)
+    evaluation, latest = generate_applied_samples(encoded, config, evaluation, at)
     users = (encoded.group_by("user_id").agg(pl.col("user").first()).sort("user_id")
              .rename({"user_id": "source_user_id"}).with_columns((pl.col("user") != UNKNOWN_USER).alias("known")))
     counts["users"] = users.height
     counts["users_unknown"] = int((~users["known"]).sum())
     counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}
-    unscored = users_not_scored(read_tables, found.tables["quarantine"], staypoints, encoded, latest, config)
+    unscored = users_not_scored(read_tables, found.tables["quarantine"], staypoints, encoded, latest, config, at)
     counts["users_not_scored"] = unscored.height
     places = pl.concat([fitted.places.with_columns(pl.col("location").cast(pl.Int32), pl.lit(False).alias("is_new")),
                         new_places.select("location_id", "latitude", "longitude", "location",
@@ -374,7 +393,8 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
 
 
 def users_not_scored(read_tables: dict[str, pl.DataFrame], quarantine: pl.DataFrame, staypoints: pl.DataFrame,
-                     located: pl.DataFrame, latest: pl.DataFrame, config: PreprocessConfig) -> pl.DataFrame:
+                     located: pl.DataFrame, latest: pl.DataFrame, config: PreprocessConfig,
+                     at: datetime | None = None) -> pl.DataFrame:
     """Every person of the input without a latest sample, and why (source_user_id as text, reason), in the order
     of the rules: every row quarantined; no staypoint; no activity staypoint at a place; too short a recent
     history."""
@@ -392,7 +412,7 @@ def users_not_scored(read_tables: dict[str, pl.DataFrame], quarantine: pl.DataFr
             reasons[user] = "no activity staypoint at a place"
         else:
             reasons[user] = (f"fewer than {config.min_history_staypoints} visits in the {config.history_days} days "
-                             "before the last visit")
+                             + ("before the last visit" if at is None else f"before --at {at.isoformat()}"))
     return pl.DataFrame({"source_user_id": sorted(reasons), "reason": [reasons[u] for u in sorted(reasons)]},
                         schema={"source_user_id": pl.String, "reason": pl.String})
 
@@ -404,10 +424,10 @@ def fitted_summary(fitted: FittedPreprocessing) -> dict:
 
 
 def apply_fitted(input_path: Path | str, input_format: str, fitted: FittedPreprocessing,
-                 log: StageLog | None = None, evaluation: bool = True) -> AppliedData:
+                 log: StageLog | None = None, evaluation: bool = True, at: datetime | None = None) -> AppliedData:
     """New data through a fitted preprocessing, in memory (preprocessing/fitted.py): read and validate with
     the fitted run's rules, then staypoints, fitted places, samples (without `evaluation`: the latest only)."""
     log = log or StageLog()
     read = stage_read(Path(input_path), input_format, log, config=fitted.config)
     with log.stage("fitted places and samples"):
-        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log, evaluation)
+        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log, evaluation, at)

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import polars as pl
@@ -230,7 +231,7 @@ def test_the_served_model_answers_staypoints_with_the_places_of_pgt_predict(serv
 
 def test_the_served_model_answers_sequences(served):
     url, root, _ = served
-    latest = pl.read_parquet(root / "late" / "latest.parquet").head(2).drop("history_end")
+    latest = pl.read_parquet(root / "late" / "latest.parquet").head(2).drop("history_end", "prediction_time")
     records = [{k: (list(v) if isinstance(v, list) else v) for k, v in row.items()} for row in latest.to_dicts()]
     status, body = post(url, {"dataframe_records": records, "params": {"top_k": 2}})
     assert status == 200, body
@@ -249,7 +250,7 @@ def test_a_bad_request_gets_400_naming_the_column(served):
 
 
 def sequence_records(root: Path, n: int = 2) -> list[dict]:
-    latest = pl.read_parquet(root / "late" / "latest.parquet").head(n).drop("history_end")
+    latest = pl.read_parquet(root / "late" / "latest.parquet").head(n).drop("history_end", "prediction_time")
     return [{k: (list(v) if isinstance(v, list) else v) for k, v in row.items()} for row in latest.to_dicts()]
 
 
@@ -348,3 +349,33 @@ def test_geolife_80_20_predict_equals_evaluate(geolife_parquet, tmp_path):
     strict = json.loads(r.stdout)["strict"]
     assert first.height == strict["n"] > 3000
     assert 100 * (first["place_id"] == first["target_place"]).fill_null(False).mean() == pytest.approx(strict["acc@1"], abs=1e-9)
+
+
+def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(served, tmp_path):
+    """--at (and params.at): the same moment gives the same answer from the command and the server, every latest
+    row is for that moment, and a moment before a user's last visit, a malformed one or one for sequences is one
+    line."""
+    url, root, server = served
+    staypoints = one_user_staypoints(root)
+    staypoints.write_csv(tmp_path / "staypoints.csv")
+    last_end = datetime.strptime(staypoints["finished_at"].max(), "%Y-%m-%dT%H:%M:%S%z")
+    at = (last_end + timedelta(days=1)).isoformat()
+    r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--format",
+            "staypoints", "--out", tmp_path / "at.parquet", "--top-k", "3", "--at", at, "--tracking-uri", server)
+    assert r.returncode == 0, r.stderr[-2000:]
+    expected = pl.read_parquet(tmp_path / "at.parquet").filter(sample="latest")
+    assert expected.height == 3 and expected["time"].to_list() == [datetime.fromisoformat(at)] * 3
+    status, body = post(url, {"dataframe_records": staypoints.to_dicts(), "params": {"top_k": 3, "at": at}})
+    assert status == 200, body
+    answer = pl.DataFrame(body["predictions"])
+    assert answer["place_id"].to_list() == expected["place_id"].to_list()
+    assert answer["probability"].to_list() == pytest.approx(expected["probability"].to_list(), abs=1e-6)
+    early = (datetime.strptime(staypoints["started_at"].max(), "%Y-%m-%dT%H:%M:%S%z") - timedelta(hours=1)).isoformat()
+    for args, words in ((["--format", "staypoints", "--at", early], "is before the last visit of user"),
+                        (["--format", "staypoints", "--at", "tomorrow"], "--at must be an ISO 8601 time"),
+                        (["--at", at], "--at applies to raw GPS points or staypoints")):
+        r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--out",
+                tmp_path / "x.parquet", *args, "--tracking-uri", server)
+        assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    status, body = post(url, {"dataframe_records": staypoints.to_dicts(), "params": {"at": early}})
+    assert status == 400 and "is before the last visit of user" in body["message"], body

@@ -12,7 +12,7 @@ import pytest
 
 from preprocessing.config import PreprocessConfig, SynthConfig
 from preprocessing.errors import InputError
-from preprocessing.fitted import UNKNOWN_USER, FittedPreprocessing, encode_applied, join_fitted_places
+from preprocessing.fitted import UNKNOWN_USER, FittedPreprocessing, apply_fitted, encode_applied, join_fitted_places
 from preprocessing.pipeline import preprocess, preprocess_fitted
 from preprocessing.synthetic import generate_positionfixes
 from tests.conftest import place_agreement, split_days
@@ -179,6 +179,33 @@ def test_every_user_with_enough_history_gets_a_latest_sample(synthetic_80_20):
     stranger = latest.filter(pl.col("source_user_id") == 999)
     assert stranger["user"].to_list() == [UNKNOWN_USER]
     assert result.manifest["counts"]["users_unknown"] == 1
+
+
+def test_a_prediction_time_anchors_the_latest_samples_and_evaluation_rows_are_live_rows(synthetic_80_20):
+    """--at: recency counts from the day of the moment predicted for, the history is the days before it, and each
+    row says when it is for; by default that moment is the end of the user's last visit (recency 0 at the last
+    visit). Evaluation rows have the inputs of a live row: recency from their last history visit's day."""
+    root, _ = synthetic_80_20
+    fitted = FittedPreprocessing.from_folder(root / "early")
+    default = apply_fitted(root / "late.parquet", "positionfixes", fitted)
+    assert default.latest["recency"].list.last().to_list() == [0] * default.latest.height
+    assert default.latest["prediction_time"].to_list() == default.latest["history_end"].to_list()
+    assert default.evaluation["recency"].list.last().to_list() == [0] * default.evaluation.height
+    assert (default.evaluation["recency"].list.first() >= 0).all()
+
+    last_end = default.latest["history_end"].max()
+    at = (last_end + timedelta(days=2)).replace(hour=12, minute=0)
+    later = apply_fitted(root / "late.parquet", "positionfixes", fitted, at=at)
+    assert later.latest["prediction_time"].to_list() == [at] * later.latest.height
+    joined = later.latest.join(default.latest, on="source_user_id", suffix="_default")
+    # two or more days on: the last visit is that much further back, and never on the day predicted for
+    gap = (joined["recency"].list.last() - joined["recency_default"].list.last())
+    assert joined.height and (gap >= 2).all() and (joined["recency"].list.last() >= 2).all()
+    assert later.latest.height <= default.latest.height  # older visits fall out of the history window
+    assert set(later.unscored["source_user_id"]) >= set(default.unscored["source_user_id"])
+
+    with pytest.raises(ValueError, match=r"--at .* is before the last visit of user"):
+        apply_fitted(root / "late.parquet", "positionfixes", fitted, at=last_end - timedelta(days=3))
 
 
 def test_counts_reconcile_and_the_manifest_names_the_fitted_run(synthetic_80_20):
