@@ -16,6 +16,7 @@ from typing import Literal
 import typer
 
 from pgt.config import (
+    ANCHORS,
     BASELINES,
     DATA_ENGINES,
     MAX_TOP_K,
@@ -50,6 +51,7 @@ PreprocessEngine = Literal[ENGINES]
 Model = Literal[MODELS]
 Recipe = Literal[tuple(RECIPES)]
 SelectOn = Literal[SELECT_ON]
+Anchor = Literal[ANCHORS]
 DataEngine = Literal[DATA_ENGINES]
 ScoredSplit = Literal[(*SPLITS, APPLIED_SPLIT)]
 
@@ -157,7 +159,7 @@ def synth(
 TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhead", "num_layers", "dim_feedforward",
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
                  "previous_location", "visit_relations", "relation_inputs", "relation_order", "weight_average",
-                 "simulate_unseen", "resume", "threads")
+                 "simulate_unseen", "anchor", "resume", "threads")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
 
 
@@ -210,6 +212,7 @@ def train(
     relation_order: int | None = option_for(TrainConfig, "relation_order"),
     weight_average: float | None = option_for(TrainConfig, "weight_average"),
     simulate_unseen: bool | None = option_for(TrainConfig, "simulate_unseen", "--simulate-unseen/--no-simulate-unseen"),
+    anchor: Anchor | None = option_for(TrainConfig, "anchor"),
     known_fraction: tuple[float, float] | None = typer.Option(
         None, "--known-fraction", show_default=(f"{default_of(TrainConfig, 'known_fraction_min')} "
                                                 f"{default_of(TrainConfig, 'known_fraction_max')}"),
