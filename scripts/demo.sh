@@ -21,6 +21,6 @@ prefect deployment run predict-next-places/predict --watch --watch-timeout "${DE
 python "$DIR/show_run.py" predict-next-places/predict pgt-predictions-summary \
     || { tail -30 "$PREFECT_HOME/predict-run.log" >&2; exit 1; }
 echo
-echo "Prefect UI: http://127.0.0.1:$PREFECT_PORT    MLflow UI: http://127.0.0.1:$MLFLOW_PORT"
+echo "Prefect UI: http://127.0.0.1:$PREFECT_PORT    MLflow UI: http://127.0.0.1:$MLFLOW_PORT/#/experiments?workflowType=machine_learning"
 trap - INT TERM
 echo "demo finished in $(( $(date +%s) - began ))s; the stack keeps running: \`make stop\` stops it"
