@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
-from pgt.config import RECIPES, LaunchConfig, TrackingConfig, TrainConfig, base_settings
+from pgt.config import RECIPES, LaunchConfig, TrackingConfig, TrainConfig, base_settings, recipe_label
 from pgt.inference import check_top_k, prediction_time
 from pgt.report import metrics_markdown
 from pgt.tracking import RECIPE_TAG, champion_verdict, resolve_tracking_uri, run_url
@@ -147,13 +147,13 @@ class FlowSettings:
 
     def tracking_config(self) -> dict:
         return TrackingConfig(self.tracking_uri, experiment="pgt", source="preprocess-and-train flow",
-                              tags={RECIPE_TAG: str(self.recipe_file or self.recipe)}).to_dict()
+                              tags={RECIPE_TAG: recipe_label(self.recipe, self.recipe_file)}).to_dict()
 
     def sweep_config(self) -> dict:
         given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs)) if value is not None}
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
                            recipe=base_settings(self.recipe, self.recipe_file),
-                           recipe_name=str(self.recipe_file or self.recipe), **given).to_dict()
+                           recipe_name=recipe_label(self.recipe, self.recipe_file), **given).to_dict()
 
     def report(self, test: dict, validation: dict, logged: dict, registered: dict) -> str:
         links = {"MLflow run": run_url(logged["tracking_uri"], logged["run_id"]),

@@ -29,6 +29,7 @@ from pgt.config import (
     TrackingConfig,
     TrainConfig,
     base_settings,
+    recipe_label,
 )
 from pgt.options import default_of, fail, given, option_for
 from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
@@ -247,9 +248,8 @@ def train(
         cfg, launch = train_config(locals()), launch_config(locals())
         if register and cfg.model in BASELINES:
             raise ValueError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
-        recipe_name = str(recipe_file) if recipe_file is not None else (recipe or "paper")
         tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), register=register, source="pgt train",
-                                  tags={RECIPE_TAG: recipe_name},
+                                  tags={RECIPE_TAG: recipe_label(recipe, recipe_file)},
                                   **given(locals(), "experiment"))
         check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
         if launch.workers:

@@ -159,6 +159,12 @@ def load_recipe_file(path) -> dict:
     return settings
 
 
+def recipe_label(recipe: str | None = None, recipe_file=None) -> str:
+    """What a run's recipe is called (the recipe file's path, else the named recipe; paper by default): the
+    pgt.recipe tag of its MLflow run and a sweep's recipe_name."""
+    return str(recipe_file) if recipe_file is not None else (recipe or "paper")
+
+
 def base_settings(recipe: str | None = None, recipe_file=None) -> dict:
     """The TrainConfig fields a run starts from: a recipe file's, else a named recipe's (paper by default)."""
     if recipe_file is not None:

@@ -89,13 +89,19 @@ def test_imports_inside_functions_are_only_the_lazy_kinds():
     assert needless_lazy_imports() == []
 
 
-def test_the_checks_see_what_they_guard(tmp_path):
-    """A cycle hidden in a function, a package importing one above it, and a needless lazy import are all seen."""
+def planted(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A tree of the four packages holding `files` (path -> source): where the checks must see a violation."""
     for package in LAYERS:
         (tmp_path / package).mkdir()
-    (tmp_path / "pgt" / "a.py").write_text("from pgt import b\n")
-    (tmp_path / "pgt" / "b.py").write_text("def f():\n    from pgt.a import g\n")
-    (tmp_path / "preprocessing" / "c.py").write_text("def f():\n    from tune.sweep import run_sweep\n    import json\n")
+    for name, source in files.items():
+        (tmp_path / name).write_text(source)
+    return tmp_path
+
+
+def test_the_checks_see_what_they_guard(tmp_path):
+    """A cycle hidden in a function, a package importing one above it, and a needless lazy import are all seen."""
+    planted(tmp_path, {"pgt/a.py": "from pgt import b\n", "pgt/b.py": "def f():\n    from pgt.a import g\n",
+                       "preprocessing/c.py": "def f():\n    from tune.sweep import run_sweep\n    import json\n"})
     graph = import_graph(tmp_path)
     assert graph["pgt.a"] == {"pgt.b"} and graph["pgt.b"] == {"pgt.a"}
     assert set(cycle(graph)) == {"pgt.a", "pgt.b"}
@@ -151,9 +157,6 @@ def test_every_name_is_imported_from_the_module_that_defines_it():
 
 
 def test_a_re_export_is_seen(tmp_path):
-    for package in LAYERS:
-        (tmp_path / package).mkdir()
-    (tmp_path / "pgt" / "a.py").write_text("X = 1\n")
-    (tmp_path / "pgt" / "b.py").write_text("from pgt.a import X\n")
-    (tmp_path / "pgt" / "c.py").write_text("from pgt.b import X\nfrom pgt.a import X as Y\n")
+    planted(tmp_path, {"pgt/a.py": "X = 1\n", "pgt/b.py": "from pgt.a import X\n",
+                       "pgt/c.py": "from pgt.b import X\nfrom pgt.a import X as Y\n"})
     assert borrowed_imports(tmp_path) == ["pgt/c.py: pgt.b.X"]

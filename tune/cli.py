@@ -10,7 +10,7 @@ from typing import Literal
 
 import typer
 
-from pgt.config import RECIPES, TrackingConfig, base_settings
+from pgt.config import RECIPES, TrackingConfig, base_settings, recipe_label
 from pgt.options import default_of, fail, given, option_for
 from tune.config import OBJECTIVES, SEARCH_ALGS, SweepConfig
 
@@ -33,8 +33,8 @@ def sweep_config(params: dict) -> SweepConfig:
         typed["objective"] = typed["select_on"] = params["objective"]
     recipe_file = params.get("recipe_file")
     recipe = base_settings(params.get("recipe"), recipe_file)
-    name = str(recipe_file) if recipe_file is not None else (params.get("recipe") or "paper")
-    return SweepConfig(data_dir=str(params["data"]), out_dir=str(params["out"]), recipe=recipe, recipe_name=name,
+    return SweepConfig(data_dir=str(params["data"]), out_dir=str(params["out"]), recipe=recipe,
+                       recipe_name=recipe_label(params.get("recipe"), recipe_file),
                        **typed)
 
 

@@ -42,17 +42,17 @@ def _widths(d: int) -> tuple[int, ...]:
 
 
 # What a sweep searches, around the base recipe's settings (a flat TrainConfig dict): rules in one place.
-RULES: tuple[tuple[str, Callable[[dict], Dimension | None]], ...] = (
-    ("d_model", lambda b: Dimension("d_model", "choice", _widths(b["d_model"]))),
-    ("nhead", lambda b: Dimension("nhead", "choice", HEADS)),  # drawn among those dividing the drawn d_model
-    ("num_layers", lambda b: Dimension("num_layers", "int", (max(1, b["num_layers"] - 1), b["num_layers"] + 1))),
-    ("dropout", lambda b: Dimension("dropout", "uniform", (round(max(0.0, b["dropout"] - 0.2), 6),
-                                                          round(min(0.6, b["dropout"] + 0.2), 6)))),
-    ("lr", lambda b: Dimension("lr", "log", (b["lr"] / 3, b["lr"] * 3))),
-    ("weight_decay", lambda b: Dimension("weight_decay", "log", (b["weight_decay"] / 4, b["weight_decay"] * 4))),
-    ("new_place_weight", lambda b: Dimension("new_place_weight", "uniform", (
-        round(max(0.05, b["new_place_weight"] - 0.4), 6), round(b["new_place_weight"] + 0.4, 6))) if b["unseen_slots"] else None),
-    ("relation_order", lambda b: Dimension("relation_order", "choice", (1, 2)) if b["visit_relations"] else None),
+RULES: tuple[Callable[[dict], Dimension | None], ...] = (
+    lambda b: Dimension("d_model", "choice", _widths(b["d_model"])),
+    lambda b: Dimension("nhead", "choice", HEADS),  # drawn among those dividing the drawn d_model
+    lambda b: Dimension("num_layers", "int", (max(1, b["num_layers"] - 1), b["num_layers"] + 1)),
+    lambda b: Dimension("dropout", "uniform", (round(max(0.0, b["dropout"] - 0.2), 6),
+                                               round(min(0.6, b["dropout"] + 0.2), 6))),
+    lambda b: Dimension("lr", "log", (b["lr"] / 3, b["lr"] * 3)),
+    lambda b: Dimension("weight_decay", "log", (b["weight_decay"] / 4, b["weight_decay"] * 4)),
+    lambda b: Dimension("new_place_weight", "uniform", (round(max(0.05, b["new_place_weight"] - 0.4), 6),
+                                                        round(b["new_place_weight"] + 0.4, 6))) if b["unseen_slots"] else None,
+    lambda b: Dimension("relation_order", "choice", (1, 2)) if b["visit_relations"] else None,
 )
 
 
@@ -72,7 +72,7 @@ class SearchSpace:
     @classmethod
     def around(cls, base: dict) -> SearchSpace:
         """The space of RULES centred on a base recipe's settings (a flat TrainConfig dict)."""
-        dimensions = tuple(d for _, rule in RULES if (d := rule(base)) is not None)
+        dimensions = tuple(d for rule in RULES if (d := rule(base)) is not None)
         return cls(dimensions, feedforward_ratio=feedforward_ratio_of(base))
 
     @property
