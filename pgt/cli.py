@@ -16,7 +16,6 @@ from typing import Literal
 import typer
 
 from pgt.config import (
-    ANCHORS,
     BASELINES,
     DATA_ENGINES,
     MAX_TOP_K,
@@ -32,7 +31,7 @@ from pgt.config import (
     recipe_label,
 )
 from pgt.options import default_of, fail, given, option_for
-from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
+from preprocessing.config import ANCHORS, APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
 from preprocessing.engine import ENGINES, EngineConfig
 
 # MLflow's download bars would bury a command's one line of output or error on stderr

@@ -22,6 +22,7 @@ from types import SimpleNamespace
 
 import yaml
 
+from preprocessing.config import ANCHORS
 from preprocessing.settings import check_settings, flat_settings, nested, setting, unflatten
 
 TOP_K = 5  # places per prediction unless asked otherwise (`pgt predict --top-k`, the flow, a request's params)
@@ -115,7 +116,6 @@ RECIPES: dict[str, dict] = {
 }
 
 
-ANCHORS = ("target_day", "last_visit")  # the day a sample's recency counts from (TrainConfig.anchor)
 
 # validation scores that early stopping and the best epoch may follow; each is "higher is better" once signed
 SELECT_ON = ("acc@1", "strict_acc@1", "loss")

@@ -26,7 +26,6 @@ predicted for (default: the end of each user's last visit; recency counts from i
 from __future__ import annotations
 
 import json
-import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -165,28 +164,17 @@ class PGTModel(PythonModel):
             result = place_predictions(top_k_predictions(self.packed, dataset, top_k), samples, places, "request")
         else:
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
-            shm = Path("/dev/shm")  # a memory-backed folder where there is one: the request never touches disk
-            with tempfile.TemporaryDirectory(dir=shm if shm.is_dir() else None) as tmp:
-                path = Path(tmp) / "request.parquet"
-                _polars(frame, write_to=path)
-                try:
-                    applied = apply_fitted(path, input_format, self.fitted(), StageLog(sample_memory=False),
-                                           evaluation=False, at=at)
-                except InputError as exc:  # the request, not the server's temporary file
-                    raise InputError("request", exc.problem.replace(str(path), "request")) from None
+            applied = apply_fitted(_polars(frame), input_format, self.fitted(), StageLog(sample_memory=False),
+                                   evaluation=False, at=at, name="request")
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
         records = result.with_columns(pl.col("time").cast(pl.String)).to_dicts()
         return pd.DataFrame(records, columns=result.columns, dtype=object)  # ints stay ints, JSON null (not NaN) for none
 
 
-def _polars(frame, write_to: Path | None = None):
-    """The request's pandas frame as polars (written to `write_to` as Parquet when given), or ValueError naming
-    what polars could not take."""
+def _polars(frame) -> pl.DataFrame:
+    """The request's pandas frame as polars, or ValueError naming what polars could not take."""
     try:
-        converted = pl.from_pandas(frame)
-        if write_to is not None:
-            converted.write_parquet(write_to)
-        return converted
+        return pl.from_pandas(frame)
     except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
         raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
 

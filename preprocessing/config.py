@@ -18,6 +18,9 @@ from preprocessing.settings import check_settings, setting
 
 FORMATS = ("geolife-plt", "positionfixes", "staypoints")  # what an input may hold (preprocessing.readers)
 SPLITS = ("train", "validation", "test")  # the protocol's per-user day splits, in time order
+# the day a sample's recency counts back from: the target's (the protocol's splits), or the history's last visit's
+# (what a live prediction knows at its default moment: the next visit's day is not known before it happens)
+ANCHORS = ("target_day", "last_visit")
 APPLIED_SPLIT = "evaluation"  # the samples with targets of new data under a fitted preprocessing (preprocessing.fitted)
 
 @dataclass(frozen=True)

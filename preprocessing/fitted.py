@@ -311,8 +311,7 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
     `evaluation`, only the latest samples are built (None in their place)."""
     marked = find_samples(staypoints.with_columns(pl.lit("test").alias("split")), config.history_days,
                           config.min_history_staypoints)
-    evaluation = (sample_table(marked, "test").with_columns(pl.col("recency").list.eval(
-        pl.element() - pl.element().last())) if evaluation else None)
+    evaluation = sample_table(marked, "test", anchor="last_visit") if evaluation else None
     last = np.flatnonzero(marked["user_id"].is_last_distinct().to_numpy())
     day = marked["start_day"].to_numpy().astype(np.int64)
     user_rank = marked.select(pl.col("user_id").rle_id()).to_series().to_numpy().astype(np.int64)
@@ -423,11 +422,15 @@ def fitted_summary(fitted: FittedPreprocessing) -> dict:
             "users": fitted.users.height}  # the config is the manifest's own
 
 
-def apply_fitted(input_path: Path | str, input_format: str, fitted: FittedPreprocessing,
-                 log: StageLog | None = None, evaluation: bool = True, at: datetime | None = None) -> AppliedData:
+def apply_fitted(input_path: Path | str | pl.DataFrame, input_format: str, fitted: FittedPreprocessing,
+                 log: StageLog | None = None, evaluation: bool = True, at: datetime | None = None,
+                 name: str = "request") -> AppliedData:
     """New data through a fitted preprocessing, in memory (preprocessing/fitted.py): read and validate with
-    the fitted run's rules, then staypoints, fitted places, samples (without `evaluation`: the latest only)."""
+    the fitted run's rules, then staypoints, fitted places, samples (without `evaluation`: the latest only).
+    `input_path`: a file, or a table in memory (a served request) read exactly as that table in a file, called
+    `name` in messages."""
     log = log or StageLog()
-    read = stage_read(Path(input_path), input_format, log, config=fitted.config)
+    source = input_path if isinstance(input_path, pl.DataFrame) else Path(input_path)
+    read = stage_read(source, input_format, log, config=fitted.config, name=name)
     with log.stage("fitted places and samples"):
         return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log, evaluation, at)

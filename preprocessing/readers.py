@@ -91,6 +91,8 @@ def _unreadable_as_input_error(reader):
         try:
             return reader(path, *args, **kwargs)
         except UNREADABLE as exc:
+            if isinstance(path, pl.DataFrame):  # a table in memory: its name, and what the engine could not take
+                raise InputError(kwargs.get("name", "request"), f"unusable table: {' '.join(str(exc).split())[:200]}") from None
             raise unreadable_input(getattr(path, "path", path), exc) from None
 
     return wrapper
@@ -111,16 +113,21 @@ def unreadable_input(path: Path | str, exc: Exception) -> InputError:
 
 @dataclass(frozen=True)
 class TableInput:
-    """A Parquet or CSV input checked at the door: its kind, schema and the columns its reader takes."""
+    """A Parquet or CSV input, or a table in memory (a served request), checked at the door: its kind, schema and
+    the columns its reader takes."""
 
-    path: Path
-    kind: str  # "parquet" or "csv"
+    path: Path  # the file; for a table in memory, the name its messages give it (e.g. "request")
+    kind: str  # "parquet", "csv" or "frame" (in memory, `frame`)
     schema: dict  # column -> polars dtype as stored (CSV: all text), with EXTRA for CSV
     columns: tuple[str, ...]  # the columns read, in order
+    frame: pl.DataFrame | None = field(default=None, compare=False, repr=False)  # the table of kind "frame"
 
     def scan(self) -> pl.LazyFrame:
         """source_row (the 0-based data row) and the columns read, as stored."""
-        lf = pl.scan_parquet(self.path) if self.kind == "parquet" else _scan_csv(self.path)
+        if self.kind == "frame":
+            lf = self.frame.lazy()
+        else:
+            lf = pl.scan_parquet(self.path) if self.kind == "parquet" else _scan_csv(self.path)
         return lf.select(*self.columns, *_extra(self.schema)).with_row_index("source_row")
 
     def user_key(self) -> pl.Expr:
@@ -128,19 +135,33 @@ class TableInput:
         return _user_expr(self.path, self.schema["user_id"])
 
 
-@_unreadable_as_input_error
-def open_positionfixes(path: Path | str) -> TableInput:
-    path = _existing_file(path)
-    kind = _sniff(path)
-    _, schema = _scan_table(path, kind, POSITIONFIX_COLUMNS)
-    return TableInput(path, kind, schema, POSITIONFIX_COLUMNS)
+TableSource = Path | str | pl.DataFrame  # a file, or a table in memory (read exactly as the same table in a file)
+
+
+def _open_table(source: TableSource, required: tuple[str, ...], name: str) -> tuple[Path, str, dict, pl.DataFrame | None]:
+    """(path, kind, schema, frame) of a file or an in-memory table (`name` in its messages), its required columns
+    present and at least one row."""
+    if not isinstance(source, pl.DataFrame):
+        path = _existing_file(source)
+        kind = _sniff(path)
+        _, schema = _scan_table(path, kind, required)
+        return path, kind, schema, None
+    path, schema = Path(name), dict(source.schema)
+    _check_columns(path, schema, required)
+    if source.height == 0:
+        raise InputError(path, "no rows")
+    return path, "frame", schema, source
 
 
 @_unreadable_as_input_error
-def open_staypoints(path: Path | str) -> TableInput:
-    path = _existing_file(path)
-    kind = _sniff(path)
-    _, schema = _scan_table(path, kind, STAYPOINT_TIME_COLUMNS)
+def open_positionfixes(source: TableSource, *, name: str = "request") -> TableInput:
+    path, kind, schema, frame = _open_table(source, POSITIONFIX_COLUMNS, name)
+    return TableInput(path, kind, schema, POSITIONFIX_COLUMNS, frame)
+
+
+@_unreadable_as_input_error
+def open_staypoints(source: TableSource, *, name: str = "request") -> TableInput:
+    path, kind, schema, frame = _open_table(source, STAYPOINT_TIME_COLUMNS, name)
     geom_column = next((name for name in ("geom", "geometry") if name in schema), None)
     if geom_column:
         geometry = (geom_column,)
@@ -148,7 +169,7 @@ def open_staypoints(path: Path | str) -> TableInput:
         geometry = ("latitude", "longitude")
     else:
         raise InputError(path, f"missing column geom or geometry (or latitude and longitude); found: {', '.join(schema)}")
-    return TableInput(path, kind, schema, (*STAYPOINT_TIME_COLUMNS, *geometry))
+    return TableInput(path, kind, schema, (*STAYPOINT_TIME_COLUMNS, *geometry), frame)
 
 
 def parse_positionfixes(source: TableInput, rows: pl.LazyFrame, window: TimeWindow) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -217,16 +238,18 @@ def finish_table_read(source: TableInput, good: pl.DataFrame, bad: pl.DataFrame,
 
 
 @_unreadable_as_input_error
-def read_positionfixes(path: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
-    """GPS points from a Parquet or CSV file with user_id, tracked_at, latitude, longitude."""
-    source = open_positionfixes(path)
+def read_positionfixes(path: TableSource, window: TimeWindow = TimeWindow(), *, name: str = "request") -> ReadResult:
+    """GPS points from a Parquet or CSV file (or a table in memory, called `name` in messages) with user_id,
+    tracked_at, latitude, longitude."""
+    source = open_positionfixes(path, name=name)
     return finish_table_read(source, *parse_positionfixes(source, source.scan(), window))
 
 
 @_unreadable_as_input_error
-def read_staypoints(path: Path | str, window: TimeWindow = TimeWindow()) -> ReadResult:
-    """Staypoints from Parquet or CSV: started_at, finished_at, user_id and geom (or geometry) or latitude/longitude."""
-    source = open_staypoints(path)
+def read_staypoints(path: TableSource, window: TimeWindow = TimeWindow(), *, name: str = "request") -> ReadResult:
+    """Staypoints from Parquet or CSV (or a table in memory, called `name` in messages): started_at, finished_at,
+    user_id and geom (or geometry) or latitude/longitude."""
+    source = open_staypoints(path, name=name)
     return finish_table_read(source, *parse_staypoints(source, source.scan(), window))
 
 
@@ -384,14 +407,18 @@ def _scan_table(path: Path, kind: str, required: tuple[str, ...]) -> tuple[pl.La
             schema = dict(lf.collect_schema())
         except pl.exceptions.PolarsError as exc:
             raise InputError(path, f"unreadable Parquet: {str(exc).splitlines()[0]}") from None
+    _check_columns(path, schema, required)
+    if rows == 0:
+        raise InputError(path, "header only: no data rows")
+    return lf, schema
+
+
+def _check_columns(path: Path, schema: dict, required: tuple[str, ...]) -> None:
     missing = [c for c in required if c not in schema]
     if missing:
         found = ", ".join(c for c in schema if c != EXTRA) or "none"
         raise InputError(path, f"missing column{'s' if len(missing) > 1 else ''} {', '.join(missing)}; "
                                f"expected {', '.join(required)}; found: {found}")
-    if rows == 0:
-        raise InputError(path, "header only: no data rows")
-    return lf, schema
 
 
 def _failing_parquet_column(path: Path) -> str:
@@ -625,6 +652,9 @@ def _originals_as_text(rows: pl.LazyFrame, columns: tuple[str, ...], wanted: pl.
 def quarantine_of(source: TableInput, bad: pl.DataFrame, rows: pl.LazyFrame) -> pl.DataFrame:
     """The quarantine of the set-aside rows `bad` (source_row, reason; sorted by source_row) of a table input,
     with their original values from `rows` (source_row and the columns as stored: TableInput.scan or a part)."""
+    if bad.height == 0:  # nothing set aside (a clean request): the empty quarantine, without reading the rows again
+        return pl.DataFrame(schema={"source_file": pl.String, "source_row": pl.Int64, "reason": pl.String,
+                                    **{c: pl.String for c in source.columns}})
     return _quarantine(source.path, bad, _originals_as_text(rows, source.columns, bad["source_row"]))
 
 

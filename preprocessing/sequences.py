@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from preprocessing.config import SPLITS, PreprocessConfig
+from preprocessing.config import ANCHORS, SPLITS, PreprocessConfig
 from preprocessing.errors import require_columns
 
 PADDING, UNSEEN = 0, 1  # location ids reserved by the vocabulary; known locations start at 2
@@ -161,14 +161,19 @@ def history_lists(kept: pl.DataFrame, starts: np.ndarray, ends: np.ndarray, targ
     }
 
 
-def sample_table(kept: pl.DataFrame, split: str) -> pl.DataFrame:
-    """The samples of one split: every target row of `kept` (find_samples) with the history before it."""
+def sample_table(kept: pl.DataFrame, split: str, anchor: str = "target_day") -> pl.DataFrame:
+    """The samples of one split: every target row of `kept` (find_samples) with the history before it, recency
+    counted back from `anchor` (ANCHORS): the target's day, or the day of the history's last visit."""
+    if anchor not in ANCHORS:
+        raise ValueError(f"anchor must be one of {', '.join(ANCHORS)}, got {anchor!r}")
     rows = np.flatnonzero((kept["is_target"] & (kept["split"] == split)).to_numpy())
     targets = kept[rows]
+    day = kept["start_day"].to_numpy()
+    anchor_days = day[rows] if anchor == "target_day" else day[rows - 1]  # a target's history ends on the row before it
     return pl.DataFrame({
         "user": targets["user"],
         "source_user_id": targets["user_id"],
-        **history_lists(kept, kept["history_start"].to_numpy()[rows], rows, kept["start_day"].to_numpy()[rows]),
+        **history_lists(kept, kept["history_start"].to_numpy()[rows], rows, anchor_days),
         "target": targets["location"],
         "target_place": targets["location_id"].cast(pl.Int64),
         "target_time_slot": targets["time_slot"],

@@ -126,28 +126,30 @@ def no_progress(name: str | None = None) -> None:
 
 
 
-def stage_read(input_path: Path, input_format: str, log: StageLog | None = None, advance=no_progress,
-               config: PreprocessConfig | None = None) -> Stage:
-    """Read and validate: the valid rows ("points") and the quarantined ones, with their counts."""
+def stage_read(input_path: Path | pl.DataFrame, input_format: str, log: StageLog | None = None, advance=no_progress,
+               config: PreprocessConfig | None = None, name: str = "request") -> Stage:
+    """Read and validate: the valid rows ("points") and the quarantined ones, with their counts. `input_path` is a
+    file or folder, or (positionfixes and staypoints) a table in memory, called `name` in messages."""
     log = log or StageLog()
     earliest, latest = (config or PreprocessConfig()).time_window()
     window = readers.TimeWindow(earliest, latest)
+    where = name if isinstance(input_path, pl.DataFrame) else input_path  # what messages call the input
     with log.stage("read and validate"):
         if input_format == "geolife-plt":
             result = readers.read_geolife_plt(input_path, window)
         elif input_format == "positionfixes":
-            result = readers.read_positionfixes(input_path, window)
+            result = readers.read_positionfixes(input_path, window, name=name)
         elif input_format == "staypoints":
-            result = readers.read_staypoints(input_path, window)
+            result = readers.read_staypoints(input_path, window, name=name)
         else:
-            check_format(input_path, input_format)
+            check_format(where, input_format)
         counts = {"positionfixes_read": result.rows_read, "positionfixes_quarantined": result.quarantine.height}
         reasons = dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
         details = {"quarantine_reasons": reasons, "time_window": window.describe(), **result.notes}
         if result.table.height == 0:
             top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
             listed = "; ".join(f"{reason}: {n:,}" for reason, n in top)
-            raise InputError(input_path, f"no valid rows: all {result.rows_read:,} rows were quarantined ({listed})")
+            raise InputError(where, f"no valid rows: all {result.rows_read:,} rows were quarantined ({listed})")
     advance("staypoints")
     return Stage({"points": result.table, "quarantine": result.quarantine}, counts, details)
 

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from pgt.data import BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch
 from pgt.vocabulary import unseen_slots
+from preprocessing.sequences import find_samples, sample_table
 
 
 def write_split(path, histories, places=None):
@@ -57,6 +58,27 @@ def test_anchored_at_the_last_visit_counts_recency_from_its_day(tmp_path):
     assert live.recency.tolist() == [[3, 2, 1, 0], [4, 3, 2, 1], [1, 0, 0, 0]]  # days before the last visit, + 1
     assert live.locations is ds.locations and live.weekdays is ds.weekdays and live.targets is ds.targets
     assert live.__getitems__([0, 1]).recency.tolist() == [[3, 2, 1, 0], [4, 3, 2, 1]]
+
+
+def test_reanchoring_a_split_gives_the_samples_built_at_the_last_visit():
+    """The two ways to the deployment inputs agree: a protocol split re-anchored as tensors
+    (anchored_at_last_visit, what training and the deployment block use) equals the same samples built anchored
+    at the last visit (sample_table, what `pgt predict`'s evaluation rows use), on irregular days and gaps."""
+    rng = np.random.default_rng(3)
+    days = np.sort(rng.choice(60, 45, replace=True))
+    start = [datetime(2024, 1, 1, tzinfo=timezone.utc) + timedelta(days=int(d), hours=int(h))
+             for d, h in zip(days, rng.integers(0, 20, len(days)))]
+    kept = find_samples(pl.DataFrame({
+        "user_id": [7] * len(days), "user": pl.Series([1] * len(days), dtype=pl.Int32), "split": ["test"] * len(days),
+        "started_at": start, "start_day": pl.Series(days, dtype=pl.Int32),
+        "location": pl.Series(rng.integers(1, 9, len(days)), dtype=pl.Int32), "location_id": rng.integers(0, 9, len(days)),
+        "time_slot": pl.Series(rng.integers(0, 96, len(days)), dtype=pl.Int16),
+        "weekday": pl.Series(rng.integers(0, 7, len(days)), dtype=pl.Int8),
+        "duration_bucket": pl.Series(rng.integers(0, 96, len(days)), dtype=pl.Int16)}).sort("started_at"), 7, 3)
+    protocol = SequenceDataset.from_arrow(sample_table(kept, "test").to_arrow())
+    live = SequenceDataset.from_arrow(sample_table(kept, "test", anchor="last_visit").to_arrow())
+    assert len(live) > 20 and not torch.equal(protocol.recency, live.recency)
+    assert torch.equal(protocol.anchored_at_last_visit().recency, live.recency)
 
 
 def test_bucketed_distributed_batches_cover_every_sample_once(tmp_path):

@@ -131,6 +131,31 @@ def test_bad_staypoint_rows(tmp_path):
     assert r.table["longitude"].to_list() == [116.29, 116.31]
 
 
+def test_a_table_in_memory_reads_as_the_same_table_in_a_file(tmp_path):
+    """A served request is read without a file: the same rows kept and quarantined for the same reasons, its
+    messages and quarantine naming it (`name`) instead of a path."""
+    csv = tmp_path / "sp.csv"
+    csv.write_text(BAD_STAYPOINTS)
+    from_file = read_staypoints(csv)
+    frame = pl.read_csv(csv, infer_schema=False)  # text columns, as JSON records arrive
+    in_memory = read_staypoints(frame, name="request")
+    assert in_memory.table.equals(from_file.table) and in_memory.rows_read == 8
+    assert in_memory.quarantine.drop("source_file").equals(from_file.quarantine.drop("source_file"))
+    assert set(in_memory.quarantine["source_file"]) == {"request"}
+    fixes = pl.DataFrame({"user_id": ["a", "a"], "tracked_at": ["2008-10-23 02:53:04", "soon"],
+                          "latitude": [39.9, 39.9], "longitude": [116.3, 116.3]})
+    read = read_positionfixes(fixes, name="request")
+    assert (read.table.height, read.quarantine["reason"].to_list()) == (
+        1, ["unparseable tracked_at (expected ISO 8601 such as 2008-10-23 02:53:04)"])
+    with pytest.raises(InputError, match=r"^request: missing column latitude; expected user_id, tracked_at, latitude, "
+                                         r"longitude; found: user_id, tracked_at, longitude$"):
+        read_positionfixes(fixes.drop("latitude"), name="request")
+    with pytest.raises(InputError, match=r"^request: no rows$"):
+        read_positionfixes(fixes.clear(), name="request")
+    with pytest.raises(InputError, match=r"^request: column tracked_at has type Boolean, expected a timestamp"):
+        read_positionfixes(fixes.with_columns(pl.lit(True).alias("tracked_at")), name="request")
+
+
 def test_staypoints_with_latitude_longitude_columns_and_wkb(tmp_path):
     import struct
 

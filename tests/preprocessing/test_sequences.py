@@ -5,8 +5,17 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import polars as pl
+import pytest
 
-from preprocessing.sequences import add_time_features, generate_samples, split_by_day
+from preprocessing.sequences import (
+    Vocabularies,
+    add_time_features,
+    encode,
+    find_samples,
+    generate_samples,
+    sample_table,
+    split_by_day,
+)
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)  # a Monday
 
@@ -67,3 +76,22 @@ def test_samples_history_vocabulary_and_user_filter():
     last = test.row(4, named=True)  # day 29, location 30 unseen in train -> 1; history days 27 (20) and 28 (10)
     assert (last["locations"], last["recency"], last["target"]) == ([3, 2], [2, 1], 1)
     assert last["time_slots"] == [32, 32] and last["weekdays"] == [6, 0] and last["durations"] == [2, 2]
+
+
+def test_samples_anchored_at_the_last_visit_count_recency_from_its_day():
+    """One rule for every sample: recency counts back from the anchor's day. At the target's day (the protocol) a
+    history of days 24 and 25 before a day-27 target reads [3, 2]; at the last visit's day it reads [1, 0]. Nothing
+    else changes."""
+    rows = [(7, d, "08:00", 60, 10 if d % 2 == 0 else 20) for d in (22, 24, 25, 27)]
+    f = split_by_day(add_time_features(staypoints(rows))).with_columns(pl.lit("test").alias("split"))
+    marked = find_samples(f, history_days=3, min_history=2)
+    vocab_rows = pl.DataFrame({"location": [2, 3], "source_location_id": [10, 20]}, schema_overrides={"location": pl.Int32})
+    users = pl.DataFrame({"user": [1], "source_user_id": [7]}, schema_overrides={"user": pl.Int32})
+    kept = encode(marked, Vocabularies(vocab_rows, users))
+    protocol, live = sample_table(kept, "test"), sample_table(kept, "test", anchor="last_visit")
+    # targets: day 25 (history days 22 and 24) and day 27 (history days 24 and 25)
+    assert protocol["recency"].to_list() == [[3, 1], [3, 2]]  # days before the target
+    assert live["recency"].to_list() == [[2, 0], [1, 0]]  # days before the last history visit
+    assert protocol.drop("recency").equals(live.drop("recency"))
+    with pytest.raises(ValueError, match="anchor must be one of target_day, last_visit, got 'tomorrow'"):
+        sample_table(kept, "test", anchor="tomorrow")

@@ -43,13 +43,6 @@ def test_short_stays_and_gaps_emit_nothing():
     assert generate_staypoints(fixes(rows)).height == 0
 
 
-def test_distance_threshold_is_at_least():
-    exactly = (HOME[0] + 200 / (6_371_000 * np.pi / 180), HOME[1])
-    assert haversine_m(*HOME, *exactly) == pytest.approx(200.0)
-    sp = generate_staypoints(fixes([(1, 0, HOME), (1, 31, exactly), (1, 32, HOME)]), dist_threshold_m=199.999)
-    assert sp["finished_at"].to_list() == [T0 + timedelta(minutes=31)]
-
-
 def test_the_last_stay_is_kept_if_long_enough_and_users_are_separate():
     rows = [(1, 0, HOME), (1, 30, HOME),  # user 1: a 30 min stay at the end -> kept
             (2, 0, HOME), (2, 29, HOME)]  # user 2: 29 min -> not
