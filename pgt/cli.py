@@ -372,10 +372,17 @@ def explain(
 @app.command()
 def manifest(folder: Path = typer.Argument(..., help="A `pgt preprocess` output folder.")) -> None:
     """Print the counts and vocabulary sizes of a preprocessed folder."""
-    path = folder / "manifest.json"
-    if not path.is_file():
+    from preprocessing.errors import InputError
+    from preprocessing.output import is_own_manifest, read_manifest
+
+    try:
+        data = read_manifest(folder)
+    except InputError as exc:
+        fail(str(exc))
+    if data is None:
         fail(f"{folder}: no manifest.json; expected a `pgt preprocess` output folder")
-    data = json.loads(path.read_text())
+    if not is_own_manifest(data) or not isinstance(data.get("counts"), dict) or not isinstance(data.get("vocab"), dict):
+        fail(f"{folder / 'manifest.json'}: not the manifest of a `pgt preprocess` output (no counts and vocab)")
     json.dump({"counts": data["counts"], "vocab": data["vocab"]}, sys.stdout, indent=2)
     typer.echo()
 

@@ -29,6 +29,17 @@ def _require(path: Path) -> Path:
     pytest.skip(f"real data not available: {path} is missing (it lives in ../shared/data beside the project)")
 
 
+REAL_DATA_FIXTURES = {"geolife_parquet", "plt_sample", "trackintel_staypoints", "geolife_few_users", "geolife_sequences"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that takes a real-data fixture (directly or through another fixture) carries the real_data
+    marker, so `-m real_data` / `-m "not real_data"` select by what a test needs, not by a hand-kept list."""
+    for item in items:
+        if REAL_DATA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_data)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """The safety net under every test's own cleanup: whatever this test run started and still runs (a
     subprocess of a test that was interrupted, its Ray, a flow run) is stopped, TERM then KILL: only processes

@@ -44,6 +44,16 @@ def test_synth_then_preprocess_then_reuse(tmp_path):
     assert {"config", "input_sha256", "version"} <= set(manifest) and manifest["producer"] == "pgt preprocess"
     r = run("preprocess", "--input", fixes, "--format", "positionfixes", "--out", out, "--config", config, "--no-progress")
     assert r.returncode == 0 and r.stdout.startswith(f"reused {out}") and r.stderr == ""
+    r = run("manifest", out)  # the counts and vocabulary sizes, as the manifest holds them
+    assert r.returncode == 0 and json.loads(r.stdout) == {"counts": manifest["counts"], "vocab": manifest["vocab"]}
+
+
+def test_manifest_of_a_folder_that_is_not_a_preprocess_output(tmp_path):
+    _single_error_line(run("manifest", tmp_path), f"{tmp_path}: no manifest.json; expected a `pgt preprocess` output folder")
+    (tmp_path / "manifest.json").write_text("{not json")
+    _single_error_line(run("manifest", tmp_path), f"{tmp_path / 'manifest.json'}: corrupt manifest, not JSON")
+    (tmp_path / "manifest.json").write_text('{"name": "someone else\'s"}')
+    _single_error_line(run("manifest", tmp_path), "not the manifest of a `pgt preprocess` output")
 
 
 def _single_error_line(r: subprocess.CompletedProcess, *needles: str) -> str:

@@ -40,26 +40,45 @@ def stack(tmp_path_factory):
             assert not (state / "prefect" / name).exists()
 
 
-def run_demo(env) -> subprocess.CompletedProcess:
+def run_deployment(env, name: str, *params: str, timeout_s: int = 600) -> None:
+    """`prefect deployment run NAME --watch`: the run must complete (prefect exits non-zero for a failed run)."""
     prefect = Path(env["PGT_VENV_BIN"]) / "prefect"
-    subprocess.run([prefect, "deployment", "run", "preprocess-and-train/demo", *SMALL, "--watch", "--watch-timeout", "600"],
-                   env=env, capture_output=True, text=True, timeout=700)
+    r = subprocess.run([prefect, "deployment", "run", name, *params, "--watch", "--watch-timeout", str(timeout_s)],
+                       env=env, capture_output=True, text=True, timeout=timeout_s + 100)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+
+
+def run_demo(env) -> subprocess.CompletedProcess:
+    run_deployment(env, "preprocess-and-train/demo", *SMALL)
     return subprocess.run([sys.executable, SCRIPTS / "show_run.py", "preprocess-and-train/demo"], env=env,
                           capture_output=True, text=True, timeout=120)
 
 
+def expected_champion(client, name: str) -> tuple[int, str]:
+    """(number of versions, the version that must hold the champion alias): each version in turn becomes champion
+    only if its validation strict Acc@1 beats the champion's so far."""
+    versions = sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
+    champion, best = None, float("-inf")
+    for v in versions:
+        if float(v.tags["validation_strict_acc_at_1"]) > best:
+            champion, best = v.version, float(v.tags["validation_strict_acc_at_1"])
+    return len(versions), champion
+
+
 def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing(stack):
+    from mlflow.tracking import MlflowClient
+
     state, env = stack
+    client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
+    before = expected_champion(client, "pgt-demo")[0] if client.search_registered_models("name = 'pgt-demo'") else 0
     first = run_demo(env)
     assert first.returncode == 0, first.stdout + first.stderr
     assert ": Completed" in first.stdout and "test, strict" in first.stdout and "target id in history" in first.stdout
     assert f"http://127.0.0.1:{env['MLFLOW_PORT']}/#/experiments/" in first.stdout.replace("\n", "").replace(" ", "")
-
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
-    champion = client.get_model_version_by_alias("pgt-demo", "champion")
-    assert champion.version == "1" and float(champion.tags["validation_strict_acc_at_1"]) > 0
+    count, champion = expected_champion(client, "pgt-demo")
+    assert count == before + 1 and float(client.get_model_version(
+        "pgt-demo", str(count)).tags["validation_strict_acc_at_1"]) > 0
+    assert client.get_model_version_by_alias("pgt-demo", "champion").version == champion
 
     manifest = state / "sequences" / "synthetic" / "manifest.json"
     stamp = manifest.stat().st_mtime_ns
@@ -68,8 +87,8 @@ def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing
     assert manifest.stat().st_mtime_ns == stamp  # the rerun reused the cached sequences
     log = (state / "prefect" / "worker.log").read_text()
     assert "sequences reused from" in log
-    versions = client.search_model_versions("name = 'pgt-demo'")
-    assert len(versions) == 2 and client.get_model_version_by_alias("pgt-demo", "champion").version in ("1", "2")
+    count, champion = expected_champion(client, "pgt-demo")
+    assert count == before + 2 and client.get_model_version_by_alias("pgt-demo", "champion").version == champion
 
 
 def test_predict_deployment_publishes_next_places_as_a_table_and_a_map(stack):
@@ -80,14 +99,10 @@ def test_predict_deployment_publishes_next_places_as_a_table_and_a_map(stack):
 
     state, env = stack
     client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
-    try:
-        client.get_model_version_by_alias("pgt-demo", "champion")
-    except Exception:  # this test alone: train the demo first
+    if not client.search_registered_models("name = 'pgt-demo'"):  # this test alone: train the demo first
         assert run_demo(env).returncode == 0
-    prefect = Path(env["PGT_VENV_BIN"]) / "prefect"
-    subprocess.run([prefect, "deployment", "run", "predict-next-places/predict", "--param", "synthetic_users=8",
-                    "--param", "synthetic_days=70", "--watch", "--watch-timeout", "400"], env=env, capture_output=True,
-                   text=True, timeout=500)
+    run_deployment(env, "predict-next-places/predict", "--param", "synthetic_users=8", "--param", "synthetic_days=70",
+                   timeout_s=400)
     code = """
 import json
 from prefect.client.orchestration import get_client
@@ -112,7 +127,35 @@ with get_client(sync_client=True) as client:
     shown = subprocess.run([sys.executable, SCRIPTS / "show_run.py", "predict-next-places/predict",
                             "pgt-predictions-summary"], env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and ": Completed" in shown.stdout and "users scored" in shown.stdout, shown.stdout
-    assert (state / "predictions" / "pgt-demo-champion" / "predictions.parquet").is_file()
+    published = state / "predictions" / "pgt-demo-champion" / "predictions.parquet"
+    # the deployment answers what `pgt predict` answers for the same model and input
+    recent = next((state / "data").glob("synthetic-8u-70d-*-last14d.parquet"))
+    by_hand = state / "by-hand.parquet"
+    r = subprocess.run([sys.executable, "-m", "pgt.cli", "predict", "--model", "models:/pgt-demo@champion", "--input",
+                        str(recent), "--format", "positionfixes", "--out", str(by_hand), "--tracking-uri",
+                        f"http://127.0.0.1:{env['MLFLOW_PORT']}"], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    import polars as pl
+
+    assert pl.read_parquet(by_hand).equals(pl.read_parquet(published))
+
+
+def test_sweep_deployment_tunes_and_registers_the_best_trial(stack):
+    """`prefect deployment run preprocess-and-train/sweep`: a 2-trial sweep on the demo's data through the worker,
+    its best trial registered as pgt-sweep."""
+    from mlflow.tracking import MlflowClient
+
+    state, env = stack
+    run_deployment(env, "preprocess-and-train/sweep", *SMALL, "--param", "trials=2")
+    shown = subprocess.run([sys.executable, SCRIPTS / "show_run.py", "preprocess-and-train/sweep"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0 and ": Completed" in shown.stdout and "sweep" in shown.stdout, shown.stdout
+    trials = json.loads((state / "sweeps" / "synthetic" / "tune.json").read_text())["trials"]
+    assert len(trials) == 2
+    client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
+    versions = client.search_model_versions("name = 'pgt-sweep'")
+    assert versions and all(v.tags.get("sweep_run_id") for v in versions)
+    assert client.get_model_version_by_alias("pgt-sweep", "champion").version == expected_champion(client, "pgt-sweep")[1]
 
 
 def test_every_deployment_runs_one_at_a_time(stack):

@@ -35,10 +35,14 @@ def test_flow_trains_evaluates_registers_and_publishes(first_run):
     client = MlflowClient(params["tracking_uri"])
     logged = client.get_run(result["mlflow"]["run_id"]).data.metrics
     assert logged["test_acc_at_1"] == pytest.approx(result["test"]["acc@1"])
-    assert result["registered"]["promoted"] and str(client.get_model_version_by_alias("flowtest", "champion").version) == "1"
-    with get_client(sync_client=True) as prefect:
-        artifact = prefect.read_latest_artifacts()[0]
-    assert artifact.key == "pgt-metrics" and result["mlflow"]["run_id"] in artifact.data
+    assert result["registered"]["version"] == 1 and result["registered"]["promoted"]  # the first version is champion
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as prefect:  # this run's metrics table, whatever other tests published since
+        published = prefect.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["pgt-metrics"])))
+    mine = [a for a in published if result["mlflow"]["run_id"] in a.data]
+    assert len(mine) == 1
+    artifact = mine[0]
     # strict first, then the protocol's, and the new-place detection
     assert artifact.data.index("| test, strict |") < artifact.data.index("| test, protocol |")
     assert f"| test, strict | {result['test']['strict']['acc@1']:.2f} |" in artifact.data
@@ -147,3 +151,37 @@ def test_flow_and_command_run_the_same_stages_and_log_them_all(first_run, tmp_pa
     for name in ("train.parquet", "test.parquet", "places.parquet"):
         digests = {hashlib.sha256((folder / name).read_bytes()).hexdigest() for folder in (flow_out, tmp_path / "cli")}
         assert len(digests) == 1, name
+
+
+def test_the_sweep_branch_tunes_registers_its_best_trial_and_a_rerun_resumes_it(tmp_path):
+    """preprocess_and_train(tune=True): a 2-trial sweep around the recipe, its best trial evaluated and registered
+    with the recipe and the sweep's run as tags; run again, the flow resumes that sweep (its out folder holds
+    sweep.json) instead of training the trials again, and registers a second version."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from flows.preprocess_and_train import preprocess_and_train
+
+    state = tmp_path / "state"
+    params = dict(tune=True, trials=2, epochs=2, state_dir=str(state), synthetic_users=8, synthetic_days=70,
+                  model_name="sweepflow", tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
+    first = preprocess_and_train(**params)
+    sweep = state / "sweeps" / "synthetic"
+    trials = json.loads((sweep / "tune.json").read_text())["trials"]
+    assert len(trials) == 2 and {t["config"]["model"] for t in trials} == {"pgt"}
+    assert (sweep / "best_recipe.yaml").is_file()
+    assert first["registered"]["version"] == 1 and first["registered"]["promoted"]
+    assert first["test"]["n"] == first["manifest_counts"]["samples"]["test"]
+    client = MlflowClient(params["tracking_uri"])
+    version = client.get_model_version("sweepflow", "1")
+    assert version.tags["recipe"] == "paper" and version.tags["sweep_run_id"] == first["mlflow"]["run_id"]
+    trained = {p.parent.name: p.stat().st_mtime_ns for p in (sweep / "trials").glob("*/metrics.json")}
+    assert len(trained) >= 1
+
+    second = preprocess_and_train(**params)
+    again = json.loads((sweep / "tune.json").read_text())["trials"]
+    assert {t["trial_id"] for t in again} == {t["trial_id"] for t in trials}  # the same sweep, resumed
+    for trial_id, mtime in trained.items():  # no trial trained again
+        assert (sweep / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
+    assert second["registered"]["version"] == 2
