@@ -32,6 +32,7 @@ from preprocessing.errors import InputError
 from preprocessing.locations import merge_staypoints, summarise_locations
 from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
 from preprocessing.output import read_manifest
+from preprocessing.readers import instant
 from preprocessing.sequences import UNSEEN, add_time_features, find_samples, history_lists, sample_table
 from preprocessing.stages import Stage, StageLog, stage_read, stage_staypoints
 from preprocessing.staypoints import EARTH_RADIUS_M
@@ -318,7 +319,7 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
     key = (user_rank << 32) + day
     target_day, when = day[last], marked["finished_at"].gather(last)
     if at is not None:
-        late = marked.filter(pl.col("started_at") > at)
+        late = marked.filter(pl.col("started_at") > instant(at))
         if late.height:
             first = late.row(0, named=True)
             raise ValueError(f"--at {at.isoformat()} is before the last visit of user {first['user_id']} (it starts "

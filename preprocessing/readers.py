@@ -42,6 +42,7 @@ UTC_MS = pl.Datetime("ms", "UTC")
 QUARANTINE_KEYS = ("source_file", "source_row", "reason")
 EXTRA = "__pgt_extra_fields__"  # holds the first field beyond the header's (CSV) or the 7 of a .plt row
 EARLIEST_VALID_TIME = datetime(1990, 1, 1, tzinfo=timezone.utc)
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 PLT_FIX = re.compile(r"^\s*[-+]?[\d.]+\s*,\s*[-+]?[\d.]+\s*,[^,]*,[^,]*,[^,]*,\s*\d{4}-\d{1,2}-\d{1,2}\s*,")
 
 
@@ -570,6 +571,12 @@ def _wkb_point(blob: bytes) -> list[float] | None:
     return list(struct.unpack(order + "dd", blob[offset:offset + 16]))
 
 
+def instant(moment: datetime) -> pl.Expr:
+    """A moment as a literal of UTC_MS, to the millisecond (from its epoch milliseconds: polars converts an integer
+    some twenty times faster than a datetime object, which counts in a served request's few milliseconds)."""
+    return pl.lit((moment - EPOCH) // timedelta(milliseconds=1), pl.Int64).cast(UTC_MS)
+
+
 def _time_checks(name: str, missing_flag: str = "_t_missing", unparseable: str | None = None,
                  window: TimeWindow = TimeWindow()) -> list[tuple[str, pl.Expr]]:
     earliest, latest = window.bounds()
@@ -577,7 +584,7 @@ def _time_checks(name: str, missing_flag: str = "_t_missing", unparseable: str |
         (f"missing {name}", pl.col(missing_flag)),
         (unparseable or f"unparseable {name} (expected ISO 8601 such as 2008-10-23 02:53:04)", pl.col(name).is_null()),
         (f"{name} outside the plausible window {window.describe()}",
-         (pl.col(name) < pl.lit(earliest, UTC_MS)) | (pl.col(name) > pl.lit(latest, UTC_MS))),
+         (pl.col(name) < instant(earliest)) | (pl.col(name) > instant(latest))),
     ]
 
 

@@ -116,3 +116,16 @@ def test_the_quality_window_holds_stays_wholly_inside_and_its_mean_must_exceed_t
                              "finished_at": [T0 + timedelta(hours=1), finished, T0 + timedelta(days=21, hours=1)]})
         week0 = window_quality(edge, window_weeks=1).filter(pl.col("window") == 0)["quality"].to_list()
         assert week0 == [pytest.approx(hours / 168, rel=1e-12)], finished
+
+
+def test_the_plausible_time_window_includes_its_ends():
+    """Times outside [earliest, latest] are quarantined: both ends are inside, 1 ms beyond either is not."""
+    from preprocessing.readers import TimeWindow, read_positionfixes
+
+    earliest, latest = datetime(2008, 1, 1, tzinfo=timezone.utc), datetime(2009, 1, 1, tzinfo=timezone.utc)
+    times = [earliest - MS, earliest, latest, latest + MS]
+    fixes = pl.DataFrame({"user_id": [1, 2, 3, 4], "tracked_at": times, "latitude": [39.9] * 4, "longitude": [LON] * 4})
+    read = read_positionfixes(fixes, TimeWindow(earliest, latest))
+    assert read.table["user_id"].to_list() == [2, 3]
+    assert read.quarantine["source_row"].to_list() == [0, 3]
+    assert set(read.quarantine["reason"]) == {"tracked_at outside the plausible window 2008-01-01 00:00 to 2009-01-01 00:00 UTC"}
