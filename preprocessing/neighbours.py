@@ -35,6 +35,7 @@ SMALL_PAIRS = 4096  # group pairs with at most this many point pairs are compare
 PAIR_CHUNK = 500_000  # point pairs compared at once (about 60 MB of temporaries)
 LINK_BATCH = 20_000  # uncertain group pairs compared between two updates of the components
 QUERY_CHUNK = 20_000  # points per radius query, so that the neighbour lists held at once stay bounded
+SMALL_TREE = 64  # a SphereTree of at most this many points compares every pair (a served request's staypoints)
 
 
 def rdist(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -42,6 +43,13 @@ def rdist(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     `rdist`), so that comparisons with `within(radius)` decide as `BallTree(metric="haversine")` does."""
     s0, s1 = np.sin(0.5 * (p[:, 0] - q[:, 0])), np.sin(0.5 * (p[:, 1] - q[:, 1]))
     return s0 * s0 + np.cos(p[:, 0]) * np.cos(q[:, 0]) * s1 * s1
+
+
+def rdist_all(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """(m, n) hav(d) of every row of p against every row of q, element for element the arithmetic of `rdist`."""
+    s0 = np.sin(0.5 * (p[:, :1] - q[:, 0]))
+    s1 = np.sin(0.5 * (p[:, 1:] - q[:, 1]))
+    return s0 * s0 + np.cos(p[:, :1]) * np.cos(q[:, 0]) * s1 * s1
 
 
 def within(radius: float) -> float:
@@ -67,20 +75,33 @@ def unit_vectors(coords: np.ndarray) -> np.ndarray:
 
 class SphereTree:
     """Radius and nearest-neighbour queries over points (n, 2) in radians, exactly as a haversine BallTree
-    answers them (module docstring), much faster."""
+    answers them (module docstring), much faster. A tree of at most SMALL_TREE points (a served request's
+    staypoints) compares every pair by the same exact arithmetic instead: the same answers, without building a
+    KD-tree or paying scikit-learn's per-call checks."""
 
     def __init__(self, coords: np.ndarray):
         self.coords = np.ascontiguousarray(coords, dtype=np.float64).reshape(-1, 2)
-        self.tree = KDTree(unit_vectors(self.coords)) if len(self.coords) else None
+        self.small = len(self.coords) <= SMALL_TREE
+        self.tree = KDTree(unit_vectors(self.coords)) if len(self.coords) and not self.small else None
 
     def _chords(self, radius: float) -> tuple[float, float]:
         chord = 2 * np.sin(0.5 * radius)
         return chord * (1 - CHORD_SLACK), chord * (1 + CHORD_SLACK)
 
+    def _chunks(self, points: np.ndarray):
+        """(start, rdist of points[start:...] against every tree point) in chunks of bounded memory (small trees)."""
+        step = max(1, QUERY_CHUNK * 4 // max(len(self.coords), 1))
+        for start in range(0, len(points), step):
+            yield start, rdist_all(points[start:start + step], self.coords)
+
     def counts(self, points: np.ndarray, radius: float) -> np.ndarray:
         """(m,) how many tree points lie within `radius` of each point (a tree point counts itself)."""
         out = np.zeros(len(points), np.int64)
-        if self.tree is None or len(points) == 0:
+        if len(self.coords) == 0 or len(points) == 0:
+            return out
+        if self.small:
+            for start, r in self._chunks(points):
+                out[start:start + len(r)] = (r <= within(radius)).sum(axis=1)
             return out
         inner, outer = self._chords(radius)
         for start in range(0, len(points), QUERY_CHUNK):
@@ -96,11 +117,17 @@ class SphereTree:
         return out
 
     def pairs(self, points: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(query, tree index, distance in radians) for every tree point within `radius` of a query point.
-        Memory follows the pairs: call it where `counts` says they are few."""
+        """(query, tree index, distance in radians) for every tree point within `radius` of a query point, by query
+        then tree index. Memory follows the pairs: call it where `counts` says they are few."""
         empty = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0))
-        if self.tree is None or len(points) == 0:
+        if len(self.coords) == 0 or len(points) == 0:
             return empty
+        if self.small:
+            parts = [(start + i, j, r[i, j]) for start, r in self._chunks(points)
+                     for i, j in [np.nonzero(r <= within(radius))]]
+            return (np.concatenate([q for q, _, _ in parts]).astype(np.int64),
+                    np.concatenate([j for _, j, _ in parts]).astype(np.int64),
+                    distance_of(np.concatenate([d for _, _, d in parts])))
         index = self.tree.query_radius(unit_vectors(points), self._chords(radius)[1])
         sizes = np.fromiter((len(a) for a in index), np.int64, len(index))
         if sizes.sum() == 0:
@@ -112,6 +139,9 @@ class SphereTree:
 
     def k_nearest(self, points: np.ndarray, k: int) -> np.ndarray:
         """(m, k) indices of each point's k nearest tree points, nearest first (k at most the tree's size)."""
+        if self.small:
+            return np.concatenate([np.argsort(r, axis=1, kind="stable")[:, :k] for _, r in self._chunks(points)]
+                                  or [np.zeros((0, k), np.int64)]).astype(np.int64)
         return self.tree.query(unit_vectors(points), k=k)[1].astype(np.int64)
 
     def nearest(self, points: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray]:
@@ -119,7 +149,15 @@ class SphereTree:
         none. Memory grows with the points, whatever the density."""
         index = np.full(len(points), -1, np.int64)
         distance = np.full(len(points), np.inf)
-        if self.tree is None or len(points) == 0:
+        if len(self.coords) == 0 or len(points) == 0:
+            return index, distance
+        if self.small:
+            for start, r in self._chunks(points):
+                best = np.argmin(r, axis=1)
+                closest = r[np.arange(len(r)), best]
+                hit = closest <= within(radius)
+                rows = start + np.flatnonzero(hit)
+                index[rows], distance[rows] = best[hit], distance_of(closest[hit])
             return index, distance
         chord, found = self.tree.query(unit_vectors(points), k=1)
         found = found[:, 0]

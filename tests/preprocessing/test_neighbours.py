@@ -45,9 +45,43 @@ def test_counts_and_pairs_equal_a_haversine_ball_tree(centre):
     assert np.allclose(distance, haversine(points[query], points[found]))
 
 
-def test_a_pair_exactly_at_the_radius_is_inside_and_just_past_it_outside():
-    """d <= eps is a neighbour (scikit-learn's rule): at the radius itself by its own arithmetic, 1e-9 past it not."""
-    a = np.radians([[39.9, 116.3]])
+@pytest.mark.parametrize("centre", PLACES)
+def test_a_small_tree_compares_every_pair_and_answers_as_the_kd_tree(centre, monkeypatch):
+    """A tree of at most SMALL_TREE points (a served request's staypoints) skips the KD-tree: counts, pairs, the
+    nearest within a radius and the k nearest are those of the KD-tree path and of a haversine BallTree."""
+    import preprocessing.neighbours as neighbours
+
+    points = clustered(400, centre, 15, 8, seed=2)
+    points[:5] = points[5:10]  # duplicates
+    small = SphereTree(points[:40])
+    assert small.small and small.tree is None
+    monkeypatch.setattr(neighbours, "SMALL_TREE", 0)
+    big = SphereTree(points[:40])
+    assert not big.small
+    expected = BallTree(points[:40], metric="haversine").query_radius(points, EPS, count_only=True)
+    assert (small.counts(points, EPS) == expected).all() and (big.counts(points, EPS) == expected).all()
+    lists = BallTree(points[:40], metric="haversine").query_radius(points, EPS)
+    within = {(i, int(j)) for i, js in enumerate(lists) for j in js}
+    for query, found, distance in (small.pairs(points, EPS), big.pairs(points, EPS)):
+        assert len(query) == expected.sum() and set(zip(query.tolist(), found.tolist())) == within
+        assert np.allclose(distance, haversine(points[query], points[:40][found]))
+    for a, b in zip(small.nearest(points, EPS), big.nearest(points, EPS)):
+        assert np.array_equal(a, b)
+    nearest_k = small.k_nearest(points, 3)
+    d_small = haversine(np.repeat(points, 3, axis=0), points[:40][nearest_k.reshape(-1)]).reshape(-1, 3)
+    d_big = haversine(np.repeat(points, 3, axis=0), points[:40][big.k_nearest(points, 3).reshape(-1)]).reshape(-1, 3)
+    assert np.allclose(d_small, d_big, rtol=0, atol=1e-15) and (np.diff(d_small, axis=1) >= 0).all()
+    assert SphereTree(points[:0]).counts(points, EPS).tolist() == [0] * len(points)
+
+
+@pytest.mark.parametrize("small_tree", [64, 0], ids=["pairwise", "kd-tree"])
+def test_a_pair_exactly_at_the_radius_is_inside_and_just_past_it_outside(small_tree, monkeypatch):
+    """d <= eps is a neighbour (scikit-learn's rule): at the radius itself by its own arithmetic, 1e-9 past it not;
+    for a small tree compared pair by pair as for a KD-tree."""
+    import preprocessing.neighbours as neighbours
+
+    monkeypatch.setattr(neighbours, "SMALL_TREE", small_tree)
+    a = np.array([[0.0, np.radians(116.3)]])  # from the equator the step of EPS is exact: rdist is within(EPS) itself
     inside = a + [[EPS, 0.0]]
     outside = a + [[EPS * (1 + 1e-9), 0.0]]
     points = np.concatenate([a, inside, outside])
@@ -55,6 +89,8 @@ def test_a_pair_exactly_at_the_radius_is_inside_and_just_past_it_outside():
     assert SphereTree(points).counts(a, EPS).tolist() == expected.tolist() == [2]
     nearest, _ = SphereTree(points[2:]).nearest(a, EPS)
     assert nearest.tolist() == [-1]
+    nearest, _ = SphereTree(points[1:]).nearest(a, EPS)  # the point exactly at the radius is the nearest within it
+    assert nearest.tolist() == [0]
 
 
 @pytest.mark.parametrize("centre", PLACES)
