@@ -55,6 +55,7 @@ class FittedPreprocessing:
     source: str  # where it came from: a folder or a model URI
     input_sha256: str = ""  # the fitted run's input
     _tree: object = field(default=None, repr=False)  # SphereTree over `clustered`, built on first use
+    _clustered_arrays: tuple | None = field(default=None, repr=False)  # (place, is_core) of `clustered`, as numpy
 
     @classmethod
     def from_tables(cls, manifest: dict, places: pl.DataFrame, clustered: pl.DataFrame, users: pl.DataFrame,
@@ -121,6 +122,15 @@ class FittedPreprocessing:
         return self._tree
 
     @property
+    def clustered_arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(place id, -1 for noise; is_core) of each row of `clustered` as numpy arrays, built on first use: a
+        request's staypoints index them instead of gathering table rows."""
+        if self._clustered_arrays is None:
+            self._clustered_arrays = (self.clustered["location_id"].fill_null(-1).to_numpy().astype(np.int64),
+                                      self.clustered["is_core"].to_numpy().astype(bool))
+        return self._clustered_arrays
+
+    @property
     def first_new_place(self) -> int:
         """New places are numbered from here: after every fitted place id."""
         return int(self.places["location_id"].max()) + 1 if self.places.height else 0
@@ -159,16 +169,16 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing,
         budget = PAIR_BUDGET + PAIRS_PER_STAYPOINT * n if pair_budget is None else pair_budget
         join = _join_by_pairs if new_degree.sum() + fitted_degree.sum() <= budget else _join_by_cells
         rows, new_cluster, fitted_cluster = join(coords, new_tree, new_degree + fitted_degree, fitted, radius)
-        near = fitted.clustered[rows]
-        place = near["location_id"].fill_null(-1).to_numpy()
+        all_places, all_cores = fitted.clustered_arrays
+        place = all_places[rows]
         # the place of each new staypoint: that of the nearest fitted core in its cluster
-        place_cores = np.flatnonzero(near["is_core"].to_numpy() & (place >= 0))
+        place_cores = np.flatnonzero(all_cores[rows] & (place >= 0))
         core_cluster = fitted_cluster[place_cores]
         anchored = np.isin(new_cluster, core_cluster) & (new_cluster >= 0)
         joins = np.flatnonzero(anchored)
         if len(joins):
             labels[joins] = _nearest_core_place(coords[joins], new_cluster[joins],
-                                                fitted._coordinates(near[place_cores]), core_cluster, place[place_cores])
+                                                fitted.tree.coords[rows[place_cores]], core_cluster, place[place_cores])
             is_new[joins] = False
         fresh = np.flatnonzero(is_new & (new_cluster >= 0))
         _, first_seen, inverse = np.unique(new_cluster[fresh], return_index=True, return_inverse=True)
@@ -191,10 +201,8 @@ def _join_by_pairs(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray,
     new_i, new_j, new_d = new_i[keep], new_j[keep], new_d[keep]
     fit_i, fit_row, fit_d = fitted.tree.pairs(coords, radius)
     rows, fit_j = np.unique(fit_row, return_inverse=True)  # fitted node k = n + fit_j
-    near = fitted.clustered[rows]
     m = len(rows)
-    fitted_core = near["is_core"].to_numpy()
-    place = near["location_id"].fill_null(-1).to_numpy()
+    fitted_core, place = fitted.clustered_arrays[1][rows], fitted.clustered_arrays[0][rows]
     fitted_new_degree = np.bincount(fit_j, minlength=m)
     core = np.concatenate([1 + degree >= min_samples, fitted_core | (1 + fitted_new_degree >= min_samples)])
     # edges between cores: new-new, new-fitted, and the fitted cores of each place
@@ -223,9 +231,7 @@ def _join_by_cells(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray,
     n = len(coords)
     fitted_new_degree = new_tree.counts(fitted.tree.coords, radius)  # (all fitted staypoints,)
     rows = np.flatnonzero(fitted_new_degree > 0)
-    near = fitted.clustered[rows]
-    fitted_core = near["is_core"].to_numpy()
-    place = near["location_id"].fill_null(-1).to_numpy()
+    fitted_core, place = fitted.clustered_arrays[1][rows], fitted.clustered_arrays[0][rows]
     core = np.concatenate([1 + degree >= min_samples, fitted_core | (1 + fitted_new_degree[rows] >= min_samples)])
     points = np.concatenate([coords, fitted.tree.coords[rows]])
     # what may share a cell: new staypoints; fitted cores of one place; each other fitted staypoint alone
