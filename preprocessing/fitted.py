@@ -136,6 +136,8 @@ class FittedPreprocessing:
         return int(self.places["location_id"].max()) + 1 if self.places.height else 0
 
 
+ENGINE = "in-memory"  # polars engine of the staypoint-level queries: tables far smaller than the GPS points, and a
+# served request's few rows would pay the streaming engine's fixed cost twice over
 PAIR_BUDGET = 500_000  # the fitted join lists neighbour pairs up to this many (plus PAIRS_PER_STAYPOINT per staypoint)
 PAIRS_PER_STAYPOINT = 16  # beyond that, it joins by cells, in memory that grows with the staypoints (neighbours.py)
 
@@ -283,10 +285,10 @@ def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.Data
     User ids match as text, and across representations by integer value where one side holds integers:
     fitted integer ids take new text ids by value ("007" is 7), and new integer ids take fitted text ids
     by value when only one has it (GeoLife's folder "000" and the integer 0 of its Parquet)."""
-    vocab = fitted.places.select("location_id", pl.col("location").cast(pl.Int32))
+    vocab = fitted.places.lazy().select("location_id", pl.col("location").cast(pl.Int32))
     fitted_int, new_int = fitted.users.schema["source_user_id"].is_integer(), merged.schema["user_id"].is_integer()
-    users = fitted.users.select(pl.col("source_user_id").cast(pl.String).alias("_key"), pl.col("user").cast(pl.Int32))
-    keyed = merged.with_columns(pl.col("user_id").cast(pl.String).alias("_key"))
+    users = fitted.users.lazy().select(pl.col("source_user_id").cast(pl.String).alias("_key"), pl.col("user").cast(pl.Int32))
+    keyed = merged.lazy().with_columns(pl.col("user_id").cast(pl.String).alias("_key"))
     as_int = pl.col("_key").str.strip_chars().cast(pl.Int64, strict=False)
     if fitted_int and not new_int:  # by value where the text is an integer
         keyed = keyed.with_columns(pl.coalesce(as_int.cast(pl.String), pl.col("_key")).alias("_key"))
@@ -298,6 +300,7 @@ def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.Data
         .join(users, on="_key", how="left", maintain_order="left")
         .with_columns(pl.col("location").fill_null(UNSEEN), pl.col("user").fill_null(UNKNOWN_USER))
         .drop("_key")
+        .collect(engine=ENGINE)
     )
 
 
@@ -371,7 +374,8 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log)
     counts, details = found.counts, found.details
     staypoints = found.tables["staypoints"]
-    activities = staypoints.filter("is_activity").sort("user_id", "started_at", maintain_order=True)
+    activities = staypoints.lazy().filter("is_activity").sort("user_id", "started_at", maintain_order=True).collect(
+        engine=ENGINE)
     labelled, new_places = join_fitted_places(activities, fitted)
     located = labelled.filter(pl.col("location_id").is_not_null())
     counts["staypoints_on_fitted_places"] = int((~located["is_new_place"]).sum())
@@ -384,8 +388,9 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
                                  config.duration_bucket_min)
     encoded = encode_applied(featured, fitted)
     evaluation, latest = generate_applied_samples(encoded, config, evaluation, at)
-    users = (encoded.group_by("user_id").agg(pl.col("user").first()).sort("user_id")
-             .rename({"user_id": "source_user_id"}).with_columns((pl.col("user") != UNKNOWN_USER).alias("known")))
+    users = (encoded.lazy().group_by("user_id").agg(pl.col("user").first()).sort("user_id")
+             .rename({"user_id": "source_user_id"}).with_columns((pl.col("user") != UNKNOWN_USER).alias("known"))
+             .collect(engine=ENGINE))
     counts["users"] = users.height
     counts["users_unknown"] = int((~users["known"]).sum())
     counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}
@@ -405,7 +410,7 @@ def users_not_scored(read_tables: dict[str, pl.DataFrame], quarantine: pl.DataFr
     of the rules: every row quarantined; no staypoint; no activity staypoint at a place; too short a recent
     history."""
     def ids(frame: pl.DataFrame, column: str = "user_id") -> set[str]:
-        return set(frame[column].cast(pl.String).unique().to_list()) if column in frame.columns else set()
+        return set(frame[column].cast(pl.String).to_list()) if column in frame.columns else set()
 
     valid = ids(read_tables["points"])
     scored = ids(latest, "source_user_id")

@@ -144,7 +144,8 @@ def stage_read(input_path: Path | pl.DataFrame, input_format: str, log: StageLog
         else:
             check_format(where, input_format)
         counts = {"positionfixes_read": result.rows_read, "positionfixes_quarantined": result.quarantine.height}
-        reasons = dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
+        reasons = (dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
+                   if result.quarantine.height else {})
         details = {"quarantine_reasons": reasons, "time_window": window.describe(), **result.notes}
         if result.table.height == 0:
             top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
