@@ -100,14 +100,14 @@ def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, ki
     rows = np.repeat(np.arange(n), k)
     location = top.locations.reshape(-1)
     # a known id's place (the fitted vocabulary maps ids 2.. to places one to one), a slot's place as pointed at
-    known = places.filter(pl.col("location") >= 2)
-    place_of_id = np.full(max(int(known["location"].max() or 0), int(location.max(initial=0))) + 1, -1, np.int64)
-    place_of_id[known["location"].to_numpy()] = known["location_id"].to_numpy()
+    ids, vocabulary = places["location_id"].to_numpy(), places["location"].to_numpy()
+    known = vocabulary >= 2
+    place_of_id = np.full(max(int(vocabulary.max(initial=0)), int(location.max(initial=0))) + 1, -1, np.int64)
+    place_of_id[vocabulary[known]] = ids[known]
     place = np.where(top.places.reshape(-1) >= 0, top.places.reshape(-1), place_of_id[location])
     # coordinates by place id (ids are small non-negative integers); NaN for a new place or an unknown id
-    ids = places["location_id"].to_numpy()
     coordinates = np.full((max(int(ids.max(initial=-1)), int(place.max(initial=-1))) + 1, 2), np.nan)
-    coordinates[ids] = places.select("latitude", "longitude").to_numpy()
+    coordinates[ids] = np.column_stack([places["latitude"].to_numpy(), places["longitude"].to_numpy()])
     latitude, longitude = np.where((place >= 0)[:, None], coordinates[place], np.nan).T
     time = next(samples[name] for name in ("target_started_at", "prediction_time", "history_end") if name in samples.columns)
     target = (samples["target_place"].cast(pl.Int64).gather(rows) if "target_place" in samples.columns
@@ -119,14 +119,15 @@ def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, ki
         "user": np.repeat(samples["user"].to_numpy().astype(np.int64), k),
         "time": time.gather(rows),
         "rank": np.tile(np.arange(1, k + 1), n),
-        "place_id": pl.Series(place).set(pl.Series(place < 0), None) if n else pl.Series([], dtype=pl.Int64),
+        "place_id": pl.Series(place, dtype=pl.Int64),
         "location": location,
-        "latitude": pl.Series(latitude).fill_nan(None),
-        "longitude": pl.Series(longitude).fill_nan(None),
+        "latitude": latitude,
+        "longitude": longitude,
         "probability": top.probabilities.reshape(-1),
         "new_place_probability": np.repeat(top.new_place, k),
         "target_place": target,
-    })
+    }).with_columns(pl.when(pl.col("place_id") >= 0).then("place_id").alias("place_id"),  # null: a new place
+                    pl.col("latitude", "longitude").fill_nan(None))
 
 
 
