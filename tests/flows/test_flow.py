@@ -169,7 +169,7 @@ def test_the_sweep_branch_tunes_registers_its_best_trial_and_a_rerun_resumes_it(
     first = preprocess_and_train(**params)
     sweep = state / "sweeps" / "synthetic"
     trials = json.loads((sweep / "tune.json").read_text())["trials"]
-    assert len(trials) == 2 and {t["config"]["model"] for t in trials} == {"pgt"}
+    assert len(trials) == 2 and all({"d_model", "nhead", "dropout"} <= set(t["config"]) for t in trials)
     assert (sweep / "best_recipe.yaml").is_file()
     assert first["registered"]["version"] == 1 and first["registered"]["promoted"]
     assert first["test"]["n"] == first["manifest_counts"]["samples"]["test"]
