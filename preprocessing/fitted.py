@@ -204,7 +204,8 @@ def _join_by_pairs(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray,
     fit_i, fit_row, fit_d = fitted.tree.pairs(coords, radius)
     rows, fit_j = np.unique(fit_row, return_inverse=True)  # fitted node k = n + fit_j
     m = len(rows)
-    fitted_core, place = fitted.clustered_arrays[1][rows], fitted.clustered_arrays[0][rows]
+    all_places, all_cores = fitted.clustered_arrays
+    place, fitted_core = all_places[rows], all_cores[rows]
     fitted_new_degree = np.bincount(fit_j, minlength=m)
     core = np.concatenate([1 + degree >= min_samples, fitted_core | (1 + fitted_new_degree >= min_samples)])
     # edges between cores: new-new, new-fitted, and the fitted cores of each place
@@ -233,7 +234,8 @@ def _join_by_cells(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray,
     n = len(coords)
     fitted_new_degree = new_tree.counts(fitted.tree.coords, radius)  # (all fitted staypoints,)
     rows = np.flatnonzero(fitted_new_degree > 0)
-    fitted_core, place = fitted.clustered_arrays[1][rows], fitted.clustered_arrays[0][rows]
+    all_places, all_cores = fitted.clustered_arrays
+    place, fitted_core = all_places[rows], all_cores[rows]
     core = np.concatenate([1 + degree >= min_samples, fitted_core | (1 + fitted_new_degree[rows] >= min_samples)])
     points = np.concatenate([coords, fitted.tree.coords[rows]])
     # what may share a cell: new staypoints; fitted cores of one place; each other fitted staypoint alone

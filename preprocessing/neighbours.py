@@ -39,17 +39,11 @@ SMALL_TREE = 64  # a SphereTree of at most this many points compares every pair 
 
 
 def rdist(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """hav(d) of rows of p and q, (n, 2) radians each, in scikit-learn's order of operations (its haversine's
-    `rdist`), so that comparisons with `within(radius)` decide as `BallTree(metric="haversine")` does."""
-    s0, s1 = np.sin(0.5 * (p[:, 0] - q[:, 0])), np.sin(0.5 * (p[:, 1] - q[:, 1]))
-    return s0 * s0 + np.cos(p[:, 0]) * np.cos(q[:, 0]) * s1 * s1
-
-
-def rdist_all(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """(m, n) hav(d) of every row of p against every row of q, element for element the arithmetic of `rdist`."""
-    s0 = np.sin(0.5 * (p[:, :1] - q[:, 0]))
-    s1 = np.sin(0.5 * (p[:, 1:] - q[:, 1]))
-    return s0 * s0 + np.cos(p[:, :1]) * np.cos(q[:, 0]) * s1 * s1
+    """hav(d) of rows of p and q, (..., 2) radians each and broadcast together (`rdist(p[:, None], q[None])` is every
+    pair), in scikit-learn's order of operations (its haversine's `rdist`), so that comparisons with
+    `within(radius)` decide as `BallTree(metric="haversine")` does."""
+    s0, s1 = np.sin(0.5 * (p[..., 0] - q[..., 0])), np.sin(0.5 * (p[..., 1] - q[..., 1]))
+    return s0 * s0 + np.cos(p[..., 0]) * np.cos(q[..., 0]) * s1 * s1
 
 
 def within(radius: float) -> float:
@@ -92,7 +86,7 @@ class SphereTree:
         """(start, rdist of points[start:...] against every tree point) in chunks of bounded memory (small trees)."""
         step = max(1, QUERY_CHUNK * 4 // max(len(self.coords), 1))
         for start in range(0, len(points), step):
-            yield start, rdist_all(points[start:start + step], self.coords)
+            yield start, rdist(points[start:start + step, None], self.coords[None])
 
     def counts(self, points: np.ndarray, radius: float) -> np.ndarray:
         """(m,) how many tree points lie within `radius` of each point (a tree point counts itself)."""
