@@ -158,7 +158,7 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
             grid = tuner.fit()
             nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         out_of_time = spec.time_budget_s is not None and time.monotonic() - began >= 0.95 * spec.time_budget_s
-        unfinished = [t for t in grid._experiment_analysis.trials if t.status not in ("TERMINATED", "ERROR")]
+        unfinished = [t for t in grid._experiment_analysis.trials if not _ended(out, t)]
         if not out_of_time and (unfinished or len(grid) < spec.trials):
             status = "KILLED"
             raise SweepInterrupted(f"{out}: sweep interrupted with {len(grid) - len(unfinished)} of {spec.trials} "
@@ -214,6 +214,13 @@ def _append_event(out: Path, trial, event: str) -> None:
     with open(folder / TRIAL_EVENTS, "a") as fh:  # the driver is its one writer; one whole line per event
         fh.write(json.dumps(record) + "\n")
         fh.flush()
+
+
+def _ended(out: Path, trial) -> bool:
+    """Whether Tune ended the trial itself (finished, stopped by ASHA, or failed for good): its driver recorded that
+    event. Its status alone does not say: on Ctrl+C Tune marks the trials it cleans up, pending ones included,
+    TERMINATED without ending them."""
+    return any(e["event"] in ("completed", "failed") for e in read_trial_events(out / "trials" / trial.trial_id))
 
 
 def read_trial_events(trial_dir: Path) -> list[dict]:

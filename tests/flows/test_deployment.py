@@ -48,8 +48,8 @@ def run_deployment(env, name: str, *params: str, timeout_s: int = 600) -> None:
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
 
-def run_demo(env) -> subprocess.CompletedProcess:
-    run_deployment(env, "preprocess-and-train/demo", *SMALL)
+def run_demo(env, *params: str) -> subprocess.CompletedProcess:
+    run_deployment(env, "preprocess-and-train/demo", *SMALL, *params)
     return subprocess.run([sys.executable, SCRIPTS / "show_run.py", "preprocess-and-train/demo"], env=env,
                           capture_output=True, text=True, timeout=120)
 
@@ -82,7 +82,7 @@ def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing
 
     manifest = state / "sequences" / "synthetic" / "manifest.json"
     stamp = manifest.stat().st_mtime_ns
-    second = run_demo(env)
+    second = run_demo(env, "--param", "workers=0")  # in the worker's own process this time, without Ray
     assert second.returncode == 0, second.stdout + second.stderr
     assert manifest.stat().st_mtime_ns == stamp  # the rerun reused the cached sequences
     log = (state / "prefect" / "worker.log").read_text()

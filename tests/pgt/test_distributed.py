@@ -65,7 +65,7 @@ def test_killed_worker_resumes_from_last_checkpoint(training_sequences, tmp_path
     """SIGKILL a worker process once Ray Train's controller has registered the third epoch's checkpoint: Ray restarts
     the group, the loop resumes from `ray.train.get_checkpoint()` (the last registered checkpoint), loses at most
     the epoch it was training, and the run still finishes every epoch; MLflow holds each epoch once."""
-    out, epochs = tmp_path / "run", 10
+    out, epochs = tmp_path / "run", 6
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgt.cli", "train", "--data", str(training_sequences), "--out", str(out),
          "--epochs", str(epochs), "--patience", "50", "--workers", "2", "--max-failures", "1",

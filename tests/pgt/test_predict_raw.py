@@ -323,10 +323,10 @@ def test_a_request_over_the_size_limit_gets_413(served):
 
 
 def test_geolife_80_20_predict_equals_evaluate(geolife_parquet, tmp_path):
-    """All of GeoLife: a model fitted on each user's first 80% of days (2 epochs, the local MLflow store) scores the
-    last 20% from raw GPS; its strict Acc@1 there equals `pgt evaluate` on `pgt preprocess --fitted`'s samples, and
-    every user with a recent history gets a prediction."""
-    early, late = split_days(pl.read_parquet(geolife_parquet))
+    """GeoLife's first 40 users: a model fitted on each user's first 80% of days (2 epochs, the local MLflow store)
+    scores the last 20% from raw GPS; its strict Acc@1 there equals `pgt evaluate` on `pgt preprocess --fitted`'s
+    samples, and every user with a recent history gets a prediction."""
+    early, late = split_days(pl.scan_parquet(geolife_parquet).filter(pl.col("user_id") < 40).collect())
     early.write_parquet(tmp_path / "early.parquet")
     late.write_parquet(tmp_path / "late.parquet")
     del early, late
@@ -347,7 +347,7 @@ def test_geolife_80_20_predict_equals_evaluate(geolife_parquet, tmp_path):
             "--tracking-uri", tracking)
     assert r.returncode == 0, r.stderr[-3000:]
     strict = json.loads(r.stdout)["strict"]
-    assert first.height == strict["n"] > 3000
+    assert first.height == strict["n"] > 1000, first.height
     assert 100 * (first["place_id"] == first["target_place"]).fill_null(False).mean() == pytest.approx(strict["acc@1"], abs=1e-9)
 
 

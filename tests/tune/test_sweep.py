@@ -63,8 +63,8 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
 
 def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path):
     out = tmp_path / "sweep"
-    proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "3",
-                             "--epochs", "3", "--max-concurrent", "1", "--grace-period", "3"],
+    proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "2",
+                             "--epochs", "2", "--max-concurrent", "1", "--grace-period", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     # Tune's own record that it has ended the first trial (its driver's event, after the trial returned)
@@ -77,12 +77,12 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_se
     assert proc.returncode == 130, output[-3000:]
     assert "resume it with `pgt tune --resume" in output
     done_before = {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/metrics.json")}
-    assert 1 <= len(done_before) < 3
+    assert len(done_before) == 1
 
     r = tune_cli("--resume", out)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
-    assert len(result["trials"]) == 3 and {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
+    assert len(result["trials"]) == 2 and {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
     assert set(done_before) <= {row["trial_id"] for row in result["trials"] if row["status"] == "finished"}
     for trial_id, mtime in done_before.items():  # finished trials were not trained again
         assert (out / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
@@ -94,10 +94,10 @@ def _registered_epochs(trial_dir: Path) -> list[int]:
 
 
 def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, tmp_path):
-    """SIGKILL the trial's process once Tune has registered the checkpoint of its third epoch: Tune's FailureConfig
+    """SIGKILL the trial's process once Tune has registered the checkpoint of its second epoch: Tune's FailureConfig
     restarts the trial from the last checkpoint it registered, the trial loses at most the one epoch it was
     training, and it finishes every epoch."""
-    out, epochs = tmp_path / "sweep", 6
+    out, epochs = tmp_path / "sweep", 4
     proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "1",
                              "--epochs", str(epochs), "--grace-period", str(epochs), "--search", "random"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -106,9 +106,9 @@ def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, t
         # trigger on what Tune has committed (its driver's record, written after it registered the checkpoint),
         # never on a checkpoint folder's appearance: a folder exists before its report is registered
         trial_dir = _only_trial(out)
-        while max(_registered_epochs(trial_dir), default=-1) < 2:
+        while max(_registered_epochs(trial_dir), default=-1) < 1:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "Tune registered no checkpoint of the third epoch within 300 s"
+            assert time.monotonic() < deadline, "Tune registered no checkpoint of the second epoch within 300 s"
             time.sleep(0.2)
             trial_dir = _only_trial(out)
         node = json.loads((trial_dir / "node.json").read_text())
@@ -161,14 +161,14 @@ def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two
 
 
 def test_trials_run_a_torch_trainer_of_two_workers(training_sequences, tmp_path):
-    """--workers-per-trial 2: each trial fits a TorchTrainer inside itself (0.5 CPU for the trial, 0.5 per worker)."""
+    """--workers-per-trial 2: the trial fits a TorchTrainer inside itself (0.5 CPU for the trial, 0.5 per worker)."""
     out = tmp_path / "sweep"
-    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 1,
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 1, "--epochs", 2, "--max-concurrent", 1,
                  "--grace-period", 2, "--workers-per-trial", 2, "--cpus-per-worker", 0.5)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     finished = [row for row in result["trials"] if row["status"] == "finished"]
-    assert finished and len(result["trials"]) == 2
+    assert len(finished) == len(result["trials"]) == 1
     for row in finished:
         metrics = json.loads((out / "trials" / row["trial_id"] / "metrics.json").read_text())
         assert metrics["workers"] == 2 and all(h["replicas_in_sync"] for h in metrics["history"])
@@ -218,7 +218,7 @@ def test_a_time_budget_ends_the_sweep_with_the_trials_that_fit(training_sequence
     trials that fit (far fewer than asked), the best finished one winning and written as a recipe."""
     out = tmp_path / "sweep"
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 200, "--epochs", 2, "--grace-period", 1,
-                 "--search", "random", "--time-budget-s", 45)
+                 "--search", "random", "--time-budget-s", 25)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     assert result["time_budget_reached"] and 1 <= len(result["trials"]) < 200
