@@ -159,7 +159,7 @@ def synth(
 TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhead", "num_layers", "dim_feedforward",
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
                  "previous_location", "visit_relations", "relation_inputs", "relation_order", "weight_average",
-                 "simulate_unseen", "anchor", "resume", "threads")
+                 "simulate_unseen", "anchor", "resume", "threads", "resident_data", "static_width")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
 
 
@@ -219,6 +219,8 @@ def train(
         help="With --simulate-unseen: the cutoff's range, as fractions of the user's days before each sample."),
     resume: bool | None = option_for(TrainConfig, "resume", "--resume/--no-resume"),
     threads: int | None = option_for(TrainConfig, "threads"),
+    resident_data: bool | None = option_for(TrainConfig, "resident_data", "--resident-data/--no-resident-data"),
+    static_width: int | None = option_for(TrainConfig, "static_width"),
     workers: int | None = option_for(LaunchConfig, "workers"),
     gpu: bool | None = option_for(LaunchConfig, "use_gpu", "--gpu/--no-gpu"),
     address: str | None = option_for(LaunchConfig, "address", envvar="RAY_ADDRESS"),

@@ -212,6 +212,11 @@ class TrainConfig:
                                          "them (e.g. 0.99); 0 = off.", low=0.0, high=1.0, high_open=True)
     seed: int = setting(42, "Seed of the weights, the batches and the unseen-place simulation.")
     bucket_by_length: bool = setting(True, "Batch similar history lengths together (less padding).")
+    resident_data: bool = setting(False, "Hold the train split on the training device and gather each batch there "
+                                         "(no per-batch host work; the same batches as without).")
+    static_width: int = setting(0, "With resident_data: pad each batch's history width up to a multiple of this and "
+                                   "fill short batches to full size, so batches take a few fixed shapes (CUDA graphs, "
+                                   "torch.compile); 0 = off.", low=0, high=1 << 16)
     amp: bool = setting(True, "Mixed precision (bfloat16/float16 autocast) when training on CUDA.")
     threads: int = setting(0, "torch CPU threads per worker; 0 = the cores / workers (the reserved CPUs under Ray).",
                            low=0, high=4096)
@@ -225,6 +230,8 @@ class TrainConfig:
         check_settings(self)  # types, bounds and choices, from each field's one definition
         if self.min_lr > self.lr:
             raise ValueError(f"min_lr must be at most lr, got min_lr={self.min_lr!r}, lr={self.lr!r}")
+        if self.static_width and not self.resident_data:
+            raise ValueError("static_width pads the batches of resident_data: set resident_data too, or static_width 0")
         if self.known_fraction_min > self.known_fraction_max:
             raise ValueError("known_fraction_min must be at most known_fraction_max, got "
                              f"{self.known_fraction_min} and {self.known_fraction_max}")

@@ -241,10 +241,21 @@ class SequenceDataset(Dataset):
 
     def __getitems__(self, indices: list[int]) -> Batch:
         idx = torch.as_tensor(indices, dtype=torch.long)
-        width = int(self.lengths[idx].max())
+        return self.gather(idx, int(self.lengths[idx].max()))
+
+    def gather(self, idx: torch.Tensor, width: int) -> Batch:
+        """The samples `idx` (on this dataset's device) as a Batch `width` visits wide: no transfer, no sync."""
         return Batch(self.locations[idx, :width], self.users[idx], self.times[idx, :width],
                      self.weekdays[idx, :width], self.recency[idx, :width], self.durations[idx, :width],
                      self.targets[idx], self.slots[idx, :width], self.target_slots[idx])
+
+    def to(self, device: torch.device | str) -> SequenceDataset:
+        """A copy whose tensors live on `device`."""
+        moved = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(moved, name, value.to(device))
+        return moved
 
     def in_history(self) -> np.ndarray:
         """Whether each sample's target id appears among its history's ids (the protocol's view: any unseen
@@ -359,9 +370,20 @@ class UnseenSimulation(Dataset):
         return self.__getitems__([index])
 
     def __getitems__(self, indices: list[int]) -> Batch:
-        batch = self.dataset.__getitems__(indices)
         idx = torch.as_tensor(indices, dtype=torch.long)
-        known = self.known_min + (self.known_max - self.known_min) * torch.rand(len(idx))  # (B,)
+        return self.gather(idx, int(self.lengths[idx].max()))
+
+    def to(self, device: torch.device | str) -> UnseenSimulation:
+        """A copy whose split and first visits live on `device`."""
+        moved = copy.copy(self)
+        moved.dataset = self.dataset.to(device)
+        moved.visits = FirstVisits(self.visits.first_day.to(device), self.visits.sample_day.to(device))
+        moved.lengths, moved.targets = moved.dataset.lengths, moved.dataset.targets
+        return moved
+
+    def gather(self, idx: torch.Tensor, width: int) -> Batch:
+        batch = self.dataset.gather(idx, width)
+        known = self.known_min + (self.known_max - self.known_min) * torch.rand(len(idx), device=idx.device)  # (B,)
         cutoff = known * self.visits.sample_day[idx] + 1  # (B,) locations first visited on this day or later are new
         first_history = self.visits.first_day[batch.users.unsqueeze(1), batch.locations]  # (B, T)
         first_target = self.visits.first_day[batch.users, batch.targets]  # (B,)
@@ -373,6 +395,53 @@ class UnseenSimulation(Dataset):
         slots, target_slots = unseen_slots(locations, self.dataset.places[idx, :locations.shape[1]], targets,
                                            self.dataset.target_places[idx])
         return batch._replace(locations=locations, targets=targets, slots=slots, target_slots=target_slots)
+
+
+class ResidentBatches:
+    """The train split held on the training device and batched there: `batch_sampler` (the DataLoader path's
+    BucketBatchSampler) draws each epoch's index lists on the host once, they go to the device in one copy, and
+    every batch is a gather on the device: no per-batch transfer, no per-batch sync. Without static_width these
+    are exactly the DataLoader path's batches.
+
+    With static_width, each batch's history width is rounded up to a multiple of it (padding is masked: the
+    model's outputs do not change) and a short batch is filled to full size with the epoch's first samples
+    (as DistributedSampler pads its shards), so that batches take at most max_len / static_width shapes."""
+
+    def __init__(self, dataset: SequenceDataset | UnseenSimulation, batch_sampler: BucketBatchSampler,
+                 device: torch.device | str, static_width: int = 0):
+        self.lengths = dataset.lengths.cpu().numpy()  # (N,) host copy: widths are planned on the host
+        self.max_width = int(dataset.locations.shape[1] if isinstance(dataset, SequenceDataset)
+                             else dataset.dataset.locations.shape[1])
+        self.dataset, self.batch_sampler = dataset.to(device), batch_sampler
+        self.device, self.static_width = torch.device(device), static_width
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def plan(self) -> tuple[list[np.ndarray], list[int]]:
+        """This epoch's batches (index arrays) and their widths, on the host."""
+        batches = [np.asarray(b, dtype=np.int64) for b in self.batch_sampler]
+        if self.static_width and batches:
+            size = self.batch_sampler.batch_size
+            order = np.concatenate(batches)
+            batches = [np.concatenate([b, np.resize(order, size - len(b))]) if len(b) < size else b for b in batches]
+        widths = [int(self.lengths[b].max()) for b in batches]
+        if self.static_width:
+            step = self.static_width
+            widths = [min(-(-w // step) * step, self.max_width) for w in widths]
+        return batches, widths
+
+    def __iter__(self) -> Iterator[Batch]:
+        torch.empty((), dtype=torch.int64).random_()  # the draw a DataLoader makes per epoch (its workers' base
+        # seed): the global generator, and so dropout and the unseen simulation, then run as on the DataLoader path
+        batches, widths = self.plan()
+        if not batches:
+            return
+        flat = torch.as_tensor(np.concatenate(batches)).to(self.device, non_blocking=True)  # one copy an epoch
+        start = 0
+        for batch, width in zip(batches, widths):
+            yield self.dataset.gather(flat[start:start + len(batch)], width)
+            start += len(batch)
 
 
 class StreamedBatches:

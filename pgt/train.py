@@ -48,6 +48,7 @@ from pgt.data import (
     Batch,
     BucketBatchSampler,
     FirstVisits,
+    ResidentBatches,
     SequenceDataset,
     StreamedBatches,
     UnseenSimulation,
@@ -80,6 +81,8 @@ def seed_everything(seed: int) -> None:
 
 def check_streamable(cfg: TrainConfig) -> None:
     """ValueError unless the train split can be streamed (--data-engine ray) under these settings."""
+    if cfg.resident_data:
+        raise ValueError("resident_data holds the train split on the device: use --data-engine memory with it")
     if cfg.simulate_unseen:
         raise ValueError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
                          "use --data-engine memory, or a recipe without it")
@@ -98,13 +101,16 @@ def lr_factor(epoch: int, cfg: TrainConfig) -> float:
     return (cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))) / cfg.lr
 
 
-def train_loader(dataset: SequenceDataset | UnseenSimulation, cfg: TrainConfig, worker: Worker) -> DataLoader:
+def train_loader(dataset: SequenceDataset | UnseenSimulation, cfg: TrainConfig,
+                 worker: Worker) -> DataLoader | ResidentBatches:
     sampler = DistributedSampler(dataset, num_replicas=worker.world_size, rank=worker.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=False)
     per_worker = max(1, cfg.batch_size // worker.world_size)
     # a bucket of one batch sorts within the batch only: the same batches as plain random batching
     batches = BucketBatchSampler(sampler, dataset.lengths, per_worker, bucket_batches=50 if cfg.bucket_by_length else 1,
                                  seed=cfg.seed)
+    if cfg.resident_data:  # the same batches, gathered on the device
+        return ResidentBatches(dataset, batches, worker.device, cfg.static_width)
     return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch, num_workers=0)
 
 

@@ -19,7 +19,8 @@ from preprocessing.settings import CHOICES, HIGH, help_of, settings_of
 from tune.config import SweepConfig
 
 SETTINGS = settings_of(TrainConfig)
-NEEDS = {"relation_inputs": {"visit_relations": True}}  # a setting that only trains beside another
+# settings that only train beside another
+NEEDS = {"relation_inputs": {"visit_relations": True}, "static_width": {"resident_data": True}}
 # what a sweep sets in each trial, and the SweepConfig field that does (threads follow the CPUs a trial reserves)
 SWEEP_OWN = {"epochs": "epochs", "seed": "seed", "select_on": "select_on", "threads": "cpus_per_trial"}
 
