@@ -17,10 +17,16 @@ A model is trained with the paper's recipe; `MODEL:RECIPE` picks another, e.g. `
 `--gpu` trains the same recipes on the machine's one CUDA GPU (bfloat16 autocast, TrainConfig.amp) from
 sequences preprocessed elsewhere (`--data-dir`, since the raw input need not be there), and writes
 benchmarks/results/train_gpu.json: epoch seconds, samples/s and the metrics beside the CPU rows of
-train.json for the same model and variant.
+train.json for the same model and variant. Each configuration (`--engine in-process` or `ray-train`, one Ray
+Train worker; `--resident-data`, `--static-width`) is an entry of its `configurations` in a fixed form (engine,
+epoch_s, samples_per_s, strict and protocol metrics, machine with GPU, CUDA, torch and Ray versions); a run
+adds or replaces its own entries and keeps the others. `--device cpu` runs the same harness without a GPU
+into a `--results` file of its own (CI checks the harness that way).
 
     python benchmarks/train.py [--variants default published] [--models pgt pgt:tuned mhsa ...] [--seeds 0 1 2]
     python benchmarks/train.py --gpu --variants published --data-dir DIR --models pgt:tuned
+    python benchmarks/train.py --gpu --variants published --data-dir DIR --models pgt:tuned --engine ray-train \
+        --resident-data --static-width 16
 """
 
 from __future__ import annotations
@@ -102,20 +108,37 @@ def label(model: str, recipe: str) -> str:
     return model if recipe == "paper" else f"{model} ({recipe})"
 
 
-def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | None, device: str = "cpu") -> dict:
-    """One run, in this process: on the CPU, or on the one CUDA GPU where `device` is "cuda"
-    (train_loop_per_worker takes the GPU wherever torch sees one)."""
-    from pgt.config import BASELINES, TrainConfig
+def configuration(model: str, recipe: str, engine: str, options: dict | None) -> str:
+    """A configuration's name in train_gpu.json: the model and recipe, the engine, the settings over the recipe."""
+    return ", ".join([label(model, recipe), engine, *(f"{k}={v}" for k, v in sorted((options or {}).items()))])
+
+
+def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | None, device: str = "cpu",
+            engine: str = "in-process", options: dict | None = None, work: Path = WORK) -> dict:
+    """One run: in this process (on the CPU, or on the one CUDA GPU where `device` is "cuda":
+    train_loop_per_worker takes the GPU wherever torch sees one), or with `engine` "ray-train" as one Ray Train
+    worker (a local Ray, the GPU where `device` is "cuda"). `options`: TrainConfig settings over the recipe's."""
+    from pgt.config import BASELINES, LaunchConfig, TrainConfig
+    from pgt.distributed import run_training
     from pgt.train import evaluate_baseline, train_loop_per_worker
 
-    out = (WORK / ("train" if device == "cpu" else f"train-{device}") / data_dir.name
-           / (model if recipe == "paper" else f"{model}-{recipe}") / f"seed{seed}")
-    fields = {"data_dir": str(data_dir), "out_dir": str(out), "model": model, "seed": seed, "resume": False}
-    cfg = TrainConfig.from_recipe(recipe, **fields, **({"epochs": epochs} if epochs else {})).to_dict()
+    folder = "train" if device == "cpu" and engine == "in-process" and not options else f"train-{device}-{engine}"
+    out = (work / folder / data_dir.name / (model if recipe == "paper" else f"{model}-{recipe}")
+           / "-".join(f"{k}{v}" for k, v in sorted((options or {}).items())) / f"seed{seed}")
+    fields = {"data_dir": str(data_dir), "out_dir": str(out), "model": model, "seed": seed, "resume": False,
+              **(options or {})}
+    config = TrainConfig.from_recipe(recipe, **fields, **({"epochs": epochs} if epochs else {}))
+    cfg = config.to_dict()
     began = time.perf_counter()
-    result = evaluate_baseline(cfg) if model in BASELINES else train_loop_per_worker(cfg)
+    if model in BASELINES:
+        result = evaluate_baseline(cfg)
+    elif engine == "ray-train":
+        result = run_training(config, LaunchConfig(workers=1, use_gpu=device == "cuda"))
+    else:
+        result = train_loop_per_worker(cfg)
     wall = time.perf_counter() - began
     row = {"model": label(model, recipe), "recipe": recipe, "seed": seed, "wall_s": round(wall, 1),
+           "engine": engine, "options": options or {}, "configuration": configuration(model, recipe, engine, options),
            "select_on": cfg["select_on"], "test": result["test"], "validation": result["validation"],
            "deployment": result.get("deployment"),
            "best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"], "parameters": result["parameters"]}
@@ -129,7 +152,8 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
 
 
 def run_models(models: list[str], seeds: list[int], data_dir: Path, epochs: int | None, tag: str,
-               device: str = "cpu") -> list[dict]:
+               device: str = "cpu", engine: str = "in-process", options: dict | None = None,
+               work: Path = WORK) -> list[dict]:
     """Every `MODEL[:RECIPE]` with every seed (a count-based baseline once: it is deterministic), a line each
     on stderr; the runs' rows."""
     from pgt.config import BASELINES
@@ -138,7 +162,7 @@ def run_models(models: list[str], seeds: list[int], data_dir: Path, epochs: int 
     for name in models:
         model, _, recipe = name.partition(":")
         for seed in (seeds if model not in BASELINES else seeds[:1]):
-            row = run_one(model, recipe or "paper", seed, data_dir, epochs, device)
+            row = run_one(model, recipe or "paper", seed, data_dir, epochs, device, engine, options, work)
             rows.append(row)
             t = row["test"]
             epoch = f", epoch {row['epoch_seconds_median']:.2f} s" if "epoch_seconds_median" in row else ""
@@ -152,10 +176,10 @@ def mean_std(values: list[float]) -> dict:
     return {"mean": round(float(values.mean()), 2), "std": round(float(values.std(ddof=1)) if len(values) > 1 else 0.0, 2)}
 
 
-def summarise(rows: list[dict]) -> dict:
+def summarise(rows: list[dict], key: str = "model") -> dict:
     out = {}
-    for model in dict.fromkeys(r["model"] for r in rows):
-        runs = [r for r in rows if r["model"] == model]
+    for model in dict.fromkeys(r[key] for r in rows):
+        runs = [r for r in rows if r[key] == model]
         summary = {"runs": len(runs), "seeds": [r["seed"] for r in runs]}
         summary |= {name: mean_std([r["test"][name] for r in runs]) for name in METRICS}
         summary["strict"] = {name: mean_std([r["test"]["strict"][name] for r in runs]) for name in STRICT}
@@ -198,6 +222,13 @@ def main() -> None:
     parser.add_argument("--gpu", action="store_true",
                         help="train on the one CUDA GPU with mixed precision; writes benchmarks/results/train_gpu.json "
                              "(unless --results) beside train.json's CPU rows")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="with --gpu: cpu runs the same harness without a GPU (a dry run; needs --results)")
+    parser.add_argument("--engine", choices=["in-process", "ray-train"], default="in-process",
+                        help="with --gpu: train in this process, or as one Ray Train worker (TorchTrainer)")
+    parser.add_argument("--resident-data", action="store_true", help="with --gpu: TrainConfig.resident_data")
+    parser.add_argument("--static-width", type=int, default=0, help="with --gpu: TrainConfig.static_width")
+    parser.add_argument("--work", type=Path, default=WORK, help="where the runs' folders go")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="sequences already preprocessed for the one variant in --variants (skips preprocessing)")
     args = parser.parse_args()
@@ -249,13 +280,51 @@ def main() -> None:
     print(f"wrote {args.results}")
 
 
-def gpu_machine() -> dict:
+def gpu_machine(device: str = "cuda") -> dict:
+    """The machine, with its GPU, CUDA, torch and Ray versions (device "cpu": a dry run, no GPU named)."""
+    import importlib.metadata
+
     import torch
 
+    try:
+        ray_version = importlib.metadata.version("ray")
+    except importlib.metadata.PackageNotFoundError:
+        ray_version = None
+    base = machine() | {"torch": torch.__version__, "ray": ray_version}
+    if device == "cpu":
+        return base | {"gpu": None, "cuda": None, "autocast_dtype": None}
     props = torch.cuda.get_device_properties(0)
-    return machine() | {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-                        "torch": torch.__version__, "cuda": torch.version.cuda,
-                        "autocast_dtype": "bfloat16" if torch.cuda.is_bf16_supported() else "float16"}
+    return base | {"gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+                   "cuda": torch.version.cuda,
+                   "autocast_dtype": "bfloat16" if torch.cuda.is_bf16_supported() else "float16"}
+
+
+def configuration_entry(summary: dict, runs: list[dict], when: str, machine_info: dict) -> dict:
+    """train_gpu.json's fixed form of one configuration: engine, epoch_s, samples_per_s, strict and protocol
+    test metrics (mean ± std over its seeds), validation strict Acc@1, and where and when it ran."""
+    first = runs[0]
+    return {
+        "model": first["model"], "engine": first["engine"], "options": first["options"], "runs": summary["runs"],
+        "seeds": summary["seeds"], "epoch_s": summary.get("epoch_seconds_median"),
+        "samples_per_s": summary.get("train_samples_per_second_median"),
+        "test_forward_samples_per_s": summary.get("test_forward_samples_per_second"),
+        "epochs_run": summary.get("epochs_run"),
+        "strict": {name: summary["strict"][name] for name in ("acc@1", "acc@5", "mrr")},
+        "protocol": {name: summary[name] for name in ("acc@1", "acc@5", "mrr")},
+        "validation_strict_acc@1": summary["validation"]["strict_acc@1"],
+        "when": when, "machine": machine_info,
+    }
+
+
+def legacy_configurations(previous: dict) -> dict:
+    """The configurations of a train_gpu.json written before it had them: its summary rows, all in-process."""
+    out = {}
+    for model, s in previous.get("summary", {}).items():
+        runs = [r | {"engine": "in-process", "options": {}} for r in previous.get("runs", []) if r["model"] == model]
+        if runs:
+            out[configuration(model.split(" (")[0], runs[0]["recipe"], "in-process", None)] = configuration_entry(
+                s, runs, previous["when"], previous["machine"])
+    return out
 
 
 CPU_BESIDE = ("train_samples_per_second_median", "test_forward_samples_per_second", "epochs_run", "best_epoch")
@@ -288,8 +357,13 @@ def cpu_beside(summary: dict, cpu_results: Path, variant: str) -> dict:
 def gpu_main(args: argparse.Namespace) -> None:
     import torch
 
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --gpu: torch sees no CUDA device on this machine")
+    if args.device == "cpu" and args.results == DEFAULT_RESULTS:
+        raise SystemExit("error: --device cpu is a dry run of the GPU harness: name its --results file (it never "
+                         f"writes {GPU_RESULTS.relative_to(ROOT)})")
+    if args.static_width and not args.resident_data:
+        raise SystemExit("error: --static-width pads the batches of --resident-data: give both")
     from pgt.config import BASELINES
 
     baselines = [name for name in args.models if name.partition(":")[0] in BASELINES]
@@ -297,13 +371,24 @@ def gpu_main(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --gpu: {baselines[0]} is a count-based baseline; it has nothing to train on a GPU")
     variant = args.variants[0]
     data_dir = args.data_dir or sequences(args.input, VARIANTS[variant])
-    rows = run_models(args.models, args.seeds, data_dir, args.epochs, f"gpu {variant}", device="cuda")
+    options = {k: v for k, v in (("resident_data", args.resident_data), ("static_width", args.static_width)) if v}
+    rows = run_models(args.models, args.seeds, data_dir, args.epochs, f"{args.device} {args.engine} {variant}",
+                      device=args.device, engine=args.engine, options=options, work=args.work)
     summary = summarise(rows)
     manifest = json.loads((data_dir / "manifest.json").read_text())
+    results = args.results if args.results != DEFAULT_RESULTS else GPU_RESULTS
+    previous = json.loads(results.read_text()) if results.is_file() else {}
+    when, machine_info = datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu_machine(args.device)
+    # every configuration run so far, by name (a rerun replaces its own): the fixed form the README reads
+    configurations = previous.get("configurations") or legacy_configurations(previous)
+    for name, s in summarise(rows, key="configuration").items():
+        configurations[name] = configuration_entry(s, [r for r in rows if r["configuration"] == name], when,
+                                                   machine_info)
     result = {
         "benchmark": "train-gpu",
-        "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": gpu_machine(),
+        "when": when,
+        "machine": machine_info,
+        "configurations": configurations,
         "selection": SELECTION + " The recipes are the CPU's, unchanged (batch size, epochs, early stopping).",
         "variant": variant,
         "data": {"config": manifest["config"], "counts": manifest["counts"], "vocab": manifest["vocab"]},
@@ -311,7 +396,6 @@ def gpu_main(args: argparse.Namespace) -> None:
         "cpu": cpu_beside(summary, DEFAULT_RESULTS, variant),
         "runs": rows,
     }
-    results = args.results if args.results != DEFAULT_RESULTS else GPU_RESULTS
     results.parent.mkdir(parents=True, exist_ok=True)
     results.write_text(json.dumps(result, indent=2) + "\n")
     print_gpu_table(result)
@@ -319,31 +403,34 @@ def gpu_main(args: argparse.Namespace) -> None:
 
 
 def print_gpu_table(result: dict) -> None:
+    """Every configuration of train_gpu.json (its fixed form), and the CPU rows of train.json beside its models."""
     from rich.console import Console
     from rich.table import Table
 
-    m = result["machine"]
-    table = Table(title=f"GeoLife ({result['variant']}) on one GPU ({m['gpu']}, {m['autocast_dtype']} autocast) "
-                        f"beside 2 CPU cores: test metrics mean ± std over seeds")
-    for col in ("model", "device", "runs", "epoch s (median)", "train samples/s", "test forward samples/s", "epochs",
+    table = Table(title=f"GeoLife ({result['variant']}): test metrics mean ± std over seeds, per configuration")
+    for col in ("configuration", "device", "runs", "epoch s", "train samples/s", "test forward samples/s", "epochs",
                 "validation strict acc@1", "strict acc@1", "acc@1", "mrr"):
-        table.add_column(col, justify="left" if col in ("model", "device") else "right")
+        table.add_column(col, justify="left" if col in ("configuration", "device") else "right")
 
     def pm(x: dict) -> str:
         return f"{x['mean']:.2f} ± {x['std']:.2f}"
 
-    for model, s in result["summary"].items():
-        table.add_row(model, f"GPU ({m['gpu']})", str(s["runs"]), f"{s['epoch_seconds_median']:.2f}",
-                      f"{s['train_samples_per_second_median']:,.0f}", f"{s['test_forward_samples_per_second']:,.0f}",
-                      f"{s['epochs_run']:.0f}", pm(s["validation"]["strict_acc@1"]), pm(s["strict"]["acc@1"]),
-                      pm(s["acc@1"]), pm(s["mrr"]))
-        c = result["cpu"].get(model)
-        if c:
-            table.add_row(f"[dim]{model}", f"[dim]CPU ({c['machine']['cores']} cores)", f"[dim]{c['runs']}",
-                          f"[dim]{c['epoch_seconds_median']:.2f}", f"[dim]{c['train_samples_per_second_median']:,.0f}",
-                          f"[dim]{c['test_forward_samples_per_second']:,.0f}", f"[dim]{c['epochs_run']:.0f}",
-                          f"[dim]{pm(c['validation_strict_acc@1'])}", f"[dim]{pm(c['strict_acc@1'])}",
-                          f"[dim]{pm(c['acc@1'])}", f"[dim]{pm(c['mrr'])}")
+    def num(x, fmt: str) -> str:
+        return "" if x is None else format(x, fmt)
+
+    for name, c in result["configurations"].items():
+        m = c["machine"]
+        table.add_row(name, m.get("gpu") or f"CPU ({m['cores']} cores)", str(c["runs"]), num(c["epoch_s"], ".2f"),
+                      num(c["samples_per_s"], ",.0f"), num(c["test_forward_samples_per_s"], ",.0f"),
+                      num(c["epochs_run"], ".0f"), pm(c["validation_strict_acc@1"]), pm(c["strict"]["acc@1"]),
+                      pm(c["protocol"]["acc@1"]), pm(c["protocol"]["mrr"]))
+    for model, c in result["cpu"].items():
+        table.add_row(f"[dim]{model}, train.json", f"[dim]CPU ({c['machine']['cores']} cores)", f"[dim]{c['runs']}",
+                      f"[dim]{num(c['epoch_seconds_median'], '.2f')}",
+                      f"[dim]{c['train_samples_per_second_median']:,.0f}",
+                      f"[dim]{c['test_forward_samples_per_second']:,.0f}", f"[dim]{c['epochs_run']:.0f}",
+                      f"[dim]{pm(c['validation_strict_acc@1'])}", f"[dim]{pm(c['strict_acc@1'])}",
+                      f"[dim]{pm(c['acc@1'])}", f"[dim]{pm(c['mrr'])}")
     Console(width=220).print(table)
 
 

@@ -66,3 +66,46 @@ def test_cpu_figures_beside_the_gpu_rows(tmp_path):
     assert beside["pgt (tuned)"]["train_samples_per_second_median"] == 400.0
     assert module.cpu_beside(summary, path, "default") == {}
     assert module.cpu_beside(summary, tmp_path / "absent.json", "published") == {}
+
+
+def harness(data: Path, results: Path, work: Path, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), "--gpu", "--device", "cpu", "--variants", "published",
+                           "--data-dir", str(data), "--models", "pgt", "--seeds", "0", "--epochs", "1", "--results",
+                           str(results), "--work", str(work), *options], capture_output=True, text=True, timeout=600)
+
+
+FIXED_FORM = {"model", "engine", "options", "runs", "seeds", "epoch_s", "samples_per_s", "test_forward_samples_per_s",
+              "epochs_run", "strict", "protocol", "validation_strict_acc@1", "when", "machine"}
+
+
+def test_the_gpu_harness_writes_each_configuration_in_the_fixed_form(tiny_sequences, tmp_path):
+    """A dry run on the CPU: the resident, static-shape configuration becomes an entry of `configurations`; a
+    second configuration is added beside it; the machine names torch and Ray; the GPU file is never written."""
+    results = tmp_path / "gpu.json"
+    done = harness(tiny_sequences, results, tmp_path / "work", "--resident-data", "--static-width", "8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    first = json.loads(results.read_text())["configurations"]
+    assert list(first) == ["pgt, in-process, resident_data=True, static_width=8"]
+    entry = first["pgt, in-process, resident_data=True, static_width=8"]
+    assert set(entry) == FIXED_FORM and entry["engine"] == "in-process" and entry["epoch_s"] > 0
+    assert entry["options"] == {"resident_data": True, "static_width": 8} and entry["samples_per_s"] > 0
+    assert 0 <= entry["strict"]["acc@1"]["mean"] <= entry["protocol"]["acc@1"]["mean"] <= 100
+    assert entry["machine"]["torch"] == torch.__version__ and entry["machine"]["ray"] and entry["machine"]["gpu"] is None
+    done = harness(tiny_sequences, results, tmp_path / "work")
+    assert done.returncode == 0, done.stderr[-3000:]
+    both = json.loads(results.read_text())["configurations"]
+    assert list(both) == ["pgt, in-process, resident_data=True, static_width=8", "pgt, in-process"]
+    assert both["pgt, in-process, resident_data=True, static_width=8"] == entry  # kept as it was
+    refused = run("--gpu", "--device", "cpu", "--variants", "published", "--data-dir", str(tiny_sequences))
+    assert refused.returncode != 0 and "--device cpu is a dry run of the GPU harness" in refused.stderr
+
+
+@pytest.mark.slow
+def test_the_gpu_harness_trains_under_ray_train(tiny_sequences, tmp_path):
+    """--engine ray-train: one TorchTrainer worker on a local Ray; its entry says so."""
+    results = tmp_path / "gpu.json"
+    done = harness(tiny_sequences, results, tmp_path / "work", "--engine", "ray-train", "--resident-data")
+    assert done.returncode == 0, done.stderr[-3000:]
+    entry = json.loads(results.read_text())["configurations"]["pgt, ray-train, resident_data=True"]
+    assert entry["engine"] == "ray-train" and entry["epochs_run"] == 1 and entry["samples_per_s"] > 0
+    assert any((tmp_path / "work").rglob("epoch_000"))  # Ray Train's checkpoint folder

@@ -1,0 +1,132 @@
+"""Benchmark: a Ray Tune sweep whose trials share one GPU (fractional GPUs), as trials per hour.
+
+Runs `pgt tune` in-process (tune.sweep.run_sweep) around `--recipe` on sequences preprocessed elsewhere
+(`--data-dir`): `--trials` trials of at most `--epochs` epochs, `--concurrent` at once, each reserving
+1/concurrent of the GPU and `--cpus-per-trial` CPUs, ASHA stopping the weak ones. `--resident-data` and
+`--static-width` set those TrainConfig settings in every trial. Writes benchmarks/results/sweep_gpu.json in a
+fixed form: `trials`, `finished`, `wall_s`, `trials_per_hour`, `gpus` (the GPUs the sweep ran on and each
+trial's fraction), the best trial's validation strict Acc@1 and config, and the machine (GPU, CUDA, torch,
+Ray). The CPU sweep's trials per hour (benchmarks/results/sweep.json) is set beside it.
+
+`--device cpu` runs the same harness without a GPU (no GPU reserved) into a `--results` file of its own.
+
+    python benchmarks/sweep_gpu.py --data-dir DIR [--trials 32] [--epochs 10] [--concurrent 8] [--budget-s 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from train import WORK, gpu_machine  # noqa: E402 - after sys.path gains the benchmarks
+
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "sweep_gpu.json"
+CPU_SWEEP = ROOT / "benchmarks" / "results" / "sweep.json"
+TARGET = {"trials": 32, "wall_s": 600}  # issue 27: at least 32 trials on one GPU in at most 600 s
+
+
+def cpu_trials_per_hour() -> dict | None:
+    """The CPU sweep of sweep.json: its trials per hour, and where it ran."""
+    if not CPU_SWEEP.is_file():
+        return None
+    cpu = json.loads(CPU_SWEEP.read_text())
+    sweep = cpu["sweep"]
+    return {"trials": sweep["trials"], "minutes": sweep["minutes"], "epochs_max": sweep["epochs_max"],
+            "trials_per_hour": round(sweep["trials"] / sweep["minutes"] * 60, 1), "machine": cpu["machine"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data-dir", type=Path, required=True, help="a `pgt preprocess` output (the published variant)")
+    parser.add_argument("--recipe", default="tuned", help="the recipe the sweep searches around (pgt.config.RECIPES)")
+    parser.add_argument("--trials", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=10, help="at most, per trial (ASHA's max_t)")
+    parser.add_argument("--concurrent", type=int, default=8, help="trials at once, each 1/concurrent of the GPU")
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
+    parser.add_argument("--budget-s", type=float, default=None, help="the sweep's time budget, seconds")
+    parser.add_argument("--resident-data", action="store_true", help="TrainConfig.resident_data in every trial")
+    parser.add_argument("--static-width", type=int, default=0, help="TrainConfig.static_width in every trial")
+    parser.add_argument("--search", choices=["random", "optuna"], default="random",
+                        help="random needs no optuna (a GPU machine without PyPI lacks it)")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
+                        help="cpu: the same harness without a GPU (a dry run; needs --results)")
+    parser.add_argument("--work", type=Path, default=WORK, help="where the sweep's folder goes")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    args = parser.parse_args()
+    if not (args.data_dir / "manifest.json").is_file():
+        raise SystemExit(f"error: {args.data_dir / 'manifest.json'}: no such file; expected the output of "
+                         "`pgt preprocess`")
+    if args.device == "cpu" and args.results == DEFAULT_RESULTS:
+        raise SystemExit("error: --device cpu is a dry run of the GPU harness: name its --results file (it never "
+                         f"writes {DEFAULT_RESULTS.relative_to(ROOT)})")
+    if args.static_width and not args.resident_data:
+        raise SystemExit("error: --static-width pads the batches of --resident-data: give both")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("error: torch sees no CUDA device on this machine (--device cpu runs the harness without)")
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+    from pgt.config import recipe_settings
+    from tune.config import SweepConfig
+    from tune.sweep import run_sweep
+
+    options = {k: v for k, v in (("resident_data", args.resident_data), ("static_width", args.static_width)) if v}
+    fraction = round(1.0 / args.concurrent, 4) if args.device == "cuda" else 0.0
+    out = args.work / "tune" / f"sweep-gpu-{args.device}-{args.recipe}"
+    shutil.rmtree(out, ignore_errors=True)
+    spec = SweepConfig(data_dir=str(args.data_dir), out_dir=str(out), recipe=recipe_settings(args.recipe) | options,
+                       recipe_name=args.recipe, trials=args.trials, epochs=args.epochs, max_concurrent=args.concurrent,
+                       cpus_per_trial=args.cpus_per_trial, gpus_per_worker=fraction, time_budget_s=args.budget_s,
+                       search=args.search, seed=0)
+    began = time.perf_counter()
+    sweep = run_sweep(spec)
+    wall = time.perf_counter() - began
+    trials = sweep["trials"]
+    result = {
+        "benchmark": "sweep-gpu", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": gpu_machine(args.device), "data": str(args.data_dir), "recipe": args.recipe, "options": options,
+        "trials": len(trials), "finished": sum(r["status"] == "finished" for r in trials),
+        "epochs_max": args.epochs, "concurrent": args.concurrent, "wall_s": round(wall, 1),
+        "trials_per_hour": round(len(trials) / wall * 3600, 1),
+        "gpus": {"count": torch.cuda.device_count() if args.device == "cuda" else 0, "per_trial": fraction},
+        "best_trial": sweep["best_trial"], "best_validation_strict_acc@1": sweep["best_validation_strict_acc@1"],
+        "best_config": sweep["best_config"], "search": args.search, "time_budget_reached": sweep.get("time_budget_reached"),
+        "target": TARGET, "meets_target": len(trials) >= TARGET["trials"] and wall <= TARGET["wall_s"],
+        "cpu": cpu_trials_per_hour(),
+    }
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2, default=float) + "\n")
+    print_table(result)
+    print(f"wrote {args.results}")
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m, cpu = result["machine"], result["cpu"]
+    table = Table(title="A Ray Tune sweep on one GPU (fractional GPUs) beside the CPU sweep")
+    for col in ("sweep", "trials", "finished", "epochs (max)", "wall s", "trials/hour", "best val strict acc@1"):
+        table.add_column(col, justify="left" if col == "sweep" else "right")
+    where = f"{m['gpu']}, {result['concurrent']} at once" if m.get("gpu") else f"CPU ({m['cores']} cores), dry run"
+    table.add_row(where, str(result["trials"]), str(result["finished"]), str(result["epochs_max"]),
+                  f"{result['wall_s']:.0f}", f"{result['trials_per_hour']:.0f}",
+                  f"{result['best_validation_strict_acc@1']:.2f}")
+    if cpu:
+        table.add_row(f"[dim]CPU ({cpu['machine']['cores']} cores), sweep.json", f"[dim]{cpu['trials']}", "",
+                      f"[dim]{cpu['epochs_max']}", f"[dim]{cpu['minutes'] * 60:.0f}", f"[dim]{cpu['trials_per_hour']:.0f}",
+                      "")
+    Console(width=160).print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""benchmarks/sweep_gpu.py: its refusals, and a dry run of the harness on the CPU in its fixed form."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "sweep_gpu.py"
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=600)
+
+
+def test_refusals_are_one_line(tiny_sequences, tmp_path):
+    done = run("--data-dir", tmp_path)
+    assert done.returncode != 0 and done.stderr.strip().endswith("expected the output of `pgt preprocess`")
+    done = run("--data-dir", tiny_sequences, "--device", "cpu")
+    assert done.returncode != 0 and "--device cpu is a dry run of the GPU harness" in done.stderr
+    done = run("--data-dir", tiny_sequences, "--device", "cpu", "--results", tmp_path / "r.json", "--static-width", 8)
+    assert done.returncode != 0 and "--static-width pads the batches of --resident-data" in done.stderr
+
+
+@pytest.mark.slow
+def test_a_dry_run_on_the_cpu_writes_the_fixed_form(tiny_sequences, tmp_path):
+    """2 trials of 1 epoch, 2 at once, resident data in every trial: trials, wall_s, trials_per_hour, gpus (none
+    here) and the best trial's validation strict Acc@1, beside the CPU sweep's trials per hour."""
+    results = tmp_path / "sweep_gpu.json"
+    done = run("--data-dir", tiny_sequences, "--device", "cpu", "--results", results, "--work", tmp_path / "work",
+               "--trials", 2, "--epochs", 1, "--concurrent", 2, "--resident-data", "--static-width", 8)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(results.read_text())
+    assert result["trials"] == 2 and result["wall_s"] > 0 and result["gpus"] == {"count": 0, "per_trial": 0.0}
+    assert result["trials_per_hour"] == pytest.approx(2 / result["wall_s"] * 3600, rel=0.01)
+    assert 0 < result["best_validation_strict_acc@1"] <= 100 and result["options"] == {"resident_data": True,
+                                                                                       "static_width": 8}
+    assert result["machine"]["ray"] and result["machine"]["gpu"] is None
+    trial = next((tmp_path / "work").rglob("trials/*/metrics.json"))
+    assert json.loads(trial.read_text())["config"]["resident_data"] is True  # the trials trained that way
