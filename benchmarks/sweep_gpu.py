@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from train import WORK, gpu_machine  # noqa: E402 - after sys.path gains the benchmarks
+from train import WORK, gpu_machine, harness_options  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "sweep_gpu.json"
 CPU_SWEEP = ROOT / "benchmarks" / "results" / "sweep.json"
@@ -64,11 +64,7 @@ def main() -> None:
     if not (args.data_dir / "manifest.json").is_file():
         raise SystemExit(f"error: {args.data_dir / 'manifest.json'}: no such file; expected the output of "
                          "`pgt preprocess`")
-    if args.device == "cpu" and args.results == DEFAULT_RESULTS:
-        raise SystemExit("error: --device cpu is a dry run of the GPU harness: name its --results file (it never "
-                         f"writes {DEFAULT_RESULTS.relative_to(ROOT)})")
-    if args.static_width and not args.resident_data:
-        raise SystemExit("error: --static-width pads the batches of --resident-data: give both")
+    options = harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -79,7 +75,6 @@ def main() -> None:
     from tune.config import SweepConfig
     from tune.sweep import run_sweep
 
-    options = {k: v for k, v in (("resident_data", args.resident_data), ("static_width", args.static_width)) if v}
     fraction = round(1.0 / args.concurrent, 4) if args.device == "cuda" else 0.0
     out = args.work / "tune" / f"sweep-gpu-{args.device}-{args.recipe}"
     shutil.rmtree(out, ignore_errors=True)

@@ -299,6 +299,18 @@ def gpu_machine(device: str = "cuda") -> dict:
                    "autocast_dtype": "bfloat16" if torch.cuda.is_bf16_supported() else "float16"}
 
 
+def harness_options(args: argparse.Namespace, default_results: Path, gpu_results: Path) -> dict:
+    """The TrainConfig settings a GPU harness run sets (--resident-data, --static-width), after refusing what it
+    cannot run: --static-width without --resident-data, and a --device cpu dry run that would write the GPU file
+    (`gpu_results`, where --results is left at `default_results`)."""
+    if args.device == "cpu" and args.results == default_results:
+        raise SystemExit("error: --device cpu is a dry run of the GPU harness: name its --results file (it never "
+                         f"writes {gpu_results.relative_to(ROOT)})")
+    if args.static_width and not args.resident_data:
+        raise SystemExit("error: --static-width pads the batches of --resident-data: give both")
+    return {k: v for k, v in (("resident_data", args.resident_data), ("static_width", args.static_width)) if v}
+
+
 def configuration_entry(summary: dict, runs: list[dict], when: str, machine_info: dict) -> dict:
     """train_gpu.json's fixed form of one configuration: engine, epoch_s, samples_per_s, strict and protocol
     test metrics (mean ± std over its seeds), validation strict Acc@1, and where and when it ran."""
@@ -314,17 +326,6 @@ def configuration_entry(summary: dict, runs: list[dict], when: str, machine_info
         "validation_strict_acc@1": summary["validation"]["strict_acc@1"],
         "when": when, "machine": machine_info,
     }
-
-
-def legacy_configurations(previous: dict) -> dict:
-    """The configurations of a train_gpu.json written before it had them: its summary rows, all in-process."""
-    out = {}
-    for model, s in previous.get("summary", {}).items():
-        runs = [r | {"engine": "in-process", "options": {}} for r in previous.get("runs", []) if r["model"] == model]
-        if runs:
-            out[configuration(model.split(" (")[0], runs[0]["recipe"], "in-process", None)] = configuration_entry(
-                s, runs, previous["when"], previous["machine"])
-    return out
 
 
 CPU_BESIDE = ("train_samples_per_second_median", "test_forward_samples_per_second", "epochs_run", "best_epoch")
@@ -359,11 +360,7 @@ def gpu_main(args: argparse.Namespace) -> None:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --gpu: torch sees no CUDA device on this machine")
-    if args.device == "cpu" and args.results == DEFAULT_RESULTS:
-        raise SystemExit("error: --device cpu is a dry run of the GPU harness: name its --results file (it never "
-                         f"writes {GPU_RESULTS.relative_to(ROOT)})")
-    if args.static_width and not args.resident_data:
-        raise SystemExit("error: --static-width pads the batches of --resident-data: give both")
+    options = harness_options(args, DEFAULT_RESULTS, GPU_RESULTS)
     from pgt.config import BASELINES
 
     baselines = [name for name in args.models if name.partition(":")[0] in BASELINES]
@@ -371,7 +368,6 @@ def gpu_main(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --gpu: {baselines[0]} is a count-based baseline; it has nothing to train on a GPU")
     variant = args.variants[0]
     data_dir = args.data_dir or sequences(args.input, VARIANTS[variant])
-    options = {k: v for k, v in (("resident_data", args.resident_data), ("static_width", args.static_width)) if v}
     rows = run_models(args.models, args.seeds, data_dir, args.epochs, f"{args.device} {args.engine} {variant}",
                       device=args.device, engine=args.engine, options=options, work=args.work)
     summary = summarise(rows)
@@ -380,7 +376,7 @@ def gpu_main(args: argparse.Namespace) -> None:
     previous = json.loads(results.read_text()) if results.is_file() else {}
     when, machine_info = datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu_machine(args.device)
     # every configuration run so far, by name (a rerun replaces its own): the fixed form the README reads
-    configurations = previous.get("configurations") or legacy_configurations(previous)
+    configurations = previous.get("configurations", {})
     for name, s in summarise(rows, key="configuration").items():
         configurations[name] = configuration_entry(s, [r for r in rows if r["configuration"] == name], when,
                                                    machine_info)

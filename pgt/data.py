@@ -410,8 +410,7 @@ class ResidentBatches:
     def __init__(self, dataset: SequenceDataset | UnseenSimulation, batch_sampler: BucketBatchSampler,
                  device: torch.device | str, static_width: int = 0):
         self.lengths = dataset.lengths.cpu().numpy()  # (N,) host copy: widths are planned on the host
-        self.max_width = int(dataset.locations.shape[1] if isinstance(dataset, SequenceDataset)
-                             else dataset.dataset.locations.shape[1])
+        self.max_width = int(self.lengths.max(initial=1))  # the split's padded width (its longest kept history)
         self.dataset, self.batch_sampler = dataset.to(device), batch_sampler
         self.device, self.static_width = torch.device(device), static_width
 
