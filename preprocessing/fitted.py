@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import InputError
@@ -56,6 +57,7 @@ class FittedPreprocessing:
     input_sha256: str = ""  # the fitted run's input
     _tree: object = field(default=None, repr=False)  # SphereTree over `clustered`, built on first use
     _clustered_arrays: tuple | None = field(default=None, repr=False)  # (place, is_core) of `clustered`, as numpy
+    _known_places: pl.DataFrame | None = field(default=None, repr=False)  # `places` with is_new (False), built once
 
     @classmethod
     def from_tables(cls, manifest: dict, places: pl.DataFrame, clustered: pl.DataFrame, users: pl.DataFrame,
@@ -131,6 +133,14 @@ class FittedPreprocessing:
         return self._clustered_arrays
 
     @property
+    def known_places(self) -> pl.DataFrame:
+        """`places` (location as Int32) with is_new = False: the fitted part of every applied run's places."""
+        if self._known_places is None:
+            self._known_places = self.places.with_columns(pl.col("location").cast(pl.Int32),
+                                                          pl.lit(False).alias("is_new"))
+        return self._known_places
+
+    @property
     def first_new_place(self) -> int:
         """New places are numbered from here: after every fitted place id."""
         return int(self.places["location_id"].max()) + 1 if self.places.height else 0
@@ -167,10 +177,19 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing,
         radius = fitted.config.location_epsilon_m / EARTH_RADIUS_M
         new_tree = SphereTree(coords)
         new_degree = new_tree.counts(coords, radius) - 1  # themselves left out
-        fitted_degree = fitted.tree.counts(coords, radius)
+        fitted_pairs = None
+        if new_tree.small:  # a request's few staypoints: their fitted pairs are listed once (at most n per fitted row)
+            fitted_pairs = fitted.tree.pairs(coords, radius)
+            fitted_degree = np.bincount(fitted_pairs[0], minlength=n)
+        else:
+            fitted_degree = fitted.tree.counts(coords, radius)
         budget = PAIR_BUDGET + PAIRS_PER_STAYPOINT * n if pair_budget is None else pair_budget
-        join = _join_by_pairs if new_degree.sum() + fitted_degree.sum() <= budget else _join_by_cells
-        rows, new_cluster, fitted_cluster = join(coords, new_tree, new_degree + fitted_degree, fitted, radius)
+        if new_degree.sum() + fitted_degree.sum() <= budget:
+            rows, new_cluster, fitted_cluster = _join_by_pairs(coords, new_tree, new_degree + fitted_degree, fitted,
+                                                               radius, fitted_pairs)
+        else:
+            rows, new_cluster, fitted_cluster = _join_by_cells(coords, new_tree, new_degree + fitted_degree, fitted,
+                                                               radius)
         all_places, all_cores = fitted.clustered_arrays
         place = all_places[rows]
         # the place of each new staypoint: that of the nearest fitted core in its cluster
@@ -186,22 +205,24 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing,
         _, first_seen, inverse = np.unique(new_cluster[fresh], return_index=True, return_inverse=True)
         rank = np.argsort(np.argsort(first_seen))  # new places numbered in input order
         labels[fresh] = rank[inverse] + fitted.first_new_place
-    labelled = activities.with_columns(pl.Series("location_id", labels, dtype=pl.Int64).replace(-1, None),
+    labelled = activities.with_columns(pl.Series("location_id", pa.array(labels, pa.int64(), mask=labels < 0)),
                                        pl.Series("is_new_place", is_new))
-    new_places = summarise_locations(labelled.filter("is_new_place")).with_columns(pl.lit(UNSEEN, pl.Int32).alias("location"))
+    new_places = summarise_locations(labelled, where=pl.col("is_new_place"))
+    new_places = new_places.hstack([pl.Series("location", [UNSEEN] * new_places.height, pl.Int32)])
     return labelled, new_places
 
 
 def _join_by_pairs(coords: np.ndarray, new_tree: SphereTree, degree: np.ndarray, fitted: FittedPreprocessing,
-                   radius: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                   radius: float, fitted_pairs: tuple | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(rows of fitted.clustered within epsilon of a new staypoint, the cluster of each new staypoint (-1: noise),
-    the cluster of each of those fitted rows (-1: none)), from the listed neighbour pairs."""
+    the cluster of each of those fitted rows (-1: none)), from the listed neighbour pairs (`fitted_pairs`:
+    fitted.tree.pairs(coords, radius) where the caller has them already)."""
     min_samples = fitted.config.location_min_samples
     n = len(coords)
     new_i, new_j, new_d = new_tree.pairs(coords, radius)
     keep = new_i != new_j
     new_i, new_j, new_d = new_i[keep], new_j[keep], new_d[keep]
-    fit_i, fit_row, fit_d = fitted.tree.pairs(coords, radius)
+    fit_i, fit_row, fit_d = fitted.tree.pairs(coords, radius) if fitted_pairs is None else fitted_pairs
     rows, fit_j = np.unique(fit_row, return_inverse=True)  # fitted node k = n + fit_j
     m = len(rows)
     all_places, all_cores = fitted.clustered_arrays
@@ -321,12 +342,12 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
     live prediction would have had: recency counts from the day of the last history visit, as in a latest
     sample at its default time, not from the target's day (which is not known before the visit). Without
     `evaluation`, only the latest samples are built (None in their place)."""
-    marked = find_samples(staypoints.with_columns(pl.lit("test").alias("split")), config.history_days,
-                          config.min_history_staypoints)
+    marked = find_samples(staypoints.hstack([pl.Series("split", ["test"] * staypoints.height, pl.String)]),
+                          config.history_days, config.min_history_staypoints)
     evaluation = sample_table(marked, "test", anchor="last_visit") if evaluation else None
     last = np.flatnonzero(marked["user_id"].is_last_distinct().to_numpy())
     day = marked["start_day"].to_numpy().astype(np.int64)
-    user_rank = marked.select(pl.col("user_id").rle_id()).to_series().to_numpy().astype(np.int64)
+    user_rank = marked["user_id"].rle_id().to_numpy().astype(np.int64)
     key = (user_rank << 32) + day
     target_day, when = day[last], marked["finished_at"].gather(last)
     if at is not None:
@@ -373,7 +394,7 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
     (stages.stage_read's tables). Counts reconcile: activity staypoints = on fitted places + on new places + noise."""
     config = fitted.config
-    found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log)
+    found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log, tracking=False)
     counts, details = found.counts, found.details
     staypoints = found.tables["staypoints"]
     activities = staypoints.lazy().filter("is_activity").sort("user_id", "started_at", maintain_order=True).collect(
@@ -398,9 +419,8 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}
     unscored = users_not_scored(read_tables, found.tables["quarantine"], staypoints, encoded, latest, config, at)
     counts["users_not_scored"] = unscored.height
-    places = pl.concat([fitted.places.with_columns(pl.col("location").cast(pl.Int32), pl.lit(False).alias("is_new")),
-                        new_places.select("location_id", "latitude", "longitude", "location",
-                                          pl.lit(True).alias("is_new"))])
+    fresh = new_places.select("location_id", "latitude", "longitude", "location")
+    places = pl.concat([fitted.known_places, fresh.hstack([pl.Series("is_new", [True] * fresh.height)])])
     return AppliedData(evaluation, latest, encoded.drop("history_start", "is_activity", "is_target", strict=False),
                        places, users, found.tables["quarantine"], counts, details, unscored)
 

@@ -48,15 +48,18 @@ def generate_locations(
     return sp, summarise_locations(sp)
 
 
-def summarise_locations(labelled: pl.DataFrame) -> pl.DataFrame:
-    """One row per location_id of labelled staypoints (nulls, i.e. noise, left out): latitude and longitude as
-    the mean of its staypoints, n_staypoints, n_users; sorted by location_id."""
+def summarise_locations(labelled: pl.DataFrame, where: pl.Expr | None = None) -> pl.DataFrame:
+    """One row per location_id of labelled staypoints (nulls, i.e. noise, left out; with `where`, only the rows
+    it selects): latitude and longitude as the mean of its staypoints, n_staypoints, n_users; sorted by
+    location_id. One query."""
+    keep = pl.col("location_id").is_not_null() if where is None else pl.col("location_id").is_not_null() & where
     return (
-        labelled.filter(pl.col("location_id").is_not_null())
+        labelled.lazy().filter(keep)
         .group_by("location_id")
         .agg(pl.col("latitude").mean(), pl.col("longitude").mean(), pl.len().alias("n_staypoints"),
              pl.col("user_id").n_unique().cast(pl.UInt32).alias("n_users"))
         .sort("location_id")
+        .collect(engine="in-memory")
     )
 
 
@@ -69,7 +72,7 @@ def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = PreprocessCo
     """
     require_columns(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime,
                                         "location_id": None})
-    sp = staypoints.sort("user_id", "started_at", maintain_order=True)
+    sp = staypoints.lazy().sort("user_id", "started_at", maintain_order=True)
     gap = pl.col("started_at") - pl.col("finished_at").shift(1)
     joins_previous = (
         (pl.col("user_id") == pl.col("user_id").shift(1))
@@ -82,4 +85,5 @@ def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = PreprocessCo
         .agg(pl.col("user_id").first(), pl.col("started_at").first(), pl.col("finished_at").last(),
              pl.col("location_id").first(), pl.len().cast(pl.UInt32).alias("n_merged"))
         .drop("_group")
+        .collect(engine="in-memory")  # one query (a served request's few rows pay each query's fixed cost)
     )

@@ -28,7 +28,7 @@ def add_time_features(
     local = pl.col("started_at").dt.convert_time_zone(timezone)
     minute_of_day = local.dt.hour().cast(pl.Int32) * 60 + local.dt.minute().cast(pl.Int32)
     duration_min = (pl.col("finished_at") - pl.col("started_at")).dt.total_seconds() // 60
-    return staypoints.with_columns(
+    return staypoints.lazy().with_columns(
         local.dt.date().alias("_date"),
         (minute_of_day // time_slot_min).cast(pl.Int16).alias("time_slot"),
         (local.dt.weekday() - 1).cast(pl.Int8).alias("weekday"),
@@ -36,7 +36,7 @@ def add_time_features(
         (duration_min.clip(upper_bound=duration_cap_min) // duration_bucket_min).cast(pl.Int16).alias("duration_bucket"),
     ).with_columns(
         (pl.col("_date") - pl.col("_date").min().over("user_id")).dt.total_days().cast(pl.Int32).alias("start_day")
-    ).drop("_date")
+    ).drop("_date").collect(engine="in-memory")  # one query (a served request pays each query's fixed cost)
 
 
 def split_by_day(staypoints: pl.DataFrame, train_fraction: float = PreprocessConfig.train_fraction,
@@ -64,15 +64,18 @@ def find_samples(staypoints: pl.DataFrame, history_days: int = PreprocessConfig.
     history_start (row index of the first history staypoint) and is_target.
     """
     require_columns(staypoints, "staypoints", {"user_id": None, "split": None, "started_at": pl.Datetime, "start_day": None})
-    sp = staypoints.sort("user_id", "split", "started_at", maintain_order=True)
-    group = sp.select(pl.struct("user_id", "split").rle_id()).to_series().to_numpy().astype(np.int64)
+    sp = staypoints.lazy().sort("user_id", "split", "started_at", maintain_order=True).with_columns(
+        pl.struct("user_id", "split").rle_id().alias("_group"),
+        pl.col("start_day").min().over("user_id", "split").alias("_first_day"),
+    ).collect(engine="in-memory")  # one query; the helper columns leave in place (drop_in_place: no query)
+    group = sp.drop_in_place("_group").to_numpy().astype(np.int64)
+    first_day = sp.drop_in_place("_first_day").to_numpy()
     day = sp["start_day"].to_numpy().astype(np.int64)
     key = (group << 32) + day
     row = np.arange(sp.height, dtype=np.int64)
     history_start = np.searchsorted(key, key - history_days, side="left")
-    first_day = sp.select(pl.col("start_day").min().over("user_id", "split")).to_series().to_numpy()
     is_target = (day - first_day >= history_days) & (row - history_start >= min_history)
-    return sp.with_columns(pl.Series("history_start", history_start), pl.Series("is_target", is_target))
+    return sp.hstack([pl.Series("history_start", history_start), pl.Series("is_target", is_target)])
 
 
 @dataclass(frozen=True)

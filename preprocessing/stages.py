@@ -157,17 +157,21 @@ def stage_read(input_path: Path | pl.DataFrame, input_format: str, log: StageLog
 
 
 def stage_staypoints(read: Stage, input_format: str, config: PreprocessConfig, log: StageLog | None = None,
-                     advance=no_progress) -> Stage:
-    """Staypoints (sliding; given ones pass through), each user's tracked days, and the activity flag."""
+                     advance=no_progress, tracking: bool = True) -> Stage:
+    """Staypoints (sliding; given ones pass through), the activity flag and, with `tracking` (what the user filter
+    needs, the fitted application does not), each user's tracked days."""
     log = log or StageLog()
     points = read.tables["points"]
     counts, details = dict(read.counts), dict(read.details)
+    tables = {}
     with log.stage("staypoints"):
         if input_format == "staypoints":
             staypoints = points
-            tracking = tracking_days(staypoints, "started_at", "finished_at")
+            if tracking:
+                tables["tracking"] = tracking_days(staypoints, "started_at", "finished_at")
         else:
-            tracking = tracking_days(points, "tracked_at", "tracked_at")
+            if tracking:
+                tables["tracking"] = tracking_days(points, "tracked_at", "tracked_at")
             staypoints = generate_staypoints(points, config.staypoint_dist_threshold_m,
                                              config.staypoint_time_threshold_min, config.staypoint_gap_threshold_min)
         counts["staypoints"] = staypoints.height
@@ -176,7 +180,7 @@ def stage_staypoints(read: Stage, input_format: str, config: PreprocessConfig, l
         staypoints = flag_activity(staypoints, config.activity_time_threshold_min)
         counts["activity_staypoints"] = int(staypoints["is_activity"].sum())
     advance("user filter")
-    return Stage({"staypoints": staypoints, "tracking": tracking, "quarantine": read.tables["quarantine"]}, counts, details)
+    return Stage({"staypoints": staypoints, **tables, "quarantine": read.tables["quarantine"]}, counts, details)
 
 
 

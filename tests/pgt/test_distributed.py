@@ -20,7 +20,18 @@ from tests.conftest import PROJECT_ROOT, descendant_processes, ray_cluster
 pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
 
 
-def test_two_workers_train_like_one_process(training_sequences, tmp_path):
+@pytest.fixture(scope="module")
+def local_ray():
+    """One local Ray for this module's in-process runs, as a notebook that trains several times keeps one:
+    run_training's ray_session joins a Ray already initialised in the process instead of starting its own
+    (about 10 s each) and leaves it running. 3 CPUs: 2 workers, and one for Ray Data's read tasks."""
+    from preprocessing.engine import ray_session
+
+    with ray_session(num_cpus=3):
+        yield
+
+
+def test_two_workers_train_like_one_process(training_sequences, tmp_path, local_ray):
     """Same seed, same global batch, no dropout and no bucketing: the 2 workers' shards of a batch are the
     one process's batch, so losses and metrics agree within float noise (and one padded duplicate per epoch)."""
     common = dict(data_dir=str(training_sequences), epochs=3, batch_size=64, dropout=0.0, bucket_by_length=False,
@@ -115,7 +126,7 @@ def test_a_running_ray_cluster_does_not_capture_a_local_run():
     assert r.stdout.split()[-2:] == ["0", "2.0"]  # a Ray of its own: 2 CPUs, none of the cluster's resources
 
 
-def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp_path):
+def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp_path, local_ray):
     """--data-engine ray: each of 2 workers streams its Ray Data shard of train.parquet. Every epoch sees the
     whole split (an equal split drops at most one sample), the replicas stay in sync, the loss falls, and
     validation lands where the in-memory path's does (other batches, so not to the digit)."""
@@ -136,7 +147,7 @@ def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp
         LaunchConfig(data_engine="ray")
 
 
-def test_ray_owns_the_checkpoints_and_a_rerun_resumes_from_its_storage(synthetic_sequences, tmp_path):
+def test_ray_owns_the_checkpoints_and_a_rerun_resumes_from_its_storage(synthetic_sequences, tmp_path, local_ray):
     """Under Ray Train the checkpoints exist once, in Ray's storage (out/ray/train/epoch_NNN, reported and
     committed); a second `run_training` with more epochs resumes from there, as Ray restores a run of the same
     name and storage path; out/checkpoints, the folder of runs without Ray, is never written."""

@@ -117,6 +117,26 @@ def test_the_join_by_cells_equals_the_join_by_pairs(seed, min_samples):
     assert new_by_cells.equals(new_by_pairs)
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_request_of_few_staypoints_joins_as_a_large_input_does(seed, monkeypatch):
+    """A served request's few staypoints take the short path (their fitted pairs listed once, the components by
+    label propagation in numpy): the same places, new places and summaries as the path of large inputs."""
+    import preprocessing.neighbours as neighbours
+
+    fitted, activities = random_fitted(seed, 2)
+    requests = [activities[start:start + 40] for start in range(0, activities.height, 173)][:6]
+    short = [join_fitted_places(request, fitted) for request in requests]
+    monkeypatch.setattr(neighbours, "SMALL_TREE", 0)  # KD-trees and counts for every query
+    monkeypatch.setattr(neighbours, "SMALL_GRAPH", 0)  # scipy's components
+    for request, (labelled, new_places) in zip(requests, short):
+        long_labelled, long_new = join_fitted_places(request, fitted)
+        assert labelled["location_id"].to_list() == long_labelled["location_id"].to_list()
+        assert labelled["is_new_place"].to_list() == long_labelled["is_new_place"].to_list()
+        assert new_places.equals(long_new)
+    assert sum(labelled["location_id"].is_not_null().sum() for labelled, _ in short) > 100  # they do join places
+    assert sum(new.height for _, new in short) > 0  # and found new ones
+
+
 def test_a_dense_request_joins_in_memory_that_grows_with_it():
     """20,000 new staypoints within 3 m of a fitted place (400 million pairs, over 10 GB as lists): all join
     place 0, in a few MB, whichever way the join chooses."""

@@ -10,7 +10,7 @@ import pytest
 from sklearn.cluster import DBSCAN
 from sklearn.neighbors import BallTree
 
-from preprocessing.neighbours import SphereTree, cell_groups, core_components, haversine
+from preprocessing.neighbours import SphereTree, cell_groups, components, core_components, haversine
 
 R = 6_371_000.0  # metres per radian (preprocessing.staypoints.EARTH_RADIUS_M)
 EPS = 20 / R
@@ -130,3 +130,23 @@ def test_memory_grows_with_the_points_not_with_their_pairs():
     assert set(component.tolist()) == {0}
     assert counts.min() > 20_000
     assert peak < 60 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+
+
+def test_small_graph_components_equal_scipys_numbering():
+    """Components of a small graph (label propagation in numpy) are scipy's: same components, numbered by their
+    lowest node; a long chain past the propagation rounds falls back to scipy with the same answer."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    rng = np.random.default_rng(0)
+    graphs = [(int(n), rng.integers(0, n, m), rng.integers(0, n, m))
+              for n, m in zip(rng.integers(1, 500, 300), rng.integers(0, 500, 300))]
+    chain = rng.permutation(400)
+    graphs += [(400, chain[:-1], chain[1:]), (5, np.array([4, 2]), np.array([2, 4])), (3, np.zeros(0, np.int64),
+                                                                                       np.zeros(0, np.int64))]
+    for n, src, dst in graphs:
+        expected = connected_components(coo_matrix((np.ones(len(src), np.int8), (src, dst)), shape=(n, n)),
+                                        directed=False)[1]
+        assert components(n, src, dst).tolist() == expected.tolist()
+    assert components(400, chain[:-1], chain[1:]).tolist() == [0] * 400
+    assert components(5, np.array([4, 2]), np.array([2, 4])).tolist() == [0, 1, 2, 3, 2]
