@@ -172,11 +172,28 @@ class PGTModel(PythonModel):
 
 
 def _polars(frame) -> pl.DataFrame:
-    """The request's pandas frame as polars, or ValueError naming what polars could not take."""
+    """The request's pandas frame as polars (pl.from_pandas's columns), or ValueError naming what polars could not
+    take. Text, integer, float and boolean columns, what a JSON request holds, are taken in numpy and Python: a
+    request's few rows then wake no thread pool of Arrow's or polars' (on a 2-core VM that wake-up is slower than the
+    conversion)."""
     try:
+        if frame.columns.is_unique and all(isinstance(c, str) for c in frame.columns):
+            return pl.DataFrame([_series(name, frame[name]) for name in frame.columns])
         return pl.from_pandas(frame)
     except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
         raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
+
+
+def _series(name: str, column: pd.Series) -> pl.Series:
+    """One column as pl.from_pandas gives it: NaN as null in float and text columns."""
+    kind = column.dtype.kind
+    if isinstance(column.dtype, pd.StringDtype):
+        return pl.Series(name, [None if v is None or v is pd.NA or v != v else v for v in column.tolist()], pl.String)
+    if kind in "iub" and not isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
+        return pl.Series(name, column.to_numpy())
+    if kind == "f" and not isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
+        return pl.Series(name, column.to_numpy(), nan_to_null=True)
+    return pl.from_pandas(column)
 
 
 def _read_json(path: str, name: str) -> dict:

@@ -34,7 +34,7 @@ from preprocessing.locations import merge_staypoints, summarise_locations
 from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
 from preprocessing.output import read_manifest
 from preprocessing.readers import instant
-from preprocessing.sequences import UNSEEN, add_time_features, find_samples, history_lists, sample_table
+from preprocessing.sequences import UNSEEN, find_samples, history_lists, sample_table, time_features
 from preprocessing.stages import Stage, StageLog, stage_read, stage_staypoints
 from preprocessing.staypoints import EARTH_RADIUS_M
 
@@ -301,7 +301,7 @@ def _nearest_core_place(points: np.ndarray, point_cluster: np.ndarray, cores: np
     return result
 
 
-def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.DataFrame:
+def encode_applied(merged: pl.DataFrame | pl.LazyFrame, fitted: FittedPreprocessing) -> pl.DataFrame:
     """Add location (the fitted vocabulary's id; UNSEEN for places unseen in train and new places) and user
     (the fitted id; UNKNOWN_USER for people the fitted data never saw).
 
@@ -309,7 +309,8 @@ def encode_applied(merged: pl.DataFrame, fitted: FittedPreprocessing) -> pl.Data
     fitted integer ids take new text ids by value ("007" is 7), and new integer ids take fitted text ids
     by value when only one has it (GeoLife's folder "000" and the integer 0 of its Parquet)."""
     vocab = fitted.places.lazy().select("location_id", pl.col("location").cast(pl.Int32))
-    fitted_int, new_int = fitted.users.schema["source_user_id"].is_integer(), merged.schema["user_id"].is_integer()
+    fitted_int = fitted.users.schema["source_user_id"].is_integer()
+    new_int = merged.lazy().collect_schema()["user_id"].is_integer()
     users = fitted.users.lazy().select(pl.col("source_user_id").cast(pl.String).alias("_key"), pl.col("user").cast(pl.Int32))
     keyed = merged.lazy().with_columns(pl.col("user_id").cast(pl.String).alias("_key"))
     as_int = pl.col("_key").str.strip_chars().cast(pl.Int64, strict=False)
@@ -407,8 +408,9 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     counts["new_places"] = new_places.height
     merged = merge_staypoints(located, config.merge_max_gap_min)
     counts["staypoints_merged"] = merged.height
-    featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
-                                 config.duration_bucket_min)
+    # the time features and the ids in one query (merge_staypoints checked the staypoints)
+    featured = time_features(merged.lazy(), config.timezone, config.time_slot_min, config.duration_cap_min,
+                             config.duration_bucket_min)
     encoded = encode_applied(featured, fitted)
     evaluation, latest = generate_applied_samples(encoded, config, evaluation, at)
     users = (encoded.lazy().group_by("user_id").agg(pl.col("user").first()).sort("user_id")

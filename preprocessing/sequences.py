@@ -25,10 +25,19 @@ def add_time_features(
     weekday (0 = Monday), duration_min (whole minutes) and duration_bucket (min(duration, cap) // bucket),
     with days, slots and weekdays taken in `timezone`."""
     require_columns(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime})
+    return time_features(staypoints.lazy(), timezone, time_slot_min, duration_cap_min, duration_bucket_min).collect(
+        engine="in-memory")
+
+
+def time_features(staypoints: pl.LazyFrame, timezone: str, time_slot_min: int, duration_cap_min: int,
+                  duration_bucket_min: int) -> pl.LazyFrame:
+    """add_time_features as a step of a lazy query, for a caller whose staypoints passed add_time_features's checks
+    (merged ones: merge_staypoints checked them) and that goes on in the same query (a served request pays each
+    query's fixed cost)."""
     local = pl.col("started_at").dt.convert_time_zone(timezone)
     minute_of_day = local.dt.hour().cast(pl.Int32) * 60 + local.dt.minute().cast(pl.Int32)
     duration_min = (pl.col("finished_at") - pl.col("started_at")).dt.total_seconds() // 60
-    return staypoints.lazy().with_columns(
+    return staypoints.with_columns(
         local.dt.date().alias("_date"),
         (minute_of_day // time_slot_min).cast(pl.Int16).alias("time_slot"),
         (local.dt.weekday() - 1).cast(pl.Int8).alias("weekday"),
@@ -36,7 +45,7 @@ def add_time_features(
         (duration_min.clip(upper_bound=duration_cap_min) // duration_bucket_min).cast(pl.Int16).alias("duration_bucket"),
     ).with_columns(
         (pl.col("_date") - pl.col("_date").min().over("user_id")).dt.total_days().cast(pl.Int32).alias("start_day")
-    ).drop("_date").collect(engine="in-memory")  # one query (a served request pays each query's fixed cost)
+    ).drop("_date")
 
 
 def split_by_day(staypoints: pl.DataFrame, train_fraction: float = PreprocessConfig.train_fraction,
