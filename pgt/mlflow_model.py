@@ -186,13 +186,10 @@ def _polars(frame) -> pl.DataFrame:
 
 def _series(name: str, column: pd.Series) -> pl.Series:
     """One column as pl.from_pandas gives it: NaN as null in float and text columns."""
-    kind = column.dtype.kind
     if isinstance(column.dtype, pd.StringDtype):
         return pl.Series(name, [None if v is None or v is pd.NA or v != v else v for v in column.tolist()], pl.String)
-    if kind in "iub" and not isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
-        return pl.Series(name, column.to_numpy())
-    if kind == "f" and not isinstance(column.dtype, pd.api.extensions.ExtensionDtype):
-        return pl.Series(name, column.to_numpy(), nan_to_null=True)
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind in "iubf":  # plain numpy: no nullable extension
+        return pl.Series(name, column.to_numpy(), nan_to_null=column.dtype.kind == "f")
     return pl.from_pandas(column)
 
 

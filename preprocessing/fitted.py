@@ -184,12 +184,11 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing,
         else:
             fitted_degree = fitted.tree.counts(coords, radius)
         budget = PAIR_BUDGET + PAIRS_PER_STAYPOINT * n if pair_budget is None else pair_budget
-        if new_degree.sum() + fitted_degree.sum() <= budget:
-            rows, new_cluster, fitted_cluster = _join_by_pairs(coords, new_tree, new_degree + fitted_degree, fitted,
-                                                               radius, fitted_pairs)
+        degree = new_degree + fitted_degree
+        if degree.sum() <= budget:
+            rows, new_cluster, fitted_cluster = _join_by_pairs(coords, new_tree, degree, fitted, radius, fitted_pairs)
         else:
-            rows, new_cluster, fitted_cluster = _join_by_cells(coords, new_tree, new_degree + fitted_degree, fitted,
-                                                               radius)
+            rows, new_cluster, fitted_cluster = _join_by_cells(coords, new_tree, degree, fitted, radius)
         all_places, all_cores = fitted.clustered_arrays
         place = all_places[rows]
         # the place of each new staypoint: that of the nearest fitted core in its cluster

@@ -52,7 +52,9 @@ def summarise_locations(labelled: pl.DataFrame, where: pl.Expr | None = None) ->
     """One row per location_id of labelled staypoints (nulls, i.e. noise, left out; with `where`, only the rows
     it selects): latitude and longitude as the mean of its staypoints, n_staypoints, n_users; sorted by
     location_id. One query."""
-    keep = pl.col("location_id").is_not_null() if where is None else pl.col("location_id").is_not_null() & where
+    keep = pl.col("location_id").is_not_null()
+    if where is not None:
+        keep = keep & where
     return (
         labelled.lazy().filter(keep)
         .group_by("location_id")

@@ -165,13 +165,12 @@ def stage_staypoints(read: Stage, input_format: str, config: PreprocessConfig, l
     counts, details = dict(read.counts), dict(read.details)
     tables = {}
     with log.stage("staypoints"):
+        if tracking:
+            start, end = ("started_at", "finished_at") if input_format == "staypoints" else ("tracked_at", "tracked_at")
+            tables["tracking"] = tracking_days(points, start, end)
         if input_format == "staypoints":
             staypoints = points
-            if tracking:
-                tables["tracking"] = tracking_days(staypoints, "started_at", "finished_at")
         else:
-            if tracking:
-                tables["tracking"] = tracking_days(points, "tracked_at", "tracked_at")
             staypoints = generate_staypoints(points, config.staypoint_dist_threshold_m,
                                              config.staypoint_time_threshold_min, config.staypoint_gap_threshold_min)
         counts["staypoints"] = staypoints.height
