@@ -26,7 +26,7 @@ predicted for (default: the end of each user's last visit; recency counts from i
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlflow
@@ -39,7 +39,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
-from pgt.config import TOP_K, ModelConfig
+from pgt.config import ModelConfig
 from pgt.data import SequenceDataset
 from pgt.inference import check_vocabulary, place_predictions, predict_applied, prediction_time, top_k_of, top_k_predictions
 from pgt.model import PackedModel, build_model, check_packed
@@ -113,20 +113,25 @@ class PGTModel(PythonModel):
                           "latitude": place["latitude"], "longitude": place["longitude"]})
             fixes += [{"user_id": "warm-up", "tracked_at": (begin + pd.Timedelta(minutes=m)).isoformat(),
                        "latitude": place["latitude"], "longitude": place["longitude"]} for m in range(0, 40, 2)]
-        self._predict_table(pd.DataFrame(stays), TOP_K)
-        self._predict_table(pd.DataFrame(fixes), TOP_K)
+        self.predict(None, pd.DataFrame(stays))
+        self.predict(None, pd.DataFrame(fixes))
+        self.predict_frame(pl.DataFrame(stays))
+        self.predict_frame(pl.DataFrame(fixes))
 
     def predict(self, context, model_input, params=None):
         """The module docstring's inputs. A client's error (a column, a shape, an id beyond the model's tables, a
         parameter) raises MlflowException(INVALID_PARAMETER_VALUE) with one line naming it: HTTP 400."""
-        try:
+        with _client_errors():
             if isinstance(model_input, pd.DataFrame):
-                return self._predict_table(model_input, top_k_of(params),
-                                           prediction_time((params or {}).get("at"), "params.at"))
+                answer = self._predict_table(_polars(model_input), params)
+                return pd.DataFrame(answer.to_dicts(), columns=answer.columns, dtype=object)  # ints stay ints, None
             return self._predict_packed(model_input)
-        except (InputError, ValueError, KeyError, TypeError, OverflowError) as exc:  # the request's fault
-            message = " ".join(str(exc).split()) or type(exc).__name__
-            raise MlflowException(f"bad request: {message}", error_code=INVALID_PARAMETER_VALUE) from None
+
+    def predict_frame(self, frame: pl.DataFrame, params: dict | None = None) -> pl.DataFrame:
+        """`predict`'s answer to a table (GPS points, staypoints or sequences) given and returned as polars, times as
+        ISO text: what `pgt serve` writes as JSON without a pandas frame either way. The same errors as predict."""
+        with _client_errors():
+            return self._predict_table(frame, params)
 
     def _predict_packed(self, model_input) -> np.ndarray:
         """(B, V + S) log-probabilities of a (B, 7, T) (or (B, 6, T)) integer array, checked against the tables."""
@@ -145,14 +150,14 @@ class PGTModel(PythonModel):
         with torch.no_grad():
             return self.packed(x).numpy()
 
-    def _predict_table(self, frame, top_k: int, at: datetime | None = None):
+    def _predict_table(self, frame: pl.DataFrame, params: dict | None) -> pl.DataFrame:
         """Top-k places with coordinates for GPS points, staypoints or sequences (the module docstring)."""
-
+        top_k, at = top_k_of(params), prediction_time((params or {}).get("at"), "params.at")
         columns = set(frame.columns)
-        if len(frame) == 0:
+        if frame.height == 0:
             raise ValueError("the request has no rows")
         if "locations" in columns:  # sequences, as a split holds them
-            samples = _polars(frame)
+            samples = frame
             SequenceDataset.check_schema(samples.to_arrow().schema, "request", require_target=False)
             dataset = SequenceDataset.from_arrow(samples.to_arrow(), self.packed.cfg.max_len, "request")
             check_vocabulary(self.packed, dataset, "request")
@@ -164,11 +169,21 @@ class PGTModel(PythonModel):
             result = place_predictions(top_k_predictions(self.packed, dataset, top_k), samples, places, "request")
         else:
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
-            applied = apply_fitted(_polars(frame), input_format, self.fitted(), StageLog(sample_memory=False),
+            applied = apply_fitted(frame, input_format, self.fitted(), StageLog(sample_memory=False),
                                    evaluation=False, at=at, name="request")
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
-        records = result.with_columns(pl.col("time").cast(pl.String)).to_dicts()
-        return pd.DataFrame(records, columns=result.columns, dtype=object)  # ints stay ints, JSON null (not NaN) for none
+        return result.with_columns(pl.col("time").cast(pl.String))
+
+
+@contextmanager
+def _client_errors():
+    """A request's own fault (InputError, ValueError, KeyError, TypeError, OverflowError) as
+    MlflowException(INVALID_PARAMETER_VALUE) with one line: HTTP 400."""
+    try:
+        yield
+    except (InputError, ValueError, KeyError, TypeError, OverflowError) as exc:
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise MlflowException(f"bad request: {message}", error_code=INVALID_PARAMETER_VALUE) from None
 
 
 def _polars(frame) -> pl.DataFrame:

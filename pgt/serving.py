@@ -36,9 +36,10 @@ class BadRequest(Exception):
         self.status = status
 
 
-def parse_body(body: bytes, content_type: str):
+def parse_body(body: bytes, content_type: str, polars_records: bool = False):
     """(model input: a pandas DataFrame or an array-like, params dict) of a request, as MLflow's protocol reads it;
-    BadRequest with one line otherwise."""
+    BadRequest with one line otherwise. With `polars_records`, records whose columns each hold one JSON kind come as
+    the polars DataFrame that the pandas one would become (records_frame): a request's few rows skip pandas."""
     import pandas as pd
 
     mime = (content_type or "application/json").split(";")[0].strip().lower()
@@ -77,7 +78,41 @@ def parse_body(body: bytes, content_type: str):
     key, data = keys[0], payload[keys[0]]
     if key == "dataframe_split":
         return _split_frame(data), params
+    if polars_records and isinstance(data, list) and data and all(isinstance(row, dict) for row in data):
+        frame = records_frame(data)
+        if frame is not None:
+            return frame, params
     return _records_or_array(data, key), params
+
+
+def records_frame(records: list[dict]):
+    """JSON records as polars, exactly as `pd.DataFrame.from_records` and then the model's pandas-to-polars
+    conversion give them (columns in order of first appearance, a missing value null), for columns that each hold
+    one JSON kind: text (or null), integers, numbers (integers and decimals, or null), booleans. None for anything
+    else (lists, a mix of text and numbers, a column of nulls only, integers beyond int64): pandas reads those."""
+    import numpy as np
+    import polars as pl
+
+    names = list(dict.fromkeys(key for row in records for key in row))
+    columns = []
+    for name in names:
+        values = [row.get(name) for row in records]
+        kinds = set(map(type, values))
+        try:
+            if str in kinds and kinds <= {str, type(None)}:
+                columns.append(pl.Series(name, values, pl.String))
+            elif kinds == {int}:
+                columns.append(pl.Series(name, values, pl.Int64))
+            elif kinds & {int, float} and kinds <= {int, float, type(None)}:  # pandas: float64, missing as NaN -> null
+                array = np.array([np.nan if v is None else v for v in values], np.float64)
+                columns.append(pl.Series(name, array, nan_to_null=True))
+            elif kinds == {bool}:
+                columns.append(pl.Series(name, values, pl.Boolean))
+            else:
+                return None
+        except (OverflowError, TypeError, pl.exceptions.PolarsError):  # an integer beyond int64
+            return None
+    return pl.DataFrame(columns)
 
 
 def _split_frame(data):
@@ -115,6 +150,7 @@ def _records_or_array(data, key: str):
 def create_app(config: "ServeConfig | None" = None):
     """The FastAPI app: the model loaded and warmed up, /invocations with the limits of the module docstring."""
     import mlflow
+    import polars as pl
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
     from mlflow.exceptions import MlflowException
@@ -124,6 +160,7 @@ def create_app(config: "ServeConfig | None" = None):
     mlflow.set_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
     model = mlflow.pyfunc.load_model(config.model_uri)
     warm_up(model)
+    predict_frame = getattr(python_model(model), "predict_frame", None)  # a model of before it: pandas both ways
     app = FastAPI(title=f"pgt serve {config.model_uri}")
 
     def answer(status: int, message: str) -> Response:
@@ -157,12 +194,19 @@ def create_app(config: "ServeConfig | None" = None):
                 chunks.append(chunk)
         if over:  # the rest of the body was read and dropped, so that the client reads the answer, not a reset
             return answer(413, too_large)
-        def predict(body: bytes, content_type: str):
-            data, params = parse_body(body, content_type)
-            return model.predict(data, params=params or None)
+
+        def predict(body: bytes, content_type: str) -> str:
+            """The JSON answer: a table request in polars both ways where the model can (predict_frame), else
+            MLflow's pyfunc predict and its JSON writer."""
+            data, params = parse_body(body, content_type, polars_records=predict_frame is not None)
+            if isinstance(data, pl.DataFrame):  # only where predict_frame is there to take it
+                return json.dumps({"predictions": predict_frame(data, params).to_dicts()})
+            out = io.StringIO()
+            predictions_to_json(model.predict(data, params=params or None), out)
+            return out.getvalue()
 
         try:
-            predictions = await asyncio.to_thread(predict, b"".join(chunks), request.headers.get("content-type", ""))
+            answer_json = await asyncio.to_thread(predict, b"".join(chunks), request.headers.get("content-type", ""))
         except BadRequest as exc:
             return answer(exc.status, str(exc))
         except MlflowException as exc:  # the model's one-line client errors (INVALID_PARAMETER_VALUE)
@@ -174,9 +218,7 @@ def create_app(config: "ServeConfig | None" = None):
             log.exception("prediction failed")
             return answer(500, "the server failed to answer this request; its log has the details")
 
-        out = io.StringIO()
-        predictions_to_json(predictions, out)
-        return Response(out.getvalue(), status_code=200, media_type="application/json")
+        return Response(answer_json, status_code=200, media_type="application/json")
 
     return app
 
@@ -184,13 +226,17 @@ def create_app(config: "ServeConfig | None" = None):
 def warm_up(model) -> None:
     """One prediction from the model's own data before the first request: its fitted tables built, torch and
     polars code paths compiled and cached. A model that cannot (an older one) is served cold."""
-    try:
-        wrapper = model.unwrap_python_model()
-    except Exception:  # not a python model (a pickled PyTorch one, logged before): nothing of ours to warm
-        return
-    warm = getattr(wrapper, "warm_up", None)
+    warm = getattr(python_model(model), "warm_up", None)
     if warm is not None:
         warm()
+
+
+def python_model(model):
+    """The PythonModel inside a loaded pyfunc; None for another flavour (a pickled PyTorch one, logged before)."""
+    try:
+        return model.unwrap_python_model()
+    except Exception:
+        return None
 
 
 def serve(config: ServeConfig) -> None:
