@@ -98,12 +98,13 @@ class PGTModel(PythonModel):
                 pl.from_arrow(self.users), source)
         return self._fitted
 
-    def warm_up(self) -> None:
-        """Answer two small requests built from the model's own places (staypoints, then GPS points), so that the
-        fitted tables, the neighbour trees and the code paths are ready before the first client's request."""
+    def warm_up_requests(self) -> list[list[dict]]:
+        """The JSON records of two small requests built from the model's own places: staypoints, then GPS points (a
+        server sends them through its whole stack before it answers, so that its first client's request finds the
+        fitted tables, the neighbour trees and the code paths ready). None when the model has no place to visit."""
         places = self.fitted().places.filter(pl.col("location") >= 2).head(3)
         if places.height == 0:
-            return
+            return []
         start, stays, fixes = pd.Timestamp("2024-01-01T08:00:00Z"), [], []
         for i in range(6):
             place = places.row(i % places.height, named=True)
@@ -113,10 +114,13 @@ class PGTModel(PythonModel):
                           "latitude": place["latitude"], "longitude": place["longitude"]})
             fixes += [{"user_id": "warm-up", "tracked_at": (begin + pd.Timedelta(minutes=m)).isoformat(),
                        "latitude": place["latitude"], "longitude": place["longitude"]} for m in range(0, 40, 2)]
-        self.predict(None, pd.DataFrame(stays))
-        self.predict(None, pd.DataFrame(fixes))
-        self.predict_frame(pl.DataFrame(stays))
-        self.predict_frame(pl.DataFrame(fixes))
+        return [stays, fixes]
+
+    def warm_up(self) -> None:
+        """warm_up_requests answered in this process, through `predict` (pandas) and `predict_frame` (polars)."""
+        for records in self.warm_up_requests():
+            self.predict(None, pd.DataFrame(records))
+            self.predict_frame(pl.DataFrame(records))
 
     def predict(self, context, model_input, params=None):
         """The module docstring's inputs. A client's error (a column, a shape, an id beyond the model's tables, a

@@ -8,7 +8,8 @@ model is the same pyfunc (pgt/mlflow_model.py). What this server adds:
 - a client's error is HTTP 400 with one line naming the field, column or parameter: no stack trace, no server
   path, never 500, and the worker lives on (JSON nested too deeply to parse included);
 - the model is loaded and warmed up before the server answers /ping, so the first request is as fast as
-  the rest.
+  the rest: the model's own warm-up requests go through the whole app (routing, body, worker thread, JSON) in
+  the server's event loop before uvicorn accepts a connection.
 
 `create_app` reads its settings from the environment (`ServeConfig.from_env`), which is how uvicorn's
 worker processes receive them.
@@ -19,11 +20,14 @@ import io
 import json
 import logging
 import os
+import time
+from contextlib import asynccontextmanager
 
 from pgt.config import ServeConfig
 from pgt.inference import top_k_of
 from pgt.tracking import check_model_uri
 
+WARM_UP_ROUNDS = 3  # each warm-up request goes through the app this many times before the server accepts a connection
 DRAIN_FACTOR = 8  # an over-limit body is read (and dropped) up to this many limits, then the connection closes
 log = logging.getLogger("pgt.serving")
 
@@ -159,9 +163,33 @@ def create_app(config: "ServeConfig | None" = None):
     config = config or ServeConfig.from_env()
     mlflow.set_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
     model = mlflow.pyfunc.load_model(config.model_uri)
-    warm_up(model)
-    predict_frame = getattr(python_model(model), "predict_frame", None)  # a model of before it: pandas both ways
-    app = FastAPI(title=f"pgt serve {config.model_uri}")
+    wrapper = python_model(model)
+    predict_frame = getattr(wrapper, "predict_frame", None)  # a model of before it: pandas both ways
+
+    @asynccontextmanager
+    async def warmed(app):
+        """Before the first connection: the model's warm-up requests through the app itself (a model without them
+        warms itself up, or is served cold)."""
+        build, bodies = getattr(wrapper, "warm_up_requests", None), []
+        if build is None:  # not a PGTModel, or one logged before it had them: its own warm-up, if any
+            await asyncio.to_thread(getattr(wrapper, "warm_up", lambda: None))
+        else:
+            try:
+                bodies = build()
+            except ValueError as exc:  # a model that cannot build them (one without its preprocessing): served cold
+                log.warning("no warm-up (%s); the first requests may be slower", exc)
+        start, statuses = time.perf_counter(), []
+        for records in bodies:
+            for _ in range(WARM_UP_ROUNDS):
+                statuses.append(await asgi_post(app, "/invocations", json.dumps({"dataframe_records": records}).encode()))
+        if any(status != 200 for status in statuses):
+            log.warning("the warm-up requests answered HTTP %s; the first requests may be slower", statuses)
+        elif statuses:  # in uvicorn's own log, beside its startup lines
+            logging.getLogger("uvicorn.error").info("warmed up: %d requests through the app in %.2f s", len(statuses),
+                                                    time.perf_counter() - start)
+        yield
+
+    app = FastAPI(title=f"pgt serve {config.model_uri}", lifespan=warmed)
 
     def answer(status: int, message: str) -> Response:
         code = {400: "BAD_REQUEST", 413: "REQUEST_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE"}.get(status, "INTERNAL_ERROR")
@@ -223,12 +251,26 @@ def create_app(config: "ServeConfig | None" = None):
     return app
 
 
-def warm_up(model) -> None:
-    """One prediction from the model's own data before the first request: its fitted tables built, torch and
-    polars code paths compiled and cached. A model that cannot (an older one) is served cold."""
-    warm = getattr(python_model(model), "warm_up", None)
-    if warm is not None:
-        warm()
+async def asgi_post(app, path: str, body: bytes) -> int:
+    """POST a JSON body to an ASGI app in this event loop, without a socket; the answer's HTTP status."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    statuses = []
+
+    async def receive():
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the client neither sends more nor leaves
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    await app(scope, receive, send)
+    return statuses[0]
 
 
 def python_model(model):

@@ -182,6 +182,8 @@ def served(trained, tmp_path_factory):
     started = subprocess.run([PROJECT_ROOT / "scripts" / "start-serve.sh", "models:/raw@champion"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
+    log = (Path(env["PGT_STATE_DIR"]) / "serve" / "server.log").read_text()
+    assert "warmed up: 6 requests through the app" in log and "warm-up" not in log, log  # before it answered /ping
     yield f"http://127.0.0.1:{env['SERVE_PORT']}/invocations", root, server
     stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-serve.sh"], env=env, capture_output=True, text=True,
                              timeout=120)

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pandas as pd
 import polars as pl
 import pytest
+from fastapi import FastAPI, Request
 
 from pgt.mlflow_model import _polars
-from pgt.serving import BadRequest, parse_body, records_frame
+from pgt.serving import BadRequest, asgi_post, parse_body, records_frame
 
 STAY = {"user_id": 3, "started_at": "2009-07-05T07:08:46+0000", "finished_at": "2009-07-05T08:00:00+0000",
         "latitude": 39.9, "longitude": 116.3}
@@ -63,3 +65,16 @@ def test_parse_body_gives_polars_only_when_asked_and_for_records():
     assert isinstance(parse_body(split, "application/json", polars_records=True)[0], pd.DataFrame)
     with pytest.raises(BadRequest, match="not an object like the other records"):
         parse_body(b'{"dataframe_records": [{"a": 1}, 2]}', "application/json", polars_records=True)
+
+
+def test_asgi_post_sends_a_body_through_an_app_without_a_socket():
+    """What the server's warm-up uses: the app's own routing, body reading and answer, in this event loop."""
+    app, seen = FastAPI(), []
+
+    @app.post("/echo")
+    async def echo(request: Request):
+        seen.append(await request.body())
+        return {"ok": True}
+
+    assert asyncio.run(asgi_post(app, "/echo", b'{"a": 1}')) == 200 and seen == [b'{"a": 1}']
+    assert asyncio.run(asgi_post(app, "/elsewhere", b"{}")) == 404
