@@ -51,11 +51,13 @@ class TimeWindow:
     """Times outside [earliest, latest] are implausible for a GPS fix and quarantined."""
 
     earliest: datetime = EARLIEST_VALID_TIME
-    latest: datetime | None = None  # None: one day after now
+    latest: datetime | None = None  # None: one day after now, rounded up to the minute (as describe() writes it)
 
     def bounds(self) -> tuple[datetime, datetime]:
-        latest = self.latest or datetime.now(timezone.utc) + timedelta(days=1)
-        return self.earliest, latest
+        if self.latest is not None:
+            return self.earliest, self.latest
+        now = datetime.now(timezone.utc)
+        return self.earliest, now.replace(second=0, microsecond=0) + timedelta(days=1, minutes=1)
 
     def describe(self) -> str:
         earliest, latest = self.bounds()
@@ -182,48 +184,84 @@ def open_staypoints(source: TableSource, *, name: str = "request") -> TableInput
 def parse_positionfixes(source: TableInput, rows: pl.LazyFrame, window: TimeWindow) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Valid fixes (user ids as compared, not yet finalised) sorted by (user_id, tracked_at), and the set-aside
     rows (source_row, reason), of `rows`: source_row and the columns as stored (TableInput.scan or a part of it)."""
-    path, schema = source.path, source.schema
-    parsed = rows.select(
-        "source_row",
-        _user_expr(path, schema["user_id"]).alias("user_id"),
-        pl.col("tracked_at").is_null().alias("_t_missing"),
-        _time_expr(path, "tracked_at", schema["tracked_at"]).alias("tracked_at"),
-        *_coordinate_exprs(path, schema),
-        *_extra_flag(schema),
-    )
-    checks = [*_field_count_checks(schema), ("missing user_id", pl.col("user_id").is_null()),
-              *_time_checks("tracked_at", window=window), *_coordinate_checks()]
-    good, bad = _validate(parsed, checks, ("user_id", "tracked_at"), "repeats the (user_id, tracked_at) of an earlier fix",
-                          in_file_order=("source_row",), engine=source.engine)
+    rules = _positionfix_rules(source.path, tuple(source.schema.items()), window.bounds())
+    good, bad = _validate(rows.select("source_row", *rules.parse), rules, ("user_id", "tracked_at"),
+                          "repeats the (user_id, tracked_at) of an earlier fix", in_file_order=("source_row",),
+                          engine=source.engine)
     return good.select("user_id", "tracked_at", "latitude", "longitude"), bad
 
 
 def parse_staypoints(source: TableInput, rows: pl.LazyFrame, window: TimeWindow) -> tuple[pl.DataFrame, pl.DataFrame]:
     """As parse_positionfixes, for staypoints: sorted by (user_id, started_at)."""
-    path, schema = source.path, source.schema
     geom_column = source.columns[-1] if source.columns[-1] in ("geom", "geometry") else None
+    rules = _staypoint_rules(source.path, tuple(source.schema.items()), geom_column, window.bounds())
     if geom_column:
-        rows = rows.with_columns(_point_from_geom(path, geom_column, schema[geom_column]))
+        rows = rows.with_columns(_point_from_geom(source.path, geom_column, source.schema[geom_column]))
+    good, bad = _validate(rows.select("source_row", *rules.parse), rules, ("user_id", "started_at"),
+                          "repeats the (user_id, started_at) of an earlier staypoint", in_file_order=("source_row",),
+                          engine=source.engine)
+    return good.select("user_id", "started_at", "finished_at", "latitude", "longitude"), bad
+
+
+@dataclass(frozen=True)
+class RowRules:
+    """How the rows of one input layout are parsed and checked: the expressions that parse them, and the checks in
+    order (a row's reason is its first failing check). The table readers build them once per layout and time window
+    (polars expressions are immutable): a served request's few rows cost less to check than these cost to build."""
+
+    parse: tuple[pl.Expr, ...]  # the parsed columns, from the columns as stored
+    reasons: tuple[str, ...]  # the reason of each check, in order
+    code: pl.Expr  # UInt8: the 1-based index of a row's first failing check, 0 for a valid row
+
+    @classmethod
+    def of(cls, parse: list[pl.Expr], checks: list[tuple[str, pl.Expr]]) -> RowRules:
+        code = pl.when(checks[0][1]).then(pl.lit(1, pl.UInt8))
+        for i, (_, expr) in enumerate(checks[1:], start=2):
+            code = code.when(expr).then(pl.lit(i, pl.UInt8))
+        return cls(tuple(parse), tuple(text for text, _ in checks), code.otherwise(pl.lit(0, pl.UInt8)))
+
+
+@functools.lru_cache(maxsize=64)
+def _positionfix_rules(path: Path, schema: tuple, bounds: tuple[datetime, datetime]) -> RowRules:
+    """The RowRules of GPS points stored as `schema` ((column, dtype) pairs), with times plausible within `bounds`."""
+    types = dict(schema)
+    parse = [
+        _user_expr(path, types["user_id"]).alias("user_id"),
+        pl.col("tracked_at").is_null().alias("_t_missing"),
+        _time_expr(path, "tracked_at", types["tracked_at"]).alias("tracked_at"),
+        *_coordinate_exprs(path, types),
+        *_extra_flag(types),
+    ]
+    checks = [*_field_count_checks(types), ("missing user_id", pl.col("user_id").is_null()),
+              *_time_checks("tracked_at", window=TimeWindow(*bounds)), *_coordinate_checks()]
+    return RowRules.of(parse, checks)
+
+
+@functools.lru_cache(maxsize=64)
+def _staypoint_rules(path: Path, schema: tuple, geom_column: str | None, bounds: tuple[datetime, datetime]) -> RowRules:
+    """The RowRules of staypoints stored as `schema`, their position in `geom_column` (parsed into _lat_raw and
+    _lon_raw by _point_from_geom first) or in latitude and longitude."""
+    types, window = dict(schema), TimeWindow(*bounds)
+    if geom_column:
         coords = [pl.col("_lat_raw").is_null().alias("_latitude_missing"), pl.col("_lat_raw").alias("latitude"),
                   pl.col("_lon_raw").is_null().alias("_longitude_missing"), pl.col("_lon_raw").alias("longitude")]
         geom_checks = [(f"missing {geom_column}", pl.col("_geom_missing")),
                        (f"unparseable {geom_column} (expected a WKT or WKB POINT (lon lat))", pl.col("latitude").is_null())]
     else:
-        coords = _coordinate_exprs(path, schema)
+        coords = _coordinate_exprs(path, types)
         geom_checks = []
-    parsed = rows.select(
-        "source_row",
-        _user_expr(path, schema["user_id"]).alias("user_id"),
+    parse = [
+        _user_expr(path, types["user_id"]).alias("user_id"),
         pl.col("started_at").is_null().alias("_s_missing"),
-        _time_expr(path, "started_at", schema["started_at"]).alias("started_at"),
+        _time_expr(path, "started_at", types["started_at"]).alias("started_at"),
         pl.col("finished_at").is_null().alias("_f_missing"),
-        _time_expr(path, "finished_at", schema["finished_at"]).alias("finished_at"),
+        _time_expr(path, "finished_at", types["finished_at"]).alias("finished_at"),
         *([pl.col("_geom_missing")] if geom_checks else []),
         *coords,
-        *_extra_flag(schema),
-    )
+        *_extra_flag(types),
+    ]
     checks = [
-        *_field_count_checks(schema),
+        *_field_count_checks(types),
         ("missing user_id", pl.col("user_id").is_null()),
         *_time_checks("started_at", "_s_missing", window=window),
         *_time_checks("finished_at", "_f_missing", window=window),
@@ -231,9 +269,7 @@ def parse_staypoints(source: TableInput, rows: pl.LazyFrame, window: TimeWindow)
         *_coordinate_checks(),
         ("finished_at before started_at", pl.col("finished_at") < pl.col("started_at")),
     ]
-    good, bad = _validate(parsed, checks, ("user_id", "started_at"), "repeats the (user_id, started_at) of an earlier staypoint",
-                          in_file_order=("source_row",), engine=source.engine)
-    return good.select("user_id", "started_at", "finished_at", "latitude", "longitude"), bad
+    return RowRules.of(parse, checks)
 
 
 def finish_table_read(source: TableInput, good: pl.DataFrame, bad: pl.DataFrame, notes: dict | None = None) -> ReadResult:
@@ -299,19 +335,17 @@ def read_geolife_plt(folder: Path | str, window: TimeWindow = TimeWindow(), file
         pl.col("source_file").replace_strict(user_of, return_dtype=pl.String).alias("user_id"),
     )
     stamp = pl.concat_str(pl.col("date").str.strip_chars(), pl.lit(" "), pl.col("time").str.strip_chars())
-    parsed = lf.select(
-        "source_file", "source_row",
+    rules = RowRules.of([
         pl.col("user_id"),
         (pl.col("date").is_null() | pl.col("time").is_null()).alias("_t_missing"),
         stamp.str.to_datetime("%Y-%m-%d %H:%M:%S", strict=False, time_unit="ms", time_zone="UTC").alias("tracked_at"),
         *_coordinate_exprs(folder, {"latitude": pl.String, "longitude": pl.String}),
         *_extra_flag({EXTRA: pl.String}),
-    )
-    checks = [(f"more than the {len(PLT_FIELDS)} fields of a .plt row", pl.col("_extra_fields")),
-              *_time_checks("tracked_at", unparseable="unparseable date/time (expected yyyy-mm-dd,HH:MM:SS)", window=window),
-              *_coordinate_checks()]
-    good, bad = _validate(parsed, checks, ("user_id", "tracked_at"), "repeats the (user_id, tracked_at) of an earlier fix",
-                          keep=("source_file",))
+    ], [(f"more than the {len(PLT_FIELDS)} fields of a .plt row", pl.col("_extra_fields")),
+        *_time_checks("tracked_at", unparseable="unparseable date/time (expected yyyy-mm-dd,HH:MM:SS)", window=window),
+        *_coordinate_checks()])
+    good, bad = _validate(lf.select("source_file", "source_row", *rules.parse), rules, ("user_id", "tracked_at"),
+                          "repeats the (user_id, tracked_at) of an earlier fix", keep=("source_file",))
     good = good.select("user_id", "tracked_at", "latitude", "longitude")
     originals = (
         lf.join(bad.lazy().select("source_file", "source_row"), on=["source_file", "source_row"], how="semi")
@@ -610,27 +644,20 @@ def _coordinate_checks() -> list[tuple[str, pl.Expr]]:
 # validation and quarantine
 
 
-def _validate(parsed: pl.LazyFrame, checks: list[tuple[str, pl.Expr]], key: tuple[str, str], duplicate_reason: str,
+def _validate(parsed: pl.LazyFrame, rules: RowRules, key: tuple[str, str], duplicate_reason: str,
               keep: tuple[str, ...] = (), in_file_order: tuple[str, ...] = (),
               engine: str = "auto") -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Apply the row checks in order (the first failing one is the reason), then set aside rows that
+    """Apply the row checks of `rules` in order (the first failing one is the reason), then set aside rows that
     repeat the key of an earlier valid row (the first in file order wins: the sort is stable, and
     `in_file_order` columns, such as a table's source_row, make it so for rows in any order).
     Returns the valid rows sorted by key, and the set-aside rows as (*keep, source_row, reason)."""
-    reasons = [text for text, _ in checks] + [duplicate_reason]
-    code = pl.when(checks[0][1]).then(pl.lit(1, pl.UInt8))
-    for i, (_, expr) in enumerate(checks[1:], start=2):
-        code = code.when(expr).then(pl.lit(i, pl.UInt8))
-    code = code.otherwise(pl.lit(0, pl.UInt8))
+    reasons = [*rules.reasons, duplicate_reason]
     data = [c for c in parsed.collect_schema() if not c.startswith("_") and c not in keep and c != "source_row"]
-    valid = pl.col("_code") == 0
-    previous_valid = [pl.when(valid).then(pl.col(k)).forward_fill().shift(1) for k in key]
-    repeat = valid & pl.all_horizontal([pl.col(k) == prev for k, prev in zip(key, previous_valid)]).fill_null(False)
     df = (
-        parsed.with_columns(code.alias("_code"))
+        parsed.with_columns(rules.code.alias("_code"))
         .select(*keep, "source_row", "_code", *data)
         .sort([*key, *in_file_order], maintain_order=True, nulls_last=True)
-        .with_columns(pl.when(repeat).then(pl.lit(len(reasons), pl.UInt8)).otherwise(pl.col("_code")).alias("_code"))
+        .with_columns(_repeat_code(key, len(reasons)).alias("_code"))
         .collect(engine=engine)
     )
     if not (df["_code"] != 0).any():  # a clean table (a served request, as a rule): its columns, without a query
@@ -646,6 +673,15 @@ def _validate(parsed: pl.LazyFrame, checks: list[tuple[str, pl.Expr]], key: tupl
     reason = labels.gather(bad["_code"].cast(pl.Int64) - 1)  # a Series operation: no query, no Python callback
     bad = pl.DataFrame([bad[c] for c in (*keep, "source_row")] + [reason])
     return good, bad
+
+
+@functools.lru_cache(maxsize=8)
+def _repeat_code(key: tuple[str, str], code: int) -> pl.Expr:
+    """_code, or `code` for a valid row whose key repeats the previous valid row's (rows sorted by key)."""
+    valid = pl.col("_code") == 0
+    previous_valid = [pl.when(valid).then(pl.col(k)).forward_fill().shift(1) for k in key]
+    repeat = valid & pl.all_horizontal([pl.col(k) == prev for k, prev in zip(key, previous_valid)]).fill_null(False)
+    return pl.when(repeat).then(pl.lit(code, pl.UInt8)).otherwise(pl.col("_code"))
 
 
 def _originals_as_text(rows: pl.LazyFrame, columns: tuple[str, ...], wanted: pl.Series) -> pl.DataFrame:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import polars as pl
 import pytest
 
 from preprocessing.errors import InputError
-from preprocessing.readers import read_geolife_plt, read_positionfixes, read_staypoints
+from preprocessing.readers import TimeWindow, _staypoint_rules, read_geolife_plt, read_positionfixes, read_staypoints
 
 UTC = timezone.utc
 
@@ -224,3 +224,30 @@ def test_geolife_layout_problems(tmp_path):
     (traj / "20081024000000.plt").write_bytes(b"\x00\x01garbage" * 100)
     with pytest.raises(InputError, match="binary content"):
         read_geolife_plt(tmp_path)
+
+
+def test_the_default_latest_time_is_a_day_after_now_rounded_up_to_the_minute_it_is_written_as():
+    before = datetime.now(timezone.utc)
+    earliest, latest = TimeWindow().bounds()
+    after = datetime.now(timezone.utc)
+    assert latest.second == 0 and latest.microsecond == 0
+    assert before + timedelta(days=1) < latest <= after + timedelta(days=1, minutes=1)
+    assert TimeWindow().describe().endswith(f"to {latest:%Y-%m-%d %H:%M} UTC")
+    fixed = datetime(2030, 1, 1, 12, 30, 15, tzinfo=timezone.utc)
+    assert TimeWindow(latest=fixed).bounds() == (earliest, fixed)  # a given bound is kept to the second
+
+
+def test_the_rules_of_a_layout_are_built_once_per_time_window(tmp_path):
+    """A served request's rules come from the cache; another window, or another layout, gets its own."""
+    frame = pl.DataFrame({"user_id": [1], "started_at": ["2009-07-05 07:08:46"], "finished_at": ["2009-07-05 08:00:00"],
+                          "latitude": [39.9], "longitude": [116.3]})
+    window = TimeWindow(latest=datetime(2030, 1, 1, tzinfo=timezone.utc))
+    read_staypoints(frame, window, name="request")
+    hits = _staypoint_rules.cache_info().hits
+    again = read_staypoints(frame, window, name="request")
+    assert _staypoint_rules.cache_info().hits == hits + 1 and again.table.height == 1
+    later = read_staypoints(frame.with_columns(pl.lit("2031-01-01 00:00:00").alias("finished_at")), window, name="request")
+    assert later.table.height == 0 and later.quarantine["reason"][0].startswith("finished_at outside the plausible window")
+    wider = read_staypoints(frame.with_columns(pl.lit("2031-01-01 00:00:00").alias("finished_at")),
+                            TimeWindow(latest=datetime(2032, 1, 1, tzinfo=timezone.utc)), name="request")
+    assert wider.table.height == 1
