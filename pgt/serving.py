@@ -93,7 +93,8 @@ def records_frame(records: list[dict]):
     """JSON records as polars, exactly as `pd.DataFrame.from_records` and then the model's pandas-to-polars
     conversion give them (columns in order of first appearance, a missing value null), for columns that each hold
     one JSON kind: text (or null), integers, numbers (integers and decimals, or null), booleans. None for anything
-    else (lists, a mix of text and numbers, a column of nulls only, integers beyond int64): pandas reads those."""
+    else (lists, a mix of text and numbers, a column of nulls only, integers beyond int64): pandas reads those. An
+    integer column holding a value beyond 64 bits, which pandas cannot hold either, is BadRequest naming it."""
     import numpy as np
     import polars as pl
 
@@ -102,6 +103,10 @@ def records_frame(records: list[dict]):
     for name in names:
         values = [row.get(name) for row in records]
         kinds = set(map(type, values))
+        if kinds == {int}:
+            beyond = next((v for v in values if abs(v) >= 2**64), None)
+            if beyond is not None:  # pandas cannot hold it either; say which column
+                raise BadRequest(f"column {name} holds an integer beyond 64 bits ({beyond})")
         try:
             if str in kinds and kinds <= {str, type(None)}:
                 columns.append(pl.Series(name, values, pl.String))

@@ -354,8 +354,9 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
         late = marked.filter(pl.col("started_at") > instant(at))
         if late.height:
             first = late.row(0, named=True)
-            raise ValueError(f"--at {at.isoformat()} is before the last visit of user {first['user_id']} (it starts "
-                             f"{first['started_at'].isoformat()}); a prediction is for a moment after the history")
+            raise ValueError(f"the prediction time (at) {at.isoformat()} is before the last visit of user "
+                             f"{first['user_id']} (it starts {first['started_at'].isoformat()}); a prediction is for a "
+                             "moment after the history")
         last_date = marked["started_at"].gather(last).dt.convert_time_zone(config.timezone).dt.date().to_numpy()
         at_date = np.datetime64(at.astimezone(ZoneInfo(config.timezone)).date(), "D")
         target_day = day[last] + (at_date - last_date.astype("datetime64[D]")).astype(np.int64)
@@ -446,7 +447,7 @@ def users_not_scored(read_tables: dict[str, pl.DataFrame], quarantine: pl.DataFr
             reasons[user] = "no activity staypoint at a place"
         else:
             reasons[user] = (f"fewer than {config.min_history_staypoints} visits in the {config.history_days} days "
-                             + ("before the last visit" if at is None else f"before --at {at.isoformat()}"))
+                             + ("before the last visit" if at is None else f"before the prediction time {at.isoformat()}"))
     return pl.DataFrame({"source_user_id": sorted(reasons), "reason": [reasons[u] for u in sorted(reasons)]},
                         schema={"source_user_id": pl.String, "reason": pl.String})
 

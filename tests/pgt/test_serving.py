@@ -35,7 +35,7 @@ LEFT = {
     "text and numbers in one column": [{"user_id": 1}, {"user_id": "x"}],
     "a column of nulls only": [{"user_id": None, "latitude": 1.0}],
     "booleans and numbers": [{"flag": True}, {"flag": 2}],
-    "an integer beyond int64": [{"user_id": 2**70}],
+    "an integer beyond int64 (pandas takes it as uint64)": [{"user_id": 2**63}],
     "objects in a column": [{"user_id": {"a": 1}}],
 }
 
@@ -63,6 +63,9 @@ def test_parse_body_gives_polars_only_when_asked_and_for_records():
     assert isinstance(parse_body(nested, "application/json", polars_records=True)[0], pd.DataFrame)
     split = json.dumps({"dataframe_split": {"columns": ["a"], "data": [[1]]}}).encode()
     assert isinstance(parse_body(split, "application/json", polars_records=True)[0], pd.DataFrame)
+    huge = json.dumps({"dataframe_records": [{"user_id": 2**80, "latitude": 1.0}]}).encode()
+    with pytest.raises(BadRequest, match=r"^column user_id holds an integer beyond 64 bits \(1208925819614629174706176\)$"):
+        parse_body(huge, "application/json", polars_records=True)
     with pytest.raises(BadRequest, match="not an object like the other records"):
         parse_body(b'{"dataframe_records": [{"a": 1}, 2]}', "application/json", polars_records=True)
 

@@ -224,7 +224,7 @@ def test_a_prediction_time_anchors_the_latest_samples_and_evaluation_rows_are_li
     assert later.latest.height <= default.latest.height  # older visits fall out of the history window
     assert set(later.unscored["source_user_id"]) >= set(default.unscored["source_user_id"])
 
-    with pytest.raises(ValueError, match=r"--at .* is before the last visit of user"):
+    with pytest.raises(ValueError, match=r"^the prediction time \(at\) .* is before the last visit of user"):
         apply_fitted(root / "late.parquet", "positionfixes", fitted, at=last_end - timedelta(days=3))
 
 
