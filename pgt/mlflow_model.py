@@ -101,7 +101,7 @@ class PGTModel(PythonModel):
     def warm_up_requests(self) -> list[list[dict]]:
         """The JSON records of two small requests built from the model's own places: staypoints, then GPS points (a
         server sends them through its whole stack before it answers, so that its first client's request finds the
-        fitted tables, the neighbour trees and the code paths ready). None when the model has no place to visit."""
+        fitted tables, the neighbour trees and the code paths ready); none for a model without a place to visit."""
         places = self.fitted().places.filter(pl.col("location") >= 2).head(3)
         if places.height == 0:
             return []
@@ -128,7 +128,7 @@ class PGTModel(PythonModel):
         with _client_errors():
             if isinstance(model_input, pd.DataFrame):
                 answer = self._predict_table(_polars(model_input), params)
-                return pd.DataFrame(answer.to_dicts(), columns=answer.columns, dtype=object)  # ints stay ints, None
+                return pd.DataFrame(answer.to_dicts(), columns=answer.columns, dtype=object)  # ints stay ints; null, not NaN
             return self._predict_packed(model_input)
 
     def predict_frame(self, frame: pl.DataFrame, params: dict | None = None) -> pl.DataFrame:
