@@ -54,7 +54,7 @@ class PreprocessConfig:
     timezone: str = "UTC"  # days, slots and weekdays are taken in this IANA zone (the reference: UTC)
     # plausibility: fixes and staypoints outside this window are quarantined
     earliest_valid_time: str = "1990-01-01"  # ISO 8601 date or time (UTC if no offset)
-    latest_valid_time: str | None = None  # ISO 8601; None: one day after the run
+    latest_valid_time: str | None = None  # ISO 8601; None: one day after the run (rounded up to the minute)
 
     TEXT_SETTINGS = ("timezone", "min_mean_window_quality", "location_axis_order", "earliest_valid_time",
                      "latest_valid_time")
