@@ -23,6 +23,9 @@ import os
 import time
 from contextlib import asynccontextmanager
 
+import numpy as np
+import polars as pl
+
 from pgt.config import ServeConfig
 from pgt.inference import top_k_of
 from pgt.tracking import check_model_uri
@@ -95,9 +98,6 @@ def records_frame(records: list[dict]):
     one JSON kind: text (or null), integers, numbers (integers and decimals, or null), booleans. None for anything
     else (lists, a mix of text and numbers, a column of nulls only, integers beyond int64): pandas reads those. An
     integer column holding a value beyond 64 bits, which pandas cannot hold either, is BadRequest naming it."""
-    import numpy as np
-    import polars as pl
-
     names = list(dict.fromkeys(key for row in records for key in row))
     columns = []
     for name in names:
@@ -159,7 +159,6 @@ def _records_or_array(data, key: str):
 def create_app(config: "ServeConfig | None" = None):
     """The FastAPI app: the model loaded and warmed up, /invocations with the limits of the module docstring."""
     import mlflow
-    import polars as pl
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
     from mlflow.exceptions import MlflowException
