@@ -99,22 +99,30 @@ class PGTModel(PythonModel):
         return self._fitted
 
     def warm_up_requests(self) -> list[list[dict]]:
-        """The JSON records of two small requests built from the model's own places: staypoints, then GPS points (a
-        server sends them through its whole stack before it answers, so that its first client's request finds the
-        fitted tables, the neighbour trees and the code paths ready); none for a model without a place to visit."""
-        places = self.fitted().places.filter(pl.col("location") >= 2).head(3)
+        """The JSON records of small requests a server sends itself before it answers, so that its first client's
+        request finds the fitted tables, the neighbour trees and every code path ready: staypoints and GPS points,
+        each for one of the model's own people and for a stranger (so both integer and text user ids), at three of
+        its places and at a spot none of them covers (a new place). None for a model without a place."""
+        fitted = self.fitted()
+        places = fitted.places.filter(pl.col("location") >= 2).head(3)
         if places.height == 0:
             return []
-        start, stays, fixes = pd.Timestamp("2024-01-01T08:00:00Z"), [], []
-        for i in range(6):
-            place = places.row(i % places.height, named=True)
-            begin = start + pd.Timedelta(hours=5 * i)
-            stays.append({"user_id": "warm-up", "started_at": begin.isoformat(),
-                          "finished_at": (begin + pd.Timedelta(hours=2)).isoformat(),
-                          "latitude": place["latitude"], "longitude": place["longitude"]})
-            fixes += [{"user_id": "warm-up", "tracked_at": (begin + pd.Timedelta(minutes=m)).isoformat(),
-                       "latitude": place["latitude"], "longitude": place["longitude"]} for m in range(0, 40, 2)]
-        return [stays, fixes]
+        known = fitted.users["source_user_id"][0] if fitted.users.height else None
+        people = [known, -1 if isinstance(known, str) else "warm-up"] if known is not None else ["warm-up", -1]
+        spots = [(row["latitude"], row["longitude"]) for row in places.iter_rows(named=True)]
+        spots = [spots[i % len(spots)] for i in range(6)] + [(spots[0][0] + 0.01, spots[0][1])] * 2  # ~1 km away
+        start, requests = pd.Timestamp("2024-01-01T08:00:00Z"), []
+        for person in people:
+            stays, fixes = [], []
+            for i, (latitude, longitude) in enumerate(spots):
+                begin = start + pd.Timedelta(hours=5 * i)
+                stays.append({"user_id": person, "started_at": begin.isoformat(),
+                              "finished_at": (begin + pd.Timedelta(hours=2)).isoformat(),
+                              "latitude": latitude, "longitude": longitude})
+                fixes += [{"user_id": person, "tracked_at": (begin + pd.Timedelta(minutes=m)).isoformat(),
+                           "latitude": latitude, "longitude": longitude} for m in range(0, 40, 2)]
+            requests += [stays, fixes]
+        return requests
 
     def warm_up(self) -> None:
         """warm_up_requests answered in this process, through `predict` (pandas) and `predict_frame` (polars)."""

@@ -7,9 +7,9 @@ model is the same pyfunc (pgt/mlflow_model.py). What this server adds:
 - a request body larger than `max_request_mb` is refused with HTTP 413 before it is read whole;
 - a client's error is HTTP 400 with one line naming the field, column or parameter: no stack trace, no server
   path, never 500, and the worker lives on (JSON nested too deeply to parse included);
-- the model is loaded and warmed up before the server answers /ping, so the first request is as fast as
-  the rest: the model's own warm-up requests go through the whole app (routing, body, worker thread, JSON) in
-  the server's event loop before uvicorn accepts a connection.
+- the model is loaded and warmed up before the server answers /ping (503 until then), so the first request is
+  as fast as the rest: once uvicorn listens, the server sends the model's own warm-up requests to itself over its
+  socket, through every layer a client's request takes (uvicorn's protocol, the app, the worker thread, JSON).
 
 `create_app` reads its settings from the environment (`ServeConfig.from_env`), which is how uvicorn's
 worker processes receive them.
@@ -30,7 +30,8 @@ from pgt.config import ServeConfig
 from pgt.inference import top_k_of
 from pgt.tracking import check_model_uri
 
-WARM_UP_ROUNDS = 3  # each warm-up request goes through the app this many times before the server accepts a connection
+WARM_UP_ROUNDS = 3  # each warm-up request is sent this many times before /ping answers 200
+WARM_UP_TIMEOUT_S = 60.0  # the warm-up gives up (and the server answers /ping) after this long
 DRAIN_FACTOR = 8  # an over-limit body is read (and dropped) up to this many limits, then the connection closes
 log = logging.getLogger("pgt.serving")
 
@@ -170,39 +171,37 @@ def create_app(config: "ServeConfig | None" = None):
     wrapper = python_model(model)
     predict_frame = getattr(wrapper, "predict_frame", None)  # a model of before it: pandas both ways
 
+    ready = asyncio.Event()  # set when the warm-up is done: /ping answers 503 until then
+
     @asynccontextmanager
     async def warmed(app):
-        """Before the first connection: the model's warm-up requests through the app itself (a model without them
-        warms itself up, or is served cold)."""
+        """Once uvicorn listens: the model's warm-up requests over the server's own socket, the whole stack (a model
+        without them warms itself up in process, or is served cold); /ping answers 200 when they are done."""
         build, bodies = getattr(wrapper, "warm_up_requests", None), []
         if build is None:  # not a PGTModel, or one logged before it had them: its own warm-up, if any
             await asyncio.to_thread(getattr(wrapper, "warm_up", lambda: None))
         else:
             try:
-                bodies = build()
+                bodies = [json.dumps({"dataframe_records": records}).encode() for records in build()]
             except ValueError as exc:  # a model that cannot build them (one without its preprocessing): served cold
                 log.warning("no warm-up (%s); the first requests may be slower", exc)
-        start, statuses = time.perf_counter(), []
-        for records in bodies:
-            for _ in range(WARM_UP_ROUNDS):
-                statuses.append(await asgi_post(app, "/invocations", json.dumps({"dataframe_records": records}).encode()))
-        if any(status != 200 for status in statuses):
-            log.warning("the warm-up requests answered HTTP %s; the first requests may be slower", statuses)
-        elif statuses:  # in uvicorn's own log, beside its startup lines
-            logging.getLogger("uvicorn.error").info("warmed up: %d requests through the app in %.2f s", len(statuses),
-                                                    time.perf_counter() - start)
+        task = asyncio.create_task(warm_up_over_socket(connect_host(config.host), config.port, bodies, ready))
         yield
+        task.cancel()
 
     app = FastAPI(title=f"pgt serve {config.model_uri}", lifespan=warmed)
 
     def answer(status: int, message: str) -> Response:
-        code = {400: "BAD_REQUEST", 413: "REQUEST_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE"}.get(status, "INTERNAL_ERROR")
+        code = {400: "BAD_REQUEST", 413: "REQUEST_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE",
+                503: "TEMPORARILY_UNAVAILABLE"}.get(status, "INTERNAL_ERROR")
         return Response(json.dumps({"error_code": code, "message": message}), status_code=status,
                         media_type="application/json")
 
     @app.get("/ping")
     @app.get("/health")
     async def ping():
+        if not ready.is_set():
+            return answer(503, "warming up: the model answers its warm-up requests first")
         return Response("\n", status_code=200, media_type="application/json")
 
     @app.get("/version")
@@ -255,26 +254,57 @@ def create_app(config: "ServeConfig | None" = None):
     return app
 
 
-async def asgi_post(app, path: str, body: bytes) -> int:
-    """POST a JSON body to an ASGI app in this event loop, without a socket; the answer's HTTP status."""
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
-    messages = [{"type": "http.request", "body": body, "more_body": False}]
-    statuses = []
+async def warm_up_over_socket(host: str, port: int, bodies: list[bytes], ready: asyncio.Event,
+                              timeout_s: float = WARM_UP_TIMEOUT_S) -> list[int]:
+    """POST each JSON body WARM_UP_ROUNDS times to this server's /invocations over TCP, as a client would (uvicorn's
+    protocol, the app, the worker thread, JSON: every path a request takes is warm), then set `ready`. It waits for
+    the socket to listen; failures are logged, never fatal: `ready` is set whatever happens. The HTTP statuses."""
+    start, statuses = time.perf_counter(), []
+    deadline = time.monotonic() + timeout_s
+    try:
+        for body in bodies:
+            for _ in range(WARM_UP_ROUNDS):
+                statuses.append(await http_post(host, port, "/invocations", body, deadline))
+    except (OSError, asyncio.TimeoutError, ValueError) as exc:
+        log.warning("the warm-up over %s:%s failed (%s); the first requests may be slower", host, port, exc)
+    finally:
+        ready.set()
+    if any(status != 200 for status in statuses):
+        log.warning("the warm-up requests answered HTTP %s; the first requests may be slower", statuses)
+    elif statuses:  # in uvicorn's own log, beside its startup lines
+        logging.getLogger("uvicorn.error").info("warmed up: %d requests over %s:%s in %.2f s", len(statuses), host, port,
+                                                time.perf_counter() - start)
+    return statuses
 
-    async def receive():
-        if messages:
-            return messages.pop(0)
-        await asyncio.Event().wait()  # the client neither sends more nor leaves
 
-    async def send(message):
-        if message["type"] == "http.response.start":
-            statuses.append(message["status"])
+async def http_post(host: str, port: int, path: str, body: bytes, deadline: float) -> int:
+    """POST a JSON body over HTTP/1.1 (one connection, closed after the answer); the answer's status. Retries a
+    refused connection (a server about to listen) until `deadline` (time.monotonic)."""
+    while True:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                    max(deadline - time.monotonic(), 0.01))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.05)
+    try:
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), max(deadline - time.monotonic(), 0.01))
+    finally:
+        writer.close()
+    status_line = answer.split(b"\r\n", 1)[0].split()
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        raise ValueError(f"not an HTTP answer: {answer[:60]!r}")
+    return int(status_line[1])
 
-    await app(scope, receive, send)
-    return statuses[0]
+
+def connect_host(bind_host: str) -> str:
+    """Where this machine reaches a server bound to `bind_host`: a wildcard address is reached on loopback."""
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind_host, bind_host)
 
 
 def python_model(model):

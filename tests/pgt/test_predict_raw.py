@@ -183,7 +183,7 @@ def served(trained, tmp_path_factory):
                              capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
     log = (Path(env["PGT_STATE_DIR"]) / "serve" / "server.log").read_text()
-    assert "warmed up: 6 requests through the app" in log and "warm-up" not in log, log  # before it answered /ping
+    assert f"warmed up: 12 requests over 127.0.0.1:{env['SERVE_PORT']}" in log and "warm-up" not in log, log
     yield f"http://127.0.0.1:{env['SERVE_PORT']}/invocations", root, server
     stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-serve.sh"], env=env, capture_output=True, text=True,
                              timeout=120)

@@ -1,17 +1,20 @@
-"""`pgt serve`'s request parsing: JSON records taken into polars directly give the frame the pandas path gives."""
+"""`pgt serve`'s request parsing (JSON records taken into polars directly give the frame the pandas path gives)
+and its warm-up over its own socket."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 
 import pandas as pd
 import polars as pl
 import pytest
+import uvicorn
 from fastapi import FastAPI, Request
 
 from pgt.mlflow_model import _polars
-from pgt.serving import BadRequest, asgi_post, parse_body, records_frame
+from pgt.serving import WARM_UP_ROUNDS, BadRequest, connect_host, parse_body, records_frame, warm_up_over_socket
 
 STAY = {"user_id": 3, "started_at": "2009-07-05T07:08:46+0000", "finished_at": "2009-07-05T08:00:00+0000",
         "latitude": 39.9, "longitude": 116.3}
@@ -70,14 +73,41 @@ def test_parse_body_gives_polars_only_when_asked_and_for_records():
         parse_body(b'{"dataframe_records": [{"a": 1}, 2]}', "application/json", polars_records=True)
 
 
-def test_asgi_post_sends_a_body_through_an_app_without_a_socket():
-    """What the server's warm-up uses: the app's own routing, body reading and answer, in this event loop."""
-    app, seen = FastAPI(), []
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
-    @app.post("/echo")
-    async def echo(request: Request):
+
+def test_the_warm_up_waits_for_the_socket_then_posts_each_body_over_it():
+    """What `pgt serve` does once uvicorn listens: every body WARM_UP_ROUNDS times over TCP, then ready."""
+    app, seen, port = FastAPI(), [], free_port()
+
+    @app.post("/invocations")
+    async def invocations(request: Request):
         seen.append(await request.body())
-        return {"ok": True}
+        return {}
 
-    assert asyncio.run(asgi_post(app, "/echo", b'{"a": 1}')) == 200 and seen == [b'{"a": 1}']
-    assert asyncio.run(asgi_post(app, "/elsewhere", b"{}")) == 404
+    async def main():
+        ready = asyncio.Event()
+        warm = asyncio.create_task(warm_up_over_socket("127.0.0.1", port, [b'{"a": 1}', b'{"b": 2}'], ready, 30))
+        await asyncio.sleep(0.3)  # nothing listens yet: the warm-up waits for the socket
+        assert not ready.is_set() and not warm.done()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+        serving = asyncio.create_task(server.serve())
+        statuses = await warm
+        server.should_exit = True
+        await serving
+        return statuses, ready.is_set()
+
+    statuses, ready = asyncio.run(main())
+    assert statuses == [200] * 6 and ready
+    assert seen == [b'{"a": 1}'] * WARM_UP_ROUNDS + [b'{"b": 2}'] * WARM_UP_ROUNDS
+
+
+def test_a_warm_up_that_cannot_connect_gives_up_and_the_server_answers_anyway():
+    ready = asyncio.Event()
+    assert asyncio.run(warm_up_over_socket("127.0.0.1", free_port(), [b"{}"], ready, timeout_s=0.5)) == []
+    assert ready.is_set()
+    assert connect_host("0.0.0.0") == "127.0.0.1" and connect_host("::") == "::1"
+    assert connect_host("127.0.0.1") == "127.0.0.1"
