@@ -102,7 +102,7 @@ class PGTModel(PythonModel):
         """The JSON records of small requests a server sends itself before it answers, so that its first client's
         request finds the fitted tables, the neighbour trees and every code path ready: staypoints and GPS points,
         each for one of the model's own people and for a stranger (so both integer and text user ids), at three of
-        its places and at a spot none of them covers (a new place). None for a model without a place."""
+        its places and at a spot none of them covers (a new place). An empty list for a model without a place."""
         fitted = self.fitted()
         places = fitted.places.filter(pl.col("location") >= 2).head(3)
         if places.height == 0:
@@ -123,12 +123,6 @@ class PGTModel(PythonModel):
                            "latitude": latitude, "longitude": longitude} for m in range(0, 40, 2)]
             requests += [stays, fixes]
         return requests
-
-    def warm_up(self) -> None:
-        """warm_up_requests answered in this process, through `predict` (pandas) and `predict_frame` (polars)."""
-        for records in self.warm_up_requests():
-            self.predict(None, pd.DataFrame(records))
-            self.predict_frame(pl.DataFrame(records))
 
     def predict(self, context, model_input, params=None):
         """The module docstring's inputs. A client's error (a column, a shape, an id beyond the model's tables, a

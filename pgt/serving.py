@@ -104,14 +104,13 @@ def records_frame(records: list[dict]):
     for name in names:
         values = [row.get(name) for row in records]
         kinds = set(map(type, values))
-        if kinds == {int}:
-            beyond = next((v for v in values if abs(v) >= 2**64), None)
-            if beyond is not None:  # pandas cannot hold it either; say which column
-                raise BadRequest(f"column {name} holds an integer beyond 64 bits ({beyond})")
         try:
             if str in kinds and kinds <= {str, type(None)}:
                 columns.append(pl.Series(name, values, pl.String))
             elif kinds == {int}:
+                beyond = next((v for v in values if abs(v) >= 2**64), None)
+                if beyond is not None:  # pandas cannot hold it either; say which column
+                    raise BadRequest(f"column {name} holds an integer beyond 64 bits ({beyond})")
                 columns.append(pl.Series(name, values, pl.Int64))
             elif kinds & {int, float} and kinds <= {int, float, type(None)}:  # pandas: float64, missing as NaN -> null
                 array = np.array([np.nan if v is None else v for v in values], np.float64)
@@ -120,7 +119,7 @@ def records_frame(records: list[dict]):
                 columns.append(pl.Series(name, values, pl.Boolean))
             else:
                 return None
-        except (OverflowError, TypeError, pl.exceptions.PolarsError):  # an integer beyond int64
+        except (OverflowError, TypeError, pl.exceptions.PolarsError):  # an integer in [2**63, 2**64): pandas's uint64
             return None
     return pl.DataFrame(columns)
 
@@ -170,6 +169,16 @@ def create_app(config: "ServeConfig | None" = None):
     model = mlflow.pyfunc.load_model(config.model_uri)
     wrapper = python_model(model)
     predict_frame = getattr(wrapper, "predict_frame", None)  # a model of before it: pandas both ways
+
+    def predict_json(body: bytes, content_type: str) -> str:
+        """The JSON answer: a table request in polars both ways where the model can (predict_frame), else
+        MLflow's pyfunc predict and its JSON writer."""
+        data, params = parse_body(body, content_type, polars_records=predict_frame is not None)
+        if isinstance(data, pl.DataFrame):  # only where predict_frame is there to take it
+            return json.dumps({"predictions": predict_frame(data, params).to_dicts()})
+        out = io.StringIO()
+        predictions_to_json(model.predict(data, params=params or None), out)
+        return out.getvalue()
 
     ready = asyncio.Event()  # set when the warm-up is done: /ping answers 503 until then
 
@@ -226,18 +235,8 @@ def create_app(config: "ServeConfig | None" = None):
         if over:  # the rest of the body was read and dropped, so that the client reads the answer, not a reset
             return answer(413, too_large)
 
-        def predict(body: bytes, content_type: str) -> str:
-            """The JSON answer: a table request in polars both ways where the model can (predict_frame), else
-            MLflow's pyfunc predict and its JSON writer."""
-            data, params = parse_body(body, content_type, polars_records=predict_frame is not None)
-            if isinstance(data, pl.DataFrame):  # only where predict_frame is there to take it
-                return json.dumps({"predictions": predict_frame(data, params).to_dicts()})
-            out = io.StringIO()
-            predictions_to_json(model.predict(data, params=params or None), out)
-            return out.getvalue()
-
         try:
-            answer_json = await asyncio.to_thread(predict, b"".join(chunks), request.headers.get("content-type", ""))
+            answer_json = await asyncio.to_thread(predict_json, b"".join(chunks), request.headers.get("content-type", ""))
         except BadRequest as exc:
             return answer(exc.status, str(exc))
         except MlflowException as exc:  # the model's one-line client errors (INVALID_PARAMETER_VALUE)
