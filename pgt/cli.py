@@ -158,8 +158,8 @@ def synth(
 # TrainConfig fields the command line may set; what is not typed comes from the recipe, then the defaults
 TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhead", "num_layers", "dim_feedforward",
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
-                 "previous_location", "visit_relations", "relation_inputs", "relation_order", "weight_average",
-                 "simulate_unseen", "anchor", "resume", "threads", "resident_data", "static_width")
+                 "previous_location", "visit_relations", "relation_inputs", "relation_order", "members",
+                 "weight_average", "simulate_unseen", "anchor", "resume", "threads", "resident_data", "static_width")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
 
 
@@ -186,7 +186,8 @@ def train(
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
     out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with --workers)."),
     recipe: Recipe = typer.Option("paper", "--recipe",
-                                  help="paper: the published settings (the defaults below). tuned: ours for GeoLife "
+                                  help="paper: the published settings (the defaults below). tuned: ours for GeoLife. "
+                                       "ensemble: tuned as an ensemble of networks trained side by side "
                                        "(pgt.config.RECIPES). Options given on the command line override it."),
     recipe_file: Path | None = typer.Option(None, "--recipe-file",
                                             help="A YAML file of training settings (as a sweep writes its winner), "
@@ -210,6 +211,7 @@ def train(
     visit_relations: bool | None = option_for(TrainConfig, "visit_relations", "--visit-relations/--no-visit-relations"),
     relation_inputs: bool | None = option_for(TrainConfig, "relation_inputs", "--relation-inputs/--no-relation-inputs"),
     relation_order: int | None = option_for(TrainConfig, "relation_order"),
+    members: int | None = option_for(TrainConfig, "members"),
     weight_average: float | None = option_for(TrainConfig, "weight_average"),
     simulate_unseen: bool | None = option_for(TrainConfig, "simulate_unseen", "--simulate-unseen/--no-simulate-unseen"),
     anchor: Anchor | None = option_for(TrainConfig, "anchor"),

@@ -58,6 +58,9 @@ class ModelSettings:
     relation_inputs: bool = setting(False, "With visit_relations: the encoder's inputs embed them too.")
     relation_order: int = setting(1, "With visit_relations: transitions from the current place (1) or from the last "
                                      "two places (2).", choices=(1, 2))
+    members: int = setting(1, "Networks trained side by side from their own initial weights, each on its own loss; "
+                              "the prediction is the mean of their probabilities (an ensemble). Each member costs "
+                              "its forward and backward pass.", low=1, high=64)
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -114,6 +117,10 @@ RECIPES: dict[str, dict] = {
     "tuned": {"unseen_slots": True, "simulate_unseen": True, "new_place_weight": 0.5, "visit_relations": True,
               "relation_inputs": True, "dropout": 0.4, "lr": 1e-3, "select_on": "strict_acc@1"},
 }
+# `tuned` as an ensemble of ENSEMBLE_MEMBERS networks trained side by side, the number chosen on validation
+# (benchmarks/ensemble_size.py); it costs that many times tuned's training, and served about one network's pass more
+ENSEMBLE_MEMBERS = 5
+RECIPES["ensemble"] = {**RECIPES["tuned"], "members": ENSEMBLE_MEMBERS}
 
 
 

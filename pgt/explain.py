@@ -2,8 +2,8 @@
 
 - pointer_attention.png: pointer attention over the history of several test samples, each bar
   labelled with its location id, the target's visits highlighted;
-- gate.png: the gate (weight of the pointer) split by whether the target is in the history;
-- position_bias.png: the learned position-from-end bias of the pointer scores;
+- gate.png: the gate (weight of the pointer; an ensemble's mean) split by whether the target is in the history;
+- position_bias.png: the learned position-from-end bias of the pointer scores (an ensemble's mean);
 - attention_entropy.png: the entropy of the pointer attention, against the uniform maximum.
 """
 
@@ -20,6 +20,7 @@ import torch  # noqa: E402 - after matplotlib.use("Agg")
 
 from pgt.checkpoint import load_checkpoint  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.data import SequenceDataset  # noqa: E402 - after matplotlib.use("Agg")
+from pgt.model import networks  # noqa: E402 - after matplotlib.use("Agg")
 from preprocessing.output import PRODUCER_KEY, check_apart, check_output_entries, check_output_file, write_file_atomically
 
 EXPLAINER = "pgt explain"  # the producer mark of its PNGs (preprocessing.output.written_by)
@@ -52,13 +53,13 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     c = collect(model, dataset)
-    title = f"{cfg.variant}, d={cfg.d_model}"
+    title = f"{cfg.variant}, d={cfg.d_model}" + (f", {cfg.members} members" if cfg.members > 1 else "")
     written = [
         _pointer_attention(dataset, c, out_dir / "pointer_attention.png", samples, seed, title),
         _gate(c, out_dir / "gate.png", title),
         _attention_entropy(c, out_dir / "attention_entropy.png", title),
     ]
-    if hasattr(model, "position_bias"):
+    if hasattr(networks(model)[0], "position_bias"):
         written.append(_position_bias(model, c, out_dir / "position_bias.png", title))
     return written
 
@@ -109,7 +110,7 @@ def _gate(c, path, title) -> Path:
 
 
 def _position_bias(model, c, path, title) -> Path:
-    bias = model.position_bias.detach().numpy()
+    bias = torch.stack([net.position_bias.detach() for net in networks(model)]).mean(0).numpy()  # an ensemble's mean
     longest = max(int(c["length"].max()), 2)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(np.arange(1, longest + 1), bias[1 : longest + 1], marker="o", markersize=3)

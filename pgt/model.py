@@ -16,6 +16,9 @@ Visit relations (`visit_relations`): the pointer adds learned biases for each vi
 (it followed the current place, it is the current place, its start in hours after now in the day, its weekday is
 the target's); with `relation_inputs` the encoder's inputs embed them too, so the history is read relative to now.
 
+Ensembles (`members` K > 1): K networks of one configuration from their own initial weights, trained side by
+side each on its own loss; the prediction is the mean of their probabilities.
+
 Variants: "pgt" (learned gate), "mhsa" (generation only, g = 0), "pointer" (pointer only, g = 1),
 and "lstm-pg": the original pointer-generator (See et al., 2017) adapted to one prediction step:
 BiLSTM encoder, additive (Bahdanau) attention from the reduced last state, p_gen from context,
@@ -24,6 +27,7 @@ state and input.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -41,6 +45,7 @@ class Output(NamedTuple):
     log_probs: torch.Tensor  # (B, V) log(P + 1e-10)
     gate: torch.Tensor  # (B,) weight of the pointer distribution
     attention: torch.Tensor  # (B, T) pointer attention over the history (0 on padding)
+    members: torch.Tensor | None = None  # (K, B, V) each member's log_probs (an Ensemble's); None for one network
 
 
 class VisitEmbedding(nn.Module):
@@ -312,7 +317,36 @@ def _xavier(model: nn.Module) -> None:
             nn.init.xavier_uniform_(p)
 
 
+class Ensemble(nn.Module):
+    """cfg.members networks of one configuration, each from its own initial weights; the prediction is the mean of
+    their probabilities. Output.members keeps each one's, so that training gives every member its own loss and
+    they learn as they would apart (pgt.train.criterion); only the validation score, and so the best epoch, is
+    the ensemble's."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        one = dataclasses.replace(cfg, members=1)
+        self.members = nn.ModuleList(build_model(one) for _ in range(cfg.members))  # drawn one after another
+
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None) -> Output:
+        outs = [member(locations, users, times, weekdays, recency, durations, slots) for member in self.members]
+        each = torch.stack([out.log_probs for out in outs])  # (K, B, V + S)
+        log_probs = torch.logsumexp(each, dim=0) - math.log(len(outs))  # (B, V + S) log of the mean probability
+        gate = torch.stack([out.gate for out in outs]).mean(0)  # (B,)
+        attention = torch.stack([out.attention for out in outs]).mean(0)  # (B, T)
+        return Output(log_probs, gate, attention, each)
+
+
+def networks(model: nn.Module) -> list[nn.Module]:
+    """The networks a model is made of: an Ensemble's members, else the model itself (gradient clipping and
+    the plots of learned biases take them one at a time)."""
+    return list(model.members) if isinstance(model, Ensemble) else [model]
+
+
 def build_model(cfg: ModelConfig) -> nn.Module:
+    if cfg.members > 1:
+        return Ensemble(cfg)
     return LSTMPointerGenerator(cfg) if cfg.variant == "lstm-pg" else PointerGeneratorTransformer(cfg)
 
 

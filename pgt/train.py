@@ -56,7 +56,7 @@ from pgt.data import (
     keep_batch,
     load_splits,
 )
-from pgt.model import build_model, count_parameters
+from pgt.model import Output, build_model, count_parameters, networks
 from pgt.scoring import Scores, evaluate, model_scores
 from pgt.tracking import EpochLogger, log_result, system_metrics
 from pgt.vocabulary import extended_ids
@@ -128,6 +128,14 @@ def criterion(log_probs: torch.Tensor, batch: Batch, model_cfg: ModelConfig, cfg
     if model_cfg.unseen_slots and cfg.new_place_weight != 1.0:
         losses = torch.where(targets == UNSEEN, cfg.new_place_weight * losses, losses)
     return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig) -> torch.Tensor:
+    """What a batch backpropagates: the criterion of the model's log-probabilities, or for an ensemble the sum of
+    its members' criteria, so that each member gets the gradient it would get trained alone."""
+    if out.members is None:
+        return criterion(out.log_probs.float(), batch, model_cfg, cfg)
+    return sum(criterion(log_probs.float(), batch, model_cfg, cfg) for log_probs in out.members)
 
 
 def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
@@ -301,16 +309,17 @@ def train_epoch(state: TrainState, epoch: int) -> dict:
         batch = batch.to(worker.device, non_blocking=True)
         with torch.autocast(worker.device.type, dtype=state.amp_dtype, enabled=state.amp_dtype is not None):
             out = state.ddp_model(*batch.inputs())
-        loss = criterion(out.log_probs.float(), batch, state.model_cfg, cfg)
+        loss = training_loss(out, batch, state.model_cfg, cfg)
         state.optimizer.zero_grad(set_to_none=True)
         state.scaler.scale(loss).backward()
         state.scaler.unscale_(state.optimizer)
-        torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.grad_clip)
+        for network in networks(state.model):  # an ensemble's members are clipped apart, as if trained apart
+            torch.nn.utils.clip_grad_norm_(network.parameters(), cfg.grad_clip)
         state.scaler.step(state.optimizer)
         state.scaler.update()
         if state.averaged is not None:
             average_weights(state.averaged, state.model, cfg.weight_average)
-        loss_sum += loss.detach() * len(batch.targets)
+        loss_sum += loss.detach() * len(batch.targets) / state.model_cfg.members  # a member's mean loss
         seen += len(batch.targets)
     seconds = time.perf_counter() - began
     lr = state.optimizer.param_groups[0]["lr"]

@@ -62,7 +62,7 @@ def test_the_settings_hold_the_flow_s_parameters_by_the_same_names(flow, tmp_pat
     ({"workers": -1}, "workers must be in [0, 4096], got -1"),
     ({"epochs": 0}, "epochs must be in [1, 1048576], got 0"),
     ({"tune": True, "trials": 0}, "trials must be in [1, 1048576], got 0"),
-    ({"recipe": "fast"}, "recipe must be one of paper, tuned, got 'fast'"),
+    ({"recipe": "fast"}, "recipe must be one of paper, tuned, ensemble, got 'fast'"),
     ({"input_format": "staypoints"}, "the synthetic default input is positionfixes"),
 ])
 def test_a_bad_parameter_fails_before_anything_runs_with_its_config_s_message(given, message, tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pgt.config import VARIANTS, ModelConfig
-from pgt.model import FastDropout, build_model, positions_from_end
+from pgt.model import Ensemble, FastDropout, build_model, networks, positions_from_end
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -234,3 +234,30 @@ def test_relation_inputs_reach_the_encoder(tiny_batch, tiny_config):
         dataclasses.replace(tiny_config, relation_inputs=True)
     with pytest.raises(ValueError, match="variant 'pgt' or 'pointer'"):
         dataclasses.replace(tiny_config, variant="lstm-pg", visit_relations=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_ensemble_predicts_the_mean_of_its_members_probabilities(tiny_batch, tiny_config, variant):
+    """members 3: three networks with their own initial weights; the prediction is the mean of their
+    probabilities, and Output.members holds each one's log-probabilities as that network alone gives them."""
+    torch.manual_seed(0)
+    ensemble = build_model(dataclasses.replace(tiny_config, variant=variant, members=3)).eval()
+    members = networks(ensemble)
+    assert len(members) == 3 and all(m.cfg.members == 1 for m in members)
+    first = [p for p in members[0].parameters() if p.dim() > 1][0]
+    assert not torch.equal(first, [p for p in members[1].parameters() if p.dim() > 1][0])  # own initial weights
+    out = ensemble(*tiny_batch.inputs())
+    alone = torch.stack([m(*tiny_batch.inputs()).log_probs for m in members])  # (3, B, V)
+    assert torch.allclose(out.members, alone)
+    assert torch.allclose(out.log_probs.exp(), alone.exp().mean(0), atol=1e-6)
+    assert torch.allclose(out.log_probs.exp().sum(dim=1), torch.ones(3), atol=1e-5)
+    assert out.gate.shape == (3,) and out.attention.shape == tiny_batch.locations.shape
+
+
+def test_one_member_is_the_plain_network(tiny_config):
+    """members 1 (the default) builds the network itself: its state_dict, and every checkpoint of it, is unchanged."""
+    model = build_model(tiny_config)
+    assert not isinstance(model, Ensemble) and networks(model) == [model]
+    torch.manual_seed(0)
+    two = build_model(dataclasses.replace(tiny_config, members=2))
+    assert sorted({key.split(".")[1] for key in two.state_dict()}) == ["0", "1"]

@@ -192,3 +192,29 @@ def test_champion_moves_only_to_a_better_validation_score(registered_run, mlflow
     assert kept.tags["champion_decision"] == f"kept version {first['version']}"
     promoted = client.get_model_version("rule", str(better["version"]))
     assert promoted.tags[RIVAL_TAG] == "50.0" and promoted.tags["champion_decision"] == "promoted"
+
+
+def test_an_ensemble_is_logged_served_stacked_and_evaluated_as_trained(synthetic_sequences, mlflow_server, tmp_path):
+    """`pgt train --members 2`: the logged model holds both members, loads as one stacked pass, and `pgt evaluate`
+    gives the test metrics training logged (the same ranks, up to float rounding of near ties)."""
+    import mlflow.pyfunc
+
+    from pgt.stacked import StackedTransformer
+
+    out = tmp_path / "pair"
+    r = run("train", "--data", synthetic_sequences, "--out", out, "--epochs", "2", "--members", "2", "--unseen-slots",
+            "--visit-relations", "--relation-inputs", "--tracking-uri", mlflow_server, "--experiment", "tracking-test",
+            "--register", "synth-pair")
+    assert r.returncode == 0, r.stderr[-3000:]
+    logged = json.loads((out / "metrics.json").read_text())
+    assert logged["model_config"]["members"] == 2
+    mlflow.set_tracking_uri(mlflow_server)
+    wrapper = mlflow.pyfunc.load_model("models:/synth-pair@champion").unwrap_python_model()
+    assert isinstance(wrapper.packed.model, StackedTransformer) and wrapper.packed.cfg.members == 2
+    r = run("evaluate", "--model", "models:/synth-pair@champion", "--data", synthetic_sequences, "--tracking-uri",
+            mlflow_server, env=NO_PICKLE)
+    assert r.returncode == 0, r.stderr[-3000:]
+    printed = json.loads(r.stdout)
+    for key in ("acc@1", "acc@5", "mrr"):
+        assert printed[key] == pytest.approx(logged["test"][key], abs=0.2), key
+        assert printed["strict"][key] == pytest.approx(logged["test"]["strict"][key], abs=0.2), key

@@ -35,14 +35,15 @@ def test_a_tiny_set_is_overfit(synthetic_sequences, tmp_path):
     assert (tmp_path / "run" / "metrics.json").is_file() and (tmp_path / "run" / "best.pt").is_file()
 
 
-@pytest.mark.parametrize("simulate_unseen, unseen_slots, weight_average, relations",
-                         [(False, False, 0.0, False), (True, False, 0.0, False), (True, True, 0.99, True)])
+@pytest.mark.parametrize("simulate_unseen, unseen_slots, weight_average, relations, members",
+                         [(False, False, 0.0, False, 1), (True, False, 0.0, False, 1), (True, True, 0.99, True, 1),
+                          (True, True, 0.0, True, 2)])
 def test_resuming_continues_exactly(synthetic_sequences, tmp_path, simulate_unseen, unseen_slots, weight_average,
-                                    relations):
+                                    relations, members):
     base = {"data_dir": str(synthetic_sequences), "epochs": 3, "min_epochs": 3, "seed": 5, "keep_checkpoints": 5,
             "simulate_unseen": simulate_unseen, "unseen_slots": unseen_slots, "weight_average": weight_average,
             "new_place_weight": 0.5 if unseen_slots else 1.0, "visit_relations": relations,
-            "relation_inputs": relations}
+            "relation_inputs": relations, "members": members}
     full = train_loop_per_worker({**base, "out_dir": str(tmp_path / "full")})
     # a second run that starts from the full run's epoch-2 checkpoint (0-based epoch 1)
     resumed_dir = tmp_path / "resumed" / "checkpoints"
@@ -245,3 +246,44 @@ def test_a_model_anchored_at_the_last_visit_only_ever_sees_deployment_inputs(syn
     assert live["config"]["anchor"] == "last_visit"
     protocol = train_loop_per_worker({**common, "out_dir": str(tmp_path / "protocol")})
     assert protocol["test"]["strict"] != protocol["deployment"]["test"]["strict"]
+
+
+def test_each_member_of_an_ensemble_learns_as_it_would_alone(synthetic_sequences, tmp_path):
+    """members 2: each member has its own loss and its own gradient clipping, so without dropout the first member
+    (drawn first, with the run's seed) ends with the weights of the same network trained alone; the second
+    differs. The ensemble's scores are those of its best.pt."""
+    from pgt.checkpoint import load_checkpoint
+    from pgt.data import SequenceDataset
+    from pgt.model import networks
+    from pgt.scoring import model_scores
+
+    base = {"data_dir": str(synthetic_sequences), "epochs": 2, "min_epochs": 2, "seed": 11, "dropout": 0.0,
+            "unseen_slots": True, "visit_relations": True, "relation_inputs": True}
+    alone = train_loop_per_worker({**base, "out_dir": str(tmp_path / "alone")})
+    pair = train_loop_per_worker({**base, "out_dir": str(tmp_path / "pair"), "members": 2})
+    solo = torch.load(tmp_path / "alone" / "checkpoints" / "epoch_001" / "checkpoint.pt", weights_only=True)["model"]
+    both = torch.load(tmp_path / "pair" / "checkpoints" / "epoch_001" / "checkpoint.pt", weights_only=True)["model"]
+    for key, value in solo.items():
+        assert torch.allclose(both[f"members.0.{key}"], value, atol=1e-6), key
+    assert not all(torch.allclose(both[f"members.1.{key}"], value) for key, value in solo.items())
+    # the reported train loss is a member's mean loss, the first member's alone in epoch 0 up to the second's share
+    assert abs(pair["history"][0]["train_loss"] - alone["history"][0]["train_loss"]) < 0.5
+    model, cfg = load_checkpoint(tmp_path / "pair" / "best.pt")
+    assert cfg.members == 2 and len(networks(model)) == 2 and pair["model_config"]["members"] == 2
+    test = evaluate(model_scores(model), SequenceDataset.from_parquet(synthetic_sequences / "test.parquet"), 512,
+                    torch.device("cpu"))
+    assert test["acc@1"] == pair["test"]["acc@1"] and test["strict"] == pair["test"]["strict"]
+
+
+def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
+    """RECIPES["ensemble"] is `tuned` with the number of members whose ensembles score best on validation
+    (strict Acc@1, the recipe's select_on) in benchmarks/results/ensemble_size.json."""
+    from pathlib import Path
+
+    from pgt.config import RECIPES
+
+    saved = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "ensemble_size.json").read_text())
+    assert "validation" in saved["selection"].lower() and saved["recipe"] == "tuned"
+    best = max(saved["sizes"], key=lambda r: r["protocol_validation_strict_acc@1"]["mean"])
+    assert RECIPES["ensemble"] == {**RECIPES["tuned"], "members": best["members"]}
+    assert TrainConfig.from_recipe("ensemble", data_dir=".", out_dir=".").network.members == best["members"]

@@ -1,0 +1,169 @@
+"""Benchmark: how many members an ensemble of the `tuned` recipe should have, chosen on validation only.
+
+Trains the `tuned` recipe alone with N seeds (validation only, evaluate_test=False; two runs at a time, one thread
+each), then scores on the validation split every ensemble of K of those networks (the mean of their probabilities),
+for K = 1 .. N: strict Acc@1 (the exact place) and MRR, with the protocol's inputs and as deployed (recency from the
+last history visit's day, what a live prediction has). Each K is summarised as mean ± std over its combinations of
+seeds. An ensemble trained side by side (`--members K`, pgt/model.py Ensemble) differs from these only in picking
+one best epoch for all its members. Test is never scored here.
+
+Writes JSON (default benchmarks/results/ensemble_size.json) and prints a table.
+
+    python benchmarks/ensemble_size.py [--seeds 0 1000 2000 3000 1 1001] [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
+
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_size.json"
+WORK = ROOT / ".state" / "benchmarks"
+PUBLISHED = ROOT / "benchmarks" / "configs" / "published.yaml"
+SELECTION = ("Validation only: the members are trained with evaluate_test=False and the ensembles are scored on the "
+             "validation split; test is not scored by this benchmark.")
+
+
+def train_member(seed: int, data_dir: str, out: str, epochs: int | None = None) -> dict:
+    """One `tuned` network on validation only (resumes a finished run: its best.pt and metrics.json are kept)."""
+    import torch
+
+    from pgt.config import TrainConfig
+    from pgt.train import train_loop_per_worker
+
+    if (Path(out) / "metrics.json").is_file() and (Path(out) / "best.pt").is_file():
+        result = json.loads((Path(out) / "metrics.json").read_text())
+    else:
+        torch.set_num_threads(1)
+        cfg = TrainConfig.from_recipe("tuned", data_dir=data_dir, out_dir=out, seed=seed, resume=False, threads=1,
+                                      evaluate_test=False, **({"epochs": epochs} if epochs else {}))
+        result = train_loop_per_worker(cfg.to_dict())
+    return {"seed": seed, "best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"],
+            "validation_strict_acc@1": result["validation"]["strict"]["acc@1"],
+            "deployment_validation_strict_acc@1": result["deployment"]["validation"]["strict"]["acc@1"]}
+
+
+def member_log_probs(runs: list[Path], dataset, batch_size: int = 512) -> list:
+    """Per batch of the split (in score_dataset's order), every member's (M, B, V + S) log-probabilities."""
+    import torch
+
+    from pgt.checkpoint import load_checkpoint
+
+    models = [load_checkpoint(run / "best.pt")[0] for run in runs]
+    order = np.argsort(dataset.lengths.numpy(), kind="stable")
+    cached = []
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            batch = dataset.__getitems__(order[start:start + batch_size].tolist())
+            cached.append((order[start:start + batch_size], batch,
+                           torch.stack([m(*batch.inputs()).log_probs.float() for m in models])))
+    return cached
+
+
+def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_locations: int) -> dict:
+    """The metrics (pgt.metrics.compute_all) of the ensemble of the members in `combo` on the cached split."""
+    import torch
+
+    from pgt.metrics import Scored, compute_all, target_ranks, top1
+    from pgt.scoring import Scores
+
+    n = len(dataset)
+    found = torch.zeros(4, n, dtype=torch.int64)
+    pick = torch.tensor(combo)
+    for indices, batch, each in cached:
+        log_probs = torch.logsumexp(each[pick], dim=0) - math.log(len(combo))
+        scores = Scores.from_log_probs(log_probs, num_locations)
+        strict_targets = batch.strict_targets(scores.protocol.shape[1])
+        found[:, torch.from_numpy(indices)] = torch.stack([
+            target_ranks(scores.protocol, batch.targets), top1(scores.protocol),
+            target_ranks(scores.extended, strict_targets), top1(scores.extended)])
+    ranks, best, strict_ranks, strict_best = (row.numpy() for row in found)
+    return compute_all(Scored(ranks=ranks, top1=best, targets=dataset.targets.numpy(), in_history=dataset.in_history(),
+                              strict_ranks=strict_ranks, strict_top1=strict_best,
+                              place_in_history=dataset.place_in_history(), new_place=dataset.new_place()))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001])
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="A `pgt preprocess` folder of the published dataset; default: preprocessed from --input")
+    parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    parser.add_argument("--work", type=Path, default=WORK / "ensemble-size", help="where the members are trained")
+    parser.add_argument("--epochs", type=int, default=None, help="at most this many epochs (default: the recipe's)")
+    args = parser.parse_args()
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from pgt.data import Vocab, load_splits
+
+    data_dir = args.data_dir
+    if data_dir is None:
+        from preprocessing.config import load_config
+        from preprocessing.pipeline import preprocess
+
+        data_dir = WORK / "geolife-published"
+        preprocess(args.input, "positionfixes", data_dir, load_config(PUBLISHED), progress=True)
+    runs = [args.work / f"seed_{seed}" for seed in args.seeds]
+    began = time.perf_counter()
+    with ProcessPoolExecutor(2) as pool:
+        members = list(pool.map(train_member, args.seeds, [str(data_dir)] * len(runs), map(str, runs),
+                                [args.epochs] * len(runs)))
+    train_s = time.perf_counter() - began
+
+    from pgt.checkpoint import load_checkpoint
+
+    cfg = load_checkpoint(runs[0] / "best.pt")[1]
+    validation = load_splits(data_dir, cfg.max_len, Vocab.from_manifest(data_dir), names=("validation",))["validation"]
+    sizes = []
+    for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
+        cached = member_log_probs(runs, split)
+        for k in range(1, len(runs) + 1):
+            combos = list(itertools.combinations(range(len(runs)), k))
+            scored = [ensemble_metrics(cached, combo, split, cfg.num_locations) for combo in combos]
+            row = next((r for r in sizes if r["members"] == k), None)
+            if row is None:
+                row = {"members": k, "combinations": len(combos)}
+                sizes.append(row)
+            for key, pick in (("strict_acc@1", lambda m: m["strict"]["acc@1"]), ("strict_mrr", lambda m: m["strict"]["mrr"]),
+                              ("acc@1", lambda m: m["acc@1"])):
+                values = np.array([pick(m) for m in scored])
+                row[f"{name}_validation_{key}"] = {"mean": round(float(values.mean()), 2),
+                                                   "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
+    result = {"benchmark": "ensemble_size", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), "data": str(data_dir), "recipe": "tuned", "selection": SELECTION,
+              "seeds": args.seeds, "members_trained": members, "train_wall_s": round(train_s, 1), "sizes": sizes}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
+
+    table = Table(title="Ensembles of K `tuned` networks, validation split (mean ± std over combinations of seeds)")
+    for column in ("members", "combinations", "strict Acc@1", "strict Acc@1, as deployed", "strict MRR", "Acc@1 (protocol)"):
+        table.add_column(column, justify="right")
+    def fmt(value: dict) -> str:
+        return f"{value['mean']:.2f} ± {value['std']:.2f}"
+
+    for r in sizes:
+        table.add_row(str(r["members"]), str(r["combinations"]), fmt(r["protocol_validation_strict_acc@1"]),
+                      fmt(r["deployment_validation_strict_acc@1"]), fmt(r["protocol_validation_strict_mrr"]),
+                      fmt(r["protocol_validation_acc@1"]))
+    Console().print(table)
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+"""benchmarks/ensemble_size.py on the synthetic sequences: every ensemble size of the seeds it trains, on validation."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ensemble_size.py"
+
+
+def test_each_size_is_scored_over_its_combinations_on_validation_only(tiny_sequences, tmp_path):
+    results = tmp_path / "ensemble_size.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "1", "2", "--epochs", "2", "--data-dir",
+                           str(tiny_sequences), "--work", str(tmp_path / "work"), "--results", str(results)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    saved = json.loads(results.read_text())
+    assert [r["members"] for r in saved["sizes"]] == [1, 2, 3]
+    assert [r["combinations"] for r in saved["sizes"]] == [3, 3, 1]
+    assert saved["sizes"][2]["protocol_validation_strict_acc@1"]["std"] == 0.0  # one combination
+    trained = {m["seed"]: m for m in saved["members_trained"]}
+    assert sorted(trained) == [0, 1, 2]
+    # one member's ensemble is that member: the mean over the single seeds is the mean of their own validation scores
+    alone = [trained[s]["validation_strict_acc@1"] for s in (0, 1, 2)]
+    assert abs(saved["sizes"][0]["protocol_validation_strict_acc@1"]["mean"] - sum(alone) / 3) < 0.01
+    deployed = [trained[s]["deployment_validation_strict_acc@1"] for s in (0, 1, 2)]
+    assert abs(saved["sizes"][0]["deployment_validation_strict_acc@1"]["mean"] - sum(deployed) / 3) < 0.01
+    for s in (0, 1, 2):  # test is never scored
+        assert json.loads((tmp_path / "work" / f"seed_{s}" / "metrics.json").read_text())["test"] is None
+    assert "Ensembles of K" in done.stdout
