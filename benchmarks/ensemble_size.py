@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -74,26 +73,20 @@ def member_log_probs(runs: list[Path], dataset, batch_size: int = 512) -> list:
 
 
 def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_locations: int) -> dict:
-    """The metrics (pgt.metrics.compute_all) of the ensemble of the members in `combo` on the cached split."""
+    """The metrics (pgt.metrics.compute_all) of the ensemble of the members in `combo` on the cached split, ranked
+    as pgt.scoring.score_dataset ranks a model's scores."""
     import torch
 
-    from pgt.metrics import Scored, compute_all, target_ranks, top1
-    from pgt.scoring import Scores
+    from pgt.metrics import compute_all
+    from pgt.model import mean_probability
+    from pgt.scoring import Scores, ranks_and_top1, scored_samples
 
-    n = len(dataset)
-    found = torch.zeros(4, n, dtype=torch.int64)
+    found = torch.zeros(4, len(dataset), dtype=torch.int64)
     pick = torch.tensor(combo)
     for indices, batch, each in cached:
-        log_probs = torch.logsumexp(each[pick], dim=0) - math.log(len(combo))
-        scores = Scores.from_log_probs(log_probs, num_locations)
-        strict_targets = batch.strict_targets(scores.protocol.shape[1])
-        found[:, torch.from_numpy(indices)] = torch.stack([
-            target_ranks(scores.protocol, batch.targets), top1(scores.protocol),
-            target_ranks(scores.extended, strict_targets), top1(scores.extended)])
-    ranks, best, strict_ranks, strict_best = (row.numpy() for row in found)
-    return compute_all(Scored(ranks=ranks, top1=best, targets=dataset.targets.numpy(), in_history=dataset.in_history(),
-                              strict_ranks=strict_ranks, strict_top1=strict_best,
-                              place_in_history=dataset.place_in_history(), new_place=dataset.new_place()))
+        scores = Scores.from_log_probs(mean_probability(each[pick]), num_locations)
+        found[:, torch.from_numpy(indices)] = ranks_and_top1(scores, batch)
+    return compute_all(scored_samples(found, dataset, np.arange(len(dataset))))
 
 
 def main() -> None:

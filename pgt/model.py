@@ -332,10 +332,15 @@ class Ensemble(nn.Module):
     def forward(self, locations, users, times, weekdays, recency, durations, slots=None) -> Output:
         outs = [member(locations, users, times, weekdays, recency, durations, slots) for member in self.members]
         each = torch.stack([out.log_probs for out in outs])  # (K, B, V + S)
-        log_probs = torch.logsumexp(each, dim=0) - math.log(len(outs))  # (B, V + S) log of the mean probability
+        log_probs = mean_probability(each)  # (B, V + S)
         gate = torch.stack([out.gate for out in outs]).mean(0)  # (B,)
         attention = torch.stack([out.attention for out in outs]).mean(0)  # (B, T)
         return Output(log_probs, gate, attention, each)
+
+
+def mean_probability(each: torch.Tensor) -> torch.Tensor:
+    """(K, B, V + S) members' log-probabilities -> (B, V + S) the log of their mean probability: an ensemble's."""
+    return torch.logsumexp(each, dim=0) - math.log(each.shape[0])
 
 
 def networks(model: nn.Module) -> list[nn.Module]:

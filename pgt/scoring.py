@@ -57,21 +57,30 @@ def score_dataset(score: Callable[[Batch], Scores], dataset: SequenceDataset, ba
         scores = score(batch)
         if loss is not None:
             loss_sum += float(loss(batch, scores.extended))
-        strict_targets = batch.strict_targets(scores.protocol.shape[1])
-        found[:, chunk] = torch.stack([target_ranks(scores.protocol, batch.targets), top1(scores.protocol),
-                                       target_ranks(scores.extended, strict_targets), top1(scores.extended)]).cpu()
+        found[:, chunk] = ranks_and_top1(scores, batch).cpu()
     if worker is not None and worker.world_size > 1:
 
         totals = torch.cat([found.flatten().double(), loss_sum.reshape(1)]).to(worker.device)
         dist.all_reduce(totals)  # float64 holds every rank and id exactly
         found, loss_sum = totals[:-1].cpu().round().long().view(4, -1), totals[-1].cpu()
+    mean_loss = float(loss_sum) / max(len(indices), 1) if loss is not None else None
+    return scored_samples(found, dataset, indices), mean_loss
+
+
+def ranks_and_top1(scores: Scores, batch: Batch) -> torch.Tensor:
+    """(4, B): each sample's protocol rank of its target, protocol top-1, strict rank, strict top-1."""
+    strict_targets = batch.strict_targets(scores.protocol.shape[1])
+    return torch.stack([target_ranks(scores.protocol, batch.targets), top1(scores.protocol),
+                        target_ranks(scores.extended, strict_targets), top1(scores.extended)])
+
+
+def scored_samples(found: torch.Tensor, dataset: SequenceDataset, indices: np.ndarray) -> Scored:
+    """metrics.Scored of the given samples from the (4, N) rows of ranks_and_top1 over the whole split."""
     pick = torch.from_numpy(indices)
     ranks, best, strict_ranks, strict_best = (row[pick].numpy() for row in found)
-    scored = Scored(ranks=ranks, top1=best, targets=dataset.targets[pick].numpy(),
-                    in_history=dataset.in_history()[indices], strict_ranks=strict_ranks, strict_top1=strict_best,
-                    place_in_history=dataset.place_in_history()[indices], new_place=dataset.new_place()[indices])
-    mean_loss = float(loss_sum) / max(len(indices), 1) if loss is not None else None
-    return scored, mean_loss
+    return Scored(ranks=ranks, top1=best, targets=dataset.targets[pick].numpy(),
+                  in_history=dataset.in_history()[indices], strict_ranks=strict_ranks, strict_top1=strict_best,
+                  place_in_history=dataset.place_in_history()[indices], new_place=dataset.new_place()[indices])
 
 
 

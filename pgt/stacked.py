@@ -19,7 +19,15 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pgt.model import EPS, Output, PointerGeneratorTransformer, networks, positions_from_end, visit_relations
+from pgt.model import (
+    EPS,
+    Output,
+    PointerGeneratorTransformer,
+    mean_probability,
+    networks,
+    positions_from_end,
+    visit_relations,
+)
 from pgt.vocabulary import extended_ids
 
 
@@ -48,14 +56,14 @@ class StackedTransformer(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        nets = networks(model)
-        if not all(isinstance(net, PointerGeneratorTransformer) for net in nets):
+        if not self.stackable(model):
             raise ValueError("StackedTransformer runs PointerGeneratorTransformer members only")
+        nets = networks(model)
         self.cfg = model.cfg
         self.ensemble = len(nets) > 1
         first = nets[0]
-        params = {name: torch.stack([dict(net.named_parameters())[name].detach() for net in nets])
-                  for name, _ in first.named_parameters()}  # (K, ...) each
+        named = [dict(net.named_parameters()) for net in nets]
+        params = {name: torch.stack([each[name].detach() for each in named]) for name in named[0]}  # (K, ...) each
         linear = {name for name, module in first.named_modules() if isinstance(module, nn.Linear)}
         for name in [n for n in params if n.rsplit(".", 1)[0] in linear or n.endswith(("in_proj_weight", "in_proj_bias"))]:
             value = params[name]  # batched matmul operands: weights (K, n, m), biases (K, 1, m)
@@ -75,12 +83,15 @@ class StackedTransformer(nn.Module):
         self.layers = len(first.encoder.layers)
         self.nhead = first.encoder.layers[0].self_attn.num_heads
 
+    @staticmethod
+    def stackable(model: nn.Module) -> bool:
+        """Whether every network of the model is a transformer (the LSTM model is not stacked)."""
+        return all(isinstance(net, PointerGeneratorTransformer) for net in networks(model))
+
     @classmethod
     def of(cls, model: nn.Module) -> StackedTransformer | None:
         """The stacked form of a transformer model or ensemble; None where a member is not a transformer."""
-        if not all(isinstance(net, PointerGeneratorTransformer) for net in networks(model)):
-            return None
-        return cls(model).eval()
+        return cls(model).eval() if cls.stackable(model) else None
 
     def w(self, name: str) -> torch.Tensor:
         return self.weights[name.replace(".", "__")]
@@ -161,12 +172,11 @@ class StackedTransformer(nn.Module):
         each = torch.log(g * p_ptr + (1 - g) * F.pad(p_gen, (0, width - p_gen.shape[-1])) + EPS)  # (K, B, V + S)
         if not self.ensemble:
             return Output(each[0], gate[0], attention[0])
-        log_probs = torch.logsumexp(each, dim=0) - math.log(K)
-        return Output(log_probs, gate.mean(0), attention.mean(0), each)
+        return Output(mean_probability(each), gate.mean(0), attention.mean(0), each)
 
 
 def for_inference(model: nn.Module) -> nn.Module:
     """The model in its fastest equal form for inference, in eval mode: an Ensemble of transformers stacked into one
     batched pass (StackedTransformer), anything else as it is."""
     stacked = StackedTransformer.of(model) if len(networks(model)) > 1 else None
-    return (stacked or model).eval()
+    return (stacked if stacked is not None else model).eval()
