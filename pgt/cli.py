@@ -339,6 +339,7 @@ def serve(
     workers: int | None = option_for(ServeConfig, "workers"),
     max_request_mb: float | None = option_for(ServeConfig, "max_request_mb"),
     tracking_uri: str | None = option_for(ServeConfig, "tracking_uri", envvar="MLFLOW_TRACKING_URI"),
+    torch_threads: int | None = option_for(ServeConfig, "torch_threads"),
 ) -> None:
     """Serve a logged model over HTTP with MLflow's scoring protocol (POST /invocations), with a request size limit,
     one-line 400s for bad requests and a warm model."""
@@ -347,7 +348,7 @@ def serve(
 
     try:
         config = ServeConfig(model_uri=model, tracking_uri=tracking_uri,
-                             **given(locals(), "host", "port", "workers", "max_request_mb"))
+                             **given(locals(), "host", "port", "workers", "max_request_mb", "torch_threads"))
         check_model_uri(config.model_uri, config.tracking_uri)
     except ValueError as exc:
         fail(str(exc))

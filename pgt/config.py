@@ -322,6 +322,9 @@ class ServeConfig:
     max_request_mb: float = setting(16.0, "Request bodies larger than this get HTTP 413 (a week of one person's GPS "
                                           "at 1 Hz is about 60 MB).", low=0.0, high=4096.0, low_open=True)
     tracking_uri: str | None = setting(None, "Where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI.")
+    torch_threads: int = setting(1, "Torch threads per worker. A request is a few people's sequences, which one thread "
+                                    "computes as fast as several; more threads keep spinning after the model's pass and "
+                                    "slow the next request's preprocessing on a small machine.", low=1, high=256)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -2,8 +2,8 @@
 
 MLflow logs this file as the model's code, `weights.pt` (a state_dict, read with
 `torch.load(weights_only=True)`) and `model_config.json` as its artifacts, and the pgt package as its
-code path. Loading builds `PackedModel` from the config and loads the weights (an ensemble stacked into one
-batched pass, pgt/stacked.py), so models load with
+code path. Loading builds `PackedModel` from the config and loads the weights (a transformer, or an ensemble of
+them, stacked into one batched pass, pgt/stacked.py), so models load with
 `MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false`, in `pgt evaluate`/`predict` and in `mlflow models serve`.
 
 Input: (B, 7, T) int64 as `Batch.packed()` gives it; output: (B, V + S) float32 log-probabilities.
@@ -80,7 +80,7 @@ class PGTModel(PythonModel):
         except Exception as exc:  # a truncated or foreign file: one line, never an unpickling attempt
             raise ValueError(f"the model's weights.pt cannot be loaded ({' '.join(str(exc).split())[:200]}); "
                              "log the model again") from None
-        self.packed = PackedModel(for_inference(model)).eval()  # an ensemble in one batched pass
+        self.packed = PackedModel(for_inference(model)).eval()  # stacked: one batched pass, the embedding folded
         artifacts = context.artifacts
         self.locations = pq.read_table(artifacts[LOCATIONS]) if LOCATIONS in artifacts else None
         self.users = pq.read_table(artifacts[USERS]) if USERS in artifacts else None

@@ -9,7 +9,8 @@ model is the same pyfunc (pgt/mlflow_model.py). What this server adds:
   path, never 500, and the worker lives on (JSON nested too deeply to parse included);
 - the model is loaded and warmed up before the server answers /ping (503 until then), so the first request is
   as fast as the rest: once uvicorn listens, the server sends the model's own warm-up requests to itself over its
-  socket, through every layer a client's request takes (uvicorn's protocol, the app, the worker thread, JSON).
+  socket, through every layer a client's request takes (uvicorn's protocol, the app, JSON);
+- a small request (up to INLINE_BYTES of body) is answered on the event loop, a larger one in a worker thread.
 
 `create_app` reads its settings from the environment (`ServeConfig.from_env`), which is how uvicorn's
 worker processes receive them.
@@ -25,6 +26,7 @@ from contextlib import asynccontextmanager
 
 import numpy as np
 import polars as pl
+import torch
 
 from pgt.config import ServeConfig
 from pgt.inference import top_k_of
@@ -33,6 +35,9 @@ from pgt.tracking import check_model_uri
 WARM_UP_ROUNDS = 3  # each warm-up request is sent this many times before /ping answers 200
 WARM_UP_TIMEOUT_S = 60.0  # the warm-up gives up (and the server answers /ping) after this long
 DRAIN_FACTOR = 8  # an over-limit body is read (and dropped) up to this many limits, then the connection closes
+INLINE_BYTES = 64 * 1024  # a body up to this size (a person's week of staypoints is about 2 KB) is answered on the
+# event loop, where a hop to a worker thread would cost it about a millisecond; a larger one, which may take seconds,
+# in a worker thread, so that /ping and other connections are answered meanwhile
 log = logging.getLogger("pgt.serving")
 
 
@@ -165,6 +170,7 @@ def create_app(config: "ServeConfig | None" = None):
     from mlflow.pyfunc.scoring_server import predictions_to_json
 
     config = config or ServeConfig.from_env()
+    torch.set_num_threads(config.torch_threads)  # before the model loads: its warm-up runs as requests will
     mlflow.set_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
     model = mlflow.pyfunc.load_model(config.model_uri)
     wrapper = python_model(model)
@@ -235,8 +241,12 @@ def create_app(config: "ServeConfig | None" = None):
         if over:  # the rest of the body was read and dropped, so that the client reads the answer, not a reset
             return answer(413, too_large)
 
+        body, content_type = b"".join(chunks), request.headers.get("content-type", "")
         try:
-            answer_json = await asyncio.to_thread(predict_json, b"".join(chunks), request.headers.get("content-type", ""))
+            if len(body) <= INLINE_BYTES:
+                answer_json = predict_json(body, content_type)
+            else:
+                answer_json = await asyncio.to_thread(predict_json, body, content_type)
         except BadRequest as exc:
             return answer(exc.status, str(exc))
         except MlflowException as exc:  # the model's one-line client errors (INVALID_PARAMETER_VALUE)
@@ -256,7 +266,7 @@ def create_app(config: "ServeConfig | None" = None):
 async def warm_up_over_socket(host: str, port: int, bodies: list[bytes], ready: asyncio.Event,
                               timeout_s: float = WARM_UP_TIMEOUT_S) -> list[int]:
     """POST each JSON body WARM_UP_ROUNDS times to this server's /invocations over TCP, as a client would (uvicorn's
-    protocol, the app, the worker thread, JSON: every path a request takes is warm), then set `ready`. It waits for
+    protocol, the app, JSON: every path a request takes is warm), then set `ready`. It waits for
     the socket to listen; failures are logged, never fatal: `ready` is set whatever happens. The HTTP statuses."""
     start, statuses = time.perf_counter(), []
     deadline = time.monotonic() + timeout_s

@@ -29,6 +29,7 @@ import polars as pl
 import pyarrow as pa
 
 from preprocessing.config import PreprocessConfig
+from preprocessing.engine import collect_in_memory
 from preprocessing.errors import InputError
 from preprocessing.locations import merge_staypoints, summarise_locations
 from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
@@ -146,8 +147,6 @@ class FittedPreprocessing:
         return int(self.places["location_id"].max()) + 1 if self.places.height else 0
 
 
-ENGINE = "in-memory"  # polars engine of the staypoint-level queries: tables far smaller than the GPS points, and a
-# served request's few rows would pay the streaming engine's fixed cost twice over
 PAIR_BUDGET = 500_000  # the fitted join lists neighbour pairs up to this many (plus PAIRS_PER_STAYPOINT per staypoint)
 PAIRS_PER_STAYPOINT = 16  # beyond that, it joins by cells, in memory that grows with the staypoints (neighbours.py)
 
@@ -300,13 +299,14 @@ def _nearest_core_place(points: np.ndarray, point_cluster: np.ndarray, cores: np
     return result
 
 
-def encode_applied(merged: pl.DataFrame | pl.LazyFrame, fitted: FittedPreprocessing) -> pl.DataFrame:
+def encode_applied(merged: pl.DataFrame | pl.LazyFrame, fitted: FittedPreprocessing, rows: int | None = None) -> pl.DataFrame:
     """Add location (the fitted vocabulary's id; UNSEEN for places unseen in train and new places) and user
     (the fitted id; UNKNOWN_USER for people the fitted data never saw).
 
     User ids match as text, and across representations by integer value where one side holds integers:
     fitted integer ids take new text ids by value ("007" is 7), and new integer ids take fitted text ids
-    by value when only one has it (GeoLife's folder "000" and the integer 0 of its Parquet)."""
+    by value when only one has it (GeoLife's folder "000" and the integer 0 of its Parquet). `rows`: about how many
+    rows `merged` has, where it is a LazyFrame (collect_in_memory; None: many)."""
     vocab = fitted.places.lazy().select("location_id", pl.col("location").cast(pl.Int32))
     fitted_int = fitted.users.schema["source_user_id"].is_integer()
     new_int = merged.lazy().collect_schema()["user_id"].is_integer()
@@ -318,13 +318,11 @@ def encode_applied(merged: pl.DataFrame | pl.LazyFrame, fitted: FittedPreprocess
     elif new_int and not fitted_int:  # fitted text ids with a unique integer value
         users = users.with_columns(pl.when(as_int.is_not_null() & (as_int.count().over(as_int) == 1))
                                    .then(as_int.cast(pl.String)).otherwise(pl.col("_key")).alias("_key"))
-    return (
+    return collect_in_memory(
         keyed.join(vocab, on="location_id", how="left", maintain_order="left")
         .join(users, on="_key", how="left", maintain_order="left")
         .with_columns(pl.col("location").fill_null(UNSEEN), pl.col("user").fill_null(UNKNOWN_USER))
-        .drop("_key")
-        .collect(engine=ENGINE)
-    )
+        .drop("_key"), merged.height if isinstance(merged, pl.DataFrame) else rows)
 
 
 def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig, evaluation: bool = True,
@@ -398,8 +396,8 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log, tracking=False)
     counts, details = found.counts, found.details
     staypoints = found.tables["staypoints"]
-    activities = staypoints.lazy().filter("is_activity").sort("user_id", "started_at", maintain_order=True).collect(
-        engine=ENGINE)
+    activities = collect_in_memory(staypoints.lazy().filter("is_activity").sort("user_id", "started_at",
+                                                                                maintain_order=True), staypoints.height)
     labelled, new_places = join_fitted_places(activities, fitted)
     located = labelled.filter(pl.col("location_id").is_not_null())
     counts["staypoints_on_fitted_places"] = int((~located["is_new_place"]).sum())
@@ -411,11 +409,11 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     # the time features and the ids in one query (merge_staypoints checked the staypoints)
     featured = time_features(merged.lazy(), config.timezone, config.time_slot_min, config.duration_cap_min,
                              config.duration_bucket_min)
-    encoded = encode_applied(featured, fitted)
+    encoded = encode_applied(featured, fitted, merged.height)
     evaluation, latest = generate_applied_samples(encoded, config, evaluation, at)
-    users = (encoded.lazy().group_by("user_id").agg(pl.col("user").first()).sort("user_id")
-             .rename({"user_id": "source_user_id"}).with_columns((pl.col("user") != UNKNOWN_USER).alias("known"))
-             .collect(engine=ENGINE))
+    users = collect_in_memory(encoded.lazy().group_by("user_id").agg(pl.col("user").first()).sort("user_id")
+                              .rename({"user_id": "source_user_id"})
+                              .with_columns((pl.col("user") != UNKNOWN_USER).alias("known")), encoded.height)
     counts["users"] = users.height
     counts["users_unknown"] = int((~users["known"]).sum())
     counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}

@@ -8,7 +8,7 @@ import numpy as np
 import polars as pl
 
 from preprocessing.config import PreprocessConfig
-from preprocessing.engine import serial_map
+from preprocessing.engine import collect_in_memory, serial_map
 from preprocessing.errors import require_columns
 from preprocessing.staypoints import EARTH_RADIUS_M
 from preprocessing.tiles import dbscan_by_tiles
@@ -55,14 +55,12 @@ def summarise_locations(labelled: pl.DataFrame, where: pl.Expr | None = None) ->
     keep = pl.col("location_id").is_not_null()
     if where is not None:
         keep = keep & where
-    return (
+    return collect_in_memory(
         labelled.lazy().filter(keep)
         .group_by("location_id")
         .agg(pl.col("latitude").mean(), pl.col("longitude").mean(), pl.len().alias("n_staypoints"),
              pl.col("user_id").n_unique().cast(pl.UInt32).alias("n_users"))
-        .sort("location_id")
-        .collect(engine="in-memory")
-    )
+        .sort("location_id"), labelled.height)
 
 
 def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = PreprocessConfig.merge_max_gap_min) -> pl.DataFrame:
@@ -81,11 +79,9 @@ def merge_staypoints(staypoints: pl.DataFrame, max_gap_min: float = PreprocessCo
         & (pl.col("location_id") == pl.col("location_id").shift(1))
         & (gap <= pl.duration(milliseconds=int(round(max_gap_min * 60_000))))
     ).fill_null(False)
-    return (
+    return collect_in_memory(  # one query (a served request's few rows pay each query's fixed cost)
         sp.with_columns((~joins_previous).cum_sum().alias("_group"))
         .group_by("_group", maintain_order=True)
         .agg(pl.col("user_id").first(), pl.col("started_at").first(), pl.col("finished_at").last(),
              pl.col("location_id").first(), pl.len().cast(pl.UInt32).alias("n_merged"))
-        .drop("_group")
-        .collect(engine="in-memory")  # one query (a served request's few rows pay each query's fixed cost)
-    )
+        .drop("_group"), staypoints.height)

@@ -22,6 +22,7 @@ import functools
 import re
 import struct
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -30,6 +31,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from preprocessing.engine import collect_in_memory
 from preprocessing.errors import InputError
 
 POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude")
@@ -133,11 +135,10 @@ class TableInput:
             lf = pl.scan_parquet(self.path) if self.kind == "parquet" else _scan_csv(self.path)
         return lf.select(*self.columns, *_extra(self.schema)).with_row_index("source_row")
 
-    @property
-    def engine(self) -> str:
-        """The polars engine its rows are validated with: in memory for a table already there (a request: it
-        halves the fixed cost of a query on a few rows), polars' choice for a file (streamed where it can)."""
-        return "in-memory" if self.kind == "frame" else "auto"
+    def collect(self, query: pl.LazyFrame) -> pl.DataFrame:
+        """A query over its rows, run as fits them: a table already there in memory (a request: it halves the fixed
+        cost of a query on a few rows, collect_in_memory), a file by polars' choice (streamed where it can)."""
+        return collect_in_memory(query, self.frame.height) if self.kind == "frame" else query.collect()
 
     def user_key(self) -> pl.Expr:
         """The user id as the reader compares it (before `_finalize_users`): rows of one user share it."""
@@ -187,7 +188,7 @@ def parse_positionfixes(source: TableInput, rows: pl.LazyFrame, window: TimeWind
     rules = _positionfix_rules(source.path, tuple(source.schema.items()), window.bounds())
     good, bad = _validate(rows.select("source_row", *rules.parse), rules, ("user_id", "tracked_at"),
                           "repeats the (user_id, tracked_at) of an earlier fix", in_file_order=("source_row",),
-                          engine=source.engine)
+                          collect=source.collect)
     return good.select("user_id", "tracked_at", "latitude", "longitude"), bad
 
 
@@ -199,7 +200,7 @@ def parse_staypoints(source: TableInput, rows: pl.LazyFrame, window: TimeWindow)
         rows = rows.with_columns(_point_from_geom(source.path, geom_column, source.schema[geom_column]))
     good, bad = _validate(rows.select("source_row", *rules.parse), rules, ("user_id", "started_at"),
                           "repeats the (user_id, started_at) of an earlier staypoint", in_file_order=("source_row",),
-                          engine=source.engine)
+                          collect=source.collect)
     return good.select("user_id", "started_at", "finished_at", "latitude", "longitude"), bad
 
 
@@ -646,28 +647,28 @@ def _coordinate_checks() -> list[tuple[str, pl.Expr]]:
 
 def _validate(parsed: pl.LazyFrame, rules: RowRules, key: tuple[str, str], duplicate_reason: str,
               keep: tuple[str, ...] = (), in_file_order: tuple[str, ...] = (),
-              engine: str = "auto") -> tuple[pl.DataFrame, pl.DataFrame]:
+              collect: Callable[[pl.LazyFrame], pl.DataFrame] = pl.LazyFrame.collect) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Apply the row checks of `rules` in order (the first failing one is the reason), then set aside rows that
     repeat the key of an earlier valid row (the first in file order wins: the sort is stable, and
     `in_file_order` columns, such as a table's source_row, make it so for rows in any order).
-    Returns the valid rows sorted by key, and the set-aside rows as (*keep, source_row, reason)."""
+    Returns the valid rows sorted by key, and the set-aside rows as (*keep, source_row, reason). `collect` runs
+    the checking query (TableInput.collect)."""
     reasons = [*rules.reasons, duplicate_reason]
     data = [c for c in parsed.collect_schema() if not c.startswith("_") and c not in keep and c != "source_row"]
-    df = (
+    df = collect(
         parsed.with_columns(rules.code.alias("_code"))
         .select(*keep, "source_row", "_code", *data)
         .sort([*key, *in_file_order], maintain_order=True, nulls_last=True)
         .with_columns(_repeat_code(key, len(reasons)).alias("_code"))
-        .collect(engine=engine)
     )
     if not (df["_code"] != 0).any():  # a clean table (a served request, as a rule): its columns, without a query
         good = pl.DataFrame([df[c] for c in data])
         bad = pl.DataFrame(schema={**{c: df.schema[c] for c in (*keep, "source_row")}, "reason": pl.String})
         return good, bad
     # one query per table (a served request's few rows pay each query's fixed cost, not the rows)
-    good = df.lazy().filter(pl.col("_code") == 0).select(*data).collect(engine="in-memory")
-    bad = df.lazy().filter(pl.col("_code") != 0).select(*keep, "source_row", "_code").sort([*keep, "source_row"]).collect(
-        engine="in-memory")
+    good = collect_in_memory(df.lazy().filter(pl.col("_code") == 0).select(*data), df.height)
+    bad = collect_in_memory(df.lazy().filter(pl.col("_code") != 0).select(*keep, "source_row", "_code")
+                            .sort([*keep, "source_row"]), df.height)
     del df
     labels = pl.Series("reason", reasons, dtype=pl.String)
     reason = labels.gather(bad["_code"].cast(pl.Int64) - 1)  # a Series operation: no query, no Python callback

@@ -9,6 +9,7 @@ import polars as pl
 import pyarrow as pa
 
 from preprocessing.config import ANCHORS, SPLITS, PreprocessConfig
+from preprocessing.engine import collect_in_memory
 from preprocessing.errors import require_columns
 
 PADDING, UNSEEN = 0, 1  # location ids reserved by the vocabulary; known locations start at 2
@@ -25,8 +26,8 @@ def add_time_features(
     weekday (0 = Monday), duration_min (whole minutes) and duration_bucket (min(duration, cap) // bucket),
     with days, slots and weekdays taken in `timezone`."""
     require_columns(staypoints, "staypoints", {"user_id": None, "started_at": pl.Datetime, "finished_at": pl.Datetime})
-    return time_features(staypoints.lazy(), timezone, time_slot_min, duration_cap_min, duration_bucket_min).collect(
-        engine="in-memory")
+    return collect_in_memory(time_features(staypoints.lazy(), timezone, time_slot_min, duration_cap_min,
+                                           duration_bucket_min), staypoints.height)
 
 
 def time_features(staypoints: pl.LazyFrame, timezone: str, time_slot_min: int, duration_cap_min: int,
@@ -73,10 +74,10 @@ def find_samples(staypoints: pl.DataFrame, history_days: int = PreprocessConfig.
     history_start (row index of the first history staypoint) and is_target.
     """
     require_columns(staypoints, "staypoints", {"user_id": None, "split": None, "started_at": pl.Datetime, "start_day": None})
-    sp = staypoints.lazy().sort("user_id", "split", "started_at", maintain_order=True).with_columns(
+    sp = collect_in_memory(staypoints.lazy().sort("user_id", "split", "started_at", maintain_order=True).with_columns(
         pl.struct("user_id", "split").rle_id().alias("_group"),
         pl.col("start_day").min().over("user_id", "split").alias("_first_day"),
-    ).collect(engine="in-memory")  # one query; the helper columns leave in place (drop_in_place: no query)
+    ), staypoints.height)  # one query; the helper columns leave in place (drop_in_place: no query)
     group = sp.drop_in_place("_group").to_numpy().astype(np.int64)
     first_day = sp.drop_in_place("_first_day").to_numpy()
     day = sp["start_day"].to_numpy().astype(np.int64)

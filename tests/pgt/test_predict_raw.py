@@ -324,6 +324,41 @@ def test_a_request_over_the_size_limit_gets_413(served):
     assert status == 200
 
 
+def test_a_large_request_runs_beside_ping_and_a_small_one_on_the_event_loop(served):
+    """A body over INLINE_BYTES is answered in a worker thread: /ping answers meanwhile, far sooner than the large
+    request (on the event loop, every /ping would wait for the whole of it). Small requests answer on the loop."""
+    import threading
+    import time
+
+    from pgt.serving import INLINE_BYTES
+
+    url, root, _ = served
+    points = pl.read_parquet(root / "late.parquet").sort("user_id", "tracked_at")
+    records = points.head(7_000).select("user_id", pl.col("tracked_at").dt.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                        pl.col("latitude", "longitude").cast(pl.Float64)).to_dicts()
+    body = json.dumps({"dataframe_records": records}).encode()
+    assert 4 * INLINE_BYTES < len(body) < 2**20  # above the inline size, under the test server's 1 MB limit
+    large = {}
+
+    def send_large():
+        start = time.monotonic()
+        large["status"] = post(url, body)[0]
+        large["seconds"] = time.monotonic() - start
+
+    thread = threading.Thread(target=send_large)
+    thread.start()
+    pings = []
+    while thread.is_alive():
+        start = time.monotonic()
+        urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=60).read()
+        pings.append(time.monotonic() - start)
+    thread.join()
+    assert large["status"] == 200 and len(pings) >= 3, (large, pings)
+    assert max(pings) < 0.5 * large["seconds"], (large, max(pings))
+    status, _ = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})  # a small one, on the loop
+    assert status == 200
+
+
 def test_geolife_80_20_predict_equals_evaluate(geolife_parquet, tmp_path):
     """GeoLife's first 40 users: a model fitted on each user's first 80% of days (2 epochs, the local MLflow store)
     scores the last 20% from raw GPS; its strict Acc@1 there equals `pgt evaluate` on `pgt preprocess --fitted`'s

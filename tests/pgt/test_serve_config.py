@@ -10,7 +10,7 @@ from pgt.config import ServeConfig
 
 def test_the_environment_round_trip_keeps_every_setting_and_its_type(monkeypatch):
     config = ServeConfig("models:/pgt@champion", host="127.0.0.2", port=6001, workers=3, max_request_mb=2.5,
-                         tracking_uri="http://127.0.0.1:5055")
+                         tracking_uri="http://127.0.0.1:5055", torch_threads=3)
     for key, value in config.to_env().items():
         monkeypatch.setenv(key, value)
     back = ServeConfig.from_env()
@@ -21,6 +21,7 @@ def test_the_environment_round_trip_keeps_every_setting_and_its_type(monkeypatch
     ({"port": 0}, "port must be in [1, 65535], got 0"),
     ({"max_request_mb": 0.0}, "max_request_mb must be in (0.0, 4096.0], got 0.0"),
     ({"workers": 0}, "workers must be in [1, 256], got 0"),
+    ({"torch_threads": 0}, "torch_threads must be in [1, 256], got 0"),
 ])
 def test_bad_settings_fail_in_one_line(settings, message):
     with pytest.raises(ValueError) as info:

@@ -64,10 +64,13 @@ def test_the_stacked_pass_gives_what_the_members_give(samples, switches, variant
         assert torch.allclose(got.members.exp(), expected.members.exp(), atol=1e-5)
 
 
-def test_only_ensembles_of_transformers_are_stacked(tiny_config):
-    """One network keeps its own fused eval path; an LSTM ensemble runs member by member."""
+def test_transformers_are_stacked_and_the_lstm_model_is_not(tiny_config):
+    """One network is stacked too (the folded embedding takes fewer ops than its own eval path); an LSTM model or
+    ensemble runs as it is, member by member."""
     single = build_model(tiny_config)
-    assert for_inference(single) is single and not single.training
+    assert isinstance(for_inference(single), StackedTransformer) and not for_inference(single).training
+    lone_lstm = build_model(dataclasses.replace(tiny_config, variant="lstm-pg"))
+    assert for_inference(lone_lstm) is lone_lstm and not lone_lstm.training
     ensemble = build_model(dataclasses.replace(tiny_config, members=2))
     assert isinstance(for_inference(ensemble), StackedTransformer)
     lstm = build_model(dataclasses.replace(tiny_config, variant="lstm-pg", members=2))
