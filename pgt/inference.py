@@ -110,15 +110,19 @@ def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, ki
     coordinates = np.full((max(int(ids.max(initial=-1)), int(place.max(initial=-1))) + 1, 2), np.nan)
     coordinates[ids] = np.column_stack([places["latitude"].to_numpy(), places["longitude"].to_numpy()])
     latitude, longitude = np.where((place >= 0)[:, None], coordinates[place], np.nan).T
-    time = next(samples[name] for name in ("target_started_at", "prediction_time", "history_end") if name in samples.columns)
-    target = (samples["target_place"].cast(pl.Int64).gather(rows) if "target_place" in samples.columns
+    time = next(name for name in ("target_started_at", "prediction_time", "history_end") if name in samples.columns)
+    index = pl.Series(rows, dtype=pl.get_index_type())
+    repeated = samples.select(pl.col("source_user_id").gather(index), pl.col(time).gather(index).alias("time"),
+                              *([pl.col("target_place").cast(pl.Int64).gather(index)] if "target_place" in samples.columns
+                                else []))  # one query for every column repeated per rank
+    target = (repeated["target_place"] if "target_place" in samples.columns
               else pl.Series("target_place", [None] * (n * k), dtype=pl.Int64))
     return pl.DataFrame({
         "sample": pl.Series([kind] * (n * k), dtype=pl.String),
         "sample_index": rows,
-        "source_user_id": samples["source_user_id"].gather(rows),
+        "source_user_id": repeated["source_user_id"],
         "user": np.repeat(samples["user"].to_numpy().astype(np.int64), k),
-        "time": time.gather(rows),
+        "time": repeated["time"],
         "rank": np.tile(np.arange(1, k + 1), n),
         "place_id": pl.Series("place_id", pa.array(place, pa.int64(), mask=place < 0)),  # null: a new place
         "location": location,

@@ -180,7 +180,7 @@ class PGTModel(PythonModel):
             applied = apply_fitted(frame, input_format, self.fitted(), StageLog(sample_memory=False),
                                    evaluation=False, at=at, name="request")
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
-        return result.with_columns(pl.col("time").cast(pl.String))
+        return result.replace_column(result.get_column_index("time"), result["time"].cast(pl.String))  # no query
 
 
 @contextmanager

@@ -23,6 +23,12 @@ SMALL_QUERY_ROWS = 10_000  # a query over fewer rows in memory skips polars' opt
 NO_OPTIMIZATIONS = pl.QueryOptFlags.none()  # type coercion and checks stay: the same results, without the passes
 
 
+def columns(frame: pl.DataFrame, names) -> pl.DataFrame:
+    """The named columns of `frame`, in that order, as a new frame without running a query (a select or drop runs one,
+    whose fixed cost a served request's few rows feel)."""
+    return pl.DataFrame([frame.get_column(name) for name in names])
+
+
 def collect_in_memory(query: pl.LazyFrame, rows: int | None) -> pl.DataFrame:
     """`query` run by polars' in-memory engine over tables of about `rows` rows (None: unknown). Under
     SMALL_QUERY_ROWS it runs without the optimizer's passes (pushdowns, common subexpressions, ...), which cost a

@@ -29,7 +29,7 @@ import polars as pl
 import pyarrow as pa
 
 from preprocessing.config import PreprocessConfig
-from preprocessing.engine import collect_in_memory
+from preprocessing.engine import collect_in_memory, columns
 from preprocessing.errors import InputError
 from preprocessing.locations import merge_staypoints, summarise_locations
 from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
@@ -68,13 +68,13 @@ class FittedPreprocessing:
         config = PreprocessConfig.from_dict({**manifest["config"], "latest_valid_time": None}, source)
         kinds = {"location_id": "integer", "location": "integer", "user": "integer", "latitude": "float",
                  "longitude": "float", "is_core": "boolean", "source_user_id": None}
-        for name, table, columns in (("places", places, ("location_id", "latitude", "longitude", "location")),
-                                     ("location_staypoints", clustered, ("location_id", "latitude", "longitude", "is_core")),
-                                     ("users", users, ("user", "source_user_id"))):
-            missing = [c for c in columns if c not in table.columns]
+        for name, table, needed in (("places", places, ("location_id", "latitude", "longitude", "location")),
+                                    ("location_staypoints", clustered, ("location_id", "latitude", "longitude", "is_core")),
+                                    ("users", users, ("user", "source_user_id"))):
+            missing = [c for c in needed if c not in table.columns]
             if missing:
                 raise InputError(source, f"{name} table lacks column(s) {', '.join(missing)}")
-            for column in columns:
+            for column in needed:
                 dtype, kind = table.schema[column], kinds[column]
                 ok = (kind is None or (kind == "integer" and dtype.is_integer()) or (kind == "float" and dtype.is_float())
                       or (kind == "boolean" and dtype == pl.Boolean))
@@ -203,8 +203,8 @@ def join_fitted_places(activities: pl.DataFrame, fitted: FittedPreprocessing,
         _, first_seen, inverse = np.unique(new_cluster[fresh], return_index=True, return_inverse=True)
         rank = np.argsort(np.argsort(first_seen))  # new places numbered in input order
         labels[fresh] = rank[inverse] + fitted.first_new_place
-    labelled = activities.with_columns(pl.Series("location_id", pa.array(labels, pa.int64(), mask=labels < 0)),
-                                       pl.Series("is_new_place", is_new))
+    labelled = activities.hstack([pl.Series("location_id", pa.array(labels, pa.int64(), mask=labels < 0)),
+                                  pl.Series("is_new_place", is_new)])
     new_places = summarise_locations(labelled, where=pl.col("is_new_place"))
     new_places = new_places.hstack([pl.Series("location", [UNSEEN] * new_places.height, pl.Int32)])
     return labelled, new_places
@@ -419,9 +419,10 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}
     unscored = users_not_scored(read_tables, found.tables["quarantine"], staypoints, encoded, latest, config, at)
     counts["users_not_scored"] = unscored.height
-    fresh = new_places.select("location_id", "latitude", "longitude", "location")
+    fresh = columns(new_places, ("location_id", "latitude", "longitude", "location"))
     places = pl.concat([fitted.known_places, fresh.hstack([pl.Series("is_new", [True] * fresh.height)])])
-    return AppliedData(evaluation, latest, encoded.drop("history_start", "is_activity", "is_target", strict=False),
+    kept = [c for c in encoded.columns if c not in ("history_start", "is_activity", "is_target")]
+    return AppliedData(evaluation, latest, columns(encoded, kept),
                        places, users, found.tables["quarantine"], counts, details, unscored)
 
 

@@ -31,7 +31,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from preprocessing.engine import collect_in_memory
+from preprocessing.engine import collect_in_memory, columns
 from preprocessing.errors import InputError
 
 POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude")
@@ -189,7 +189,7 @@ def parse_positionfixes(source: TableInput, rows: pl.LazyFrame, window: TimeWind
     good, bad = _validate(rows.select("source_row", *rules.parse), rules, ("user_id", "tracked_at"),
                           "repeats the (user_id, tracked_at) of an earlier fix", in_file_order=("source_row",),
                           collect=source.collect)
-    return good.select("user_id", "tracked_at", "latitude", "longitude"), bad
+    return columns(good, ("user_id", "tracked_at", "latitude", "longitude")), bad
 
 
 def parse_staypoints(source: TableInput, rows: pl.LazyFrame, window: TimeWindow) -> tuple[pl.DataFrame, pl.DataFrame]:
@@ -201,7 +201,7 @@ def parse_staypoints(source: TableInput, rows: pl.LazyFrame, window: TimeWindow)
     good, bad = _validate(rows.select("source_row", *rules.parse), rules, ("user_id", "started_at"),
                           "repeats the (user_id, started_at) of an earlier staypoint", in_file_order=("source_row",),
                           collect=source.collect)
-    return good.select("user_id", "started_at", "finished_at", "latitude", "longitude"), bad
+    return columns(good, ("user_id", "started_at", "finished_at", "latitude", "longitude")), bad
 
 
 @dataclass(frozen=True)

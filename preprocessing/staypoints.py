@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import numba
 import numpy as np
 import polars as pl
@@ -151,6 +153,8 @@ def flag_activity(staypoints: pl.DataFrame,
                   time_threshold_min: float = PreprocessConfig.activity_time_threshold_min) -> pl.DataFrame:
     """Add is_activity: the staypoint lasted at least `time_threshold_min` minutes."""
     require_columns(staypoints, "staypoints", {"started_at": pl.Datetime, "finished_at": pl.Datetime})
-    duration = pl.col("finished_at") - pl.col("started_at")
-    long_enough = duration >= pl.duration(milliseconds=int(time_threshold_min * MS_PER_MIN))
-    return staypoints.with_columns(long_enough.alias("is_activity"))
+    duration = staypoints["finished_at"] - staypoints["started_at"]  # Series arithmetic: no query
+    long_enough = (duration >= timedelta(milliseconds=int(time_threshold_min * MS_PER_MIN))).alias("is_activity")
+    if "is_activity" in staypoints.columns:  # replaced where it stands
+        return staypoints.with_columns(long_enough)
+    return staypoints.hstack([long_enough])
