@@ -165,8 +165,9 @@ class SequenceDataset(Dataset):
         lengths = np.diff(offsets)
         if len(lengths) and lengths.min() < 1:
             raise ValueError(f"{path}: a sample has an empty history")
+        combined = {}  # each column in one chunk, checked
         for name in (*LIST_COLUMNS, "places", "user", *(("target", "target_place") if with_target else ())):
-            column = table.column(name).combine_chunks()
+            column = combined[name] = table.column(name).combine_chunks()
             listed = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
             if column.null_count or (listed and column.values.null_count):
                 raise ValueError(f"{path}: column {name} holds null values; every visit needs every feature")
@@ -186,14 +187,14 @@ class SequenceDataset(Dataset):
         flat = np.repeat(offsets[:-1] + lengths - kept, kept) + col
         padded = {}
         for name in (*LIST_COLUMNS, "places"):
-            values = table.column(name).combine_chunks().values.to_numpy().astype(np.int64)
+            values = combined[name].values.to_numpy().astype(np.int64)
             matrix = np.zeros((n, width), dtype=np.int64)
             matrix[row, col] = values[flat] + (1 if name in SHIFTED else 0)
             padded[name] = matrix
-        users = table.column("user").to_numpy().astype(np.int64)
+        users = combined["user"].to_numpy().astype(np.int64)
 
         def column(name: str) -> np.ndarray:
-            return table.column(name).to_numpy().astype(np.int64) if with_target else np.zeros(n, np.int64)
+            return combined[name].to_numpy().astype(np.int64) if with_target else np.zeros(n, np.int64)
 
         return cls(padded.pop("locations"), users, padded, column("target"), padded.pop("places"),
                    column("target_place"))

@@ -343,11 +343,11 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
     marked = find_samples(staypoints.hstack([pl.Series("split", ["test"] * staypoints.height, pl.String)]),
                           config.history_days, config.min_history_staypoints)
     evaluation = sample_table(marked, "test", anchor="last_visit") if evaluation else None
-    last = np.flatnonzero(marked["user_id"].is_last_distinct().to_numpy())
     day = marked["start_day"].to_numpy().astype(np.int64)
-    user_rank = marked["user_id"].rle_id().to_numpy().astype(np.int64)
+    user_rank = marked["user_id"].rle_id().to_numpy().astype(np.int64)  # rows of a user are together
+    last = np.flatnonzero(np.append(user_rank[1:] != user_rank[:-1], True)) if len(user_rank) else np.zeros(0, np.int64)
     key = (user_rank << 32) + day
-    target_day, when = day[last], marked["finished_at"].gather(last)
+    target_day = day[last]
     if at is not None:
         late = marked.filter(pl.col("started_at") > instant(at))
         if late.height:
@@ -358,16 +358,17 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
         last_date = marked["started_at"].gather(last).dt.convert_time_zone(config.timezone).dt.date().to_numpy()
         at_date = np.datetime64(at.astimezone(ZoneInfo(config.timezone)).date(), "D")
         target_day = day[last] + (at_date - last_date.astype("datetime64[D]")).astype(np.int64)
-        when = pl.Series("prediction_time", [at] * len(last), dtype=marked["finished_at"].dtype)
     starts = np.searchsorted(key, (user_rank[last] << 32) + np.maximum(target_day - config.history_days, 0), side="left")
     enough = (last + 1 - starts) >= config.min_history_staypoints
     rows = marked[last[enough]]
+    when = (rows["finished_at"] if at is None  # by default, the end of the last visit
+            else pl.Series("prediction_time", [at] * rows.height, dtype=marked["finished_at"].dtype))
     latest = pl.DataFrame({
         "user": rows["user"],
         "source_user_id": rows["user_id"],
         **history_lists(marked, starts[enough], last[enough] + 1, target_day[enough]),
         "history_end": rows["finished_at"],
-        "prediction_time": when.filter(pl.Series(enough)),
+        "prediction_time": when,
     })
     return evaluation, latest
 
