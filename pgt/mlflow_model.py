@@ -178,7 +178,7 @@ class PGTModel(PythonModel):
         else:
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
             applied = apply_fitted(frame, input_format, self.fitted(), StageLog(sample_memory=False),
-                                   evaluation=False, at=at, name="request")
+                                   evaluation=False, at=at, name="request", accounting=False)  # the answer only
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
         return result.replace_column(result.get_column_index("time"), result["time"].cast(pl.String))  # no query
 

@@ -228,6 +228,19 @@ def test_a_prediction_time_anchors_the_latest_samples_and_evaluation_rows_are_li
         apply_fitted(root / "late.parquet", "positionfixes", fitted, at=last_end - timedelta(days=3))
 
 
+def test_without_accounting_the_samples_and_places_are_the_same(synthetic_80_20):
+    """What a served request asks for (accounting=False, no evaluation): the same latest samples and places,
+    without the users table and the list of who was not scored."""
+    root, _ = synthetic_80_20
+    fitted = FittedPreprocessing.from_folder(root / "early")
+    full = apply_fitted(root / "late.parquet", "positionfixes", fitted, evaluation=False)
+    answer = apply_fitted(root / "late.parquet", "positionfixes", fitted, evaluation=False, accounting=False)
+    assert full.latest.height > 0 and answer.latest.equals(full.latest) and answer.places.equals(full.places)
+    assert answer.users is None and answer.unscored is None and full.users is not None
+    assert "users_not_scored" in full.counts and "users_not_scored" not in answer.counts
+    assert answer.counts["samples"] == full.counts["samples"]
+
+
 def test_counts_reconcile_and_the_manifest_names_the_fitted_run(synthetic_80_20):
     root, result = synthetic_80_20
     counts = result.manifest["counts"]
