@@ -13,6 +13,7 @@ one network stacked runs in fewer ops than nn.TransformerEncoder's fused eval pa
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
@@ -74,7 +75,7 @@ class StackedTransformer(nn.Module):
         for group, names in GROUPS.items():
             names = [n for n in names if n in params]
             if names:
-                self.starts[group] = [0, *torch.tensor([params[n].shape[1] for n in names[:-1]]).cumsum(0).tolist()]
+                self.starts[group] = list(itertools.accumulate([params[n].shape[1] for n in names[:-1]], initial=0))
                 params[group] = torch.cat([params.pop(n) for n in names], dim=1)  # (K, rows of all, width)
         linear = {name for name, module in first.named_modules() if isinstance(module, nn.Linear)}
         for name in [n for n in params if n.rsplit(".", 1)[0] in linear or n.endswith(("in_proj_weight", "in_proj_bias"))]:

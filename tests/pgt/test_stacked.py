@@ -18,6 +18,7 @@ SWITCHES = {
                                     "relation_order": 2},
     "previous location, slots without identity": {"previous_location": True, "unseen_slots": True,
                                                   "slot_identity": False, "nhead": 1},
+    "previous location and its slot": {"previous_location": True, "unseen_slots": True, "visit_relations": True},
 }
 
 
@@ -78,3 +79,10 @@ def test_transformers_are_stacked_and_the_lstm_model_is_not(tiny_config):
     assert StackedTransformer.of(lstm) is None and for_inference(lstm) is lstm
     with pytest.raises(ValueError, match="PointerGeneratorTransformer members only"):
         StackedTransformer(lstm)
+
+
+def test_a_moved_stacked_model_passes_with_its_moved_weights(tiny_config):
+    """The pass reads its weights from plain dicts: moving or casting the module rebuilds them."""
+    stacked = StackedTransformer(build_model(dataclasses.replace(tiny_config, members=2))).double()
+    assert stacked.w and all(t.dtype == torch.float64 for t in stacked.w.values())
+    assert all(a is b for a, b in zip(stacked.w.values(), stacked.weights.values()))
