@@ -13,31 +13,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import polars as pl
-
 from preprocessing.errors import InputError
 from preprocessing.settings import check_settings, setting
 
 ENGINES = ("local", "ray")
-SMALL_QUERY_ROWS = 10_000  # a query over fewer rows in memory skips polars' optimizer (collect_in_memory)
-NO_OPTIMIZATIONS = pl.QueryOptFlags.none()  # type coercion and checks stay: the same results, without the passes
-
-
-def columns(frame: pl.DataFrame, names) -> pl.DataFrame:
-    """The named columns of `frame`, in that order, as a new frame without running a query (a select or drop runs one,
-    whose fixed cost a served request's few rows feel)."""
-    return pl.DataFrame([frame.get_column(name) for name in names])
-
-
-def collect_in_memory(query: pl.LazyFrame, rows: int | None) -> pl.DataFrame:
-    """`query` run by polars' in-memory engine over tables of about `rows` rows (None: unknown). Under
-    SMALL_QUERY_ROWS it runs without the optimizer's passes (pushdowns, common subexpressions, ...), which cost a
-    served request's few staypoints more than the query itself and cannot change its result; larger inputs are
-    optimised."""
-    if rows is not None and rows < SMALL_QUERY_ROWS:
-        return query.collect(engine="in-memory", optimizations=NO_OPTIMIZATIONS)
-    return query.collect(engine="in-memory")
-
 AUTO_TILE_POINTS = 200_000  # auto: whole-data DBSCAN up to this many staypoints, whose neighbour lists it holds at once
 AUTO_TILE_DEG = 0.05  # auto: beyond that, tiles of this size (about 5.5 km north-south)
 

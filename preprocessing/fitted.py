@@ -29,11 +29,11 @@ import polars as pl
 import pyarrow as pa
 
 from preprocessing.config import PreprocessConfig
-from preprocessing.engine import collect_in_memory, columns
 from preprocessing.errors import InputError
 from preprocessing.locations import merge_staypoints, summarise_locations
 from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
 from preprocessing.output import read_manifest
+from preprocessing.queries import collect_in_memory, columns
 from preprocessing.readers import instant
 from preprocessing.sequences import UNSEEN, find_samples, history_lists, sample_table, time_features
 from preprocessing.stages import Stage, StageLog, stage_read, stage_staypoints

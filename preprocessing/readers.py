@@ -31,8 +31,8 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from preprocessing.engine import collect_in_memory, columns
 from preprocessing.errors import InputError
+from preprocessing.queries import collect_in_memory, columns
 
 POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude")
 STAYPOINT_TIME_COLUMNS = ("user_id", "started_at", "finished_at")

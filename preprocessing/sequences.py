@@ -9,8 +9,8 @@ import polars as pl
 import pyarrow as pa
 
 from preprocessing.config import ANCHORS, SPLITS, PreprocessConfig
-from preprocessing.engine import collect_in_memory
 from preprocessing.errors import require_columns
+from preprocessing.queries import collect_in_memory
 
 PADDING, UNSEEN = 0, 1  # location ids reserved by the vocabulary; known locations start at 2
 
