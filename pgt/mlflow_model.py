@@ -22,6 +22,9 @@ preprocessing (preprocessing/fitted.py) that turns raw GPS into the model's ids.
 - a table of sequences in the columns of a `pgt preprocess` split: the same, one block per row.
 params {"top_k": K} sets k (default TOP_K); {"at": "ISO 8601 time"} the moment GPS points or staypoints are
 predicted for (default: the end of each user's last visit; recency counts from its day).
+
+`answer` (what `pgt serve` sends) gives a table request's predictions together with the rows it set aside and the
+people it could not score, each with the reason: nothing a request holds is dropped unsaid.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import json
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 import mlflow
 import numpy as np
@@ -54,6 +58,14 @@ LOCATIONS, USERS, MANIFEST = "locations", "users", "manifest"  # the data it was
 PLACES, CLUSTERED = "places", "location_staypoints"  # every place and the staypoints DBSCAN clustered: new data joins them
 DATA_FILES = {LOCATIONS: "locations.parquet", USERS: "users.parquet", MANIFEST: "manifest.json",
               PLACES: "places.parquet", CLUSTERED: "location_staypoints.parquet"}  # artifact key -> file of the data folder
+
+
+class Answer(NamedTuple):
+    """A table request's answer: the predictions, and what of the request they do not cover."""
+
+    predictions: pl.DataFrame  # the top-k rows (pgt.inference.place_predictions), times as ISO 8601 text
+    quarantined: pl.DataFrame  # row (0-based, in the request's order), reason: the rows set aside
+    not_scored: pl.DataFrame  # source_user_id (as the request gives it), reason: its people without a prediction
 
 
 class PGTModel(PythonModel):
@@ -131,15 +143,17 @@ class PGTModel(PythonModel):
         parameter) raises MlflowException(INVALID_PARAMETER_VALUE) with one line naming it: HTTP 400."""
         with _client_errors():
             if isinstance(model_input, pd.DataFrame):
-                answer = self._predict_table(_polars(model_input), params)
+                answer = self._predict_table(_polars(model_input), params).predictions
                 return pd.DataFrame(answer.to_dicts(), columns=answer.columns, dtype=object)  # ints stay ints; null, not NaN
             return self._predict_packed(model_input)
 
-    def predict_frame(self, frame: pl.DataFrame, params: dict | None = None) -> pl.DataFrame:
-        """`predict`'s answer to a table (GPS points, staypoints or sequences) given and returned as polars, times as
-        ISO text: what `pgt serve` writes as JSON without a pandas frame either way. The same errors as predict."""
+    def answer(self, frame: pl.DataFrame | pd.DataFrame, params: dict | None = None) -> dict:
+        """What `pgt serve` answers a table request (GPS points, staypoints or sequences; a polars frame, or pandas as
+        predict takes it), as JSON-ready records: {"predictions": predict's rows, "quarantined": [{row, reason}],
+        "not_scored": [{source_user_id, reason}]}. The same errors as predict."""
         with _client_errors():
-            return self._predict_table(frame, params)
+            result = self._predict_table(frame if isinstance(frame, pl.DataFrame) else _polars(frame), params)
+        return {name: table.to_dicts() for name, table in result._asdict().items()}
 
     def _predict_packed(self, model_input) -> np.ndarray:
         """(B, V + S) log-probabilities of a (B, 7, T) (or (B, 6, T)) integer array, checked against the tables."""
@@ -158,8 +172,9 @@ class PGTModel(PythonModel):
         with torch.no_grad():
             return self.packed(x).numpy()
 
-    def _predict_table(self, frame: pl.DataFrame, params: dict | None) -> pl.DataFrame:
-        """Top-k places with coordinates for GPS points, staypoints or sequences (the module docstring)."""
+    def _predict_table(self, frame: pl.DataFrame, params: dict | None) -> Answer:
+        """Top-k places with coordinates for GPS points, staypoints or sequences (the module docstring), and for the
+        first two the rows set aside and the people not scored."""
         top_k, at = top_k_of(params), prediction_time((params or {}).get("at"), "params.at")
         columns = set(frame.columns)
         if frame.height == 0:
@@ -175,12 +190,16 @@ class PGTModel(PythonModel):
                 samples = samples.with_columns(history_end=pl.lit(None, pl.Datetime("us", "UTC")))
             places = self.fitted().places
             result = place_predictions(top_k_predictions(self.packed, dataset, top_k), samples, places, "request")
+            quarantined, not_scored = QUARANTINED.clear(), NOT_SCORED.clear()  # a sequence is scored or refused
         else:
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
             applied = apply_fitted(frame, input_format, self.fitted(), StageLog(sample_memory=False),
-                                   evaluation=False, at=at, name="request", accounting=False)  # the answer only
+                                   evaluation=False, at=at, name="request", users_table=False)
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
-        return result.replace_column(result.get_column_index("time"), result["time"].cast(pl.String))  # no query
+            quarantined = columns_of(applied.quarantine, {"source_row": "row", "reason": "reason"}, QUARANTINED)
+            not_scored = _as_request_ids(applied.unscored, frame.schema.get("user_id"))
+        times = result["time"].cast(pl.String)
+        return Answer(result.replace_column(result.get_column_index("time"), times), quarantined, not_scored)  # no query
 
 
 @contextmanager
@@ -194,17 +213,55 @@ def _client_errors():
         raise MlflowException(f"bad request: {message}", error_code=INVALID_PARAMETER_VALUE) from None
 
 
+QUARANTINED = pl.DataFrame(schema={"row": pl.Int64, "reason": pl.String})
+NOT_SCORED = pl.DataFrame(schema={"source_user_id": pl.String, "reason": pl.String})
+
+
+def columns_of(frame: pl.DataFrame, renamed: dict[str, str], schema: pl.DataFrame) -> pl.DataFrame:
+    """`frame`'s columns `renamed` (old -> new) in the types of the empty table `schema`, without a query."""
+    return pl.DataFrame([frame[old].alias(new).cast(schema.schema[new]) for old, new in renamed.items()])
+
+
+def _as_request_ids(unscored: pl.DataFrame, dtype) -> pl.DataFrame:
+    """The people not scored (source_user_id as text) with their ids in the request's own type where they all
+    convert back (3, not "3", for integer ids)."""
+    ids = unscored["source_user_id"]
+    typed = ids.cast(dtype, strict=False) if dtype is not None and unscored.height else ids
+    return unscored.replace_column(0, typed) if typed.null_count() == ids.null_count() else unscored
+
+
 def _polars(frame) -> pl.DataFrame:
-    """The request's pandas frame as polars (pl.from_pandas's columns), or ValueError naming what polars could not
-    take. Text, integer, float and boolean columns, what a JSON request holds, are taken in numpy and Python: a
+    """The request's pandas frame as polars (pl.from_pandas's columns), or ValueError naming the column polars could
+    not take. Text, integer, float and boolean columns, what a JSON request holds, are taken in numpy and Python: a
     request's few rows then wake no thread pool of Arrow's or polars' (on a 2-core VM that wake-up is slower than the
     conversion)."""
-    try:
-        if frame.columns.is_unique and all(isinstance(c, str) for c in frame.columns):
-            return pl.DataFrame([_series(name, frame[name]) for name in frame.columns])
-        return pl.from_pandas(frame)
-    except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
-        raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
+    if not (frame.columns.is_unique and all(isinstance(c, str) for c in frame.columns)):
+        try:
+            return pl.from_pandas(frame)
+        except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
+            raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
+    series = []
+    for name in frame.columns:
+        try:
+            series.append(_series(name, frame[name]))
+        except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
+            raise ValueError(_unusable(name, frame[name], exc)) from None
+    return pl.DataFrame(series)
+
+
+JSON_KINDS = {str: "text", int: "numbers", float: "numbers", bool: "booleans", list: "lists", dict: "objects"}
+
+
+def _unusable(name: str, column: pd.Series, exc: Exception) -> str:
+    """One line on a column polars cannot take: the first row whose kind of value differs from the column's first."""
+    values = [(i, v) for i, v in enumerate(column.tolist()) if v is not None and v == v]  # nulls and NaN aside
+    kind = lambda v: JSON_KINDS.get(type(v), type(v).__name__)  # noqa: E731
+    first = kind(values[0][1]) if values else None
+    odd = next(((i, v) for i, v in values if kind(v) != first), None)
+    if odd is not None:
+        return (f"request: column {name} mixes {first} and {kind(odd[1])} (row {odd[0]}: {repr(odd[1])[:40]}); "
+                f"expected one kind of value per column")
+    return f"request: column {name} is unusable ({' '.join(str(exc).split())[:200]})"
 
 
 def _series(name: str, column: pd.Series) -> pl.Series:

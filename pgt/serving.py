@@ -10,7 +10,9 @@ model is the same pyfunc (pgt/mlflow_model.py). What this server adds:
 - the model is loaded and warmed up before the server answers /ping (503 until then), so the first request is
   as fast as the rest: once uvicorn listens, the server sends the model's own warm-up requests to itself over its
   socket, through every layer a client's request takes (uvicorn's protocol, the app, JSON);
-- a small request (up to INLINE_BYTES of body) is answered on the event loop, a larger one in a worker thread.
+- a small request (up to INLINE_BYTES of body) is answered on the event loop, a larger one in a worker thread;
+- a table request's answer holds, beside `predictions`, the rows set aside (`quarantined`) and the people not
+  scored (`not_scored`), each with the reason (PGTModel.answer): nothing a request holds is dropped unsaid.
 
 `create_app` reads its settings from the environment (`ServeConfig.from_env`), which is how uvicorn's
 worker processes receive them.
@@ -164,6 +166,7 @@ def _records_or_array(data, key: str):
 def create_app(config: "ServeConfig | None" = None):
     """The FastAPI app: the model loaded and warmed up, /invocations with the limits of the module docstring."""
     import mlflow
+    import pandas as pd
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
     from mlflow.exceptions import MlflowException
@@ -174,14 +177,14 @@ def create_app(config: "ServeConfig | None" = None):
     mlflow.set_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
     model = mlflow.pyfunc.load_model(config.model_uri)
     wrapper = python_model(model)
-    predict_frame = getattr(wrapper, "predict_frame", None)  # a model of before it: pandas both ways
+    answer_table = getattr(wrapper, "answer", None)  # a model logged before it: MLflow's pandas path, predictions only
 
     def predict_json(body: bytes, content_type: str) -> str:
-        """The JSON answer: a table request in polars both ways where the model can (predict_frame), else
-        MLflow's pyfunc predict and its JSON writer."""
-        data, params = parse_body(body, content_type, polars_records=predict_frame is not None)
-        if isinstance(data, pl.DataFrame):  # only where predict_frame is there to take it
-            return json.dumps({"predictions": predict_frame(data, params).to_dicts()})
+        """The JSON answer: a table request's predictions with the rows set aside and the people not scored, in
+        polars both ways where the request allows (records_frame), else MLflow's pyfunc predict and its JSON writer."""
+        data, params = parse_body(body, content_type, polars_records=answer_table is not None)
+        if answer_table is not None and isinstance(data, (pl.DataFrame, pd.DataFrame)):
+            return json.dumps(answer_table(data, params))
         out = io.StringIO()
         predictions_to_json(model.predict(data, params=params or None), out)
         return out.getvalue()

@@ -385,17 +385,17 @@ class AppliedData:
     quarantine: pl.DataFrame
     counts: dict
     details: dict
-    unscored: pl.DataFrame | None = None  # source_user_id (as text), reason: the input's people without a latest sample
-    # (users and unscored are None, and counts lack their entries, where apply_fitted was asked for no accounting)
+    unscored: pl.DataFrame  # source_user_id (as text), reason: the input's people without a latest sample
+    # (users is None, and counts lack its entries, where apply_fitted was asked for no users table)
 
 
 def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
                         fitted: FittedPreprocessing, log=None, evaluation: bool = True,
-                        at: datetime | None = None, accounting: bool = True) -> AppliedData:
+                        at: datetime | None = None, users_table: bool = True) -> AppliedData:
     """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
-    (stages.stage_read's tables). Counts reconcile: activity staypoints = on fitted places + on new places + noise.
-    With `accounting`, also the users table and who was not scored, and why (what `pgt predict` reports; a served
-    answer needs neither)."""
+    (stages.stage_read's tables), and who was not scored, and why. Counts reconcile: activity staypoints = on
+    fitted places + on new places + noise. With `users_table`, also the table of the input's people and their model
+    ids (what `pgt predict` reports; a served answer does without it)."""
     config = fitted.config
     found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log, tracking=False)
     counts, details = found.counts, found.details
@@ -416,15 +416,15 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     encoded = encode_applied(featured, fitted, merged.height)
     evaluation, latest = generate_applied_samples(encoded, config, evaluation, at)
     counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}
-    users = unscored = None
-    if accounting:
+    users = None
+    if users_table:
         users = collect_in_memory(encoded.lazy().group_by("user_id").agg(pl.col("user").first()).sort("user_id")
                                   .rename({"user_id": "source_user_id"})
                                   .with_columns((pl.col("user") != UNKNOWN_USER).alias("known")), encoded.height)
         counts["users"] = users.height
         counts["users_unknown"] = int((~users["known"]).sum())
-        unscored = users_not_scored(read_tables, found.tables["quarantine"], staypoints, encoded, latest, config, at)
-        counts["users_not_scored"] = unscored.height
+    unscored = users_not_scored(read_tables, found.tables["quarantine"], staypoints, encoded, latest, config, at)
+    counts["users_not_scored"] = unscored.height
     fresh = columns(new_places, ("location_id", "latitude", "longitude", "location"))
     places = pl.concat([fitted.known_places, fresh.hstack([pl.Series("is_new", [True] * fresh.height)])])
     kept = [c for c in encoded.columns if c not in ("history_start", "is_activity", "is_target")]
@@ -465,10 +465,10 @@ def fitted_summary(fitted: FittedPreprocessing) -> dict:
 
 def apply_fitted(input_path: Path | str | pl.DataFrame, input_format: str, fitted: FittedPreprocessing,
                  log: StageLog | None = None, evaluation: bool = True, at: datetime | None = None,
-                 name: str = "request", accounting: bool = True) -> AppliedData:
+                 name: str = "request", users_table: bool = True) -> AppliedData:
     """New data through a fitted preprocessing, in memory (preprocessing/fitted.py): read and validate with
     the fitted run's rules, then staypoints, fitted places, samples (without `evaluation`: the latest only;
-    without `accounting`: no users table and no list of who was not scored, apply_fitted_stages).
+    without `users_table`: no table of the input's people, apply_fitted_stages).
     `input_path`: a file, or a table in memory (a served request) read exactly as that table in a file, called
     `name` in messages."""
     log = log or StageLog()
@@ -476,4 +476,4 @@ def apply_fitted(input_path: Path | str | pl.DataFrame, input_format: str, fitte
     read = stage_read(source, input_format, log, config=fitted.config, name=name)
     with log.stage("fitted places and samples"):
         return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log, evaluation, at,
-                                   accounting)
+                                   users_table)

@@ -35,9 +35,13 @@ def test_a_request_frame_becomes_what_from_pandas_gives(frame):
     assert got.equals(expected)
 
 
-def test_a_column_polars_cannot_take_is_one_line_naming_the_request():
-    mixed = pd.DataFrame({"user_id": [1, "x"], "latitude": [1.0, 2.0]})  # an object column of int and text
-    with pytest.raises(ValueError, match=r"^request: unusable columns \("):
+def test_a_column_polars_cannot_take_is_one_line_naming_it_and_its_first_odd_row():
+    mixed = pd.DataFrame({"user_id": [1, None, "x"], "latitude": [1.0, 2.0, 3.0]})  # an object column of int and text
+    with pytest.raises(ValueError, match=r"^request: column user_id mixes numbers and text \(row 2: 'x'\); expected "
+                                         r"one kind of value per column$"):
         _polars(mixed)
+    listed = pd.DataFrame({"locations": [[1, 2], 7]})  # a list, then a number
+    with pytest.raises(ValueError, match=r"^request: column locations mixes lists and numbers \(row 1: 7\)"):
+        _polars(listed)
     with pytest.raises(ValueError, match=r"^request: unusable columns \("):
         _polars(pd.DataFrame([[1, 2]], columns=["a", "a"]))  # duplicate names: pl.from_pandas's own refusal

@@ -278,6 +278,8 @@ def bad_requests(root: Path) -> dict[str, tuple[dict | bytes, str]]:
         "a staypoint without finished_at": ({"dataframe_records": [{k: v for k, v in r.items() if k != "finished_at"}
                                                                     for r in stays]}, "finished_at"),
         "unparseable times": ({"dataframe_records": [dict(r, started_at="yesterday") for r in stays]}, "started_at"),
+        "a column of text and numbers": ({"dataframe_records": [dict(stays[0], latitude="north"), *stays[1:]]},
+                                         "column latitude mixes text and numbers (row 1: "),
         "no rows": ({"dataframe_records": []}, "records"),
         "ragged dataframe_split": ({"dataframe_split": {"columns": ["a", "b"], "data": [[1, 2], [3]]}}, "dataframe_split"),
         "a list body": (b"[1, 2, 3]", "object"),
@@ -300,6 +302,22 @@ def test_every_bad_request_gets_one_line_400_and_the_server_lives_on(served):
         assert response.status == 200
     status, body = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
     assert status == 200 and len(body["predictions"]) == 5
+
+
+def test_the_answer_lists_the_rows_set_aside_and_the_people_not_scored(served):
+    """Nothing a request holds is dropped unsaid: a row without a latitude, and a person seen twice at a spot that no
+    fitted place covers and two stays cannot make a new place, come back in `quarantined` and `not_scored` with the
+    reason, beside the clean request's predictions."""
+    url, root, _ = served
+    stays = one_user_staypoints(root).to_dicts()
+    status, clean = post(url, {"dataframe_records": stays, "params": {"top_k": 2}})
+    assert status == 200 and clean["quarantined"] == [] and clean["not_scored"] == [] and clean["predictions"]
+    glimpse = [dict(r, user_id=9001, latitude=r["latitude"] + 1.0) for r in stays[:2]]  # about 110 km north
+    status, body = post(url, {"dataframe_records": [*stays, dict(stays[0], latitude=None), *glimpse],
+                              "params": {"top_k": 2}})
+    assert status == 200 and body["predictions"] == clean["predictions"], body
+    assert body["quarantined"] == [{"row": len(stays), "reason": "missing latitude"}]
+    assert body["not_scored"] == [{"source_user_id": 9001, "reason": "no activity staypoint at a place"}]
 
 
 def test_records_under_instances_answer_like_dataframe_records(served):

@@ -228,17 +228,27 @@ def test_a_prediction_time_anchors_the_latest_samples_and_evaluation_rows_are_li
         apply_fitted(root / "late.parquet", "positionfixes", fitted, at=last_end - timedelta(days=3))
 
 
-def test_without_accounting_the_samples_and_places_are_the_same(synthetic_80_20):
-    """What a served request asks for (accounting=False, no evaluation): the same latest samples and places,
-    without the users table and the list of who was not scored."""
+def test_without_the_users_table_the_samples_places_and_unscored_are_the_same(synthetic_80_20):
+    """What a served request asks for (users_table=False, no evaluation): the same latest samples and places, and
+    the same list of who was not scored and why, without the table of the input's people."""
     root, _ = synthetic_80_20
     fitted = FittedPreprocessing.from_folder(root / "early")
-    full = apply_fitted(root / "late.parquet", "positionfixes", fitted, evaluation=False)
-    answer = apply_fitted(root / "late.parquet", "positionfixes", fitted, evaluation=False, accounting=False)
+    late = pl.read_parquet(root / "late.parquet")
+    start = late["tracked_at"].max()
+    odd = pl.DataFrame({"user_id": [7001, 7001, 7002], "tracked_at": [start, start + timedelta(minutes=1), start],
+                        "latitude": [39.9, 39.9, 400.0], "longitude": [116.3, 116.3, 116.3]})  # a glimpse; a bad row
+    request = pl.concat([late, odd.cast(late.schema)])
+    full = apply_fitted(request, "positionfixes", fitted, evaluation=False)
+    answer = apply_fitted(request, "positionfixes", fitted, evaluation=False, users_table=False)
     assert full.latest.height > 0 and answer.latest.equals(full.latest) and answer.places.equals(full.places)
-    assert answer.users is None and answer.unscored is None and full.users is not None
-    assert "users_not_scored" in full.counts and "users_not_scored" not in answer.counts
+    assert answer.unscored.equals(full.unscored)
+    assert dict(answer.unscored.iter_rows()) == {
+        "7001": "no staypoint (no stay within the staypoint distance and time thresholds)",
+        "7002": "every row quarantined"}
+    assert answer.users is None and full.users is not None
+    assert "users" in full.counts and "users" not in answer.counts
     assert answer.counts["samples"] == full.counts["samples"]
+    assert answer.counts["users_not_scored"] == full.counts["users_not_scored"] == full.unscored.height
 
 
 def test_counts_reconcile_and_the_manifest_names_the_fitted_run(synthetic_80_20):
