@@ -254,8 +254,10 @@ JSON_KINDS = {str: "text", int: "numbers", float: "numbers", bool: "booleans", l
 
 def _unusable(name: str, column: pd.Series, exc: Exception) -> str:
     """One line on a column polars cannot take: the first row whose kind of value differs from the column's first."""
+    def kind(value) -> str:
+        return JSON_KINDS.get(type(value), type(value).__name__)
+
     values = [(i, v) for i, v in enumerate(column.tolist()) if v is not None and v == v]  # nulls and NaN aside
-    kind = lambda v: JSON_KINDS.get(type(v), type(v).__name__)  # noqa: E731
     first = kind(values[0][1]) if values else None
     odd = next(((i, v) for i, v in values if kind(v) != first), None)
     if odd is not None:
