@@ -107,6 +107,8 @@ def make_bad_inputs(root: Path) -> list[Case]:
     cases.append(Case("empty.csv", "positionfixes", "empty file"))
     (root / "latin1.csv").write_bytes("user_id,tracked_at,latitude,longitude\nJosé,2020-01-01 00:00,1,2\n".encode("latin-1"))
     cases.append(Case("latin1.csv", "positionfixes", "not UTF-8 text"))
+    text.write_csv(root / "semicolons.csv", separator=";")
+    cases.append(Case("semicolons.csv", "positionfixes", "looks ';'-separated: expected comma-separated columns"))
     (root / "csv_named.parquet").write_text("user_id,tracked_at,latitude,longitude\n1,2020-01-01 00:00,1,2\n")
     cases.append(Case("csv_named.parquet", "positionfixes", "not a Parquet file"))
     (root / "a_folder").mkdir()
