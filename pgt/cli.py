@@ -343,12 +343,14 @@ def serve(
 ) -> None:
     """Serve a logged model over HTTP with MLflow's scoring protocol (POST /invocations), with a request size limit,
     one-line 400s for bad requests and a warm model."""
+    from pgt.serving import check_port_free
     from pgt.serving import serve as run
     from pgt.tracking import check_model_uri
 
     try:
         config = ServeConfig(model_uri=model, tracking_uri=tracking_uri,
                              **given(locals(), "host", "port", "workers", "max_request_mb", "torch_threads"))
+        check_port_free(config.host, config.port)
         check_model_uri(config.model_uri, config.tracking_uri)
     except ValueError as exc:
         fail(str(exc))

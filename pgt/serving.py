@@ -19,10 +19,12 @@ worker processes receive them.
 """
 
 import asyncio
+import errno
 import io
 import json
 import logging
 import os
+import socket
 import time
 from contextlib import asynccontextmanager
 
@@ -325,6 +327,20 @@ def python_model(model):
         return model.unwrap_python_model()
     except Exception:
         return None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ValueError in one line where `host`:`port` cannot be listened on (another server holds it, or the address is
+    not this machine's): said before the model loads, in a moment rather than after it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reason = "in use (another server?)" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise ValueError(f"cannot listen on {host}:{port}: {reason}; choose another --port, or stop what holds "
+                             "it") from None
 
 
 def serve(config: ServeConfig) -> None:

@@ -100,6 +100,22 @@ def test_not_parquet_and_not_geolife(tmp_path):
                            "--config", bad_config), str(bad_config), "unknown setting")
 
 
+def test_serve_on_a_port_in_use_fails_at_once_in_one_line(tmp_path):
+    import socket
+    import time
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        start = time.monotonic()
+        r = run("serve", "--model", "models:/none@champion", "--port", port, "--tracking-uri",
+                f"sqlite:///{tmp_path / 'mlflow.db'}")
+        _single_error_line(r, f"cannot listen on 127.0.0.1:{port}: in use")
+        assert time.monotonic() - start < 60  # before any model or tracking store is touched
+        assert not (tmp_path / "mlflow.db").exists()
+
+
 def test_bad_format_choice_is_a_usage_error(tmp_path):
     r = run("preprocess", "--input", tmp_path, "--format", "gpx", "--out", tmp_path / "o")
     assert r.returncode == 2 and "Traceback" not in r.stderr and "gpx" in r.stderr

@@ -14,7 +14,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 
 from pgt.mlflow_model import _polars
-from pgt.serving import WARM_UP_ROUNDS, BadRequest, connect_host, parse_body, records_frame, warm_up_over_socket
+from pgt.serving import WARM_UP_ROUNDS, BadRequest, check_port_free, connect_host, parse_body, records_frame, warm_up_over_socket
 
 STAY = {"user_id": 3, "started_at": "2009-07-05T07:08:46+0000", "finished_at": "2009-07-05T08:00:00+0000",
         "latitude": 39.9, "longitude": 116.3}
@@ -111,3 +111,16 @@ def test_a_warm_up_that_cannot_connect_gives_up_and_the_server_answers_anyway():
     assert ready.is_set()
     assert connect_host("0.0.0.0") == "127.0.0.1" and connect_host("::") == "::1"
     assert connect_host("127.0.0.1") == "127.0.0.1"
+
+
+def test_a_port_another_server_holds_is_named_before_the_model_loads():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"^cannot listen on 127.0.0.1:{port}: in use \(another server\?\); "
+                                             r"choose another --port, or stop what holds it$"):
+            check_port_free("127.0.0.1", port)
+    check_port_free("127.0.0.1", port)  # free again once it is closed
+    with pytest.raises(ValueError, match=r"^cannot listen on 192\.0\.2\.1:"):  # an address not this machine's
+        check_port_free("192.0.2.1", port)
