@@ -190,13 +190,14 @@ class PGTModel(PythonModel):
                 samples = samples.with_columns(history_end=pl.lit(None, pl.Datetime("us", "UTC")))
             places = self.fitted().places
             result = place_predictions(top_k_predictions(self.packed, dataset, top_k), samples, places, "request")
-            quarantined, not_scored = QUARANTINED.clear(), NOT_SCORED.clear()  # a sequence is scored or refused
+            quarantined, not_scored = QUARANTINED, NOT_SCORED  # a sequence is scored or refused
         else:
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
             applied = apply_fitted(frame, input_format, self.fitted(), StageLog(sample_memory=False),
                                    evaluation=False, at=at, name="request", users_table=False)
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
-            quarantined = columns_of(applied.quarantine, {"source_row": "row", "reason": "reason"}, QUARANTINED)
+            quarantine = applied.quarantine
+            quarantined = pl.DataFrame({"row": quarantine["source_row"].cast(pl.Int64), "reason": quarantine["reason"]})
             not_scored = _as_request_ids(applied.unscored, frame.schema.get("user_id"))
         times = result["time"].cast(pl.String)
         return Answer(result.replace_column(result.get_column_index("time"), times), quarantined, not_scored)  # no query
@@ -217,17 +218,14 @@ QUARANTINED = pl.DataFrame(schema={"row": pl.Int64, "reason": pl.String})
 NOT_SCORED = pl.DataFrame(schema={"source_user_id": pl.String, "reason": pl.String})
 
 
-def columns_of(frame: pl.DataFrame, renamed: dict[str, str], schema: pl.DataFrame) -> pl.DataFrame:
-    """`frame`'s columns `renamed` (old -> new) in the types of the empty table `schema`, without a query."""
-    return pl.DataFrame([frame[old].alias(new).cast(schema.schema[new]) for old, new in renamed.items()])
-
-
 def _as_request_ids(unscored: pl.DataFrame, dtype) -> pl.DataFrame:
     """The people not scored (source_user_id as text) with their ids in the request's own type where they all
     convert back (3, not "3", for integer ids)."""
     ids = unscored["source_user_id"]
     typed = ids.cast(dtype, strict=False) if dtype is not None and unscored.height else ids
-    return unscored.replace_column(0, typed) if typed.null_count() == ids.null_count() else unscored
+    if typed.null_count() != ids.null_count():
+        return unscored
+    return unscored.replace_column(unscored.get_column_index("source_user_id"), typed)
 
 
 def _polars(frame) -> pl.DataFrame:

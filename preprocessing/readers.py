@@ -403,7 +403,7 @@ def _csv_header(path: Path) -> list[str]:
     _refuse_duplicates(path, names)
     if not any(names):
         raise InputError(path, "empty header line: expected column names such as user_id,tracked_at,latitude,longitude")
-    other = next((sep for sep in (";", "\t", "|") if len(names) == 1 and sep in names[0]), None)
+    other = next((sep for sep in (";", "\t", "|") if sep in names[0]), None) if len(names) == 1 else None
     if other is not None:  # a spreadsheet's export in a locale whose decimal mark is the comma
         raise InputError(path, f"the header is one field ({names[0][:60]!r}) and looks {other!r}-separated: expected "
                                "comma-separated columns such as user_id,tracked_at,latitude,longitude")
