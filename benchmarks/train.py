@@ -66,8 +66,8 @@ REFERENCE_RUN = {  # TARGETS.md: next_loc_clean_v2 on a machine like ours
                                             "samples_per_second": 600.0},
 }
 # issue 11's targets: on the published variant, mean of 3 seeds, configuration chosen on validation
-TARGET = {"variant": "published", "strict_acc@1_mean": 46.0, "acc@1_mean": 56.0, "mrr_mean": 68.0,
-          "training_samples_per_second": 1500.0}
+TARGET = {"variant": "published", "strict_acc@1_mean": 48.0, "deployment_strict_acc@1_mean": 47.0, "acc@1_mean": 58.0,
+          "mrr_mean": 70.0, "training_samples_per_second": 1500.0}
 SELECTION = ("Every configuration reported here was chosen on validation metrics only (the recipes in "
              "pgt.train.RECIPES; early stopping and the best epoch follow the recipe's select_on). The test split "
              "is evaluated once per reported run, by this benchmark.")
@@ -120,7 +120,7 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
     worker (a local Ray, the GPU where `device` is "cuda"). `options`: TrainConfig settings over the recipe's."""
     from pgt.config import BASELINES, LaunchConfig, TrainConfig
     from pgt.distributed import run_training
-    from pgt.train import evaluate_baseline, train_loop_per_worker
+    from pgt.train import evaluate_baseline
 
     folder = "train" if device == "cpu" and engine == "in-process" and not options else f"train-{device}-{engine}"
     out = (work / folder / data_dir.name / (model if recipe == "paper" else f"{model}-{recipe}")
@@ -134,8 +134,8 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
         result = evaluate_baseline(cfg)
     elif engine == "ray-train":
         result = run_training(config, LaunchConfig(workers=1, use_gpu=device == "cuda"))
-    else:
-        result = train_loop_per_worker(cfg)
+    else:  # in this process, as `pgt train` without --workers (a refit recipe's two runs included)
+        result = run_training(config, LaunchConfig(workers=0))
     wall = time.perf_counter() - began
     row = {"model": label(model, recipe), "recipe": recipe, "seed": seed, "wall_s": round(wall, 1),
            "engine": engine, "options": options or {}, "configuration": configuration(model, recipe, engine, options),
@@ -198,13 +198,19 @@ def summarise(rows: list[dict], key: str = "model") -> dict:
     return out
 
 
+SPEED_ROW = "pgt (tuned)"  # the training speed target is one network's: an ensemble trains several per sample
+
+
 def verdict(summary: dict, target_row: str | None) -> dict | None:
     if target_row is None:
         return None
     row = summary[target_row]
+    speed = summary.get(SPEED_ROW, row)
     return {"strict_acc@1": row["strict"]["acc@1"]["mean"] >= TARGET["strict_acc@1_mean"],
+            "deployment_strict_acc@1": row["deployment"]["strict"]["acc@1"]["mean"]
+            >= TARGET["deployment_strict_acc@1_mean"],
             "acc@1": row["acc@1"]["mean"] >= TARGET["acc@1_mean"], "mrr": row["mrr"]["mean"] >= TARGET["mrr_mean"],
-            "training_samples_per_second": row["train_samples_per_second_median"] >= TARGET["training_samples_per_second"]}
+            "training_samples_per_second": speed["train_samples_per_second_median"] >= TARGET["training_samples_per_second"]}
 
 
 def main() -> None:

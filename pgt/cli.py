@@ -159,7 +159,8 @@ def synth(
 TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhead", "num_layers", "dim_feedforward",
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
                  "previous_location", "visit_relations", "relation_inputs", "relation_order", "members",
-                 "weight_average", "simulate_unseen", "anchor", "resume", "threads", "resident_data", "static_width")
+                 "weight_average", "simulate_unseen", "anchor", "refit", "resume", "threads", "resident_data",
+                 "static_width")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
 
 
@@ -219,6 +220,7 @@ def train(
         None, "--known-fraction", show_default=(f"{default_of(TrainConfig, 'known_fraction_min')} "
                                                 f"{default_of(TrainConfig, 'known_fraction_max')}"),
         help="With --simulate-unseen: the cutoff's range, as fractions of the user's days before each sample."),
+    refit: bool | None = option_for(TrainConfig, "refit", "--refit/--no-refit"),
     resume: bool | None = option_for(TrainConfig, "resume", "--resume/--no-resume"),
     threads: int | None = option_for(TrainConfig, "threads"),
     resident_data: bool | None = option_for(TrainConfig, "resident_data", "--resident-data/--no-resident-data"),

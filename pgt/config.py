@@ -113,9 +113,10 @@ RECIPES: dict[str, dict] = {
     # ours, chosen on GeoLife's validation split only (benchmarks/recipe_search.py): the extended vocabulary with
     # slot identity, train samples that show unseen places as later splits do, new-place targets at half weight,
     # each visit's relations to the last one in the encoder's inputs and the pointer's scores, more dropout, a
-    # higher peak learning rate, and the best epoch by strict validation Acc@1
+    # higher peak learning rate, the best epoch by strict validation Acc@1, then the refit on train + validation
+    # (chosen on an inner split of the days before test, benchmarks/refit.py)
     "tuned": {"unseen_slots": True, "simulate_unseen": True, "new_place_weight": 0.5, "visit_relations": True,
-              "relation_inputs": True, "dropout": 0.4, "lr": 1e-3, "select_on": "strict_acc@1"},
+              "relation_inputs": True, "dropout": 0.4, "lr": 1e-3, "select_on": "strict_acc@1", "refit": True},
 }
 # `tuned` as an ensemble of ENSEMBLE_MEMBERS networks trained side by side, the number chosen on validation
 # (benchmarks/ensemble_size.py); it costs that many times tuned's training, and served about one network's pass more
@@ -141,6 +142,8 @@ def recipe_settings(recipe: str) -> dict:
         raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
     return dict(RECIPES[recipe])
 
+
+TRAIN_ON = ("train", "train+validation")  # the splits a run learns from
 
 RECIPE_FREE = ("data_dir", "out_dir", "resume")  # where and whether: what a run decides, never a recipe
 
@@ -191,6 +194,15 @@ class TrainConfig:
     epochs: int = setting(50, "At most this many epochs (early stopping may end sooner).", low=1, high=1 << 20)
     min_epochs: int = setting(8, "No early stop before this many epochs.", low=0, high=1 << 20)
     patience: int = setting(5, "Epochs without a better validation score before stopping.", low=1, high=1 << 20)
+    stop_after_epochs: int = setting(0, "Train exactly this many epochs and keep the last, whatever validation says "
+                                        "(the learning-rate schedule still spans `epochs`); 0 = early stopping and "
+                                        "the best epoch by select_on.", low=0, high=1 << 20)
+    train_on: str = setting("train", "The splits training learns from: train, or train+validation (validation then "
+                                     "cannot choose the epoch: it needs stop_after_epochs).", choices=TRAIN_ON)
+    refit: bool = setting(False, "Choose the epoch on validation (a run in <out>/selection), then train again from the "
+                                 "same initial weights on train + validation for that many epochs and keep the last: "
+                                 "the model knows the weeks just before test. Its validation metrics are the "
+                                 "selection run's, held out.")
     select_on: str = setting("acc@1", "Validation score for early stopping and the best epoch: acc@1 (protocol), "
                                       "strict_acc@1 (the exact place) or loss.", choices=SELECT_ON)
     batch_size: int = setting(128, "Global batch, split evenly over the workers.", low=1, high=1 << 24)
@@ -239,6 +251,14 @@ class TrainConfig:
             raise ValueError(f"min_lr must be at most lr, got min_lr={self.min_lr!r}, lr={self.lr!r}")
         if self.static_width and not self.resident_data:
             raise ValueError("static_width pads the batches of resident_data: set resident_data too, or static_width 0")
+        if self.train_on != "train" and not self.stop_after_epochs:
+            raise ValueError(f"train_on {self.train_on!r} learns from validation, so validation cannot choose the "
+                             "epoch: set stop_after_epochs (refit does)")
+        if self.stop_after_epochs > self.epochs:
+            raise ValueError(f"stop_after_epochs ({self.stop_after_epochs}) must be at most epochs ({self.epochs})")
+        if self.refit and (self.train_on != "train" or self.stop_after_epochs):
+            raise ValueError("refit chooses the epoch on validation and then sets train_on and stop_after_epochs "
+                             "itself: leave them at their defaults")
         if self.known_fraction_min > self.known_fraction_max:
             raise ValueError("known_fraction_min must be at most known_fraction_max, got "
                              f"{self.known_fraction_min} and {self.known_fraction_max}")

@@ -14,6 +14,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 
 from pgt.config import ModelConfig
@@ -234,6 +235,18 @@ class SequenceDataset(Dataset):
                                  f"{'lists of integers' if wants_list else 'integers'}")
         return present
 
+    def concatenated(self, other: SequenceDataset) -> SequenceDataset:
+        """This split's samples, then `other`'s (train + validation, for refit), padded to the wider of the two."""
+        joined = copy.copy(self)
+        for name, mine in vars(self).items():
+            if isinstance(mine, torch.Tensor):
+                theirs = getattr(other, name)
+                if mine.dim() == 2:  # (N, T) histories: right-padded with 0 to a common width
+                    width = max(mine.shape[1], theirs.shape[1])
+                    mine, theirs = (F.pad(t, (0, width - t.shape[1])) for t in (mine, theirs))
+                setattr(joined, name, torch.cat([mine, theirs]))
+        return joined
+
     def __len__(self) -> int:
         return len(self.targets)
 
@@ -321,29 +334,32 @@ def load_splits(data_dir: Path | str, max_len: int = ModelConfig.max_len, vocab:
 
 @dataclass
 class FirstVisits:
-    """When each user first visited each location in the train split, and the day of every train
-    sample's target; days count from the user's first tracked day (staypoints.parquet's start_day)."""
+    """When each user first visited each location in the training splits (train, or train and validation), and
+    the day of every training sample's target; days count from the user's first tracked day (staypoints.parquet's
+    start_day)."""
 
-    first_day: torch.Tensor  # (U, V) float32; +inf where the user never visited the location in train
-    sample_day: torch.Tensor  # (N,) float32, the day of each train sample's target, in train.parquet's row order
+    first_day: torch.Tensor  # (U, V) float32; +inf where the user never visited the location in those splits
+    sample_day: torch.Tensor  # (N,) float32, the day of each sample's target, in the splits' row order, one after another
 
     @classmethod
-    def from_data_dir(cls, data_dir: Path | str, vocab: Vocab) -> FirstVisits:
+    def from_data_dir(cls, data_dir: Path | str, vocab: Vocab, splits: tuple[str, ...] = ("train",)) -> FirstVisits:
         data_dir = Path(data_dir)
         path = data_dir / "staypoints.parquet"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such file; simulating unseen locations needs the staypoints "
                                     "that `pgt preprocess` writes next to the splits")
         staypoints = pl.read_parquet(path, columns=["user", "location", "started_at", "start_day", "split"])
-        train = staypoints.filter(pl.col("split") == "train")
-        first = train.group_by("user", "location").agg(pl.col("start_day").min())
+        seen = staypoints.filter(pl.col("split").cast(pl.String).is_in(list(splits)))
+        first = seen.group_by("user", "location").agg(pl.col("start_day").min())
         first_day = np.full((vocab.users, vocab.locations), np.inf, np.float32)
         first_day[first["user"].to_numpy(), first["location"].to_numpy()] = first["start_day"].to_numpy()
-        samples = pl.read_parquet(data_dir / "train.parquet", columns=["user", "target_started_at"])
+        samples = pl.concat([pl.read_parquet(data_dir / f"{split}.parquet", columns=["user", "target_started_at"])
+                             for split in splits])
         days = samples.join(staypoints.select("user", "started_at", "start_day"), how="left", maintain_order="left",
                             left_on=["user", "target_started_at"], right_on=["user", "started_at"])["start_day"]
         if len(days) != len(samples) or days.null_count():
-            raise ValueError(f"{data_dir / 'train.parquet'}: {days.null_count()} of {len(samples)} targets have no "
+            files = " + ".join(str(data_dir / f"{split}.parquet") for split in splits)
+            raise ValueError(f"{files}: {days.null_count()} of {len(samples)} targets have no "
                              f"staypoint in {path} (expected every target_started_at among the user's staypoints)")
         return cls(torch.from_numpy(first_day), torch.from_numpy(days.to_numpy().astype(np.float32)))
 

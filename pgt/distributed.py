@@ -29,7 +29,14 @@ from pgt.config import (
 from pgt.data import LIST_COLUMNS, PLACE_COLUMNS, SequenceDataset, Vocab
 from pgt.report import EpochPrinter
 from pgt.tracking import end_run, log_datasets, log_result, register_model, reopen_run, source_tags, start_run
-from pgt.train import check_streamable, evaluate_baseline, train_loop_per_worker, write_json
+from pgt.train import (
+    HELD_OUT_KEY,
+    SELECTION_DIR,
+    check_streamable,
+    evaluate_baseline,
+    train_loop_per_worker,
+    write_json,
+)
 from pgt.worker import Worker
 from preprocessing.config import SPLITS
 from preprocessing.engine import ray_session
@@ -133,7 +140,8 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
                  on_epoch: Callable | None = None, callbacks: list | None = None) -> dict:
     """Train (or fit a baseline) as `pgt train` does: in this process or under Ray Train, logged to MLflow
     when `tracking` (a TrackingConfig) is given, registered under the champion rule when it names a model.
-    Returns the metrics.json dict, with "mlflow" (run id, model URI, registration) when tracked."""
+    With cfg.refit, two runs: the selection run (`_selection_run`), then the refit on train + validation, which
+    is the run's model. Returns the metrics.json dict, with "mlflow" (run id, model URI, registration) when tracked."""
     launch = launch or LaunchConfig()
     if launch.data_engine == "ray" and cfg.model not in BASELINES:
         check_streamable(cfg)  # before a run or Ray starts
@@ -152,14 +160,13 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
             if tracking:
                 log_result(dataclasses.replace(tracking, log_model=False), result, out_dir, Path(cfg.data_dir))
                 result["mlflow"] = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": None}
-        elif launch.workers == 0:
-            result = train_loop_per_worker(config, on_epoch=on_epoch)
         else:
-            # a local Ray: a CPU per worker, and one more for Ray Data's read tasks when it streams the train split
-            cpus = max(os.cpu_count() or 1, launch.workers) + (1 if launch.data_engine == "ray" else 0)
-            with ray_session(launch.address, num_cpus=cpus):
-                fit_with_ray(config, launch, out_dir, callbacks=callbacks)
-            result = json.loads((out_dir / "metrics.json").read_text())
+            if cfg.refit:  # the epoch chosen on validation first, then train + validation for that many epochs
+                held_out = _selection_run(cfg, launch, tracking, out_dir, on_epoch, callbacks)
+                refit = dataclasses.replace(cfg, refit=False, train_on="train+validation",
+                                            stop_after_epochs=held_out["selected_epoch"])
+                config = refit.to_dict() | {HELD_OUT_KEY: held_out} | ({"tracking": tracking.to_dict()} if tracking else {})
+            result = _launch(config, launch, out_dir, on_epoch, callbacks)
         if tracking and tracking.register and result["mlflow"]["model_uri"]:
             result["mlflow"]["registered"] = register_model(
                 tracking.tracking_uri, tracking.register, result["mlflow"]["model_uri"], tracking.run_id,
@@ -173,6 +180,36 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
     finally:
         if tracking:
             end_run(tracking, status)
+
+
+def _launch(config: dict, launch: LaunchConfig, out_dir: Path, on_epoch: Callable | None,
+            callbacks: list | None) -> dict:
+    """The train loop in this process, or under Ray Train on launch.workers workers; its metrics.json dict."""
+    if launch.workers == 0:
+        return train_loop_per_worker(config, on_epoch=on_epoch)
+    # a local Ray: a CPU per worker, and one more for Ray Data's read tasks when it streams the train split
+    cpus = max(os.cpu_count() or 1, launch.workers) + (1 if launch.data_engine == "ray" else 0)
+    with ray_session(launch.address, num_cpus=cpus):
+        fit_with_ray(config, launch, out_dir, callbacks=callbacks)
+    return json.loads((out_dir / "metrics.json").read_text())
+
+
+def _selection_run(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Path, on_epoch: Callable | None,
+                   callbacks: list | None) -> dict:
+    """A refit's first run: the same settings on train alone, the best epoch chosen on validation, in
+    out_dir/selection (an MLflow run nested under the refit's; test is not scored). What the refit run carries
+    of it (HELD_OUT_KEY): the selected epoch, where the run is, and its held-out validation metrics."""
+    folder = out_dir / SELECTION_DIR
+    child = None
+    if tracking:
+        name = tracking.run_name or f"{cfg.model}-{out_dir.name}"
+        child = dataclasses.replace(tracking, run_id=None, parent_run_id=tracking.run_id, register=None,
+                                    log_model=False, run_name=f"{name}-selection")
+    selection = dataclasses.replace(cfg, refit=False, out_dir=str(folder), evaluate_test=False)
+    result = run_training(selection, launch, child, on_epoch, callbacks)
+    return {"selected_epoch": result["best_epoch"], "selection_dir": str(folder),
+            "selection_run_id": (result.get("mlflow") or {}).get("run_id"),
+            "validation": result["validation"], "deployment_validation": result["deployment"]["validation"]}
 
 
 def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Path):

@@ -15,8 +15,13 @@ class EpochPrinter:
 
     def __init__(self) -> None:
         self.started = False
+        self.refitting = False
 
     def __call__(self, row: dict, checkpoint_dir=None) -> None:
+        if row.get("learned_from_validation") and not self.refitting:  # a refit's second run begins
+            console.print("refit on train + validation (validation columns: scores of data it learns from)",
+                          style="bold")
+            self.refitting = True
         if not self.started:
             console.print(f"{'epoch':>5} {'loss':>8} {'lr':>9} {'val strict@1':>12} {'acc@1':>6} {'acc@5':>6} "
                           f"{'mrr':>6} {'samples/s':>9} {'s':>6}  best", style="bold")
@@ -65,8 +70,11 @@ def print_metrics(result: dict) -> None:
                                                   "validation, protocol": result["validation"]}
     if "deployment" in result:  # recency from the last visit's day: what a live prediction knows
         rows |= {f"{split}, deployment strict": metrics["strict"] for split, metrics in result["deployment"].items()}
-    console.print(metrics_table(rows, f"{result['model']}: best epoch {result['best_epoch']} of {result['epochs_run']}, "
-                                      f"{result['parameters']:,} parameters, {result['samples_per_second']:.0f} samples/s"))
+    refit = result.get("refit")
+    epochs = (f"refit on train + validation for {refit['epochs']} epochs, chosen on validation (held out: the "
+              f"selection run's figures)" if refit else f"best epoch {result['best_epoch']} of {result['epochs_run']}")
+    console.print(metrics_table(rows, f"{result['model']}: {epochs}, {result['parameters']:,} parameters, "
+                                      f"{result['samples_per_second']:.0f} samples/s"))
     console.print(f"test {new_place_line(result['test'])}")
 
 

@@ -258,7 +258,9 @@ class EpochLogger:
 
         values = {"train_loss": row["train_loss"], "lr": row["lr"], "samples_per_second": row["samples_per_second"],
                   "epoch_seconds": row["seconds"]}
-        values |= {k: v for k, v in metrics_of("validation", row["validation"]).items() if "history" not in k}
+        # a refit's epochs learn from validation: their scores of it are logged apart from held-out ones
+        prefix = "validation_learned_from" if row.get("learned_from_validation") else "validation"
+        values |= {k: v for k, v in metrics_of(prefix, row["validation"]).items() if "history" not in k}
         now = int(time.time() * 1000)
         self.client.log_batch(self.tracking.run_id,
                               metrics=[Metric(k, float(v), now, row["epoch"]) for k, v in values.items()])
@@ -274,7 +276,9 @@ def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: 
     from mlflow.entities import Metric
 
     now = int(time.time() * 1000)
-    final = metrics_of("test", result["test"]) | metrics_of("best_validation", result["validation"])
+    # a selection run (evaluate_test off) has no test metrics; a refit's validation ones are its selection run's
+    final = (metrics_of("test", result["test"]) if result["test"] is not None else {}) \
+        | metrics_of("best_validation", result["validation"])
     for split, metrics in result.get("deployment", {}).items():  # inputs anchored at the last visit, as served
         final |= {k: v for k, v in metrics_of(f"deployment_{split}", metrics).items() if "history" not in k}
     final |= {"best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"],

@@ -66,7 +66,11 @@ from preprocessing.output import write_json_atomically
 from preprocessing.sequences import UNSEEN
 
 # what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
-OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", ".*.tmp-*")
+OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", "selection", ".*.tmp-*")
+SELECTION_DIR = "selection"  # a refit's selection run, inside the run's folder
+# in the train loop's config (beside "tracking"), a refit's: the selection run's held-out validation metrics, its
+# selected epoch and where it is; the refit run reports them as its validation metrics
+HELD_OUT_KEY = "_held_out"
 
 # ---------------------------------------------------------------------------------------------
 # the worker's environment: one process here; Ray Train supplies rank, world size and reporting
@@ -83,6 +87,9 @@ def check_streamable(cfg: TrainConfig) -> None:
     """ValueError unless the train split can be streamed (--data-engine ray) under these settings."""
     if cfg.resident_data:
         raise ValueError("resident_data holds the train split on the device: use --data-engine memory with it")
+    if cfg.refit or cfg.train_on != "train":
+        raise ValueError("refit (train_on train+validation) learns from two splits in memory; the streamed path reads "
+                         "train.parquet alone: use --data-engine memory")
     if cfg.simulate_unseen:
         raise ValueError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
                          "use --data-engine memory, or a recipe without it")
@@ -196,6 +203,7 @@ class TrainState:
     resumed_at: list[int] = dataclasses.field(default_factory=list)
     best_state: dict | None = None  # the best epoch's weights (of the averaged model when there is one)
     early_stopped: bool = False
+    held_out: dict | None = None  # a refit's: the selection run's validation metrics (HELD_OUT_KEY)
 
     @property
     def evaluated(self) -> torch.nn.Module:
@@ -244,6 +252,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
     """Seeds, data, model, optimizer and schedule of a run, resumed from the newest checkpoint there is."""
     config = dict(config)
     tracking_values = config.pop("tracking", None)
+    held_out = config.pop(HELD_OUT_KEY, None)
     cfg = TrainConfig.from_dict(config)
     epoch_logger, tracking = None, None
     if tracking_values and worker.is_chief:
@@ -279,14 +288,17 @@ def setup(config: dict, worker: Worker) -> TrainState:
                                  cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet",
                                  at_last_visit=cfg.anchor == "last_visit")
     else:
+        learned_from = tuple(cfg.train_on.split("+"))  # ("train",) or ("train", "validation")
         train_set = splits["train"]
+        if "validation" in learned_from:
+            train_set = train_set.concatenated(splits["validation"])
         if cfg.simulate_unseen:
-            train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab),
+            train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab, learned_from),
                                          cfg.known_fraction_min, cfg.known_fraction_max)
         loader = train_loader(train_set, cfg, worker)
     averaged = copy.deepcopy(model) if cfg.weight_average else None
     state = TrainState(cfg, worker, model_cfg, model, model, averaged, optimizer, scheduler, scaler, amp_dtype, loader,
-                       splits, parameters, epoch_logger, tracking)
+                       splits, parameters, epoch_logger, tracking, held_out=held_out)
     if not cfg.resume and worker.restored is None and worker.is_chief and (out_dir / "checkpoints").exists():
         shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
     resume_from = _resume_point(cfg, worker, out_dir)
@@ -327,16 +339,18 @@ def train_epoch(state: TrainState, epoch: int) -> dict:
     train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
     validation = evaluate(model_scores(state.evaluated), state.splits["validation"], cfg.eval_batch_size,
                           worker.device, state.validation_loss(), worker)
-    score = selection_score(validation, cfg.select_on)
+    # stop_after_epochs: the last epoch is the one kept (validation may be in the training data)
+    score = epoch if cfg.stop_after_epochs else selection_score(validation, cfg.select_on)
     if score > state.best_metric:
         state.best_metric, state.best_epoch, state.bad_epochs = score, epoch, 0
         state.best_state = {k: v.detach().clone() for k, v in state.evaluated.state_dict().items()}
     else:
         state.bad_epochs += 1
-    stop = epoch + 1 >= cfg.min_epochs and state.bad_epochs >= cfg.patience
+    stop = epoch + 1 >= cfg.stop_after_epochs if cfg.stop_after_epochs else \
+        epoch + 1 >= cfg.min_epochs and state.bad_epochs >= cfg.patience
     row = {"epoch": epoch, "train_loss": train_loss, "lr": lr, "seconds": seconds, "samples": seen,
            "samples_per_second": seen / seconds, "validation": validation, "best_epoch": state.best_epoch,
-           "stop": stop}
+           "stop": stop, "learned_from_validation": cfg.train_on != "train"}
     if worker.world_size > 1:
         row["replicas_in_sync"] = _replicas_in_sync(state.model, worker.device)
     state.history.append(row)
@@ -376,6 +390,14 @@ def finish(state: TrainState) -> dict:
         "config": cfg.to_dict(),
         "model_config": dataclasses.asdict(state.model_cfg),
     }
+    if state.held_out is not None:  # a refit learned from validation: its held-out figures are the selection run's
+        learned = result["validation"]
+        result["validation"] = state.held_out["validation"]
+        result["deployment"]["validation"] = state.held_out["deployment_validation"]
+        result["refit"] = {**{k: v for k, v in state.held_out.items() if "validation" not in k},
+                           "trained_on": cfg.train_on, "epochs": cfg.stop_after_epochs,
+                           "validation_learned_from": {"acc@1": learned["acc@1"],
+                                                       "strict_acc@1": learned["strict"]["acc@1"]}}
     if worker.is_chief:
         out_dir = Path(cfg.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)

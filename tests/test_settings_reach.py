@@ -16,11 +16,13 @@ from flows.settings import FlowSettings, flow_defaults
 from pgt.cli import app, train_config
 from pgt.config import RECIPE_FREE, ModelSettings, TrainConfig, load_recipe_file
 from preprocessing.settings import CHOICES, HIGH, help_of, settings_of
-from tune.config import SweepConfig
+from tune.config import TRIAL_FIXED, SweepConfig
+from tune.sweep import winner_recipe
 
 SETTINGS = settings_of(TrainConfig)
 # settings that only train beside another
-NEEDS = {"relation_inputs": {"visit_relations": True}, "static_width": {"resident_data": True}}
+NEEDS = {"relation_inputs": {"visit_relations": True}, "static_width": {"resident_data": True},
+         "train_on": {"stop_after_epochs": 1}}
 # what a sweep sets in each trial, and the SweepConfig field that does (threads follow the CPUs a trial reserves)
 SWEEP_OWN = {"epochs": "epochs", "seed": "seed", "select_on": "select_on", "threads": "cpus_per_trial"}
 
@@ -79,6 +81,9 @@ def test_each_setting_reaches_a_run_from_the_cli_the_flow_and_a_sweep(tmp_path, 
     trial = sweep.train_config({}, tmp_path / "trial")
     if name in SWEEP_OWN:
         assert SWEEP_OWN[name] in {f.name for f in dataclasses.fields(SweepConfig)}
+    elif name in TRIAL_FIXED:  # never in a trial, which validation scores; the winner's recipe file keeps it
+        assert trial.to_dict()[name] == TRIAL_FIXED[name] != value
+        assert winner_recipe(sweep, {})[name] == value
     else:
         assert trial.to_dict()[name] == value
 

@@ -12,6 +12,8 @@ from tune.space import SearchSpace
 
 OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.metrics: strict, protocol)
 SEARCH_ALGS = ("optuna", "random")  # how trials are proposed: Optuna's TPE, or at random
+# what a trial never takes from its recipe: a trial is scored on validation, so it must not learn from it
+TRIAL_FIXED = {"refit": False, "train_on": "train"}
 
 
 @dataclass
@@ -70,7 +72,9 @@ class SweepConfig:
 
     def train_config(self, hyper: dict, out_dir: Path) -> TrainConfig:
         """A trial's TrainConfig: the recipe's settings, the sweep's own (epochs, seed, selection, threads), and the
-        drawn hyper-parameters over them; nothing else of the recipe is replaced."""
+        drawn hyper-parameters over them; nothing else of the recipe is replaced but TRIAL_FIXED (the winner's recipe
+        file keeps the recipe's, for its training)."""
         threads = max(1, int(self.cpus_per_trial)) if self.workers_per_trial == 1 else 0
         return TrainConfig.from_recipe(self.recipe, data_dir=self.data_dir, out_dir=str(out_dir), epochs=self.epochs,
-                                       seed=self.seed, select_on=self.select_on, threads=threads, **hyper)
+                                       seed=self.seed, select_on=self.select_on, threads=threads,
+                                       **hyper, **TRIAL_FIXED)

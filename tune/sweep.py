@@ -39,7 +39,7 @@ from pgt.tracking import (
 )
 from preprocessing.engine import prepare_ray_env, ray_session
 from preprocessing.output import write_file_atomically, write_json_atomically
-from tune.config import SweepConfig
+from tune.config import TRIAL_FIXED, SweepConfig
 from tune.space import SearchSpace
 
 EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
@@ -313,6 +313,7 @@ def winner_recipe(spec: SweepConfig, best_config: dict) -> dict:
     """The best trial's whole training configuration (the recipe with the drawn settings), as a recipe's settings:
     `pgt train --recipe-file` of it trains that configuration again."""
     settings = spec.train_config(best_config, Path(spec.out_dir)).to_dict()
+    settings |= {name: spec.recipe[name] for name in TRIAL_FIXED if name in spec.recipe}  # e.g. the winner refits
     return {name: value for name, value in settings.items() if name not in RUN_SETTINGS}
 
 

@@ -153,6 +153,43 @@ def test_unseen_simulation_draws_per_sample_and_keeps_padding(tmp_path):
     assert batch.locations[1, 2:].tolist() == [0, 0] and (batch.locations[1, :2] > 0).all()  # padding stays padding
 
 
+def test_first_visits_of_train_and_validation_cover_both_splits(tmp_path):
+    """Refit's training set: validation adds user 1's location 3 on day 12 (first seen there) and location 5 on
+    day 12 (seen in train on day 9), and one sample, whose target (3) is on day 12."""
+    root = write_first_visit_fixture(tmp_path / "data")
+    start = datetime(2008, 1, 1, 8, tzinfo=timezone.utc)
+    staypoints = pl.read_parquet(root / "staypoints.parquet")
+    later = [start + timedelta(days=12), start + timedelta(days=12, hours=3)]
+    extra = pl.DataFrame({"user": [1, 1], "location": [5, 3], "started_at": later,
+                          "start_day": [12, 12], "split": ["validation"] * 2}, schema=staypoints.schema)
+    pl.concat([staypoints, extra]).write_parquet(root / "staypoints.parquet")
+    write_split(root / "validation.parquet", [(1, [5, 5], 3)])
+    pl.read_parquet(root / "validation.parquet").with_columns(
+        target_started_at=pl.Series([later[1]], dtype=pl.Datetime("ms", "UTC"))
+    ).write_parquet(root / "validation.parquet")
+    vocab = Vocab(locations=6, users=2)
+    train_only = FirstVisits.from_data_dir(root, vocab)
+    both = FirstVisits.from_data_dir(root, vocab, ("train", "validation"))
+    assert train_only.sample_day.tolist() == [9.0, 5.0] and both.sample_day.tolist() == [9.0, 5.0, 12.0]
+    assert both.first_day[1, 2:].tolist() == [0.0, 1.0, 5.0, 9.0]  # location 3 was first seen on day 1 all the same
+    joined = SequenceDataset.from_parquet(root / "train.parquet").concatenated(
+        SequenceDataset.from_parquet(root / "validation.parquet"))
+    batch = UnseenSimulation(joined, both, 0.5, 0.5)[2]  # cutoff 0.5 * 12 + 1 = 7: location 5 (day 9) is new
+    assert batch.locations.tolist() == [[1, 1]] and batch.targets.tolist() == [3]
+
+
+def test_two_splits_concatenate_padded_to_the_wider(tmp_path):
+    write_split(tmp_path / "a.parquet", [(1, [5, 6, 7], 5), (2, [4], 4)])
+    write_split(tmp_path / "b.parquet", [(1, [8, 1, 10, 1, 12], 1)], places=[([8, 100, 10, 100, 12], 100)])
+    a, b = SequenceDataset.from_parquet(tmp_path / "a.parquet"), SequenceDataset.from_parquet(tmp_path / "b.parquet")
+    both = a.concatenated(b)
+    assert both.locations.tolist() == [[5, 6, 7, 0, 0], [4, 0, 0, 0, 0], [8, 1, 10, 1, 12]]
+    assert both.lengths.tolist() == [3, 1, 5] and both.users.tolist() == [1, 2, 1] and both.targets.tolist() == [5, 4, 1]
+    assert both.recency[0].tolist() == [4, 3, 2, 0, 0]  # stored + 1, padding 0
+    assert both.slots[2].tolist() == [0, 1, 0, 1, 0] and both.target_slots.tolist() == [0, 0, 1]  # unseen place 100
+    assert len(a) == 2 and a.locations.shape == (2, 3)  # the parts are left as they were
+
+
 def test_first_visits_refuse_targets_without_a_staypoint(tmp_path):
     root = write_first_visit_fixture(tmp_path / "data")
     pl.read_parquet(root / "staypoints.parquet").head(4).write_parquet(root / "staypoints.parquet")

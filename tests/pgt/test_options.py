@@ -106,7 +106,8 @@ def test_every_trial_of_a_sweep_trains_its_recipe_with_only_the_searched_setting
              "weight_decay": 0.02}
     cfg = spec.train_config(hyper, "trial")
     expected = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="trial", epochs=7, seed=spec.seed,
-                                       select_on=spec.select_on, threads=1, **hyper)
+                                       select_on=spec.select_on, threads=1, **hyper, refit=False)
+    assert RECIPES["tuned"]["refit"] and not cfg.refit  # a trial is scored on held-out validation: it never refits
     assert cfg == expected and cfg.network.visit_relations and cfg.network.relation_inputs and cfg.new_place_weight == 0.5
     assert spec.recipe_name == "tuned" and SweepConfig.from_dict(spec.to_dict()) == spec  # the Ray boundary
     paper = sweep_config(parse("tune", "--data", "d", "--out", "o")).train_config(hyper, "trial")

@@ -218,3 +218,35 @@ def test_an_ensemble_is_logged_served_stacked_and_evaluated_as_trained(synthetic
     for key in ("acc@1", "acc@5", "mrr"):
         assert printed[key] == pytest.approx(logged["test"][key], abs=0.2), key
         assert printed["strict"][key] == pytest.approx(logged["test"]["strict"][key], abs=0.2), key
+
+
+def test_a_refit_is_registered_on_its_held_out_validation(synthetic_sequences, tmp_path, mlflow_server):
+    """`pgt train --recipe tuned` refits: a selection run on train (nested in MLflow, no test scored), then the
+    model trained on train + validation for the selected epochs, registered on the selection's validation score."""
+    from mlflow.tracking import MlflowClient
+
+    out = tmp_path / "refit"
+    r = run("train", "--data", synthetic_sequences, "--out", out, "--recipe", "tuned", "--epochs", "3",
+            "--d-model", "16", "--dim-feedforward", "32", "--nhead", "2",
+            "--tracking-uri", mlflow_server, "--experiment", "refit-test", "--register", "refit")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "refit on train + validation (validation columns" in r.stdout  # where the refit's epochs begin
+    assert "refit on train + validation for" in " ".join(r.stdout.split())  # the final table's title
+    result = json.loads((out / "metrics.json").read_text())
+    selection = json.loads((out / "selection" / "metrics.json").read_text())
+    assert selection["test"] is None and (out / "selection" / "best.pt").is_file()
+    assert result["refit"]["epochs"] == selection["best_epoch"] == result["epochs_run"] == result["best_epoch"]
+    assert result["validation"] == selection["validation"]  # held out: the selection run's
+    assert result["deployment"]["validation"] == selection["deployment"]["validation"]
+    assert result["test"]["n"] > 0 and result["refit"]["trained_on"] == "train+validation"
+    samples = json.loads((synthetic_sequences / "manifest.json").read_text())["counts"]["samples"]
+    assert result["history"][0]["samples"] == samples["train"] + samples["validation"]
+    client = MlflowClient(mlflow_server)
+    run_id = result["mlflow"]["run_id"]
+    child = client.get_run(result["refit"]["selection_run_id"])
+    assert child.data.tags["mlflow.parentRunId"] == run_id and "test_acc_at_1" not in child.data.metrics
+    metrics = client.get_run(run_id).data.metrics
+    assert metrics["best_validation_strict_acc_at_1"] == pytest.approx(selection["validation"]["strict"]["acc@1"])
+    assert "validation_learned_from_acc_at_1" in metrics and "validation_acc_at_1" not in metrics
+    version = client.get_model_version("refit", result["mlflow"]["registered"]["version"])
+    assert version.tags[SCORE_TAG] == repr(selection["validation"]["strict"]["acc@1"])

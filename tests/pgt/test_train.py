@@ -98,6 +98,27 @@ def test_early_stopping(synthetic_sequences, tmp_path):
     assert result["early_stopped"] and result["epochs_run"] < 20
 
 
+def test_stop_after_epochs_trains_that_many_and_keeps_the_last(synthetic_sequences, tmp_path):
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 6,
+                                    "stop_after_epochs": 3, "min_epochs": 0, "patience": 1, "keep_checkpoints": 1,
+                                    "d_model": 16, "dim_feedforward": 32, "nhead": 2})
+    assert result["epochs_run"] == 3 and result["best_epoch"] == 3
+    last = torch.load(tmp_path / "checkpoints" / "epoch_002" / "checkpoint.pt", weights_only=True)["model"]
+    kept = torch.load(tmp_path / "best.pt", weights_only=True)["model"]
+    assert all(torch.equal(kept[k], last[k]) for k in last)
+    assert [round(r["lr"], 8) for r in result["history"]] == [round(6.5e-4 * lr_factor(e, TrainConfig.from_dict(
+        {"data_dir": ".", "out_dir": ".", "epochs": 6})), 8) for e in range(3)]  # the schedule of 6 epochs
+
+
+def test_training_on_train_and_validation_learns_from_both(synthetic_sequences, tmp_path):
+    splits = load_splits(synthetic_sequences)
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2,
+                                    "stop_after_epochs": 2, "train_on": "train+validation", "simulate_unseen": True,
+                                    "unseen_slots": True, "d_model": 16, "dim_feedforward": 32, "nhead": 2})
+    assert [r["samples"] for r in result["history"]] == [len(splits["train"]) + len(splits["validation"])] * 2
+    assert all(r["learned_from_validation"] for r in result["history"])
+
+
 def test_learning_rate_schedule():
     cfg = TrainConfig(data_dir=".", out_dir=".", epochs=10, warmup_epochs=2, lr=1e-3, min_lr=1e-5)
     factors = [lr_factor(e, cfg) for e in range(10)]
@@ -211,8 +232,12 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     spec = importlib.util.spec_from_file_location("recipe_search", path)
     search = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(search)
-    assert RECIPES["tuned"] == search.CONFIGS[search.RECIPE[0]][1]
+    chosen = {k: v for k, v in RECIPES["tuned"].items() if k != "refit"}
+    assert chosen == search.CONFIGS[search.RECIPE[0]][1]
     assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".").select_on == "strict_acc@1"
+    # refit, chosen on days before test (benchmarks/refit.py): it gained on every seed there
+    refit = json.loads((path.parent / "results" / "refit.json").read_text())["summary"]
+    assert RECIPES["tuned"]["refit"] and refit["gain"]["strict_acc@1"]["mean"] > 0 and len(refit["seeds"]) >= 3
 
 
 @pytest.mark.parametrize("setting,message", [
@@ -229,6 +254,10 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     ({"min_lr": 1e-2}, "min_lr must be at most lr"),
     ({"known_fraction_min": 0.9, "known_fraction_max": 0.5}, "known_fraction_min must be at most known_fraction_max"),
     ({"d_model": 30, "nhead": 4}, "d_model (30) must be divisible by nhead (4) and by 4"),
+    ({"train_on": "train+validation"}, "validation cannot choose the epoch: set stop_after_epochs"),
+    ({"train_on": "validation"}, "train_on must be one of train, train+validation"),
+    ({"stop_after_epochs": 60}, "stop_after_epochs (60) must be at most epochs (50)"),
+    ({"refit": True, "stop_after_epochs": 3}, "refit chooses the epoch on validation and then sets"),
 ])
 def test_training_settings_are_checked(setting, message):
     with pytest.raises(ValueError) as info:

@@ -203,7 +203,8 @@ def test_a_sweep_from_the_tuned_recipe_trains_the_tuned_family(training_sequence
     best = json.loads((out / "trials" / result["best_trial"] / "metrics.json").read_text())["config"]
     again = train_config(parse("train", "--data", best["data_dir"], "--out", best["out_dir"],
                                "--recipe-file", str(out / "best_recipe.yaml"), "--threads", str(best["threads"])))
-    assert again.to_dict() == {**best, "resume": again.resume}
+    assert not best["refit"]  # a trial is scored on validation: it never refits; the winner refits as `tuned` does
+    assert again.to_dict() == {**best, "resume": again.resume, "refit": True}
     assert "best_recipe.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     # lineage: the sweep and its trial name their data, source and recipe; the trial sampled its machine
     for run in (parent, trial):

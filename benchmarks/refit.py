@@ -1,0 +1,171 @@
+"""Benchmark: whether refitting on train + validation helps, chosen without the test split.
+
+Refit (TrainConfig.refit) picks the epoch on validation, then trains again on train + validation for that many
+epochs; its validation metrics are then no longer held out, so the choice to refit cannot be made on validation
+as it is. This benchmark makes the same decision one step earlier in time, on days the test split never sees:
+
+    inner train       the first 40% of each user's days (the published protocol's split, train_fraction 0.4)
+    inner validation  the next 20%: picks the epoch, and is what a refit adds to training
+    evaluation        the samples of the outer validation split (days 60-80%): held out from both runs
+
+Each seed trains the `tuned` recipe without refit (the inner validation picks the epoch and the model) and with it
+(then the same run retrains on inner train + inner validation); both are scored on the outer validation samples.
+The seeds are the recipe search's (1000, 2000, ...), not the test benchmark's (0, 1, 2). The outer test split is
+neither read nor scored. Runs go two at a time, one thread each; each run's record is kept under
+.state/benchmarks/refit/, so an interrupted benchmark continues. Writes JSON (default
+benchmarks/results/refit.json) and prints a table.
+
+    python benchmarks/refit.py [--seeds 1000 2000 3000 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
+from train import VARIANTS, WORK, sequences  # noqa: E402 - after sys.path gains the benchmarks
+
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "refit.json"
+RECORDS = WORK / "refit"
+INNER = {"train_fraction": 0.4, "validation_fraction": 0.2}  # over the published variant's settings
+SPLIT_FILES = ("train.parquet", "validation.parquet", "staypoints.parquet", "manifest.json")  # what training reads
+
+
+def inner_data(input_path: Path, outer: Path) -> Path:
+    """The inner splits (INNER) with, as their test split, the samples of the outer validation split; the
+    samples are matched by person and target start, and the outer split's own files are only read."""
+    import polars as pl
+
+    from preprocessing.config import load_config
+    from preprocessing.pipeline import preprocess
+
+    inner = WORK / "geolife-published-inner"
+    if not (inner / "manifest.json").is_file():
+        config = load_config(VARIANTS["published"])
+        preprocess(input_path, "positionfixes", inner, type(config).from_dict({**config.to_dict(), **INNER}),
+                   progress=True)
+    evaluation = WORK / "geolife-published-inner-eval"
+    evaluation.mkdir(parents=True, exist_ok=True)
+    for name in SPLIT_FILES:
+        shutil.copyfile(inner / name, evaluation / name)
+    keys = pl.read_parquet(outer / "validation.parquet", columns=["source_user_id", "target_started_at"])
+    held_out = pl.read_parquet(inner / "test.parquet").join(keys, on=["source_user_id", "target_started_at"],
+                                                              how="semi")
+    held_out.write_parquet(evaluation / "test.parquet")
+    return evaluation
+
+
+def run_one(refit: bool, seed: int, data_dir: str, record: str) -> dict:
+    """`tuned` with or without refit, trained as `pgt train` does; its record is written to `record` (JSON)."""
+    from pgt.config import LaunchConfig, TrainConfig
+    from pgt.distributed import run_training
+
+    out = Path(record).with_suffix("")
+    cfg = TrainConfig.from_recipe("tuned", refit=refit, data_dir=data_dir, out_dir=str(out), seed=seed,
+                                  resume=False, threads=1)
+    began = time.perf_counter()
+    result = run_training(cfg, LaunchConfig(workers=0))
+    held_out, live = result["test"], result["deployment"]["test"]
+    row = {"refit": refit, "seed": seed, "wall_s": round(time.perf_counter() - began, 1),
+           "selected_epoch": result.get("refit", {}).get("epochs", result["best_epoch"]),
+           "evaluation": {"strict_acc@1": held_out["strict"]["acc@1"], "strict_mrr": held_out["strict"]["mrr"],
+                          "acc@1": held_out["acc@1"], "mrr": held_out["mrr"], "n": held_out["n"],
+                          "deployment_strict_acc@1": live["strict"]["acc@1"]},
+           "inner_validation_strict_acc@1": result["validation"]["strict"]["acc@1"]}
+    Path(record).write_text(json.dumps(row, indent=2) + "\n")
+    return row
+
+
+METRICS = ("strict_acc@1", "deployment_strict_acc@1", "acc@1", "mrr", "strict_mrr")
+
+
+def summarise(records: list[dict], seeds: list[int]) -> dict:
+    by = {(r["refit"], r["seed"]): r for r in records}
+    paired = [s for s in seeds if (False, s) in by and (True, s) in by]
+
+    def stat(values) -> dict:
+        values = np.asarray(values, dtype=float)
+        return {"mean": round(float(values.mean()), 2),
+                "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
+
+    out = {"seeds": paired}
+    for refit in (False, True):
+        out["refit" if refit else "no_refit"] = {m: stat([by[(refit, s)]["evaluation"][m] for s in paired])
+                                                 for m in METRICS}
+    out["gain"] = {m: stat([by[(True, s)]["evaluation"][m] - by[(False, s)]["evaluation"][m] for s in paired])
+                   for m in METRICS}
+    out["gain_per_seed_strict_acc@1"] = [round(by[(True, s)]["evaluation"]["strict_acc@1"]
+                                               - by[(False, s)]["evaluation"]["strict_acc@1"], 2) for s in paired]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[1000, 2000, 3000, 4000])
+    parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    args = parser.parse_args()
+    if not args.input.exists():
+        raise SystemExit(f"error: {args.input}: no such file (the full GeoLife Parquet lives in ../shared/data)")
+    outer = sequences(args.input, VARIANTS["published"])
+    data_dir = inner_data(args.input, outer)
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    todo = [(refit, s) for s in args.seeds for refit in (False, True)
+            if not (RECORDS / f"{'refit' if refit else 'no-refit'}-s{s}.json").is_file()]
+    # spawn, not fork: the parent has run polars (its thread pool does not survive a fork)
+    with ProcessPoolExecutor(max_workers=args.parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_one, refit, s, str(data_dir),
+                               str(RECORDS / f"{'refit' if refit else 'no-refit'}-s{s}.json")) for refit, s in todo]
+        for future in futures:
+            row = future.result()
+            print(f"{'refit' if row['refit'] else 'no refit'} seed {row['seed']}: outer validation strict acc@1 "
+                  f"{row['evaluation']['strict_acc@1']:.2f} (epoch {row['selected_epoch']}, {row['wall_s']} s)",
+                  file=sys.stderr)
+    records = [json.loads(f.read_text()) for f in sorted(RECORDS.glob("*.json"))]
+    records = [r for r in records if r["seed"] in args.seeds]
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    summary = summarise(records, args.seeds)
+    result = {"benchmark": "refit", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), "recipe": "tuned",
+              "selection": "The outer test split is neither read nor scored: inner train (days 0-40%), inner validation "
+                           "(40-60%), evaluation on the outer validation split's samples (60-80%).",
+              "data": {"inner": INNER, "counts": manifest["counts"]["samples"],
+                       "evaluation_samples": records[0]["evaluation"]["n"] if records else 0},
+              "summary": summary, "runs": records}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(f"wrote {args.results}")
+
+
+def print_table(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    summary = result["summary"]
+    table = Table(title=f"Refit on train + validation, `tuned`, scored on the outer validation samples "
+                        f"({result['data']['evaluation_samples']}); mean ± std over seeds {summary['seeds']}")
+    table.add_column("")
+    for m in METRICS:
+        table.add_column(m.replace("_", " "), justify="right")
+    for key, name in (("no_refit", "selected on inner validation"), ("refit", "refit on inner train + validation"),
+                      ("gain", "gain (paired)")):
+        table.add_row(name, *(f"{summary[key][m]['mean']:.2f} ± {summary[key][m]['std']:.2f}" for m in METRICS))
+    Console(width=200).print(table)
+
+
+if __name__ == "__main__":
+    main()
