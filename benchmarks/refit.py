@@ -10,6 +10,9 @@ as it is. This benchmark makes the same decision one step earlier in time, on da
 
 Each seed trains the `tuned` recipe without refit (the inner validation picks the epoch and the model) and with it
 (then the same run retrains on inner train + inner validation); both are scored on the outer validation samples.
+A third arm, `refit-scaled`, trains on inner train + inner validation for the selected epochs times the ratio of
+their samples to inner train's (`train_on` and `stop_after_epochs`, after the first two arms), to see whether the
+refit should run longer on its larger set.
 The seeds are the recipe search's (1000, 2000, ...), not the test benchmark's (0, 1, 2). The outer test split is
 neither read nor scored. Runs go two at a time, one thread each; each run's record is kept under
 .state/benchmarks/refit/, so an interrupted benchmark continues. Writes JSON (default
@@ -67,19 +70,38 @@ def inner_data(input_path: Path, outer: Path) -> Path:
     return evaluation
 
 
-def run_one(refit: bool, seed: int, data_dir: str, record: str) -> dict:
-    """`tuned` with or without refit, trained as `pgt train` does; its record is written to `record` (JSON)."""
+ARMS = ("no-refit", "refit", "refit-scaled")
+
+
+def record_path(arm: str, seed: int) -> Path:
+    return RECORDS / f"{arm}-s{seed}.json"
+
+
+def scaled_epochs(seed: int, data_dir: Path) -> int:
+    """The no-refit run's selected epoch times (inner train + inner validation samples) / inner train samples."""
+    samples = json.loads((data_dir / "manifest.json").read_text())["counts"]["samples"]
+    selected = json.loads(record_path("no-refit", seed).read_text())["selected_epoch"]
+    return max(1, round(selected * (samples["train"] + samples["validation"]) / samples["train"]))
+
+
+def run_one(arm: str, seed: int, data_dir: str, record: str) -> dict:
+    """`tuned` in one arm (ARMS), trained as `pgt train` does; its record is written to `record` (JSON)."""
     from pgt.config import LaunchConfig, TrainConfig
     from pgt.distributed import run_training
 
     out = Path(record).with_suffix("")
-    cfg = TrainConfig.from_recipe("tuned", refit=refit, data_dir=data_dir, out_dir=str(out), seed=seed,
+    settings = {"refit": arm == "refit"}
+    if arm == "refit-scaled":
+        settings = {"refit": False, "train_on": "train+validation",
+                    "stop_after_epochs": scaled_epochs(seed, Path(data_dir))}
+    cfg = TrainConfig.from_recipe("tuned", **settings, data_dir=data_dir, out_dir=str(out), seed=seed,
                                   resume=False, threads=1)
     began = time.perf_counter()
     result = run_training(cfg, LaunchConfig(workers=0))
     held_out, live = result["test"], result["deployment"]["test"]
-    row = {"refit": refit, "seed": seed, "wall_s": round(time.perf_counter() - began, 1),
+    row = {"arm": arm, "refit": arm != "no-refit", "seed": seed, "wall_s": round(time.perf_counter() - began, 1),
            "selected_epoch": result.get("refit", {}).get("epochs", result["best_epoch"]),
+           "epochs_run": result["epochs_run"],
            "evaluation": {"strict_acc@1": held_out["strict"]["acc@1"], "strict_mrr": held_out["strict"]["mrr"],
                           "acc@1": held_out["acc@1"], "mrr": held_out["mrr"], "n": held_out["n"],
                           "deployment_strict_acc@1": live["strict"]["acc@1"]},
@@ -91,23 +113,31 @@ def run_one(refit: bool, seed: int, data_dir: str, record: str) -> dict:
 METRICS = ("strict_acc@1", "deployment_strict_acc@1", "acc@1", "mrr", "strict_mrr")
 
 
+def arm_of(record: dict) -> str:
+    return record.get("arm", "refit" if record["refit"] else "no-refit")  # records from before the third arm
+
+
 def summarise(records: list[dict], seeds: list[int]) -> dict:
-    by = {(r["refit"], r["seed"]): r for r in records}
-    paired = [s for s in seeds if (False, s) in by and (True, s) in by]
+    """Per arm, the mean ± std of each metric over the seeds every arm ran; per refit arm, its paired gain."""
+    by = {(arm_of(r), r["seed"]): r for r in records}
+    arms = [arm for arm in ARMS if any((arm, s) in by for s in seeds)]
+    paired = [s for s in seeds if all((arm, s) in by for arm in arms)]
 
     def stat(values) -> dict:
         values = np.asarray(values, dtype=float)
         return {"mean": round(float(values.mean()), 2),
                 "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
 
-    out = {"seeds": paired}
-    for refit in (False, True):
-        out["refit" if refit else "no_refit"] = {m: stat([by[(refit, s)]["evaluation"][m] for s in paired])
-                                                 for m in METRICS}
-    out["gain"] = {m: stat([by[(True, s)]["evaluation"][m] - by[(False, s)]["evaluation"][m] for s in paired])
-                   for m in METRICS}
-    out["gain_per_seed_strict_acc@1"] = [round(by[(True, s)]["evaluation"]["strict_acc@1"]
-                                               - by[(False, s)]["evaluation"]["strict_acc@1"], 2) for s in paired]
+    out = {"seeds": paired, "arms": arms}
+    for arm in arms:
+        out[arm.replace("-", "_")] = {m: stat([by[(arm, s)]["evaluation"][m] for s in paired]) for m in METRICS}
+    for arm in arms[1:]:
+        key = "gain" if arm == "refit" else f"gain_{arm.replace('-', '_')}"
+        out[key] = {m: stat([by[(arm, s)]["evaluation"][m] - by[("no-refit", s)]["evaluation"][m] for s in paired])
+                    for m in METRICS}
+        out[f"{key}_per_seed_strict_acc@1"] = [round(by[(arm, s)]["evaluation"]["strict_acc@1"]
+                                                     - by[("no-refit", s)]["evaluation"]["strict_acc@1"], 2)
+                                               for s in paired]
     return out
 
 
@@ -123,17 +153,16 @@ def main() -> None:
     outer = sequences(args.input, VARIANTS["published"])
     data_dir = inner_data(args.input, outer)
     RECORDS.mkdir(parents=True, exist_ok=True)
-    todo = [(refit, s) for s in args.seeds for refit in (False, True)
-            if not (RECORDS / f"{'refit' if refit else 'no-refit'}-s{s}.json").is_file()]
-    # spawn, not fork: the parent has run polars (its thread pool does not survive a fork)
-    with ProcessPoolExecutor(max_workers=args.parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_one, refit, s, str(data_dir),
-                               str(RECORDS / f"{'refit' if refit else 'no-refit'}-s{s}.json")) for refit, s in todo]
-        for future in futures:
-            row = future.result()
-            print(f"{'refit' if row['refit'] else 'no refit'} seed {row['seed']}: outer validation strict acc@1 "
-                  f"{row['evaluation']['strict_acc@1']:.2f} (epoch {row['selected_epoch']}, {row['wall_s']} s)",
-                  file=sys.stderr)
+    for stage in (ARMS[:2], ARMS[2:]):  # the scaled arm needs the no-refit run's selected epoch
+        todo = [(arm, s) for s in args.seeds for arm in stage if not record_path(arm, s).is_file()]
+        # spawn, not fork: the parent has run polars (its thread pool does not survive a fork)
+        with ProcessPoolExecutor(max_workers=args.parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = [pool.submit(run_one, arm, s, str(data_dir), str(record_path(arm, s))) for arm, s in todo]
+            for future in futures:
+                row = future.result()
+                print(f"{row['arm']} seed {row['seed']}: outer validation strict acc@1 "
+                      f"{row['evaluation']['strict_acc@1']:.2f} ({row['epochs_run']} epochs, {row['wall_s']} s)",
+                      file=sys.stderr)
     records = [json.loads(f.read_text()) for f in sorted(RECORDS.glob("*.json"))]
     records = [r for r in records if r["seed"] in args.seeds]
     manifest = json.loads((data_dir / "manifest.json").read_text())
@@ -161,9 +190,12 @@ def print_table(result: dict) -> None:
     table.add_column("")
     for m in METRICS:
         table.add_column(m.replace("_", " "), justify="right")
-    for key, name in (("no_refit", "selected on inner validation"), ("refit", "refit on inner train + validation"),
-                      ("gain", "gain (paired)")):
-        table.add_row(name, *(f"{summary[key][m]['mean']:.2f} ± {summary[key][m]['std']:.2f}" for m in METRICS))
+    names = {"no_refit": "selected on inner validation", "refit": "refit on inner train + validation",
+             "gain": "gain (paired)", "refit_scaled": "refit, epochs x samples ratio",
+             "gain_refit_scaled": "gain of the scaled refit (paired)"}
+    for key, name in names.items():
+        if key in summary:
+            table.add_row(name, *(f"{summary[key][m]['mean']:.2f} ± {summary[key][m]['std']:.2f}" for m in METRICS))
     Console(width=200).print(table)
 
 
