@@ -154,7 +154,8 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
     tracking = _start_tracking(cfg, launch, tracking, out_dir)
     status = "FAILED"
     try:
-        config = cfg.to_dict() | ({"tracking": tracking.to_dict()} if tracking else {})
+        tracked = {"tracking": tracking.to_dict()} if tracking else {}  # what rank 0 logs into
+        config = cfg.to_dict() | tracked
         if cfg.model in BASELINES:
             result = evaluate_baseline(cfg.to_dict())
             if tracking:
@@ -165,7 +166,7 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
                 held_out = _selection_run(cfg, launch, tracking, out_dir, on_epoch, callbacks)
                 refit = dataclasses.replace(cfg, refit=False, train_on="train+validation",
                                             stop_after_epochs=held_out["selected_epoch"])
-                config = refit.to_dict() | {HELD_OUT_KEY: held_out} | ({"tracking": tracking.to_dict()} if tracking else {})
+                config = refit.to_dict() | {HELD_OUT_KEY: held_out} | tracked
             result = _launch(config, launch, out_dir, on_epoch, callbacks)
         if tracking and tracking.register and result["mlflow"]["model_uri"]:
             result["mlflow"]["registered"] = register_model(

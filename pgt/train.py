@@ -65,9 +65,9 @@ from preprocessing.config import SPLITS
 from preprocessing.output import write_json_atomically
 from preprocessing.sequences import UNSEEN
 
-# what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
-OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", "selection", ".*.tmp-*")
 SELECTION_DIR = "selection"  # a refit's selection run, inside the run's folder
+# what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
+OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", SELECTION_DIR, ".*.tmp-*")
 # in the train loop's config (beside "tracking"), a refit's: the selection run's held-out validation metrics, its
 # selected epoch and where it is; the refit run reports them as its validation metrics
 HELD_OUT_KEY = "_held_out"
@@ -372,9 +372,11 @@ def finish(state: TrainState) -> dict:
         "validation": evaluate(scores, state.splits["validation"], cfg.eval_batch_size, worker.device,
                                state.validation_loss(), worker),
         # the inputs a live prediction has: recency from the last visit's day, the target's day unknown
+        # (a refit's validation ones are its selection run's, set below)
         "deployment": {split: evaluate(scores, state.splits[split].anchored_at_last_visit(), cfg.eval_batch_size,
                                        worker.device, worker=worker)
-                       for split in ("validation", "test") if split == "validation" or cfg.evaluate_test},
+                       for split in ("validation", "test")
+                       if (split == "validation" and state.held_out is None) or (split == "test" and cfg.evaluate_test)},
         "select_on": cfg.select_on,
         "best_epoch": state.best_epoch + 1,  # 1-based, as epochs_run
         "epochs_run": len(history),
@@ -393,7 +395,7 @@ def finish(state: TrainState) -> dict:
     if state.held_out is not None:  # a refit learned from validation: its held-out figures are the selection run's
         learned = result["validation"]
         result["validation"] = state.held_out["validation"]
-        result["deployment"]["validation"] = state.held_out["deployment_validation"]
+        result["deployment"] = {"validation": state.held_out["deployment_validation"], **result["deployment"]}
         result["refit"] = {**{k: v for k, v in state.held_out.items() if "validation" not in k},
                            "trained_on": cfg.train_on, "epochs": cfg.stop_after_epochs,
                            "validation_learned_from": {"acc@1": learned["acc@1"],

@@ -2,17 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "refit.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("refit_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from tests.benchmarks.conftest import load_benchmark
 
 
 def record(refit: bool, seed: int, strict: float) -> dict:
@@ -22,7 +12,7 @@ def record(refit: bool, seed: int, strict: float) -> dict:
 
 
 def test_the_gain_is_paired_by_seed_and_unpaired_seeds_are_left_out():
-    refit = load_script()
+    refit = load_benchmark("refit")
     records = [record(False, 1, 46.0), record(True, 1, 48.0), record(False, 2, 47.0), record(True, 2, 47.5),
                record(False, 3, 40.0)]  # seed 3 has no refit run: not compared
     summary = refit.summarise(records, [1, 2, 3])
@@ -36,9 +26,7 @@ def test_the_gain_is_paired_by_seed_and_unpaired_seeds_are_left_out():
 
 def test_the_training_speed_target_is_one_network_s():
     """benchmarks/train.py judges accuracy on the target row (the ensemble) and speed on one network's row."""
-    spec = importlib.util.spec_from_file_location("train_benchmark", SCRIPT.parent / "train.py")
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    train = load_benchmark("train")
 
     def row(strict, speed):
         m = {"mean": strict, "std": 0.0}

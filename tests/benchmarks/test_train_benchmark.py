@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,14 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.benchmarks.conftest import load_benchmark
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("train_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("train")
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
