@@ -113,10 +113,12 @@ RECIPES: dict[str, dict] = {
     # ours, chosen on GeoLife's validation split only (benchmarks/recipe_search.py): the extended vocabulary with
     # slot identity, train samples that show unseen places as later splits do, new-place targets at half weight,
     # each visit's relations to the last one in the encoder's inputs and the pointer's scores, more dropout, a
-    # higher peak learning rate, the best epoch by strict validation Acc@1, then the refit on train + validation
-    # (chosen on an inner split of the days before test, benchmarks/refit.py)
+    # higher peak learning rate, the best epoch by strict validation Acc@1, then the refit on train + validation for
+    # that many epochs scaled by the samples' ratio (both chosen on an inner split of the days before test,
+    # benchmarks/refit.py)
     "tuned": {"unseen_slots": True, "simulate_unseen": True, "new_place_weight": 0.5, "visit_relations": True,
-              "relation_inputs": True, "dropout": 0.4, "lr": 1e-3, "select_on": "strict_acc@1", "refit": True},
+              "relation_inputs": True, "dropout": 0.4, "lr": 1e-3, "select_on": "strict_acc@1", "refit": True,
+              "refit_epochs": "scaled"},
 }
 # `tuned` as an ensemble of ENSEMBLE_MEMBERS networks trained side by side, the number chosen on validation
 # (benchmarks/ensemble_size.py); it costs that many times tuned's training, and served about one network's pass more
@@ -144,6 +146,7 @@ def recipe_settings(recipe: str) -> dict:
 
 
 TRAIN_ON = ("train", "train+validation")  # the splits a run learns from
+REFIT_EPOCHS = ("selected", "scaled")  # how many epochs a refit trains (TrainConfig.refit_epochs)
 
 RECIPE_FREE = ("data_dir", "out_dir", "resume")  # where and whether: what a run decides, never a recipe
 
@@ -200,9 +203,12 @@ class TrainConfig:
     train_on: str = setting("train", "The splits training learns from: train, or train+validation (validation then "
                                      "cannot choose the epoch: it needs stop_after_epochs).", choices=TRAIN_ON)
     refit: bool = setting(False, "Choose the epoch on validation (a run in <out>/selection), then train again from the "
-                                 "same initial weights on train + validation for that many epochs and keep the last: "
+                                 "same initial weights on train + validation for refit_epochs and keep the last: "
                                  "the model knows the weeks just before test. Its validation metrics are the "
                                  "selection run's, held out.")
+    refit_epochs: str = setting("selected", "With refit: the epochs the refit trains: selected (the selection run's "
+                                            "best epoch) or scaled (that times the ratio of train + validation samples "
+                                            "to train samples, at most epochs).", choices=REFIT_EPOCHS)
     select_on: str = setting("acc@1", "Validation score for early stopping and the best epoch: acc@1 (protocol), "
                                       "strict_acc@1 (the exact place) or loss.", choices=SELECT_ON)
     batch_size: int = setting(128, "Global batch, split evenly over the workers.", low=1, high=1 << 24)

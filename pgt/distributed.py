@@ -34,6 +34,7 @@ from pgt.train import (
     SELECTION_DIR,
     check_streamable,
     evaluate_baseline,
+    refit_epoch_count,
     train_loop_per_worker,
     write_json,
 )
@@ -165,7 +166,7 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
             if cfg.refit:  # the epoch chosen on validation first, then train + validation for that many epochs
                 held_out = _selection_run(cfg, launch, tracking, out_dir, on_epoch, callbacks)
                 refit = dataclasses.replace(cfg, refit=False, train_on="train+validation",
-                                            stop_after_epochs=held_out["selected_epoch"])
+                                            stop_after_epochs=refit_epoch_count(cfg, held_out["selected_epoch"]))
                 config = refit.to_dict() | {HELD_OUT_KEY: held_out} | tracked
             result = _launch(config, launch, out_dir, on_epoch, callbacks)
         if tracking and tracking.register and result["mlflow"]["model_uri"]:

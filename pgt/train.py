@@ -95,9 +95,18 @@ def check_streamable(cfg: TrainConfig) -> None:
                          "use --data-engine memory, or a recipe without it")
 
 
-def _train_rows(data_dir: str) -> int:
-    """The train split's sample count, from its Parquet footer (the streamed path does not load it)."""
-    return pq.read_metadata(Path(data_dir) / "train.parquet").num_rows
+def split_rows(data_dir: str, split: str = "train") -> int:
+    """A split's sample count, from its Parquet footer (the streamed path does not load the train split)."""
+    return pq.read_metadata(Path(data_dir) / f"{split}.parquet").num_rows
+
+
+def refit_epoch_count(cfg: TrainConfig, selected: int) -> int:
+    """The epochs a refit trains (TrainConfig.refit_epochs): the selection run's best epoch, or that times the
+    ratio of train + validation samples to train samples, rounded, within 1..cfg.epochs."""
+    if cfg.refit_epochs == "selected":
+        return selected
+    train, validation = split_rows(cfg.data_dir, "train"), split_rows(cfg.data_dir, "validation")
+    return min(cfg.epochs, max(1, round(selected * (train + validation) / train)))
 
 
 def lr_factor(epoch: int, cfg: TrainConfig) -> float:
@@ -267,7 +276,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
     if streamed:
         check_streamable(cfg)
     splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab, names=("validation", "test") if streamed else SPLITS)
-    sizes = [len(s) for s in splits.values()] + ([_train_rows(cfg.data_dir)] if streamed else [])
+    sizes = [len(s) for s in splits.values()] + ([split_rows(cfg.data_dir)] if streamed else [])
     if min(sizes) == 0:
         raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
@@ -398,6 +407,7 @@ def finish(state: TrainState) -> dict:
         result["deployment"] = {"validation": state.held_out["deployment_validation"], **result["deployment"]}
         result["refit"] = {**{k: v for k, v in state.held_out.items() if "validation" not in k},
                            "trained_on": cfg.train_on, "epochs": cfg.stop_after_epochs,
+                           "epochs_rule": cfg.refit_epochs,
                            "validation_learned_from": {"acc@1": learned["acc@1"],
                                                        "strict_acc@1": learned["strict"]["acc@1"]}}
     if worker.is_chief:

@@ -235,11 +235,14 @@ def test_a_refit_is_registered_on_its_held_out_validation(synthetic_sequences, t
     result = json.loads((out / "metrics.json").read_text())
     selection = json.loads((out / "selection" / "metrics.json").read_text())
     assert selection["test"] is None and (out / "selection" / "best.pt").is_file()
-    assert result["refit"]["epochs"] == selection["best_epoch"] == result["epochs_run"] == result["best_epoch"]
+    samples = json.loads((synthetic_sequences / "manifest.json").read_text())["counts"]["samples"]
+    # tuned's refit_epochs "scaled": the selected epochs times (train + validation) / train samples, at most 3
+    scaled = min(3, round(selection["best_epoch"] * (samples["train"] + samples["validation"]) / samples["train"]))
+    assert result["refit"]["epochs"] == scaled == result["epochs_run"] == result["best_epoch"]
+    assert result["refit"]["selected_epoch"] == selection["best_epoch"] and result["refit"]["epochs_rule"] == "scaled"
     assert result["validation"] == selection["validation"]  # held out: the selection run's
     assert result["deployment"]["validation"] == selection["deployment"]["validation"]
     assert result["test"]["n"] > 0 and result["refit"]["trained_on"] == "train+validation"
-    samples = json.loads((synthetic_sequences / "manifest.json").read_text())["counts"]["samples"]
     assert result["history"][0]["samples"] == samples["train"] + samples["validation"]
     client = MlflowClient(mlflow_server)
     run_id = result["mlflow"]["run_id"]

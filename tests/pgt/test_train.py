@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -11,7 +12,7 @@ import torch
 from pgt.config import TrainConfig
 from pgt.data import load_splits
 from pgt.scoring import evaluate
-from pgt.train import lr_factor, train_loop_per_worker
+from pgt.train import lr_factor, refit_epoch_count, train_loop_per_worker
 
 
 def tiny_copy(src, dst, n=48):
@@ -108,6 +109,19 @@ def test_stop_after_epochs_trains_that_many_and_keeps_the_last(synthetic_sequenc
     assert all(torch.equal(kept[k], last[k]) for k in last)
     assert [round(r["lr"], 8) for r in result["history"]] == [round(6.5e-4 * lr_factor(e, TrainConfig.from_dict(
         {"data_dir": ".", "out_dir": ".", "epochs": 6})), 8) for e in range(3)]  # the schedule of 6 epochs
+
+
+def test_refit_epoch_count_scales_by_the_samples_ratio(tmp_path):
+    """10 train and 5 validation samples: "scaled" trains 1.5 times the selected epochs, at most `epochs`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for split, rows in (("train", 10), ("validation", 5)):
+        pq.write_table(pa.table({"user": list(range(rows))}), tmp_path / f"{split}.parquet")
+    scaled = TrainConfig(data_dir=str(tmp_path), out_dir=".", epochs=20, refit=True, refit_epochs="scaled")
+    assert [refit_epoch_count(scaled, selected) for selected in (1, 8, 16)] == [2, 12, 20]
+    selected = dataclasses.replace(scaled, refit_epochs="selected")
+    assert [refit_epoch_count(selected, n) for n in (1, 8, 16)] == [1, 8, 16]
 
 
 def test_training_on_train_and_validation_learns_from_both(synthetic_sequences, tmp_path):
@@ -232,12 +246,15 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     spec = importlib.util.spec_from_file_location("recipe_search", path)
     search = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(search)
-    chosen = {k: v for k, v in RECIPES["tuned"].items() if k != "refit"}
+    chosen = {k: v for k, v in RECIPES["tuned"].items() if k not in ("refit", "refit_epochs")}
     assert chosen == search.CONFIGS[search.RECIPE[0]][1]
     assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".").select_on == "strict_acc@1"
     # refit, chosen on days before test (benchmarks/refit.py): it gained on every seed there
     refit = json.loads((path.parent / "results" / "refit.json").read_text())["summary"]
     assert RECIPES["tuned"]["refit"] and refit["gain"]["strict_acc@1"]["mean"] > 0 and len(refit["seeds"]) >= 3
+    # and its epochs scaled by the samples' ratio: more again there, on strict and protocol Acc@1
+    assert RECIPES["tuned"]["refit_epochs"] == "scaled"
+    assert refit["gain_refit_scaled"]["strict_acc@1"]["mean"] > 0 and refit["gain_refit_scaled"]["acc@1"]["mean"] > 0
 
 
 @pytest.mark.parametrize("setting,message", [
