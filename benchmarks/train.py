@@ -153,9 +153,9 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
 
 def run_models(models: list[str], seeds: list[int], data_dir: Path, epochs: int | None, tag: str,
                device: str = "cpu", engine: str = "in-process", options: dict | None = None,
-               work: Path = WORK) -> list[dict]:
+               work: Path = WORK, on_row=None) -> list[dict]:
     """Every `MODEL[:RECIPE]` with every seed (a count-based baseline once: it is deterministic), a line each
-    on stderr; the runs' rows."""
+    on stderr; the runs' rows. `on_row(rows)`, if given, is called with the rows so far after each run."""
     from pgt.config import BASELINES
 
     rows = []
@@ -164,6 +164,8 @@ def run_models(models: list[str], seeds: list[int], data_dir: Path, epochs: int 
         for seed in (seeds if model not in BASELINES else seeds[:1]):
             row = run_one(model, recipe or "paper", seed, data_dir, epochs, device, engine, options, work)
             rows.append(row)
+            if on_row is not None:
+                on_row(rows)
             t = row["test"]
             epoch = f", epoch {row['epoch_seconds_median']:.2f} s" if "epoch_seconds_median" in row else ""
             print(f"{tag} {name} seed {seed}: test strict acc@1 {t['strict']['acc@1']:.2f}, acc@1 {t['acc@1']:.2f}, "
@@ -374,32 +376,39 @@ def gpu_main(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: --gpu: {baselines[0]} is a count-based baseline; it has nothing to train on a GPU")
     variant = args.variants[0]
     data_dir = args.data_dir or sequences(args.input, VARIANTS[variant])
-    rows = run_models(args.models, args.seeds, data_dir, args.epochs, f"{args.device} {args.engine} {variant}",
-                      device=args.device, engine=args.engine, options=options, work=args.work)
-    summary = summarise(rows)
-    manifest = json.loads((data_dir / "manifest.json").read_text())
     results = args.results if args.results != DEFAULT_RESULTS else GPU_RESULTS
     previous = json.loads(results.read_text()) if results.is_file() else {}
-    when, machine_info = datetime.now(timezone.utc).isoformat(timespec="seconds"), gpu_machine(args.device)
-    # every configuration run so far, by name (a rerun replaces its own): the fixed form the README reads
-    configurations = previous.get("configurations", {})
-    for name, s in summarise(rows, key="configuration").items():
-        configurations[name] = configuration_entry(s, [r for r in rows if r["configuration"] == name], when,
-                                                   machine_info)
-    result = {
-        "benchmark": "train-gpu",
-        "when": when,
-        "machine": machine_info,
-        "configurations": configurations,
-        "selection": SELECTION + " The recipes are the CPU's, unchanged (batch size, epochs, early stopping).",
-        "variant": variant,
-        "data": {"config": manifest["config"], "counts": manifest["counts"], "vocab": manifest["vocab"]},
-        "summary": summary,
-        "cpu": cpu_beside(summary, DEFAULT_RESULTS, variant),
-        "runs": rows,
-    }
-    results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(result, indent=2) + "\n")
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    machine_info = gpu_machine(args.device)
+
+    def write(rows: list[dict]) -> dict:
+        """The results file with the runs so far (after each run: a run cut short by a time limit keeps them)."""
+        summary = summarise(rows)
+        when = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        # every configuration run so far, by name (a rerun replaces its own): the fixed form the README reads
+        configurations = dict(previous.get("configurations", {}))
+        for name, s in summarise(rows, key="configuration").items():
+            configurations[name] = configuration_entry(s, [r for r in rows if r["configuration"] == name], when,
+                                                       machine_info)
+        result = {
+            "benchmark": "train-gpu",
+            "when": when,
+            "machine": machine_info,
+            "configurations": configurations,
+            "selection": SELECTION + " The recipes are the CPU's, unchanged (batch size, epochs, early stopping).",
+            "variant": variant,
+            "data": {"config": manifest["config"], "counts": manifest["counts"], "vocab": manifest["vocab"]},
+            "summary": summary,
+            "cpu": cpu_beside(summary, DEFAULT_RESULTS, variant),
+            "runs": rows,
+        }
+        results.parent.mkdir(parents=True, exist_ok=True)
+        results.write_text(json.dumps(result, indent=2) + "\n")
+        return result
+
+    rows = run_models(args.models, args.seeds, data_dir, args.epochs, f"{args.device} {args.engine} {variant}",
+                      device=args.device, engine=args.engine, options=options, work=args.work, on_row=write)
+    result = write(rows)
     print_gpu_table(result)
     print(f"wrote {results}")
 

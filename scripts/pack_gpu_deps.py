@@ -1,12 +1,12 @@
 """Pack what a GPU machine without PyPI lacks for the training path, in parts that each fit one transfer.
 
 Such a machine (an image with torch and CUDA, pyarrow, pandas, numpy, pyyaml, aiohttp and the like) lacks Ray,
-polars and rich. This downloads their wheels for its Python and platform at the versions installed here (the
-project's pins), unpacks them, trims Ray of what training and Tune never load (its Java jars, RLlib, Serve and
-its tests), and writes one `.tar.xz` per part into `--out` (.gpu-deps, ignored by git), each at most
-`--max-part-mib`:
+polars, and what Ray imports beyond those (jsonschema, pydantic). This downloads their wheels for its Python and
+platform at the versions installed here (the project's pins), unpacks them, trims Ray of what training and Tune
+never load (its Java jars, RLlib, Serve and its tests), keeps each file's mode (Ray's binaries are executables),
+and writes one `.tar.xz` per part into `--out` (.gpu-deps, ignored by git), each at most `--max-part-mib`:
 
-    ray.tar.xz      Ray (Train, Tune, Data, the dashboard's State API)
+    ray.tar.xz      Ray (Train, Tune, Data, the dashboard's State API), jsonschema and pydantic
     polars.tar.xz   polars and its runtime, rich and what rich needs
 
 On the GPU machine, from the project folder (each part may come in its own call):
@@ -35,7 +35,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {  # part -> distributions (installed here, so pinned by the project)
-    "ray": ("ray",),
+    # Ray and what it imports that such an image lacks: jsonschema (runtime-env schemas, at `import ray`) and
+    # pydantic (Ray Train V2's configs), with theirs; colorful and wcwidth (its logs); the rest, jsonschema's
+    "ray": ("ray", "jsonschema", "jsonschema-specifications", "referencing", "rpds-py", "jsonpointer",
+            "rfc3339-validator", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "colorful",
+            "wcwidth", "pytz"),
     "polars": ("polars", "polars-runtime-32", "rich", "markdown-it-py", "mdurl", "pygments"),
 }
 TRIMMED = ("ray/jars", "ray/rllib", "ray/serve", "ray/tests", "ray/tune/tests", "ray/train/tests", "ray/data/tests")
@@ -62,10 +66,15 @@ def download(requirements: list[str], python_version: str, platform: str, dest: 
 
 
 def unpack(wheels: list[Path], into: Path) -> None:
-    """Each wheel's files as pip would place them in site-packages (a wheel is a zip of exactly that)."""
+    """Each wheel's files as pip would place them in site-packages (a wheel is a zip of exactly that), with the
+    modes the wheel gives them: Ray's gcs_server and raylet must stay executable (zipfile drops the modes)."""
     for wheel in wheels:
         with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(into)
+            for info in archive.infolist():
+                path = Path(archive.extract(info, into))
+                mode = (info.external_attr >> 16) & 0o777
+                if mode and not info.is_dir():
+                    path.chmod(mode)
 
 
 def trim(folder: Path) -> int:

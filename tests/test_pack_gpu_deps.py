@@ -26,6 +26,9 @@ def test_a_wheel_is_unpacked_trimmed_and_packed_importable(tmp_path):
     wheel = tmp_path / "fakeray-1.0-cp312-cp312-manylinux2014_x86_64.whl"
     with zipfile.ZipFile(wheel, "w") as archive:
         archive.writestr("ray/__init__.py", "VERSION = 'fake'\n")
+        server = zipfile.ZipInfo("ray/core/src/ray/gcs/gcs_server")
+        server.external_attr = 0o755 << 16  # as the real wheel marks Ray's binaries
+        archive.writestr(server, "#!/bin/sh\necho serving\n")
         archive.writestr("ray/train/__init__.py", "")
         archive.writestr("ray/jars/ray_dist.jar", b"x" * 1000)
         archive.writestr("ray/rllib/__init__.py", "")
@@ -42,6 +45,9 @@ def test_a_wheel_is_unpacked_trimmed_and_packed_importable(tmp_path):
                        env={"PYTHONPATH": str(tmp_path / "deps")}, capture_output=True, text=True, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["fake", str(tmp_path / "deps" / "ray" / "__init__.py")]
+    # the binaries Ray starts stay executable through the unpacking, the tar.xz and its unpacking there
+    server = tmp_path / "deps" / "ray" / "core" / "src" / "ray" / "gcs" / "gcs_server"
+    assert subprocess.run([str(server)], capture_output=True, text=True).stdout == "serving\n"
 
 
 def test_an_out_folder_of_other_files_is_refused(tmp_path):

@@ -107,3 +107,13 @@ def test_the_gpu_harness_trains_under_ray_train(tiny_sequences, tmp_path):
     entry = json.loads(results.read_text())["configurations"]["pgt, ray-train, resident_data=True"]
     assert entry["engine"] == "ray-train" and entry["epochs_run"] == 1 and entry["samples_per_s"] > 0
     assert any((tmp_path / "work").rglob("epoch_000"))  # Ray Train's checkpoint folder
+
+
+def test_each_finished_run_is_handed_on_at_once(tiny_sequences, tmp_path):
+    """run_models calls on_row after every run with the rows so far: the GPU harness writes its file then, so
+    a run cut short by a machine's time limit keeps the seeds it finished."""
+    bench = load_script()
+    seen = []
+    rows = bench.run_models(["pgt"], [0, 1], tiny_sequences, 1, "test", work=tmp_path,
+                            on_row=lambda so_far: seen.append([r["seed"] for r in so_far]))
+    assert seen == [[0], [0, 1]] and [r["seed"] for r in rows] == [0, 1]

@@ -1,0 +1,139 @@
+"""Where a training epoch's time goes: one epoch of a recipe under torch.profiler, after a warm-up epoch.
+
+    python benchmarks/profile_gpu.py --data-dir DIR [--recipe tuned] [--resident-data] [--static-width 16]
+                                     [--device cuda|cpu] [--results benchmarks/results/profile_gpu.json]
+
+It times the epoch's training loop and its validation pass apart, counts the kernels launched and the
+optimizer steps, and sums the time the device spent in kernels. Where the kernels' sum is a small part of the
+loop's wall time, the loop is bound by launches and Python, not by arithmetic: the profile says so in
+`device_busy_fraction`. The JSON holds the ops that took the most time on the host and on the device, and the
+table printed shows the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "profile_gpu.json"
+TOP = 15  # ops listed per table
+
+
+def top_ops(averages, key: str, n: int = TOP) -> list[dict]:
+    """The `n` ops with the most self time by `key` ("self_device_time_total" or "self_cpu_time_total")."""
+    rows = sorted(averages, key=lambda e: getattr(e, key, 0) or 0, reverse=True)[:n]
+    return [{"op": e.key, "calls": e.count, "self_ms": round((getattr(e, key, 0) or 0) / 1e3, 3)} for e in rows]
+
+
+def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> dict:
+    """Warm up one epoch, then profile the next: the loop's and validation's seconds, kernels and top ops."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from pgt.config import TrainConfig
+    from pgt.scoring import evaluate, model_scores
+    from pgt.train import setup, train_epoch
+    from pgt.worker import Worker
+
+    with tempfile.TemporaryDirectory(prefix="pgt-profile-") as out:
+        config = TrainConfig.from_recipe(recipe, data_dir=str(data_dir), out_dir=out, resume=False, refit=False,
+                                         train_on="train", evaluate_test=False, epochs=50, min_epochs=50,
+                                         **options)
+        state = setup(config.to_dict(), Worker(device=torch.device(device)))
+        train_epoch(state, 0)  # warm-up: allocator, cuBLAS handles, autotuning
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+        with profile(activities=activities) as prof:
+            sync()
+            began = time.perf_counter()
+            row = train_epoch(state, 1)
+            sync()
+            epoch_wall = time.perf_counter() - began
+        began = time.perf_counter()
+        evaluate(model_scores(state.evaluated), state.splits["validation"], config.eval_batch_size,
+                 torch.device(device), state.validation_loss(), state.worker)
+        sync()
+        validation_s = time.perf_counter() - began
+    averages = prof.key_averages()
+    events = prof.events()
+    device_key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
+    kernels = [e for e in events if getattr(e, "device_type", None) is not None
+               and str(e.device_type).endswith("CUDA")]
+    kernel_s = sum(getattr(e, "device_time_total", 0) or 0 for e in kernels) / 1e6
+    steps = -(-row["samples"] // config.batch_size)
+    return {
+        "recipe": recipe, "device": device, "options": options,
+        "samples": row["samples"], "steps": steps,
+        "loop_s": round(row["seconds"], 4), "epoch_with_validation_s": round(epoch_wall, 4),
+        "validation_s": round(validation_s, 4),
+        "kernels": len(kernels), "kernels_per_step": round(len(kernels) / max(1, steps), 1),
+        "kernel_s": round(kernel_s, 4),
+        "device_busy_fraction": round(kernel_s / row["seconds"], 3) if device == "cuda" else None,
+        "host_ms_per_step": round(1e3 * row["seconds"] / max(1, steps), 3),
+        "top_device_ops": top_ops(averages, device_key),
+        "top_host_ops": top_ops(averages, "self_cpu_time_total"),
+    }
+
+
+def machine(device: str) -> dict:
+    import platform
+
+    import torch
+    info = {"python": platform.python_version(), "torch": torch.__version__}
+    if device == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
+    return info
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", type=Path, required=True, help="a `pgt preprocess` output")
+    parser.add_argument("--recipe", default="tuned", help="pgt.config.RECIPES")
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--resident-data", action="store_true", help="TrainConfig.resident_data")
+    parser.add_argument("--static-width", type=int, default=0, help="TrainConfig.static_width")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    args = parser.parse_args()
+    if args.device == "cpu" and args.results == DEFAULT_RESULTS:
+        raise SystemExit("error: --device cpu is a dry run of the GPU profile: name its --results file (it never "
+                         f"writes {DEFAULT_RESULTS.relative_to(ROOT)})")
+    if not (args.data_dir / "manifest.json").is_file():
+        raise SystemExit(f"error: {args.data_dir}: no manifest.json; expected a `pgt preprocess` output")
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise SystemExit("error: --device cuda but torch sees no CUDA device")
+    options = {"resident_data": args.resident_data, "static_width": args.static_width}
+    result = profile_epoch(args.data_dir, args.recipe, args.device, options)
+    record = {"benchmark": "profile-gpu", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "machine": machine(args.device), **result}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(record, indent=2) + "\n")
+
+    from rich.console import Console
+    from rich.table import Table
+    console = Console()
+    console.print(f"{args.recipe} on {args.device}: loop {result['loop_s']} s for {result['steps']} steps "
+                  f"({result['host_ms_per_step']} ms/step), validation {result['validation_s']} s, "
+                  f"{result['kernels']} kernels ({result['kernels_per_step']}/step), kernels' time "
+                  f"{result['kernel_s']} s, device busy {result['device_busy_fraction']}")
+    for title, key in (("device", "top_device_ops"), ("host", "top_host_ops")):
+        table = Table(title=f"top ops by self time on the {title}")
+        for column in ("op", "calls", "self ms"):
+            table.add_column(column)
+        for op in result[key]:
+            table.add_row(op["op"][:60], str(op["calls"]), f"{op['self_ms']:.2f}")
+        console.print(table)
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()

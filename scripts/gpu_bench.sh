@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU benchmarks on a machine without PyPI, from the project folder: unpack the parts of .gpu-deps/ that
+# have come (scripts/pack_gpu_deps.py made them; each part may come in its own transfer), then run the stages
+# asked for, each under its own time limit, each writing its JSON and log into RESULTS_DIR.
+#
+#   scripts/gpu_bench.sh DATA_DIR RESULTS_DIR [STAGE...]
+#
+# Stages (in the order given; default: profile train sweep):
+#   unpack    only unpack what has come
+#   profile   benchmarks/profile_gpu.py: one tuned epoch under torch.profiler (needs polars, not Ray)
+#   train     benchmarks/train.py --gpu --engine ray-train --resident-data --static-width 16, seeds $SEEDS
+#   sweep     benchmarks/sweep_gpu.py: $TRIALS trials of at most $SWEEP_EPOCHS epochs, $CONCURRENT at once
+# A stage that fails or runs out of time is reported and the next one runs.
+set -uo pipefail
+
+if [ $# -lt 2 ]; then
+    echo "usage: scripts/gpu_bench.sh DATA_DIR RESULTS_DIR [unpack|profile|train|sweep]..." >&2
+    exit 2
+fi
+data=$1 results=$2
+shift 2
+stages=${*:-profile train sweep}
+deps=${PGT_DEPS:-/tmp/pgt-deps}   # where the parts are unpacked (put on PYTHONPATH)
+parts=${GPU_DEPS:-.gpu-deps}       # where scripts/pack_gpu_deps.py put them
+mkdir -p "$deps" "$results"
+
+for part in "$parts"/*.tar.xz; do
+    [ -e "$part" ] || continue
+    done_mark="$deps/.$(basename "$part").unpacked"
+    [ -e "$done_mark" ] && continue
+    echo "unpacking $part into $deps"
+    tar xJf "$part" -C "$deps" && touch "$done_mark" || { echo "error: $part: could not be unpacked" >&2; exit 1; }
+done
+export PYTHONPATH="$deps:$PWD" RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
+device=${DEVICE:-cuda}  # cpu: a dry run of the same stages
+failed=0
+
+stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, its output also in RESULTS_DIR/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (at most ${limit} s): $*"
+    timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee "$results/$name.log"
+    local rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 0 ] || { echo "== $name: exit $rc" >&2; failed=1; }
+}
+
+for s in $stages; do
+    case $s in
+        unpack) ;;
+        profile)
+            stage profile "${PROFILE_LIMIT_S:-60}" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
+                --resident-data --static-width 16 --device "$device" --results "$results/profile_gpu.json" ;;
+        train)
+            [ -e "$results/train_gpu.json" ] || cp benchmarks/results/train_gpu.json "$results/" 2>/dev/null
+            # shellcheck disable=SC2086  # SEEDS is a list
+            stage train "${TRAIN_LIMIT_S:-300}" "$python" benchmarks/train.py --gpu --variants published \
+                --data-dir "$data" --models pgt:tuned --seeds ${SEEDS:-0 1 2} --engine ray-train --resident-data \
+                --static-width 16 --device "$device" --results "$results/train_gpu.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
+        sweep)
+            stage sweep "${SWEEP_LIMIT_S:-240}" "$python" benchmarks/sweep_gpu.py --data-dir "$data" \
+                --trials "${TRIALS:-32}" --epochs "${SWEEP_EPOCHS:-10}" --concurrent "${CONCURRENT:-8}" \
+                --budget-s "${SWEEP_BUDGET_S:-180}" --resident-data --static-width 16 \
+                --device "$device" --results "$results/sweep_gpu.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
+        *) echo "error: unknown stage '$s' (expected unpack, profile, train or sweep)" >&2; exit 2 ;;
+    esac
+done
+exit $failed

@@ -1,0 +1,54 @@
+"""scripts/gpu_bench.sh on the CPU (DEVICE=cpu): it unpacks each part that has come once, runs the stages asked
+for into the results folder, and refuses what it does not know."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+
+from tests.conftest import PROJECT_ROOT
+
+SCRIPT = PROJECT_ROOT / "scripts" / "gpu_bench.sh"
+
+
+def bench(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable, "PGT_DEPS": str(tmp_path / "deps"),
+           "GPU_DEPS": str(tmp_path / "parts")}
+    return subprocess.run(["bash", str(SCRIPT), *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_a_part_is_unpacked_once(tmp_path):
+    (tmp_path / "parts").mkdir()
+    with tarfile.open(tmp_path / "parts" / "extra.tar.xz", "w:xz") as tar:
+        data = b"WHERE = 'unpacked'\n"
+        info = tarfile.TarInfo("extra_module.py")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    first = bench(tmp_path, "unused-data", str(tmp_path / "results"), "unpack")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.count("unpacking") == 1 and (tmp_path / "deps" / "extra_module.py").is_file()
+    (tmp_path / "deps" / "extra_module.py").write_text("WHERE = 'kept'\n")
+    again = bench(tmp_path, "unused-data", str(tmp_path / "results"), "unpack")
+    assert again.returncode == 0 and "unpacking" not in again.stdout  # not unpacked over itself
+    assert (tmp_path / "deps" / "extra_module.py").read_text() == "WHERE = 'kept'\n"
+
+
+def test_the_profile_stage_writes_its_json_and_log(tiny_sequences, tmp_path):
+    done = bench(tmp_path, str(tiny_sequences), str(tmp_path / "results"), "profile")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    profile = json.loads((tmp_path / "results" / "profile_gpu.json").read_text())
+    assert profile["device"] == "cpu" and profile["options"] == {"resident_data": True, "static_width": 16}
+    assert "top ops by self time on the host" in (tmp_path / "results" / "profile.log").read_text()
+
+
+def test_usage_and_unknown_stages_are_refused(tmp_path):
+    usage = bench(tmp_path)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: scripts/gpu_bench.sh DATA_DIR RESULTS_DIR")
+    unknown = bench(tmp_path, "data", str(tmp_path / "results"), "warp")
+    assert unknown.returncode == 2
+    assert unknown.stderr.strip() == "error: unknown stage 'warp' (expected unpack, profile, train or sweep)"
