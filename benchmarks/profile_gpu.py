@@ -4,7 +4,9 @@
                                      [--device cuda|cpu] [--results benchmarks/results/profile_gpu.json]
 
 It times the epoch's training loop and its validation pass apart, counts the kernels launched and the
-optimizer steps, and sums the time the device spent in kernels. Where the kernels' sum is a small part of the
+optimizer steps, and sums the time the device spent in kernels. Then it times the test split's forward pass: the
+model alone on batches already on the device (FORWARD_BATCHES), and the evaluation pass as training runs it
+(batches gathered on the host, ranks and metrics). Where the kernels' sum is a small part of the
 loop's wall time, the loop is bound by launches and Python, not by arithmetic: the profile says so in
 `device_busy_fraction`. The JSON holds the ops that took the most time on the host and on the device, and the
 table printed shows the same.
@@ -25,12 +27,46 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "profile_gpu.json"
 TOP = 15  # ops listed per table
+FORWARD_BATCHES = (1024, 4096)  # batch sizes of the forward-only timing
+REPEATS = 10  # timed passes over the test split per batch size (the median counts)
 
 
 def top_ops(averages, key: str, n: int = TOP) -> list[dict]:
     """The `n` ops with the most self time by `key` ("self_device_time_total" or "self_cpu_time_total")."""
     rows = sorted(averages, key=lambda e: getattr(e, key, 0) or 0, reverse=True)[:n]
     return [{"op": e.key, "calls": e.count, "self_ms": round((getattr(e, key, 0) or 0) / 1e3, 3)} for e in rows]
+
+
+def forward_speeds(state, device: str, sync) -> dict:
+    """Test samples per second: of the model's forward alone over the test split, on batches already on the
+    device (the median of REPEATS passes, per FORWARD_BATCHES size, after a warm-up pass), and of the evaluation
+    pass as training runs it (score_dataset, eval_batch_size)."""
+    import numpy as np
+    import torch
+
+    from pgt.scoring import model_scores, score_dataset
+
+    test, model = state.splits["test"], state.evaluated
+    model.eval()
+    order = np.argsort(test.lengths.numpy(), kind="stable")  # little padding, as evaluation sorts
+    speeds = {}
+    for size in FORWARD_BATCHES:
+        batches = [test.__getitems__(order[i:i + size].tolist()).to(device) for i in range(0, len(test), size)]
+        seconds = []
+        with torch.inference_mode(), torch.autocast(device, dtype=state.amp_dtype, enabled=state.amp_dtype is not None):
+            for _ in range(REPEATS + 1):
+                sync()
+                began = time.perf_counter()
+                for batch in batches:
+                    model(*batch.inputs())
+                sync()
+                seconds.append(time.perf_counter() - began)
+        speeds[str(size)] = round(len(test) / float(np.median(seconds[1:])), 1)
+    began = time.perf_counter()
+    score_dataset(model_scores(model), test, state.cfg.eval_batch_size, torch.device(device))
+    sync()
+    return {"test_samples": len(test), "forward_samples_per_s": speeds,
+            "evaluation_samples_per_s": round(len(test) / (time.perf_counter() - began), 1)}
 
 
 def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> dict:
@@ -62,6 +98,7 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
                  torch.device(device), state.validation_loss(), state.worker)
         sync()
         validation_s = time.perf_counter() - began
+        forward = forward_speeds(state, device, sync)
     averages = prof.key_averages()
     events = prof.events()
     device_key = "self_device_time_total" if device == "cuda" else "self_cpu_time_total"
@@ -78,6 +115,7 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
         "kernel_s": round(kernel_s, 4),
         "device_busy_fraction": round(kernel_s / row["seconds"], 3) if device == "cuda" else None,
         "host_ms_per_step": round(1e3 * row["seconds"] / max(1, steps), 3),
+        **forward,
         "top_device_ops": top_ops(averages, device_key),
         "top_host_ops": top_ops(averages, "self_cpu_time_total"),
     }
@@ -125,6 +163,9 @@ def main() -> None:
                   f"({result['host_ms_per_step']} ms/step), validation {result['validation_s']} s, "
                   f"{result['kernels']} kernels ({result['kernels_per_step']}/step), kernels' time "
                   f"{result['kernel_s']} s, device busy {result['device_busy_fraction']}")
+    console.print(f"test forward ({result['test_samples']} samples), model alone: "
+                  + ", ".join(f"{v:,.0f} samples/s at batch {k}" for k, v in result["forward_samples_per_s"].items())
+                  + f"; evaluation pass: {result['evaluation_samples_per_s']:,.0f} samples/s")
     for title, key in (("device", "top_device_ops"), ("host", "top_host_ops")):
         table = Table(title=f"top ops by self time on the {title}")
         for column in ("op", "calls", "self ms"):

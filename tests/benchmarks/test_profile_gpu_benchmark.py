@@ -28,6 +28,10 @@ def test_one_epoch_is_profiled_on_the_cpu(tiny_sequences, tmp_path):
     assert profile["options"] == {"resident_data": True, "static_width": 8} and profile["device"] == "cpu"
     assert profile["loop_s"] > 0 and profile["validation_s"] > 0 and profile["host_ms_per_step"] > 0
     assert profile["kernels"] == 0 and profile["device_busy_fraction"] is None  # no CUDA activity on a CPU
+    test_rows = json.loads((tiny_sequences / "manifest.json").read_text())["counts"]["samples"]["test"]
+    assert profile["test_samples"] == test_rows and set(profile["forward_samples_per_s"]) == {"1024", "4096"}
+    assert min(profile["forward_samples_per_s"].values()) > 0 and profile["evaluation_samples_per_s"] > 0
+    assert "test forward" in done.stdout
     ops = [op["op"] for op in profile["top_host_ops"]]
     assert len(ops) == 15 and ("aten::mm" in ops or "aten::addmm" in ops)
     assert "top ops by self time on the host" in done.stdout
