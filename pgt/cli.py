@@ -21,6 +21,7 @@ from pgt.config import (
     MAX_TOP_K,
     MODELS,
     RECIPES,
+    REFIT_EPOCHS,
     SELECT_ON,
     TOP_K,
     LaunchConfig,
@@ -53,6 +54,7 @@ Recipe = Literal[tuple(RECIPES)]
 SelectOn = Literal[SELECT_ON]
 Anchor = Literal[ANCHORS]
 DataEngine = Literal[DATA_ENGINES]
+RefitEpochs = Literal[REFIT_EPOCHS]
 ScoredSplit = Literal[(*SPLITS, APPLIED_SPLIT)]
 
 
@@ -159,7 +161,7 @@ def synth(
 TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhead", "num_layers", "dim_feedforward",
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
                  "previous_location", "visit_relations", "relation_inputs", "relation_order", "members",
-                 "weight_average", "simulate_unseen", "anchor", "refit", "resume", "threads", "resident_data",
+                 "weight_average", "simulate_unseen", "anchor", "refit", "refit_epochs", "resume", "threads", "resident_data",
                  "static_width")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
 
@@ -221,6 +223,7 @@ def train(
                                                 f"{default_of(TrainConfig, 'known_fraction_max')}"),
         help="With --simulate-unseen: the cutoff's range, as fractions of the user's days before each sample."),
     refit: bool | None = option_for(TrainConfig, "refit", "--refit/--no-refit"),
+    refit_epochs: RefitEpochs | None = option_for(TrainConfig, "refit_epochs"),
     resume: bool | None = option_for(TrainConfig, "resume", "--resume/--no-resume"),
     threads: int | None = option_for(TrainConfig, "threads"),
     resident_data: bool | None = option_for(TrainConfig, "resident_data", "--resident-data/--no-resident-data"),
