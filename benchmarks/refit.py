@@ -12,8 +12,10 @@ Each seed trains the `tuned` recipe without refit (the inner validation picks th
 (then the same run retrains on inner train + inner validation); both are scored on the outer validation samples.
 A third arm, `refit-scaled`, trains on inner train + inner validation for the selected epochs times the ratio of
 their samples to inner train's (`train_on` and `stop_after_epochs`, after the first two arms), to see whether the
-refit should run longer on its larger set. It did (higher on strict and protocol Acc@1 and MRR, half the spread), so
-`tuned` refits with `refit_epochs: scaled`; the `refit` arm keeps `refit_epochs: selected`.
+refit should run longer on its larger set (`scaled_over_refit`, seed by seed). Over 8 seeds it did not on strict
+Acc@1, the figure the recipes lead with and select on (+0.13, better on 4 seeds of 8), while it gained on the
+protocol's Acc@1 (+1.05, 7 of 8) and MRR: so `tuned` refits for the selected epochs (`refit_epochs: selected`, also
+the cheaper), and `pgt train --refit-epochs scaled` is there for whoever leads with the protocol's figures.
 The seeds are the recipe search's (1000, 2000, ...), not the test benchmark's (0, 1, 2). The outer test split is
 neither read nor scored. Runs go two at a time, one thread each; each run's record is kept under
 .state/benchmarks/refit/, so an interrupted benchmark continues. Writes JSON (default
@@ -143,6 +145,12 @@ def summarise(records: list[dict], seeds: list[int]) -> dict:
         out[f"{key}_per_seed_strict_acc@1"] = [round(by[(arm, s)]["evaluation"]["strict_acc@1"]
                                                      - by[("no-refit", s)]["evaluation"]["strict_acc@1"], 2)
                                                for s in paired]
+    if {"refit", "refit-scaled"} <= set(arms):  # the refit_epochs choice: scaled against selected, seed by seed
+        out["scaled_over_refit"] = {m: stat([by[("refit-scaled", s)]["evaluation"][m] - by[("refit", s)]["evaluation"][m]
+                                             for s in paired]) for m in METRICS}
+        out["scaled_over_refit_per_seed_strict_acc@1"] = [
+            round(by[("refit-scaled", s)]["evaluation"]["strict_acc@1"] - by[("refit", s)]["evaluation"]["strict_acc@1"], 2)
+            for s in paired]
     return out
 
 
@@ -197,7 +205,8 @@ def print_table(result: dict) -> None:
         table.add_column(m.replace("_", " "), justify="right")
     names = {"no_refit": "selected on inner validation", "refit": "refit on inner train + validation",
              "gain": "gain (paired)", "refit_scaled": "refit, epochs x samples ratio",
-             "gain_refit_scaled": "gain of the scaled refit (paired)"}
+             "gain_refit_scaled": "gain of the scaled refit (paired)",
+             "scaled_over_refit": "scaled refit over the refit (paired)"}
     for key, name in names.items():
         if key in summary:
             table.add_row(name, *(f"{summary[key][m]['mean']:.2f} ± {summary[key][m]['std']:.2f}" for m in METRICS))

@@ -226,7 +226,8 @@ def test_a_refit_is_registered_on_its_held_out_validation(synthetic_sequences, t
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / "refit"
-    r = run("train", "--data", synthetic_sequences, "--out", out, "--recipe", "tuned", "--epochs", "3",
+    r = run("train", "--data", synthetic_sequences, "--out", out, "--recipe", "tuned", "--refit-epochs", "scaled",
+            "--epochs", "3",
             "--d-model", "16", "--dim-feedforward", "32", "--nhead", "2",
             "--tracking-uri", mlflow_server, "--experiment", "refit-test", "--register", "refit")
     assert r.returncode == 0, r.stderr[-3000:]
@@ -236,7 +237,7 @@ def test_a_refit_is_registered_on_its_held_out_validation(synthetic_sequences, t
     selection = json.loads((out / "selection" / "metrics.json").read_text())
     assert selection["test"] is None and (out / "selection" / "best.pt").is_file()
     samples = json.loads((synthetic_sequences / "manifest.json").read_text())["counts"]["samples"]
-    # tuned's refit_epochs "scaled": the selected epochs times (train + validation) / train samples, at most 3
+    # --refit-epochs scaled: the selected epochs times (train + validation) / train samples, at most 3
     scaled = min(3, round(selection["best_epoch"] * (samples["train"] + samples["validation"]) / samples["train"]))
     assert result["refit"]["epochs"] == scaled == result["epochs_run"] == result["best_epoch"]
     assert result["refit"]["selected_epoch"] == selection["best_epoch"] and result["refit"]["epochs_rule"] == "scaled"
