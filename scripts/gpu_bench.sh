@@ -26,7 +26,7 @@ mkdir -p "$deps" "$results"
 
 for part in "$parts"/*.tar.xz; do
     [ -e "$part" ] || continue
-    done_mark="$deps/.$(basename "$part").unpacked"
+    done_mark="$deps/.$(basename "$part").$(stat -c %s-%Y "$part").unpacked"  # a part packed again: again
     [ -e "$done_mark" ] && continue
     echo "unpacking $part into $deps"
     tar xJf "$part" -C "$deps" && touch "$done_mark" || { echo "error: $part: could not be unpacked" >&2; exit 1; }

@@ -22,7 +22,7 @@ def bench(tmp_path, *args: str) -> subprocess.CompletedProcess:
                           timeout=600)
 
 
-def test_a_part_is_unpacked_once(tmp_path):
+def test_a_part_is_unpacked_once_until_it_is_packed_again(tmp_path):
     (tmp_path / "parts").mkdir()
     with tarfile.open(tmp_path / "parts" / "extra.tar.xz", "w:xz") as tar:
         data = b"WHERE = 'unpacked'\n"
@@ -36,6 +36,10 @@ def test_a_part_is_unpacked_once(tmp_path):
     again = bench(tmp_path, "unused-data", str(tmp_path / "results"), "unpack")
     assert again.returncode == 0 and "unpacking" not in again.stdout  # not unpacked over itself
     assert (tmp_path / "deps" / "extra_module.py").read_text() == "WHERE = 'kept'\n"
+    os.utime(tmp_path / "parts" / "extra.tar.xz", (1, 1))  # the part packed again: unpacked over the old one
+    repacked = bench(tmp_path, "unused-data", str(tmp_path / "results"), "unpack")
+    assert repacked.returncode == 0 and repacked.stdout.count("unpacking") == 1
+    assert (tmp_path / "deps" / "extra_module.py").read_text() == "WHERE = 'unpacked'\n"
 
 
 def test_the_profile_stage_writes_its_json_and_log(tiny_sequences, tmp_path):
