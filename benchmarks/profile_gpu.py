@@ -25,6 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from train import gpu_machine, harness_options  # noqa: E402 - after sys.path gains the benchmarks
+
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "profile_gpu.json"
 TOP = 15  # ops listed per table
 FORWARD_BATCHES = (1024, 4096)  # batch sizes of the forward-only timing
@@ -121,16 +123,6 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
     }
 
 
-def machine(device: str) -> dict:
-    import platform
-
-    import torch
-    info = {"python": platform.python_version(), "torch": torch.__version__}
-    if device == "cuda":
-        info.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda)
-    return info
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="a `pgt preprocess` output")
@@ -140,9 +132,7 @@ def main() -> None:
     parser.add_argument("--static-width", type=int, default=0, help="TrainConfig.static_width")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
-    if args.device == "cpu" and args.results == DEFAULT_RESULTS:
-        raise SystemExit("error: --device cpu is a dry run of the GPU profile: name its --results file (it never "
-                         f"writes {DEFAULT_RESULTS.relative_to(ROOT)})")
+    harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)  # a CPU dry run names its file; --static-width needs both
     if not (args.data_dir / "manifest.json").is_file():
         raise SystemExit(f"error: {args.data_dir}: no manifest.json; expected a `pgt preprocess` output")
     if args.device == "cuda":
@@ -152,7 +142,7 @@ def main() -> None:
     options = {"resident_data": args.resident_data, "static_width": args.static_width}
     result = profile_epoch(args.data_dir, args.recipe, args.device, options)
     record = {"benchmark": "profile-gpu", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "machine": machine(args.device), **result}
+              "machine": gpu_machine(args.device), **result}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(record, indent=2) + "\n")
 

@@ -40,7 +40,7 @@ def test_one_epoch_is_profiled_on_the_cpu(tiny_sequences, tmp_path):
 def test_a_cpu_dry_run_must_name_its_results(tiny_sequences):
     done = run("--data-dir", str(tiny_sequences), "--device", "cpu")
     assert done.returncode != 0
-    assert done.stderr.strip() == ("error: --device cpu is a dry run of the GPU profile: name its --results file "
+    assert done.stderr.strip() == ("error: --device cpu is a dry run of the GPU harness: name its --results file "
                                    "(it never writes benchmarks/results/profile_gpu.json)")
 
 
