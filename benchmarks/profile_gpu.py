@@ -113,6 +113,8 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
         "samples": row["samples"], "steps": steps,
         "loop_s": round(row["seconds"], 4), "epoch_with_validation_s": round(epoch_wall, 4),
         "validation_s": round(validation_s, 4),
+        # steps whose forward ran as compiled graphs (compile_model; 0 for the eager model)
+        "compiled_steps": sum(1 for e in events if e.name.startswith("Torch-Compiled Region")),
         "kernels": len(kernels), "kernels_per_step": round(len(kernels) / max(1, steps), 1),
         "kernel_s": round(kernel_s, 4),
         "device_busy_fraction": round(kernel_s / row["seconds"], 3) if device == "cuda" else None,
@@ -130,16 +132,16 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--resident-data", action="store_true", help="TrainConfig.resident_data")
     parser.add_argument("--static-width", type=int, default=0, help="TrainConfig.static_width")
+    parser.add_argument("--compile-model", action="store_true", help="TrainConfig.compile_model (the warm-up epoch compiles)")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
-    harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)  # a CPU dry run names its file; --static-width needs both
+    options = harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)  # a CPU dry run names its file, and so on
     if not (args.data_dir / "manifest.json").is_file():
         raise SystemExit(f"error: {args.data_dir}: no manifest.json; expected a `pgt preprocess` output")
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             raise SystemExit("error: --device cuda but torch sees no CUDA device")
-    options = {"resident_data": args.resident_data, "static_width": args.static_width}
     result = profile_epoch(args.data_dir, args.recipe, args.device, options)
     record = {"benchmark": "profile-gpu", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "machine": gpu_machine(args.device), **result}

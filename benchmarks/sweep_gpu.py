@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=None, help="the sweep's time budget, seconds")
     parser.add_argument("--resident-data", action="store_true", help="TrainConfig.resident_data in every trial")
     parser.add_argument("--static-width", type=int, default=0, help="TrainConfig.static_width in every trial")
+    parser.add_argument("--compile-model", action="store_true", help="TrainConfig.compile_model in every trial")
     parser.add_argument("--search", choices=["random", "optuna"], default="random",
                         help="random needs no optuna (a GPU machine without PyPI lacks it)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",

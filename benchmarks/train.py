@@ -236,6 +236,7 @@ def main() -> None:
                         help="with --gpu: train in this process, or as one Ray Train worker (TorchTrainer)")
     parser.add_argument("--resident-data", action="store_true", help="with --gpu: TrainConfig.resident_data")
     parser.add_argument("--static-width", type=int, default=0, help="with --gpu: TrainConfig.static_width")
+    parser.add_argument("--compile-model", action="store_true", help="with --gpu: TrainConfig.compile_model")
     parser.add_argument("--work", type=Path, default=WORK, help="where the runs' folders go")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="sequences already preprocessed for the one variant in --variants (skips preprocessing)")
@@ -308,15 +309,21 @@ def gpu_machine(device: str = "cuda") -> dict:
 
 
 def harness_options(args: argparse.Namespace, default_results: Path, gpu_results: Path) -> dict:
-    """The TrainConfig settings a GPU harness run sets (--resident-data, --static-width), after refusing what it
-    cannot run: --static-width without --resident-data, and a --device cpu dry run that would write the GPU file
-    (`gpu_results`, where --results is left at `default_results`)."""
+    """The TrainConfig settings a GPU harness run sets (--resident-data, --static-width, --compile-model), after
+    refusing what it cannot run: --static-width without --resident-data, --compile-model without --static-width,
+    and a --device cpu dry run that would write the GPU file (`gpu_results`, where --results is left at
+    `default_results`)."""
     if args.device == "cpu" and args.results == default_results:
         raise SystemExit("error: --device cpu is a dry run of the GPU harness: name its --results file (it never "
                          f"writes {gpu_results.relative_to(ROOT)})")
     if args.static_width and not args.resident_data:
         raise SystemExit("error: --static-width pads the batches of --resident-data: give both")
-    return {k: v for k, v in (("resident_data", args.resident_data), ("static_width", args.static_width)) if v}
+    compile_model = getattr(args, "compile_model", False)
+    if compile_model and not args.static_width:
+        raise SystemExit("error: --compile-model compiles one graph per batch shape: give --static-width (and "
+                         "--resident-data) too")
+    return {k: v for k, v in (("resident_data", args.resident_data), ("static_width", args.static_width),
+                              ("compile_model", compile_model)) if v}
 
 
 def configuration_entry(summary: dict, runs: list[dict], when: str, machine_info: dict) -> dict:

@@ -81,8 +81,9 @@ def save_checkpoint(state: dict, out_dir: Path, epoch: int, keep: int) -> Path:
     return folder
 
 
-# settings that may differ between a run and its resumption
-RESUMABLE_CHANGES = {"out_dir", "epochs", "resume", "threads", "keep_checkpoints", "eval_batch_size", "evaluate_test"}
+# settings that may differ between a run and its resumption (compile_model: how the same pass is computed)
+RESUMABLE_CHANGES = {"out_dir", "epochs", "resume", "threads", "keep_checkpoints", "eval_batch_size", "evaluate_test",
+                     "compile_model"}
 
 
 def check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:

@@ -162,7 +162,7 @@ TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhea
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
                  "previous_location", "visit_relations", "relation_inputs", "relation_order", "members",
                  "weight_average", "simulate_unseen", "anchor", "refit", "refit_epochs", "resume", "threads", "resident_data",
-                 "static_width")
+                 "static_width", "compile_model")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
 
 
@@ -228,6 +228,7 @@ def train(
     threads: int | None = option_for(TrainConfig, "threads"),
     resident_data: bool | None = option_for(TrainConfig, "resident_data", "--resident-data/--no-resident-data"),
     static_width: int | None = option_for(TrainConfig, "static_width"),
+    compile_model: bool | None = option_for(TrainConfig, "compile_model", "--compile-model/--no-compile-model"),
     workers: int | None = option_for(LaunchConfig, "workers"),
     gpu: bool | None = option_for(LaunchConfig, "use_gpu", "--gpu/--no-gpu"),
     address: str | None = option_for(LaunchConfig, "address", envvar="RAY_ADDRESS"),

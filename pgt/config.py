@@ -241,6 +241,10 @@ class TrainConfig:
     static_width: int = setting(0, "With resident_data: pad each batch's history width up to a multiple of this and "
                                    "fill short batches to full size, so batches take a few fixed shapes (CUDA graphs, "
                                    "torch.compile); 0 = off.", low=0, high=1 << 16)
+    compile_model: bool = setting(False, "With static_width: torch.compile the model's training pass, one graph per "
+                                         "batch width (on CUDA mode reduce-overhead: CUDA graphs, no launches from "
+                                         "Python). The first epoch pays the compilation; validation and test run "
+                                         "the model as it is.")
     amp: bool = setting(True, "Mixed precision (bfloat16/float16 autocast) when training on CUDA.")
     threads: int = setting(0, "torch CPU threads per worker; 0 = the cores / workers (the reserved CPUs under Ray).",
                            low=0, high=4096)
@@ -256,6 +260,9 @@ class TrainConfig:
             raise ValueError(f"min_lr must be at most lr, got min_lr={self.min_lr!r}, lr={self.lr!r}")
         if self.static_width and not self.resident_data:
             raise ValueError("static_width pads the batches of resident_data: set resident_data too, or static_width 0")
+        if self.compile_model and not self.static_width:
+            raise ValueError("compile_model compiles one graph per batch shape: set static_width (and resident_data) "
+                             "too, or compile_model off")
         if self.train_on != "train" and not self.stop_after_epochs:
             raise ValueError(f"train_on {self.train_on!r} learns from validation, so validation cannot choose the "
                              "epoch: set stop_after_epochs (refit does)")

@@ -10,7 +10,8 @@ Extended vocabulary (`unseen_slots`, See et al. 2017's "P(w) over V + max_oov"):
 history that are unseen in train (id 1) get per-sample slots after the V known ids. The pointer puts
 each visit's attention on its slot, so two unseen places are told apart; the generator spreads over
 the known ids plus id 1, which then means "a new place". The output is then (B, V + S), S the most
-slots of any row in the batch. Without it, the pointer scatters onto the location ids as SPEC §3 says.
+slots of any row in the batch, or with `pad_slots` T (a shape fixed by the input's: training's static_width).
+Without it, the pointer scatters onto the location ids as SPEC §3 says.
 
 Visit relations (`visit_relations`): the pointer adds learned biases for each visit's relation to the last one
 (it followed the current place, it is the current place, its start in hours after now in the day, its weekday is
@@ -151,7 +152,7 @@ class PointerGeneratorTransformer(nn.Module):
         self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 1))
         _xavier(self)
 
-    def forward(self, locations, users, times, weekdays, recency, durations, slots=None) -> Output:
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
         B, T = locations.shape
         lengths, pos_end = positions_from_end(locations)  # (B,), (B, T)
         pad = pos_end == 0  # (B, T) True on padding
@@ -177,7 +178,7 @@ class PointerGeneratorTransformer(nn.Module):
         scores = scores.masked_fill(pad, float("-inf"))  # (B, T)
         attention = torch.softmax(scores, dim=-1)  # (B, T)
         p_gen = torch.softmax(self.generator(c), dim=-1)  # (B, V)
-        probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg), p_gen)  # (B, V + S)
+        probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_gen)  # (B, V + S)
         return Output(torch.log(probs + EPS), gate, attention)
 
 
@@ -201,7 +202,7 @@ class LSTMPointerGenerator(nn.Module):
         self.p_gen = nn.Linear(4 * d, 1)  # from context, state (h and c) and the input x
         _xavier(self)
 
-    def forward(self, locations, users, times, weekdays, recency, durations, slots=None) -> Output:
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
         B, T = locations.shape
         lengths, pos_end = positions_from_end(locations)
         pad = pos_end == 0
@@ -218,7 +219,7 @@ class LSTMPointerGenerator(nn.Module):
         p_gen = torch.sigmoid(self.p_gen(torch.cat([context, s, cell, x_last], dim=-1))).squeeze(-1)  # (B,)
         p_vocab = torch.softmax(self.vocab(torch.cat([s, context], dim=-1)), dim=-1)  # (B, V)
         gate = 1 - p_gen  # weight of the pointer
-        probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg), p_vocab)  # (B, V + S)
+        probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_vocab)  # (B, V + S)
         return Output(torch.log(probs + EPS), gate, attention)
 
 
@@ -259,10 +260,10 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
 
 
 def pointer_distribution(attention: torch.Tensor, locations: torch.Tensor, slots: torch.Tensor | None,
-                         cfg: ModelConfig) -> torch.Tensor:
+                         cfg: ModelConfig, pad_slots: bool = False) -> torch.Tensor:
     """(B, T) attention -> (B, V + S) pointer distribution: each visit's weight goes to its location id, or
-    with cfg.unseen_slots to its slot's column (extended_ids)."""
-    ids, width = extended_ids(locations, slots if cfg.unseen_slots else None, cfg.num_locations)  # (B, T)
+    with cfg.unseen_slots to its slot's column (extended_ids; S = T with pad_slots)."""
+    ids, width = extended_ids(locations, slots if cfg.unseen_slots else None, cfg.num_locations, pad_slots)  # (B, T)
     p_ptr = torch.zeros(locations.shape[0], width, device=attention.device, dtype=attention.dtype)
     return p_ptr.scatter_add(1, ids, attention)  # (B, V + S)
 
@@ -329,8 +330,9 @@ class Ensemble(nn.Module):
         one = dataclasses.replace(cfg, members=1)
         self.members = nn.ModuleList(build_model(one) for _ in range(cfg.members))  # drawn one after another
 
-    def forward(self, locations, users, times, weekdays, recency, durations, slots=None) -> Output:
-        outs = [member(locations, users, times, weekdays, recency, durations, slots) for member in self.members]
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
+        outs = [member(locations, users, times, weekdays, recency, durations, slots, pad_slots)
+                for member in self.members]
         each = torch.stack([out.log_probs for out in outs])  # (K, B, V + S)
         log_probs = mean_probability(each)  # (B, V + S)
         gate = torch.stack([out.gate for out in outs]).mean(0)  # (B,)

@@ -144,10 +144,25 @@ def criterion(log_probs: torch.Tensor, batch: Batch, model_cfg: ModelConfig, cfg
     """Cross-entropy with label smoothing on the (B, V + S) log-probabilities; with slots, samples whose target
     is a new place weigh cfg.new_place_weight. "mean" divides by the batch size, "sum" does not."""
     targets = training_targets(batch, model_cfg)
-    losses = F.cross_entropy(log_probs, targets, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
+    if cfg.static_width and model_cfg.unseen_slots and cfg.label_smoothing:  # the output may have padded slot columns
+        columns = model_cfg.num_locations + batch.slots.amax()  # () the batch's real width, on the device: no sync
+        losses = smoothed_cross_entropy(log_probs, targets, cfg.label_smoothing, columns)
+    else:
+        losses = F.cross_entropy(log_probs, targets, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
     if model_cfg.unseen_slots and cfg.new_place_weight != 1.0:
         losses = torch.where(targets == UNSEEN, cfg.new_place_weight * losses, losses)
     return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def smoothed_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor, smoothing: float,
+                           columns: torch.Tensor) -> torch.Tensor:
+    """(B,) F.cross_entropy's label smoothing over the first `columns` of (B, C) log-probabilities only: what it
+    gives on those columns alone, so that the slot columns a static shape pads (`pad_slots`) change nothing:
+    (1 - smoothing) * -log p[target] + smoothing * mean over the columns of -log p."""
+    nll = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # (B,)
+    kept = torch.arange(log_probs.shape[1], device=log_probs.device) < columns  # (C,)
+    spread = -(log_probs * kept).sum(dim=1) / kept.sum()  # (B,)
+    return (1 - smoothing) * nll + smoothing * spread
 
 
 def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig) -> torch.Tensor:
@@ -321,7 +336,21 @@ def setup(config: dict, worker: Worker) -> TrainState:
         state.restore(saved)
     if worker.world_size > 1:
         state.ddp_model = _wrap_ddp(model, worker)
+    if cfg.compile_model:
+        state.ddp_model = compiled(state.ddp_model, cfg, worker.device)
     return state
+
+
+def compiled(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
+    """torch.compile of the training pass (TrainConfig.compile_model): static_width gives the batches a few fixed
+    shapes and pad_slots the output one width per shape, so each compiles once (dynamic=False); on CUDA, mode
+    reduce-overhead replays each as a CUDA graph. It shares the model's parameters: checkpoints, validation and
+    test use the model itself."""
+    import torch._dynamo.config
+
+    shapes = -(-cfg.network.max_len // cfg.static_width) * 2  # widths, in train and in eval mode
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
+    return torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False)
 
 
 def train_epoch(state: TrainState, epoch: int) -> dict:
@@ -332,8 +361,10 @@ def train_epoch(state: TrainState, epoch: int) -> dict:
     began, loss_sum, seen = time.perf_counter(), torch.zeros((), device=worker.device), 0
     for batch in state.loader:
         batch = batch.to(worker.device, non_blocking=True)
+        if cfg.compile_model and worker.device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's graph outputs are done with
         with torch.autocast(worker.device.type, dtype=state.amp_dtype, enabled=state.amp_dtype is not None):
-            out = state.ddp_model(*batch.inputs())
+            out = state.ddp_model(*batch.inputs(), pad_slots=bool(cfg.static_width))  # static: T slot columns
         loss = training_loss(out, batch, state.model_cfg, cfg)
         state.optimizer.zero_grad(set_to_none=True)
         state.scaler.scale(loss).backward()

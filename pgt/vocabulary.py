@@ -42,12 +42,15 @@ def visit_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations
     return torch.where(slots > 0, num_locations - 1 + slots, locations)
 
 
-def extended_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations: int) -> tuple[torch.Tensor, int]:
+def extended_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locations: int,
+                 pad_slots: bool = False) -> tuple[torch.Tensor, int]:
     """((B, T) each visit's column in the extended vocabulary (visit_ids), its width V + S): S is the batch's most
-    slots (0 without slots)."""
+    slots (0 without slots), or with pad_slots T, the most a history of T visits can have: a width known from the
+    shapes alone (no host sync; one shape per T for CUDA graphs and torch.compile), its extra columns never used."""
     if slots is None or not slots.numel():
         return locations, num_locations
-    return visit_ids(locations, slots, num_locations), num_locations + int(slots.max())
+    most = slots.shape[1] if pad_slots else int(slots.max())
+    return visit_ids(locations, slots, num_locations), num_locations + most
 
 
 def merge_slots(log_probs: torch.Tensor, num_locations: int) -> torch.Tensor:

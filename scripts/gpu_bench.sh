@@ -8,8 +8,11 @@
 # Stages (in the order given; default: profile train sweep):
 #   unpack    only unpack what has come
 #   profile   benchmarks/profile_gpu.py: one tuned epoch under torch.profiler (needs polars, not Ray)
-#   train     benchmarks/train.py --gpu --engine ray-train --resident-data --static-width 16, seeds $SEEDS
+#   train     benchmarks/train.py --gpu --engine ray-train, the tuned recipe, seeds $SEEDS
 #   sweep     benchmarks/sweep_gpu.py: $TRIALS trials of at most $SWEEP_EPOCHS epochs, $CONCURRENT at once
+# Every stage trains with --resident-data --static-width $STATIC_WIDTH (16); COMPILE=1 adds --compile-model
+# (torch.compile, CUDA graphs on the GPU): the profile and the sweep then write *_compiled.json, every stage its
+# *-compiled.log, and train adds a configuration of its own to train_gpu.json.
 # A stage that fails or runs out of time is reported and the next one runs.
 set -uo pipefail
 
@@ -34,6 +37,12 @@ done
 export PYTHONPATH="$deps:$PWD" RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 device=${DEVICE:-cuda}  # cpu: a dry run of the same stages
+shape=(--resident-data --static-width "${STATIC_WIDTH:-16}")
+suffix=""
+if [ "${COMPILE:-0}" = 1 ]; then
+    shape+=(--compile-model)
+    suffix=_compiled
+fi
 failed=0
 
 stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, its output also in RESULTS_DIR/NAME.log
@@ -49,19 +58,19 @@ for s in $stages; do
     case $s in
         unpack) ;;
         profile)
-            stage profile "${PROFILE_LIMIT_S:-60}" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
-                --resident-data --static-width 16 --device "$device" --results "$results/profile_gpu.json" ;;
+            stage "profile${suffix/_/-}" "${PROFILE_LIMIT_S:-60}" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
+                "${shape[@]}" --device "$device" --results "$results/profile_gpu$suffix.json" ;;
         train)
             [ -e "$results/train_gpu.json" ] || cp benchmarks/results/train_gpu.json "$results/" 2>/dev/null
             # shellcheck disable=SC2086  # SEEDS is a list
-            stage train "${TRAIN_LIMIT_S:-300}" "$python" benchmarks/train.py --gpu --variants published \
-                --data-dir "$data" --models pgt:tuned --seeds ${SEEDS:-0 1 2} --engine ray-train --resident-data \
-                --static-width 16 --device "$device" --results "$results/train_gpu.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
+            stage "train${suffix/_/-}" "${TRAIN_LIMIT_S:-300}" "$python" benchmarks/train.py --gpu --variants published \
+                --data-dir "$data" --models pgt:tuned --seeds ${SEEDS:-0 1 2} --engine ray-train "${shape[@]}" \
+                --device "$device" --results "$results/train_gpu.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
         sweep)
-            stage sweep "${SWEEP_LIMIT_S:-240}" "$python" benchmarks/sweep_gpu.py --data-dir "$data" \
+            stage "sweep${suffix/_/-}" "${SWEEP_LIMIT_S:-240}" "$python" benchmarks/sweep_gpu.py --data-dir "$data" \
                 --trials "${TRIALS:-32}" --epochs "${SWEEP_EPOCHS:-10}" --concurrent "${CONCURRENT:-8}" \
-                --budget-s "${SWEEP_BUDGET_S:-180}" --resident-data --static-width 16 \
-                --device "$device" --results "$results/sweep_gpu.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
+                --budget-s "${SWEEP_BUDGET_S:-180}" "${shape[@]}" \
+                --device "$device" --results "$results/sweep_gpu$suffix.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
         *) echo "error: unknown stage '$s' (expected unpack, profile, train or sweep)" >&2; exit 2 ;;
     esac
 done

@@ -10,14 +10,16 @@ import subprocess
 import sys
 import tarfile
 
+import pytest
+
 from tests.conftest import PROJECT_ROOT
 
 SCRIPT = PROJECT_ROOT / "scripts" / "gpu_bench.sh"
 
 
-def bench(tmp_path, *args: str) -> subprocess.CompletedProcess:
+def bench(tmp_path, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable, "PGT_DEPS": str(tmp_path / "deps"),
-           "GPU_DEPS": str(tmp_path / "parts")}
+           "GPU_DEPS": str(tmp_path / "parts"), **env_vars}
     return subprocess.run(["bash", str(SCRIPT), *args], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -48,6 +50,20 @@ def test_the_profile_stage_writes_its_json_and_log(tiny_sequences, tmp_path):
     profile = json.loads((tmp_path / "results" / "profile_gpu.json").read_text())
     assert profile["device"] == "cpu" and profile["options"] == {"resident_data": True, "static_width": 16}
     assert "top ops by self time on the host" in (tmp_path / "results" / "profile.log").read_text()
+
+
+@pytest.mark.slow
+def test_compile_profiles_the_compiled_model_into_files_of_its_own(tiny_sequences, tmp_path):
+    """COMPILE=1 (one width, STATIC_WIDTH=64: one graph to compile on the CPU): the profile of the compiled training
+    pass goes to profile_gpu_compiled.json and profile-compiled.log, beside where the eager one goes."""
+    done = bench(tmp_path, str(tiny_sequences), str(tmp_path / "results"), "profile", COMPILE="1",
+                 STATIC_WIDTH="64", PROFILE_LIMIT_S="400")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["profile-compiled.log",
+                                                                        "profile_gpu_compiled.json"]
+    profile = json.loads((tmp_path / "results" / "profile_gpu_compiled.json").read_text())
+    assert profile["options"] == {"resident_data": True, "static_width": 64, "compile_model": True}
+    assert profile["compiled_steps"] == profile["steps"] > 0  # every step's forward ran compiled
 
 
 def test_usage_and_unknown_stages_are_refused(tmp_path):

@@ -23,6 +23,10 @@ def test_refusals_are_one_line(tiny_sequences, tmp_path):
     assert done.returncode != 0 and "--device cpu is a dry run of the GPU harness" in done.stderr
     done = run("--data-dir", tiny_sequences, "--device", "cpu", "--results", tmp_path / "r.json", "--static-width", 8)
     assert done.returncode != 0 and "--static-width pads the batches of --resident-data" in done.stderr
+    done = run("--data-dir", tiny_sequences, "--device", "cpu", "--results", tmp_path / "r.json", "--resident-data",
+               "--compile-model")
+    assert done.returncode != 0 and done.stderr.strip() == ("error: --compile-model compiles one graph per batch shape: "
+                                                            "give --static-width (and --resident-data) too")
 
 
 @pytest.mark.slow

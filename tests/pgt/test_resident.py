@@ -10,13 +10,13 @@ import torch
 
 from pgt.config import TrainConfig
 from pgt.data import FirstVisits, ResidentBatches, UnseenSimulation, Vocab, load_splits
-from pgt.model import build_model
-from pgt.train import train_loader, train_loop_per_worker
+from pgt.model import EPS, build_model
+from pgt.train import criterion, train_loader, train_loop_per_worker
 from pgt.worker import Worker
 
 
 def config(data_dir, tmp_path, **overrides) -> TrainConfig:
-    return TrainConfig(data_dir=str(data_dir), out_dir=str(tmp_path), batch_size=32, **overrides)
+    return TrainConfig.from_dict({"data_dir": str(data_dir), "out_dir": str(tmp_path), "batch_size": 32, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +66,40 @@ def test_static_width_gives_few_shapes_every_sample_and_the_same_outputs(synthet
     assert torch.allclose(a, b, atol=1e-5)
 
 
+@pytest.mark.parametrize("members", [1, 2])
+def test_padded_slot_columns_change_neither_the_scores_nor_the_loss(synthetic_sequences, tmp_path, members):
+    """pad_slots (static_width's): the output is (B, V + T) whatever the batch's slots, its first V + S columns are
+    the unpadded output and the rest hold nothing; the loss (label smoothing over the real columns) and its
+    gradients are those of the unpadded output. Validation has unseen places, so its batches have slots."""
+    cfg = TrainConfig.from_recipe("tuned", data_dir=str(synthetic_sequences), out_dir=str(tmp_path),
+                                  resident_data=True, static_width=8, members=members, d_model=32, nhead=2)
+    plain_cfg = dataclasses.replace(cfg, static_width=0)
+    model_cfg = cfg.model_config(Vocab.from_manifest(synthetic_sequences))
+    validation = load_splits(synthetic_sequences, names=("validation",))["validation"]
+    batch = validation.__getitems__(list(range(min(64, len(validation)))))
+    V, (B, T), S = model_cfg.num_locations, batch.locations.shape, int(batch.slots.max())
+    assert 0 < S < T  # the batch has slots, and fewer than T: padding adds columns
+    torch.manual_seed(0)
+    model = build_model(model_cfg).eval()  # no dropout: the two passes are the same computation
+    plain = model(*batch.inputs())
+    loss = criterion(plain.log_probs, batch, model_cfg, plain_cfg)
+    plain_grads = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+    padded = model(*batch.inputs(), pad_slots=True)
+    padded_loss = criterion(padded.log_probs, batch, model_cfg, cfg)
+    padded_grads = torch.autograd.grad(padded_loss, list(model.parameters()), allow_unused=True)
+
+    assert plain.log_probs.shape == (B, V + S) and padded.log_probs.shape == (B, V + T)
+    assert torch.equal(padded.log_probs[:, :V + S], plain.log_probs)
+    assert torch.all(padded.log_probs[:, V + S:] == torch.log(torch.tensor(EPS)))
+    assert torch.allclose(padded_loss, loss, rtol=1e-6)
+    assert not torch.allclose(criterion(padded.log_probs, batch, model_cfg, plain_cfg), loss, rtol=1e-6)  # unmasked
+    largest = max(float(g.abs().max()) for g in plain_grads if g is not None)
+    for a, b in zip(plain_grads, padded_grads, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert float((a - b).abs().max()) <= 1e-5 * largest  # float rounding only
+
+
 def test_unseen_simulation_gathers_alike_on_the_resident_path(synthetic_sequences, train_set, tmp_path):
     """UnseenSimulation's draws come from the same generator on either path: the same simulated batch."""
     vocab = Vocab.from_manifest(synthetic_sequences)
@@ -105,3 +139,32 @@ def test_static_width_needs_resident_data_and_streaming_refuses_it(synthetic_seq
     with pytest.raises(ValueError, match="resident_data holds the train split on the device"):
         run_training(config(synthetic_sequences, tmp_path, resident_data=True),
                      LaunchConfig(workers=2, data_engine="ray"))
+
+
+@pytest.mark.slow
+def test_compiled_training_learns_as_the_model_does(synthetic_sequences, tmp_path):
+    """compile_model: the training pass runs as compiled graphs (one per batch width), learns as the eager pass
+    does (close, not equal: dropout masks come from inductor's own generator) and writes the model itself:
+    best.pt loads into build_model, and a run resumes its checkpoint without compile_model."""
+    from torch._dynamo.utils import counters
+
+    from pgt.checkpoint import load_checkpoint
+
+    common = dict(epochs=2, min_epochs=2, simulate_unseen=True, evaluate_test=False, resident_data=True,
+                  static_width=32, d_model=32, nhead=2)
+    eager = train_loop_per_worker(config(synthetic_sequences, tmp_path / "eager", **common).to_dict(), Worker())
+    counters.clear()
+    torch._dynamo.reset()
+    fast = train_loop_per_worker(config(synthetic_sequences, tmp_path / "compiled", compile_model=True,
+                                        **common).to_dict(), Worker())
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo compiled the training pass
+    losses = [r["train_loss"] for r in fast["history"]]
+    assert losses[1] < losses[0]
+    for a, b in zip(losses, [r["train_loss"] for r in eager["history"]], strict=True):
+        assert abs(a - b) <= 0.05 * b
+    assert abs(fast["validation"]["strict"]["acc@1"] - eager["validation"]["strict"]["acc@1"]) <= 5.0
+    model, _ = load_checkpoint(tmp_path / "compiled" / "best.pt")  # the model's own keys, no compile wrapper
+    assert model.cfg.d_model == 32
+    longer = train_loop_per_worker(config(synthetic_sequences, tmp_path / "compiled", **{**common, "epochs": 3}).to_dict(),
+                                   Worker())
+    assert longer["resumed_at_epochs"] == [3] and longer["epochs_run"] == 3
