@@ -213,6 +213,7 @@ class TrainState:
     model_cfg: ModelConfig
     model: torch.nn.Module  # the replica this rank trains
     ddp_model: torch.nn.Module  # the model, wrapped in DDP when the world is larger than one
+    batch_loss: Callable  # batch_loss, or with compile_model its compiled form
     averaged: torch.nn.Module | None  # the moving average of the weights (cfg.weight_average), or None
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
@@ -325,8 +326,8 @@ def setup(config: dict, worker: Worker) -> TrainState:
                                          cfg.known_fraction_min, cfg.known_fraction_max)
         loader = train_loader(train_set, cfg, worker)
     averaged = copy.deepcopy(model) if cfg.weight_average else None
-    state = TrainState(cfg, worker, model_cfg, model, model, averaged, optimizer, scheduler, scaler, amp_dtype, loader,
-                       splits, parameters, epoch_logger, tracking, held_out=held_out)
+    state = TrainState(cfg, worker, model_cfg, model, model, batch_loss, averaged, optimizer, scheduler, scaler,
+                       amp_dtype, loader, splits, parameters, epoch_logger, tracking, held_out=held_out)
     if not cfg.resume and worker.restored is None and worker.is_chief and (out_dir / "checkpoints").exists():
         shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
     resume_from = _resume_point(cfg, worker, out_dir)
@@ -337,20 +338,29 @@ def setup(config: dict, worker: Worker) -> TrainState:
     if worker.world_size > 1:
         state.ddp_model = _wrap_ddp(model, worker)
     if cfg.compile_model:
-        state.ddp_model = compiled(state.ddp_model, cfg, worker.device)
+        state.batch_loss = compiled(batch_loss, cfg, worker.device)
     return state
 
 
-def compiled(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.nn.Module:
-    """torch.compile of the training pass (TrainConfig.compile_model): static_width gives the batches a few fixed
-    shapes and pad_slots the output one width per shape, so each compiles once (dynamic=False); on CUDA, mode
-    reduce-overhead replays each as a CUDA graph. It shares the model's parameters: checkpoints, validation and
-    test use the model itself."""
+def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
+               amp_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A train batch's loss: the model's pass (under autocast to amp_dtype when given; with static_width, T slot
+    columns: pad_slots), then training_loss in float32."""
+    with torch.autocast(batch.locations.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        out = model(*batch.inputs(), pad_slots=bool(cfg.static_width))
+    return training_loss(out, batch, model_cfg, cfg)
+
+
+def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable:
+    """torch.compile of a training step's pass and loss (TrainConfig.compile_model): static_width gives the batches
+    a few fixed shapes and pad_slots the output one width per shape, so each compiles once (dynamic=False) into one
+    graph with no host sync; on CUDA, mode reduce-overhead replays it as a CUDA graph. The model is the one
+    trained: checkpoints, validation and test use it as it is."""
     import torch._dynamo.config
 
-    shapes = -(-cfg.network.max_len // cfg.static_width) * 2  # widths, in train and in eval mode
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes)
-    return torch.compile(model, mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False)
+    shapes = -(-cfg.network.max_len // cfg.static_width)  # the batch widths static_width gives
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
+    return torch.compile(step, mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False)
 
 
 def train_epoch(state: TrainState, epoch: int) -> dict:
@@ -363,9 +373,7 @@ def train_epoch(state: TrainState, epoch: int) -> dict:
         batch = batch.to(worker.device, non_blocking=True)
         if cfg.compile_model and worker.device.type == "cuda":
             torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's graph outputs are done with
-        with torch.autocast(worker.device.type, dtype=state.amp_dtype, enabled=state.amp_dtype is not None):
-            out = state.ddp_model(*batch.inputs(), pad_slots=bool(cfg.static_width))  # static: T slot columns
-        loss = training_loss(out, batch, state.model_cfg, cfg)
+        loss = state.batch_loss(state.ddp_model, batch, state.model_cfg, cfg, state.amp_dtype)
         state.optimizer.zero_grad(set_to_none=True)
         state.scaler.scale(loss).backward()
         state.scaler.unscale_(state.optimizer)

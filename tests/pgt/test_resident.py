@@ -11,7 +11,7 @@ import torch
 from pgt.config import TrainConfig
 from pgt.data import FirstVisits, ResidentBatches, UnseenSimulation, Vocab, load_splits
 from pgt.model import EPS, build_model
-from pgt.train import criterion, train_loader, train_loop_per_worker
+from pgt.train import batch_loss, criterion, train_loader, train_loop_per_worker
 from pgt.worker import Worker
 
 
@@ -98,6 +98,25 @@ def test_padded_slot_columns_change_neither_the_scores_nor_the_loss(synthetic_se
         assert (a is None) == (b is None)
         if a is not None:
             assert float((a - b).abs().max()) <= 1e-5 * largest  # float rounding only
+
+
+@pytest.mark.parametrize("recipe", ["tuned", "ensemble"])
+def test_the_padded_training_pass_is_one_graph(synthetic_sequences, tmp_path, recipe):
+    """What a CUDA graph needs: with static_width the recipe's training step (the pass with pad_slots and the loss)
+    traces as one graph with no break (no host sync inside); without it, the batch's slot count (a .item())
+    breaks it."""
+    import torch._dynamo
+
+    cfg = TrainConfig.from_recipe(recipe, data_dir=str(synthetic_sequences), out_dir=str(tmp_path), d_model=32, nhead=2,
+                                  resident_data=True, static_width=16)
+    model_cfg = cfg.model_config(Vocab.from_manifest(synthetic_sequences))
+    model = build_model(model_cfg).train()
+    validation = load_splits(synthetic_sequences, names=("validation",))["validation"]
+    batch = validation.__getitems__(list(range(min(64, len(validation)))))
+    padded = torch._dynamo.explain(batch_loss)(model, batch, model_cfg, cfg)
+    assert (padded.graph_count, padded.graph_break_count) == (1, 0), [r.reason for r in padded.break_reasons]
+    plain = torch._dynamo.explain(batch_loss)(model, batch, model_cfg, dataclasses.replace(cfg, static_width=0))
+    assert plain.graph_break_count > 0
 
 
 def test_unseen_simulation_gathers_alike_on_the_resident_path(synthetic_sequences, train_set, tmp_path):
