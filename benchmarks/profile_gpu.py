@@ -1,13 +1,13 @@
 """Where a training epoch's time goes: one epoch of a recipe under torch.profiler, after a warm-up epoch.
 
     python benchmarks/profile_gpu.py --data-dir DIR [--recipe tuned] [--resident-data] [--static-width 16]
-                                     [--device cuda|cpu] [--results benchmarks/results/profile_gpu.json]
+                                     [--compile-model] [--device cuda|cpu] [--results benchmarks/results/profile_gpu.json]
 
 It times the epoch's training loop and its validation pass apart, counts the kernels launched and the
 optimizer steps, and sums the time the device spent in kernels. Then it times the test split's forward pass: the
-model alone on batches already on the device (FORWARD_BATCHES), and the evaluation pass as training runs it
-(batches gathered on the host, ranks and metrics). Where the kernels' sum is a small part of the
-loop's wall time, the loop is bound by launches and Python, not by arithmetic: the profile says so in
+model alone on batches already on the device (FORWARD_BATCHES; with --compile-model also compiled), and the
+evaluation pass as training runs it (batches gathered on the host, ranks and metrics). Where the kernels' sum is
+a small part of the loop's wall time, the loop is bound by launches and Python, not by arithmetic: the profile says so in
 `device_busy_fraction`. The JSON holds the ops that took the most time on the host and on the device, and the
 table printed shows the same.
 """
@@ -42,7 +42,8 @@ def top_ops(averages, key: str, n: int = TOP) -> list[dict]:
 def forward_speeds(state, device: str, sync) -> dict:
     """Test samples per second: of the model's forward alone over the test split, on batches already on the
     device (the median of REPEATS passes, per FORWARD_BATCHES size, after a warm-up pass), and of the evaluation
-    pass as training runs it (score_dataset, eval_batch_size)."""
+    pass as training runs it (score_dataset, eval_batch_size). With compile_model, also the forward compiled (on
+    CUDA as CUDA graphs, with pad_slots' static width) at the largest batch size, its warm-up pass compiling."""
     import numpy as np
     import torch
 
@@ -51,8 +52,8 @@ def forward_speeds(state, device: str, sync) -> dict:
     test, model = state.splits["test"], state.evaluated
     model.eval()
     order = np.argsort(test.lengths.numpy(), kind="stable")  # little padding, as evaluation sorts
-    speeds = {}
-    for size in FORWARD_BATCHES:
+
+    def samples_per_s(forward, size: int) -> float:
         batches = [test.__getitems__(order[i:i + size].tolist()).to(device) for i in range(0, len(test), size)]
         seconds = []
         with torch.inference_mode(), torch.autocast(device, dtype=state.amp_dtype, enabled=state.amp_dtype is not None):
@@ -60,14 +61,26 @@ def forward_speeds(state, device: str, sync) -> dict:
                 sync()
                 began = time.perf_counter()
                 for batch in batches:
-                    model(*batch.inputs())
+                    forward(batch)
                 sync()
                 seconds.append(time.perf_counter() - began)
-        speeds[str(size)] = round(len(test) / float(np.median(seconds[1:])), 1)
+        return round(len(test) / float(np.median(seconds[1:])), 1)
+
+    speeds = {str(size): samples_per_s(lambda batch: model(*batch.inputs()), size) for size in FORWARD_BATCHES}
+    compiled = {}
+    if state.cfg.compile_model:
+        fast = torch.compile(model, mode="reduce-overhead" if device == "cuda" else "default", dynamic=False)
+
+        def compiled_forward(batch):
+            if device == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()
+            return fast(*batch.inputs(), pad_slots=True)
+
+        compiled = {str(FORWARD_BATCHES[-1]): samples_per_s(compiled_forward, FORWARD_BATCHES[-1])}
     began = time.perf_counter()
     score_dataset(model_scores(model), test, state.cfg.eval_batch_size, torch.device(device))
     sync()
-    return {"test_samples": len(test), "forward_samples_per_s": speeds,
+    return {"test_samples": len(test), "forward_samples_per_s": speeds, "compiled_forward_samples_per_s": compiled,
             "evaluation_samples_per_s": round(len(test) / (time.perf_counter() - began), 1)}
 
 
@@ -157,6 +170,8 @@ def main() -> None:
                   f"{result['kernel_s']} s, device busy {result['device_busy_fraction']}")
     console.print(f"test forward ({result['test_samples']} samples), model alone: "
                   + ", ".join(f"{v:,.0f} samples/s at batch {k}" for k, v in result["forward_samples_per_s"].items())
+                  + "".join(f"; compiled: {v:,.0f} samples/s at batch {k}"
+                            for k, v in result["compiled_forward_samples_per_s"].items())
                   + f"; evaluation pass: {result['evaluation_samples_per_s']:,.0f} samples/s")
     for title, key in (("device", "top_device_ops"), ("host", "top_host_ops")):
         table = Table(title=f"top ops by self time on the {title}")

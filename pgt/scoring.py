@@ -48,21 +48,22 @@ def score_dataset(score: Callable[[Batch], Scores], dataset: SequenceDataset, ba
     order = indices[np.argsort(dataset.lengths[indices].numpy(), kind="stable")]  # little padding
     if worker is not None and worker.world_size > 1:
         order = order[worker.rank::worker.world_size]
-    # rows: protocol rank, protocol top-1, strict rank, strict top-1; every sample is written by one rank
-    found = torch.zeros(4, len(dataset), dtype=torch.int64)
-    loss_sum = torch.zeros((), dtype=torch.float64)
+    # rows: protocol rank, protocol top-1, strict rank, strict top-1; every sample is written by one rank. They and
+    # the loss stay on the device until the pass ends: no batch waits for the one before it to reach the host
+    found = torch.zeros(4, len(dataset), dtype=torch.int64, device=device)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     for start in range(0, len(order), batch_size):
         chunk = torch.from_numpy(order[start:start + batch_size])
-        batch = dataset.__getitems__(chunk.tolist()).to(device)
+        batch = dataset.__getitems__(chunk.tolist()).to(device, non_blocking=True)
         scores = score(batch)
         if loss is not None:
-            loss_sum += float(loss(batch, scores.extended))
-        found[:, chunk] = ranks_and_top1(scores, batch).cpu()
+            loss_sum += loss(batch, scores.extended).detach().double()
+        found[:, chunk.to(device, non_blocking=True)] = ranks_and_top1(scores, batch)
     if worker is not None and worker.world_size > 1:
-
         totals = torch.cat([found.flatten().double(), loss_sum.reshape(1)]).to(worker.device)
         dist.all_reduce(totals)  # float64 holds every rank and id exactly
-        found, loss_sum = totals[:-1].cpu().round().long().view(4, -1), totals[-1].cpu()
+        found, loss_sum = totals[:-1].round().long().view(4, -1), totals[-1]
+    found, loss_sum = found.cpu(), loss_sum.cpu()
     mean_loss = float(loss_sum) / max(len(indices), 1) if loss is not None else None
     return scored_samples(found, dataset, indices), mean_loss
 

@@ -64,6 +64,8 @@ def test_compile_profiles_the_compiled_model_into_files_of_its_own(tiny_sequence
     profile = json.loads((tmp_path / "results" / "profile_gpu_compiled.json").read_text())
     assert profile["options"] == {"resident_data": True, "static_width": 64, "compile_model": True}
     assert profile["compiled_steps"] == profile["steps"] > 0  # every step's forward ran compiled
+    assert list(profile["compiled_forward_samples_per_s"]) == ["4096"]
+    assert profile["compiled_forward_samples_per_s"]["4096"] > 0
 
 
 def test_usage_and_unknown_stages_are_refused(tmp_path):

@@ -32,6 +32,7 @@ def test_one_epoch_is_profiled_on_the_cpu(tiny_sequences, tmp_path):
     test_rows = json.loads((tiny_sequences / "manifest.json").read_text())["counts"]["samples"]["test"]
     assert profile["test_samples"] == test_rows and set(profile["forward_samples_per_s"]) == {"1024", "4096"}
     assert min(profile["forward_samples_per_s"].values()) > 0 and profile["evaluation_samples_per_s"] > 0
+    assert profile["compiled_forward_samples_per_s"] == {}  # measured with --compile-model only
     assert "test forward" in done.stdout
     ops = [op["op"] for op in profile["top_host_ops"]]
     assert len(ops) == 15 and ("aten::mm" in ops or "aten::addmm" in ops)
