@@ -128,6 +128,8 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
         "validation_s": round(validation_s, 4),
         # steps whose forward ran as compiled graphs (compile_model; 0 for the eager model)
         "compiled_steps": sum(1 for e in events if e.name.startswith("Torch-Compiled Region")),
+        # replays of captured CUDA graphs (compile_model on CUDA; 0 where a step fell back to launching its kernels)
+        "cuda_graph_launches": sum(1 for e in events if e.name == "cudaGraphLaunch"),
         "kernels": len(kernels), "kernels_per_step": round(len(kernels) / max(1, steps), 1),
         "kernel_s": round(kernel_s, 4),
         "device_busy_fraction": round(kernel_s / row["seconds"], 3) if device == "cuda" else None,
