@@ -73,8 +73,13 @@ def resolve_tracking_uri(uri: str | None, state: Path | None = None) -> str:
 
 
 def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
-    """ValueError, within `timeout_s`, unless an http(s) tracking URI answers its /health (a local store always
-    passes): a stopped server would otherwise keep MLflow retrying for minutes."""
+    """ValueError, within `timeout_s`, unless an http(s) tracking URI answers its /health: a stopped server would
+    otherwise keep MLflow retrying for minutes. A local file store (a path, or file:) is refused too, in one line,
+    unless MLFLOW_ALLOW_FILE_STORE is true: MLflow 3 raises deep inside the run for it. A SQLite store passes."""
+    if tracking_uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
+        raise ValueError(f"{tracking_uri}: a file store, which MLflow 3 keeps in maintenance mode and refuses; use a "
+                         "SQLite store (sqlite:///PATH/mlflow.db; with no URI runs go to one under .state/mlflow), "
+                         "or set MLFLOW_ALLOW_FILE_STORE=true")
     if not tracking_uri.startswith(("http://", "https://")):
         return
     try:

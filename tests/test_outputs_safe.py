@@ -109,6 +109,18 @@ def test_predict_refuses_an_output_it_did_not_write_before_loading_the_model(dat
     assert foreign.read_bytes() == b"someone's" and not (tmp_path / "none.db").exists()
 
 
+def test_a_file_tracking_store_is_refused_in_one_line_before_any_work(data, tmp_path, monkeypatch):
+    """MLflow 3 refuses its file store deep inside a run (a traceback); a path or file: URI is refused at the door,
+    with what to use instead, for train and tune alike."""
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    for args in (["train", "--data", data / "seq", "--out", tmp_path / "run", "--tracking-uri", tmp_path / "mlruns"],
+                 ["tune", "--data", data / "seq", "--out", tmp_path / "sweep", "--tracking-uri",
+                  (tmp_path / "mlruns").as_uri()]):
+        r = pgt(*args, timeout=60)
+        assert refused(r, (tmp_path / "mlruns").as_uri(), "a file store", "sqlite:///"), r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []  # nothing made before the check
+
+
 def test_an_unreachable_tracking_server_or_ray_cluster_fails_in_seconds(data, tmp_path):
     nobody = f"127.0.0.1:{free_port()}"
     for args, words in (
