@@ -80,7 +80,10 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
         raise ValueError(f"{tracking_uri}: a file store, which MLflow 3 keeps in maintenance mode and refuses; use a "
                          "SQLite store (sqlite:///PATH/mlflow.db; with no URI runs go to one under .state/mlflow), "
                          "or set MLFLOW_ALLOW_FILE_STORE=true")
+    if tracking_uri.startswith(("sqlite:", "file:")):
+        return
     if not tracking_uri.startswith(("http://", "https://")):
+        check_tracking_store(tracking_uri, 3 * timeout_s)
         return
     try:
         with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout_s) as response:
@@ -95,6 +98,35 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
     raise ValueError(f"MLflow tracking server {tracking_uri} is not reachable ({problem}); start it with "
                      "scripts/start-mlflow.sh (or `make demo`), or choose another --tracking-uri / "
                      "MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
+
+
+def check_tracking_store(tracking_uri: str, timeout_s: float) -> None:
+    """ValueError, within `timeout_s`, unless MLflow opens the store of a database (or other) tracking URI and
+    lists an experiment: an unknown scheme, a missing driver or a database that does not answer is one line here,
+    not a traceback in the middle of a run."""
+    import threading
+
+    outcome: list[BaseException | None] = []
+
+    def open_store() -> None:
+        try:
+            mlflow_client(tracking_uri).search_experiments(max_results=1)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread, which says it in one line
+            outcome.append(exc)
+
+    opener = threading.Thread(target=open_store, daemon=True)  # daemon: a store that hangs does not hold the exit
+    opener.start()
+    opener.join(timeout_s)
+    if not outcome:
+        raise ValueError(f"MLflow tracking store {tracking_uri} did not answer within {timeout_s:.0f} s; choose another "
+                         "--tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
+    exc = outcome[0]
+    if exc is not None:
+        problem = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ValueError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: {problem}); "
+                         "choose another --tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite "
+                         "store)")
 
 
 def mlflow_client(tracking_uri: str):

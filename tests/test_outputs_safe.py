@@ -121,6 +121,27 @@ def test_a_file_tracking_store_is_refused_in_one_line_before_any_work(data, tmp_
     assert list(tmp_path.iterdir()) == []  # nothing made before the check
 
 
+def test_a_tracking_store_mlflow_cannot_open_is_refused_in_one_line(data, tmp_path):
+    """An unknown scheme, or a database whose driver is not installed: one line naming the URI and MLflow's reason."""
+    for uri, reason in (("ftp://nowhere/x", "UnsupportedModelRegistryStoreURIException"),
+                        ("mssql://user@127.0.0.1:1/db", "ModuleNotFoundError")):
+        r = pgt("train", "--data", data / "seq", "--out", tmp_path / "run", "--tracking-uri", uri, timeout=60)
+        assert refused(r, f"MLflow tracking store {uri} cannot be opened", reason), r.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tracking_store_that_hangs_is_given_up_on_in_time(monkeypatch):
+    """A database that never answers (none is at hand to hang for real: its client stands in) is given up on
+    within the timeout, in one line."""
+    from pgt import tracking
+
+    monkeypatch.setattr(tracking, "mlflow_client", lambda uri: time.sleep(30))
+    began = time.monotonic()
+    with pytest.raises(ValueError, match=r"^MLflow tracking store postgresql://h/db did not answer within 1 s"):
+        tracking.check_tracking_store("postgresql://h/db", 1.0)
+    assert time.monotonic() - began < 5
+
+
 def test_an_unreachable_tracking_server_or_ray_cluster_fails_in_seconds(data, tmp_path):
     nobody = f"127.0.0.1:{free_port()}"
     for args, words in (
