@@ -382,6 +382,8 @@ def _sniff(path: Path) -> str:
         return "parquet"
     if path.suffix.lower() in (".parquet", ".pq"):
         raise InputError(path, "not a Parquet file (no PAR1 magic bytes)")
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise InputError(path, "UTF-16 text: expected CSV text in UTF-8 (save or convert it as UTF-8)")
     if b"\x00" in head:
         raise InputError(path, "binary content: expected a Parquet file or CSV text")
     try:
@@ -485,6 +487,8 @@ def _check_plt_file(path: Path) -> int:
     """The number of header lines before the first fix (6 in GeoLife); InputError for binary or fix-less files."""
     with path.open("rb") as fh:
         head = fh.read(4096)
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise InputError(path, "UTF-16 text: expected a GeoLife .plt text file in ASCII or UTF-8")
     if b"\x00" in head:
         raise InputError(path, "binary content: expected a GeoLife .plt text file")
     lines = head.decode("utf-8", errors="replace").splitlines()

@@ -182,6 +182,8 @@ def test_staypoints_with_latitude_longitude_columns_and_wkb(tmp_path):
     ("header.csv", "user_id,tracked_at,latitude,longitude\n", "header only"),
     ("fake.parquet", "user_id,tracked_at\n", "not a Parquet file"),
     ("garbage.csv", b"\x89\x00\x17\xfe\x00binary\x00" * 50, "binary content"),
+    ("utf16.csv", "user_id,tracked_at,latitude,longitude\n1,2008-10-23 02:53:04,1,1\n".encode("utf-16"),
+     "UTF-16 text: expected CSV text in UTF-8"),
     ("empty.csv", "", "empty file"),
 ])
 def test_whole_file_problems_name_the_file(tmp_path, name, content, problem):
@@ -224,6 +226,10 @@ def test_geolife_layout_problems(tmp_path):
     (traj / "20081024000000.plt").write_bytes(b"\x00\x01garbage" * 100)
     with pytest.raises(InputError, match="binary content"):
         read_geolife_plt(tmp_path)
+    (traj / "20081024000000.plt").write_bytes((header + "39.9,116.3,0,492,39744.12,2008-10-23,02:53:04\n").encode("utf-16"))
+    with pytest.raises(InputError, match="UTF-16 text: expected a GeoLife .plt text file") as info:
+        read_geolife_plt(tmp_path)
+    assert "20081024000000.plt" in str(info.value)
 
 
 def test_the_default_latest_time_is_a_day_after_now_rounded_up_to_the_minute_it_is_written_as():
