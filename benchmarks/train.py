@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -295,11 +296,15 @@ def gpu_machine(device: str = "cuda") -> dict:
 
     import torch
 
-    try:
-        ray_version = importlib.metadata.version("ray")
-    except importlib.metadata.PackageNotFoundError:
-        ray_version = None
-    base = machine() | {"torch": torch.__version__, "ray": ray_version}
+    def version(package: str) -> str | None:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    # triton and a C compiler are what torch.compile needs on a GPU (--compile-model)
+    base = machine() | {"torch": torch.__version__, "ray": version("ray"), "triton": version("triton"),
+                        "c_compiler": shutil.which("cc") or shutil.which("gcc")}
     if device == "cpu":
         return base | {"gpu": None, "cuda": None, "autocast_dtype": None}
     props = torch.cuda.get_device_properties(0)

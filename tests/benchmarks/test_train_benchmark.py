@@ -89,6 +89,7 @@ def test_the_gpu_harness_writes_each_configuration_in_the_fixed_form(tiny_sequen
     assert entry["options"] == {"resident_data": True, "static_width": 8} and entry["samples_per_s"] > 0
     assert 0 <= entry["strict"]["acc@1"]["mean"] <= entry["protocol"]["acc@1"]["mean"] <= 100
     assert entry["machine"]["torch"] == torch.__version__ and entry["machine"]["ray"] and entry["machine"]["gpu"] is None
+    assert entry["machine"]["c_compiler"] and "triton" in entry["machine"]  # what --compile-model needs on a GPU
     done = harness(tiny_sequences, results, tmp_path / "work")
     assert done.returncode == 0, done.stderr[-3000:]
     both = json.loads(results.read_text())["configurations"]
