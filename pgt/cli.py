@@ -245,7 +245,7 @@ def train(
     from pgt.distributed import run_training
     from pgt.report import EpochPrinter, print_metrics
     from pgt.tracking import RECIPE_TAG, champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
-    from pgt.train import OUTPUTS
+    from pgt.train import OUTPUTS, check_compile_toolchain
     from preprocessing.engine import check_ray_address
     from preprocessing.errors import InputError
     from preprocessing.output import check_apart, check_output_entries
@@ -263,6 +263,8 @@ def train(
         check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
         if launch.workers:
             check_ray_address(launch.address or os.environ.get("RAY_ADDRESS"))
+        if cfg.compile_model:
+            check_compile_toolchain()  # before any data is read: the run would fail at its first step
         result = run_training(cfg, launch, tracking, on_epoch=EpochPrinter())
     except (ValueError, FileNotFoundError, InputError) as exc:
         fail(str(exc))

@@ -351,6 +351,20 @@ def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg
     return training_loss(out, batch, model_cfg, cfg)
 
 
+def check_compile_toolchain(device: torch.device | str | None = None) -> None:
+    """ValueError unless torch.compile can build kernels here (compile_model): a C compiler on PATH (inductor's
+    CPU code and Triton's launchers are compiled with it) and, for CUDA, Triton."""
+    import importlib.util
+
+    if not any(shutil.which(name) for name in ("cc", "gcc", "clang")):
+        raise ValueError("compile_model: torch.compile builds its kernels with a C compiler, and none (cc, gcc, clang) "
+                         "is on PATH; install one, or train without --compile-model")
+    cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    if cuda and importlib.util.find_spec("triton") is None:
+        raise ValueError("compile_model: torch.compile on CUDA needs Triton, which is not installed; install the "
+                         "triton that matches torch, or train without --compile-model")
+
+
 def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable:
     """torch.compile of a training step's pass and loss (TrainConfig.compile_model): static_width gives the batches
     a few fixed shapes and pad_slots the output one width per shape, so each compiles once (dynamic=False) into one
@@ -358,6 +372,7 @@ def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable
     trained: checkpoints, validation and test use it as it is."""
     import torch._dynamo.config
 
+    check_compile_toolchain(device)
     shapes = -(-cfg.network.max_len // cfg.static_width)  # the batch widths static_width gives
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
     return torch.compile(step, mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False)

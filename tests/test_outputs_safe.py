@@ -4,6 +4,7 @@ that does not answer: exit 2, one line naming the path or address, nothing creat
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import time
@@ -16,8 +17,8 @@ from tests.conftest import free_port
 PGT = [sys.executable, "-m", "pgt.cli"]
 
 
-def pgt(*args, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+def pgt(*args, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def refused(r: subprocess.CompletedProcess, *words: str) -> bool:
@@ -119,6 +120,18 @@ def test_a_file_tracking_store_is_refused_in_one_line_before_any_work(data, tmp_
         r = pgt(*args, timeout=60)
         assert refused(r, (tmp_path / "mlruns").as_uri(), "a file store", "sqlite:///"), r.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []  # nothing made before the check
+
+
+def test_compile_model_without_a_c_compiler_is_refused_before_any_work(data, tmp_path):
+    """--compile-model where PATH holds no C compiler (torch.compile needs one to build kernels): one line, and
+    nothing written, instead of a failure at the first step."""
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "python").symlink_to(sys.executable)
+    r = pgt("train", "--data", data / "seq", "--out", tmp_path / "run", "--resident-data", "--static-width", 16,
+            "--compile-model", env={**os.environ, "PATH": str(bare)})
+    assert refused(r, "compile_model", "C compiler", "without --compile-model"), r.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_tracking_store_mlflow_cannot_open_is_refused_in_one_line(data, tmp_path):
