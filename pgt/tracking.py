@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -104,8 +105,6 @@ def check_tracking_store(tracking_uri: str, timeout_s: float) -> None:
     """ValueError, within `timeout_s`, unless MLflow opens the store of a database (or other) tracking URI and
     lists an experiment: an unknown scheme, a missing driver or a database that does not answer is one line here,
     not a traceback in the middle of a run."""
-    import threading
-
     outcome: list[BaseException | None] = []
 
     def open_store() -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
+import importlib.util
 import math
 import os
 import random
@@ -354,8 +355,6 @@ def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg
 def check_compile_toolchain(device: torch.device | str | None = None) -> None:
     """ValueError unless torch.compile can build kernels here (compile_model): a C compiler on PATH (inductor's
     CPU code and Triton's launchers are compiled with it) and, for CUDA, Triton."""
-    import importlib.util
-
     if not any(shutil.which(name) for name in ("cc", "gcc", "clang")):
         raise ValueError("compile_model: torch.compile builds its kernels with a C compiler, and none (cc, gcc, clang) "
                          "is on PATH; install one, or train without --compile-model")

@@ -21,6 +21,7 @@ LAZY_KINDS = {
     "prefect": {"prefect"},
     "matplotlib": {"matplotlib", "PIL", "pgt.explain"},
     "web server": {"fastapi", "uvicorn"},
+    "torch.compile": {"torch._dynamo"},
 }
 LAZY = set().union(*LAZY_KINDS.values())
 CLI_MODULES = {"pgt.cli", "tune.cli"}  # the command line loads what a command needs when it runs
