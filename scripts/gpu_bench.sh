@@ -7,7 +7,7 @@
 #
 # Stages (in the order given; default: profile train sweep):
 #   unpack    only unpack what has come
-#   profile   benchmarks/profile_gpu.py: one tuned epoch under torch.profiler (needs polars, not Ray)
+#   profile   benchmarks/profile_gpu.py: one epoch of $RECIPE (tuned) under torch.profiler (needs polars, not Ray)
 #   train     benchmarks/train.py --gpu --engine ray-train, the tuned recipe, seeds $SEEDS
 #   sweep     benchmarks/sweep_gpu.py: $TRIALS trials of at most $SWEEP_EPOCHS epochs, $CONCURRENT at once
 # Every stage trains with --resident-data --static-width $STATIC_WIDTH (16); COMPILE=1 adds --compile-model
@@ -59,7 +59,7 @@ for s in $stages; do
         unpack) ;;
         profile)
             stage "profile${suffix/_/-}" "${PROFILE_LIMIT_S:-60}" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
-                "${shape[@]}" --device "$device" --results "$results/profile_gpu$suffix.json" ;;
+                --recipe "${RECIPE:-tuned}" "${shape[@]}" --device "$device" --results "$results/profile_gpu$suffix.json" ;;
         train)
             [ -e "$results/train_gpu.json" ] || cp benchmarks/results/train_gpu.json "$results/" 2>/dev/null
             # shellcheck disable=SC2086  # SEEDS is a list

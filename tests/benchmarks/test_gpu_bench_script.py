@@ -54,15 +54,17 @@ def test_the_profile_stage_writes_its_json_and_log(tiny_sequences, tmp_path):
 
 @pytest.mark.slow
 def test_compile_profiles_the_compiled_model_into_files_of_its_own(tiny_sequences, tmp_path):
-    """COMPILE=1 (one width, STATIC_WIDTH=64: one graph to compile on the CPU): the profile of the compiled training
-    pass goes to profile_gpu_compiled.json and profile-compiled.log, beside where the eager one goes."""
+    """COMPILE=1 (one width, STATIC_WIDTH=64, and the paper's smaller model: one small graph to compile on the CPU):
+    the profile of the compiled training pass goes to profile_gpu_compiled.json and profile-compiled.log, beside
+    where the eager one goes."""
     done = bench(tmp_path, str(tiny_sequences), str(tmp_path / "results"), "profile", COMPILE="1",
-                 STATIC_WIDTH="64", PROFILE_LIMIT_S="400")
+                 STATIC_WIDTH="64", RECIPE="paper", PROFILE_LIMIT_S="400")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["profile-compiled.log",
                                                                         "profile_gpu_compiled.json"]
     profile = json.loads((tmp_path / "results" / "profile_gpu_compiled.json").read_text())
     assert profile["options"] == {"resident_data": True, "static_width": 64, "compile_model": True}
+    assert profile["recipe"] == "paper"
     assert profile["compiled_steps"] == profile["steps"] > 0  # every step's forward ran compiled
     assert list(profile["compiled_forward_samples_per_s"]) == ["4096"]
     assert profile["compiled_forward_samples_per_s"]["4096"] > 0

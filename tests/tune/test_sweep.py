@@ -1,4 +1,5 @@
-"""Ray Tune sweeps with real Ray and MLflow: 4 trials 2 at a time, resumption, and a 2-node Ray cluster."""
+"""Ray Tune sweeps with real Ray and MLflow: 4 trials 2 at a time, resumption, a crashed trial, a 2-node Ray cluster,
+trials of the tuned recipe as TorchTrainers of two workers, and a time budget."""
 
 from __future__ import annotations
 
@@ -160,11 +161,17 @@ def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two
     assert {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
 
 
-def test_trials_run_a_torch_trainer_of_two_workers(training_sequences, tmp_path):
-    """--workers-per-trial 2: the trial fits a TorchTrainer inside itself (0.5 CPU for the trial, 0.5 per worker)."""
+def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_sequences, tmp_path, mlflow_server):
+    """`pgt tune --recipe tuned --workers-per-trial 2`: the trial fits a TorchTrainer inside itself (0.5 CPU for the
+    trial, 0.5 per worker) and trains the tuned family: its logged params are the recipe's (visit relations, relation
+    inputs, the extended vocabulary, the unseen simulation) with the searched settings drawn; the parent run names
+    the recipe, and the winner is a recipe file that `pgt train --recipe-file` trains again."""
+    from mlflow.tracking import MlflowClient
+
     out = tmp_path / "sweep"
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 1, "--epochs", 2, "--max-concurrent", 1,
-                 "--grace-period", 2, "--workers-per-trial", 2, "--cpus-per-worker", 0.5)
+                 "--grace-period", 2, "--workers-per-trial", 2, "--cpus-per-worker", 0.5, "--recipe", "tuned",
+                 "--search", "random", "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     finished = [row for row in result["trials"] if row["status"] == "finished"]
@@ -174,21 +181,9 @@ def test_trials_run_a_torch_trainer_of_two_workers(training_sequences, tmp_path)
         assert metrics["workers"] == 2 and all(h["replicas_in_sync"] for h in metrics["history"])
         assert (out / "trials" / row["trial_id"] / "ray" / "train").is_dir()  # the trial's own Ray Train run
 
-
-def test_a_sweep_from_the_tuned_recipe_trains_the_tuned_family(training_sequences, tmp_path, mlflow_server):
-    """`pgt tune --recipe tuned`: the trial's logged params are the recipe's (visit relations, relation inputs,
-    the extended vocabulary, new-place weight) with the searched settings drawn; the parent run names the recipe."""
-    from mlflow.tracking import MlflowClient
-
-    out = tmp_path / "sweep"
-    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 1, "--recipe", "tuned",
-                 "--max-concurrent", 1, "--search", "random", "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
-    assert r.returncode == 0, r.stderr[-4000:]
-    result = json.loads((out / "tune.json").read_text())
     client = MlflowClient(mlflow_server)
     parent = client.get_run(result["mlflow"]["run_id"])
     assert parent.data.params["recipe_name"] == "tuned" and parent.data.params["recipe.visit_relations"] == "True"
-    assert len(result["trials"]) == 2
     for row in result["trials"]:
         params = client.get_run(row["mlflow_run_id"]).data.params
         assert (params["visit_relations"], params["relation_inputs"], params["unseen_slots"], params["simulate_unseen"]) == (
