@@ -39,9 +39,11 @@ python=${PYTHON:-python3}
 device=${DEVICE:-cuda}  # cpu: a dry run of the same stages
 shape=(--resident-data --static-width "${STATIC_WIDTH:-16}")
 suffix=""
+profile_limit=${PROFILE_LIMIT_S:-60}
 if [ "${COMPILE:-0}" = 1 ]; then
     shape+=(--compile-model)
     suffix=_compiled
+    profile_limit=${PROFILE_LIMIT_S:-300}  # its warm-up epoch compiles every width
 fi
 failed=0
 
@@ -58,7 +60,7 @@ for s in $stages; do
     case $s in
         unpack) ;;
         profile)
-            stage "profile${suffix/_/-}" "${PROFILE_LIMIT_S:-60}" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
+            stage "profile${suffix/_/-}" "$profile_limit" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
                 --recipe "${RECIPE:-tuned}" "${shape[@]}" --device "$device" --results "$results/profile_gpu$suffix.json" ;;
         train)
             [ -e "$results/train_gpu.json" ] || cp benchmarks/results/train_gpu.json "$results/" 2>/dev/null
