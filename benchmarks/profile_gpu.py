@@ -48,6 +48,7 @@ def forward_speeds(state, device: str, sync) -> dict:
     import torch
 
     from pgt.scoring import model_scores, score_dataset
+    from pgt.train import compiled as compiled_step
 
     test, model = state.splits["test"], state.evaluated
     model.eval()
@@ -69,14 +70,9 @@ def forward_speeds(state, device: str, sync) -> dict:
     speeds = {str(size): samples_per_s(lambda batch: model(*batch.inputs()), size) for size in FORWARD_BATCHES}
     compiled = {}
     if state.cfg.compile_model:
-        fast = torch.compile(model, mode="reduce-overhead" if device == "cuda" else "default", dynamic=False)
-
-        def compiled_forward(batch):
-            if device == "cuda":
-                torch.compiler.cudagraph_mark_step_begin()
-            return fast(*batch.inputs(), pad_slots=True)
-
-        compiled = {str(FORWARD_BATCHES[-1]): samples_per_s(compiled_forward, FORWARD_BATCHES[-1])}
+        fast = compiled_step(model, state.cfg, torch.device(device))  # training's torch.compile, CUDA graphs on CUDA
+        compiled = {str(FORWARD_BATCHES[-1]): samples_per_s(lambda batch: fast(*batch.inputs(), pad_slots=True),
+                                                            FORWARD_BATCHES[-1])}
     began = time.perf_counter()
     score_dataset(model_scores(model), test, state.cfg.eval_batch_size, torch.device(device))
     sync()

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import time
 from datetime import datetime, timezone
@@ -303,8 +302,10 @@ def gpu_machine(device: str = "cuda") -> dict:
             return None
 
     # triton and a C compiler are what torch.compile needs on a GPU (--compile-model)
+    from pgt.train import c_compiler
+
     base = machine() | {"torch": torch.__version__, "ray": version("ray"), "triton": version("triton"),
-                        "c_compiler": shutil.which("cc") or shutil.which("gcc")}
+                        "c_compiler": c_compiler()}
     if device == "cpu":
         return base | {"gpu": None, "cuda": None, "autocast_dtype": None}
     props = torch.cuda.get_device_properties(0)

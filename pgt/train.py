@@ -352,10 +352,15 @@ def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg
     return training_loss(out, batch, model_cfg, cfg)
 
 
+def c_compiler() -> str | None:
+    """The C compiler on PATH (cc, gcc or clang), which torch.compile builds its kernels with; None without one."""
+    return next((found for found in map(shutil.which, ("cc", "gcc", "clang")) if found), None)
+
+
 def check_compile_toolchain(device: torch.device | str | None = None) -> None:
     """ValueError unless torch.compile can build kernels here (compile_model): a C compiler on PATH (inductor's
     CPU code and Triton's launchers are compiled with it) and, for CUDA, Triton."""
-    if not any(shutil.which(name) for name in ("cc", "gcc", "clang")):
+    if c_compiler() is None:
         raise ValueError("compile_model: torch.compile builds its kernels with a C compiler, and none (cc, gcc, clang) "
                          "is on PATH; install one, or train without --compile-model")
     cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
@@ -367,14 +372,23 @@ def check_compile_toolchain(device: torch.device | str | None = None) -> None:
 def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable:
     """torch.compile of a training step's pass and loss (TrainConfig.compile_model): static_width gives the batches
     a few fixed shapes and pad_slots the output one width per shape, so each compiles once (dynamic=False) into one
-    graph with no host sync; on CUDA, mode reduce-overhead replays it as a CUDA graph. The model is the one
-    trained: checkpoints, validation and test use it as it is."""
+    graph with no host sync; on CUDA, mode reduce-overhead replays it as a CUDA graph, each call marked as a new
+    step (the last one's graph outputs are done with). The model is the one trained: checkpoints, validation and
+    test use it as it is."""
     import torch._dynamo.config
 
     check_compile_toolchain(device)
     shapes = -(-cfg.network.max_len // cfg.static_width)  # the batch widths static_width gives
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
-    return torch.compile(step, mode="reduce-overhead" if device.type == "cuda" else "default", dynamic=False)
+    if device.type != "cuda":
+        return torch.compile(step, mode="default", dynamic=False)
+    graphed = torch.compile(step, mode="reduce-overhead", dynamic=False)
+
+    def new_step(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return graphed(*args, **kwargs)
+
+    return new_step
 
 
 def train_epoch(state: TrainState, epoch: int) -> dict:
@@ -385,8 +399,6 @@ def train_epoch(state: TrainState, epoch: int) -> dict:
     began, loss_sum, seen = time.perf_counter(), torch.zeros((), device=worker.device), 0
     for batch in state.loader:
         batch = batch.to(worker.device, non_blocking=True)
-        if cfg.compile_model and worker.device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's graph outputs are done with
         loss = state.batch_loss(state.ddp_model, batch, state.model_cfg, cfg, state.amp_dtype)
         state.optimizer.zero_grad(set_to_none=True)
         state.scaler.scale(loss).backward()

@@ -374,6 +374,9 @@ def _existing_file(path: Path | str) -> Path:
     return path
 
 
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")  # how a UTF-16 text file starts (little-, big-endian)
+
+
 def _sniff(path: Path) -> str:
     """'parquet' or 'csv', from the magic bytes; garbage is refused here."""
     with path.open("rb") as fh:
@@ -382,7 +385,7 @@ def _sniff(path: Path) -> str:
         return "parquet"
     if path.suffix.lower() in (".parquet", ".pq"):
         raise InputError(path, "not a Parquet file (no PAR1 magic bytes)")
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+    if head[:2] in UTF16_BOMS:
         raise InputError(path, "UTF-16 text: expected CSV text in UTF-8 (save or convert it as UTF-8)")
     if b"\x00" in head:
         raise InputError(path, "binary content: expected a Parquet file or CSV text")
@@ -487,7 +490,7 @@ def _check_plt_file(path: Path) -> int:
     """The number of header lines before the first fix (6 in GeoLife); InputError for binary or fix-less files."""
     with path.open("rb") as fh:
         head = fh.read(4096)
-    if head[:2] in (b"\xff\xfe", b"\xfe\xff"):
+    if head[:2] in UTF16_BOMS:
         raise InputError(path, "UTF-16 text: expected a GeoLife .plt text file in ASCII or UTF-8")
     if b"\x00" in head:
         raise InputError(path, "binary content: expected a GeoLife .plt text file")
