@@ -426,6 +426,11 @@ def gpu_main(args: argparse.Namespace) -> None:
     print(f"wrote {results}")
 
 
+def plus_minus(x: dict) -> str:
+    """"mean ± std" of a metric, or the mean alone where no spread was recorded (an entry from one run's log)."""
+    return f"{x['mean']:.2f}" if x.get("std") is None else f"{x['mean']:.2f} ± {x['std']:.2f}"
+
+
 def print_gpu_table(result: dict) -> None:
     """Every configuration of train_gpu.json (its fixed form), and the CPU rows of train.json beside its models."""
     from rich.console import Console
@@ -436,9 +441,6 @@ def print_gpu_table(result: dict) -> None:
                 "validation strict acc@1", "strict acc@1", "acc@1", "mrr"):
         table.add_column(col, justify="left" if col in ("configuration", "device") else "right")
 
-    def pm(x: dict) -> str:
-        return f"{x['mean']:.2f} ± {x['std']:.2f}"
-
     def num(x, fmt: str) -> str:
         return "" if x is None else format(x, fmt)
 
@@ -446,15 +448,15 @@ def print_gpu_table(result: dict) -> None:
         m = c["machine"]
         table.add_row(name, m.get("gpu") or f"CPU ({m['cores']} cores)", str(c["runs"]), num(c["epoch_s"], ".2f"),
                       num(c["samples_per_s"], ",.0f"), num(c["test_forward_samples_per_s"], ",.0f"),
-                      num(c["epochs_run"], ".0f"), pm(c["validation_strict_acc@1"]), pm(c["strict"]["acc@1"]),
-                      pm(c["protocol"]["acc@1"]), pm(c["protocol"]["mrr"]))
+                      num(c["epochs_run"], ".0f"), plus_minus(c["validation_strict_acc@1"]), plus_minus(c["strict"]["acc@1"]),
+                      plus_minus(c["protocol"]["acc@1"]), plus_minus(c["protocol"]["mrr"]))
     for model, c in result["cpu"].items():
         table.add_row(f"[dim]{model}, train.json", f"[dim]CPU ({c['machine']['cores']} cores)", f"[dim]{c['runs']}",
                       f"[dim]{num(c['epoch_seconds_median'], '.2f')}",
                       f"[dim]{c['train_samples_per_second_median']:,.0f}",
                       f"[dim]{c['test_forward_samples_per_second']:,.0f}", f"[dim]{c['epochs_run']:.0f}",
-                      f"[dim]{pm(c['validation_strict_acc@1'])}", f"[dim]{pm(c['strict_acc@1'])}",
-                      f"[dim]{pm(c['acc@1'])}", f"[dim]{pm(c['mrr'])}")
+                      f"[dim]{plus_minus(c['validation_strict_acc@1'])}", f"[dim]{plus_minus(c['strict_acc@1'])}",
+                      f"[dim]{plus_minus(c['acc@1'])}", f"[dim]{plus_minus(c['mrr'])}")
     Console(width=220).print(table)
 
 

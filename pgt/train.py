@@ -78,11 +78,16 @@ HELD_OUT_KEY = "_held_out"
 # the worker's environment: one process here; Ray Train supplies rank, world size and reporting
 
 
-def seed_everything(seed: int) -> None:
+def seed_everything(seed: int, deterministic: bool = True) -> None:
+    """Seed Python, NumPy and torch; `deterministic` turns torch's deterministic algorithms on (else off).
+
+    Training asks for them on CPU only: on CUDA they buy no reproducibility (cuDNN's attention backward has no
+    deterministic kernel) and cost the most time of a compiled step, since they make every embedding's backward
+    (an index_put that accumulates) sort its indices and add duplicates one by one."""
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
     # deterministic kernels never read memory they did not write; filling each new tensor with NaN first (torch's
     # default in this mode, a debugging aid) cost 384 fills per step on a CPU and 512 kernels of 1,165 on a GPU
     torch.utils.deterministic.fill_uninitialized_memory = False
@@ -289,7 +294,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
         tracking = TrackingConfig.from_dict(tracking_values)
         epoch_logger = EpochLogger(tracking)
     out_dir = Path(cfg.out_dir)
-    seed_everything(cfg.seed)
+    seed_everything(cfg.seed, deterministic=worker.device.type == "cpu")
     if worker.device.type == "cpu":
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // worker.world_size))
     vocab = Vocab.from_manifest(cfg.data_dir)

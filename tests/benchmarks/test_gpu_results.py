@@ -33,3 +33,15 @@ def test_the_gpu_sweep_and_profile_say_what_they_measured():
     profile = json.loads((RESULTS / "profile_gpu.json").read_text())
     assert profile["device"] == "cuda" and profile["kernels_per_step"] == round(profile["kernels"] / profile["steps"], 1)
     assert 0 < profile["kernel_s"] < profile["loop_s"] and profile["device_busy_fraction"] < 1
+
+
+def test_the_compiled_profile_ran_every_step_as_cuda_graphs():
+    """profile_gpu_compiled.json: every profiled step compiled, two CUDA graph launches a step (forward, backward),
+    fewer kernels per step than the eager profile, and the compiled forward timed beside the eager one."""
+    eager = json.loads((RESULTS / "profile_gpu.json").read_text())
+    compiled = json.loads((RESULTS / "profile_gpu_compiled.json").read_text())
+    assert compiled["options"]["compile_model"] and compiled["compiled_steps"] == compiled["steps"] > 0
+    assert compiled["cuda_graph_launches"] == 2 * compiled["steps"]
+    assert compiled["kernels_per_step"] < eager["kernels_per_step"]
+    assert compiled["machine"]["gpu"] == eager["machine"]["gpu"]  # compared on the same card
+    assert set(compiled["compiled_forward_samples_per_s"]) <= set(compiled["forward_samples_per_s"])

@@ -66,6 +66,13 @@ def test_cpu_figures_beside_the_gpu_rows(tmp_path):
     assert module.cpu_beside(summary, tmp_path / "absent.json", "published") == {}
 
 
+def test_a_metric_without_a_spread_prints_its_mean_alone():
+    """An entry written from one run's log has no std: the table shows its mean, not a crash."""
+    module = load_script()
+    assert module.plus_minus({"mean": 46.774, "std": None}) == "46.77"
+    assert module.plus_minus({"mean": 47.891, "std": 0.484}) == "47.89 ± 0.48"
+
+
 def harness(data: Path, results: Path, work: Path, *options: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), "--gpu", "--device", "cpu", "--variants", "published",
                            "--data-dir", str(data), "--models", "pgt", "--seeds", "0", "--epochs", "1", "--results",

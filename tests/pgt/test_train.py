@@ -12,7 +12,7 @@ import torch
 from pgt.config import TrainConfig
 from pgt.data import load_splits
 from pgt.scoring import evaluate
-from pgt.train import lr_factor, refit_epoch_count, train_loop_per_worker
+from pgt.train import lr_factor, refit_epoch_count, seed_everything, train_loop_per_worker
 
 
 def tiny_copy(src, dst, n=48):
@@ -57,10 +57,13 @@ def test_resuming_continues_exactly(synthetic_sequences, tmp_path, simulate_unse
 
 
 def test_the_same_seed_trains_the_same_weights(synthetic_sequences, tmp_path):
-    """Deterministic algorithms stay on; torch's NaN-filling of new tensors (a debugging aid of that mode) is off,
-    which no deterministic kernel can notice: two runs of one seed end with identical losses and weights."""
+    """On CPU deterministic algorithms are on (a run turns them on even where the process had them off; on CUDA
+    it turns them off); torch's NaN-filling of new tensors (a debugging aid of that mode) is off, which no
+    deterministic kernel can notice: two runs of one seed end with identical losses and weights."""
     config = {"data_dir": str(synthetic_sequences), "epochs": 2, "d_model": 16, "dim_feedforward": 32, "nhead": 2,
               "simulate_unseen": True, "unseen_slots": True, "visit_relations": True, "relation_inputs": True}
+    seed_everything(0, deterministic=False)
+    assert not torch.are_deterministic_algorithms_enabled()
     runs = [train_loop_per_worker({**config, "out_dir": str(tmp_path / name)}) for name in ("a", "b")]
     assert torch.are_deterministic_algorithms_enabled() and not torch.utils.deterministic.fill_uninitialized_memory
     assert [h["train_loss"] for h in runs[0]["history"]] == [h["train_loss"] for h in runs[1]["history"]]
