@@ -1,4 +1,5 @@
-# make test: create .venv, install the project with its pinned stack, run the whole test suite.
+# make test: create .venv, install the project with its pinned stack, run the whole test suite (in TEST_WORKERS
+#            processes, 2 by default).
 # make lint: ruff over the project (its settings in pyproject.toml).
 # make demo: start the local stack (MLflow server, Prefect server and worker), deploy prefect.yaml, run the
 #            demo deployment on the synthetic default, print its metrics and the UI addresses.
@@ -10,6 +11,8 @@ PY := $(VENV)/bin/python
 PGT := $(VENV)/bin/pgt
 STATE ?= .state
 PYTEST_ARGS ?=
+# pytest-xdist processes of `make test`; each test file runs whole in one of them (0: in this process)
+TEST_WORKERS ?= 2
 
 .PHONY: install lint test demo stop bench clean
 
@@ -25,7 +28,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 demo: install
 	PGT_VENV_BIN=$(abspath $(VENV))/bin scripts/demo.sh

@@ -92,15 +92,30 @@ stop_pid() {
 
 # leftovers: PIDs of this project's orphans, processes left by a killed run (their parent gone: init, pid 1,
 # adopted them) whose command runs from this project's environment (its python, Ray's binaries in its
-# site-packages): a flow run, a Ray instance, a server whose PID file is lost. A command a person runs in a
-# shell has that shell as its parent: never listed.
+# site-packages) and that were started for this state folder (state_of): a flow run, a Ray instance, a server
+# whose PID file is lost. A command a person runs in a shell has that shell as its parent: never listed; nor is
+# what another state folder's stack runs from the same environment. `ps -ww`: a command line is read whole,
+# whatever the terminal's width or $COLUMNS (ps cuts it there otherwise).
 leftovers() {
-    local env_root
+    local env_root state
     env_root="$(dirname "$VENV_BIN")"
-    ps -eo pid=,ppid=,args= | while read -r pid ppid args; do
+    state="$(realpath -m -- "$STATE")"
+    ps -ww -eo pid=,ppid=,args= | while read -r pid ppid args; do
         [ "$ppid" = 1 ] || continue
         case "$args" in
-            *"$env_root"/*) echo "$pid" ;;
+            *"$env_root"/*) [ "$(state_of "$pid")" = "$state" ] && echo "$pid" ;;
         esac
     done
+}
+
+# state_of PID: the state folder PID was started for: the PGT_STATE_DIR of its environment (a relative one from
+# its working folder), or the default <project>/.state where it has none; nothing where its environment cannot
+# be read (gone, or another user's).
+state_of() {
+    local environ dir
+    environ="$(tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null)" || return 0
+    [ -n "$environ" ] || return 0
+    dir="$(sed -n 's/^PGT_STATE_DIR=//p' <<<"$environ" | tail -n 1)"
+    [ -n "$dir" ] || dir="$PROJECT_ROOT/.state"
+    (cd "/proc/$1/cwd" 2>/dev/null || cd /; realpath -m -- "$dir")
 }

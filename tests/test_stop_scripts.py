@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -35,29 +36,45 @@ def environment(tmp_path):
     return bin_dir, {**os.environ, "PGT_VENV_BIN": str(bin_dir), "PGT_STATE_DIR": str(tmp_path / "state")}
 
 
-def test_stop_leftovers_stops_orphans_of_the_environment_and_their_trees_only(environment):
-    bin_dir, env = environment
-    # an orphan (its starter exited, so init adopted it) with a child in another session: a killed run's leftover
+def orphan_of(bin_dir: Path, env: dict) -> int:
+    """A killed run's leftover: a process of the environment whose starter exited (so init adopted it), with a
+    child in another session; its pid."""
     started = subprocess.run(["bash", "-c", f"setsid {bin_dir}/python -c \"{SLEEPER}\" >/dev/null 2>&1 & echo $!"],
-                             capture_output=True, text=True, check=True)
+                             env=env, capture_output=True, text=True, check=True)
     orphan = int(started.stdout.split()[-1])
     assert wait_for(lambda: len(descendant_processes(orphan)) == 1)
+    return orphan
+
+
+def test_stop_leftovers_stops_orphans_of_the_environment_and_their_trees_only(environment, tmp_path):
+    """Stopped: an orphan of this environment and state folder, with its tree, whatever the terminal's width
+    ($COLUMNS=40 would cut the command line). Left alone: a process of the environment that someone still runs,
+    and an orphan of the same environment that another state folder's stack started."""
+    bin_dir, env = environment
+    env = {**env, "COLUMNS": "40"}
+    orphan = orphan_of(bin_dir, env)
     grandchild = list(descendant_processes(orphan))[0]
+    other_state = orphan_of(bin_dir, {**env, "PGT_STATE_DIR": str(tmp_path / "another-state")})
     # a process of the same environment that someone still runs (its parent, this test, is alive)
-    running = subprocess.Popen([bin_dir / "python", "-c", "import time; time.sleep(300)"])
+    running = subprocess.Popen([bin_dir / "python", "-c", "import time; time.sleep(300)"], env=env)
     try:
         r = subprocess.run([PROJECT_ROOT / "scripts" / "stop-leftovers.sh"], env=env, capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 0, r.stderr
         assert f"leftover: pid {orphan}" in r.stdout and "stopped 1 (and 1 processes they started)" in r.stdout, r.stdout
         assert wait_for(lambda: not alive(orphan) and not alive(grandchild))
-        assert running.poll() is None  # untouched
+        assert running.poll() is None and alive(other_state)  # untouched
         again = subprocess.run([PROJECT_ROOT / "scripts" / "stop-leftovers.sh"], env=env, capture_output=True,
                                text=True, timeout=60)
         assert again.stdout.strip() == "leftovers: none"
+        # the other state folder's own stop finds its orphan
+        theirs = subprocess.run([PROJECT_ROOT / "scripts" / "stop-leftovers.sh"], capture_output=True, text=True,
+                                env={**env, "PGT_STATE_DIR": str(tmp_path / "another-state")}, timeout=60)
+        assert f"leftover: pid {other_state}" in theirs.stdout, theirs.stdout
+        assert wait_for(lambda: not alive(other_state))
     finally:
         running.kill()
-        for pid in (orphan, grandchild):
+        for pid in (orphan, grandchild, other_state, *descendant_processes(other_state)):
             if alive(pid):
                 os.kill(pid, 9)
 
