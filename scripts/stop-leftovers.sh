@@ -13,7 +13,7 @@ for pid in $found; do
     all="$all $(descendants "$pid" | tr '\n' ' ')"
 done
 for pid in $found; do
-    echo "leftover: pid $pid: $(ps -o args= -p "$pid" 2>/dev/null | cut -c1-120)"
+    echo "leftover: pid $pid: $(ps -ww -o args= -p "$pid" 2>/dev/null | cut -c1-120)"
 done
 # shellcheck disable=SC2086  # a list of PIDs
 kill -TERM $all 2>/dev/null
