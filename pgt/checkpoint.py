@@ -81,9 +81,9 @@ def save_checkpoint(state: dict, out_dir: Path, epoch: int, keep: int) -> Path:
     return folder
 
 
-# settings that may differ between a run and its resumption (compile_model: how the same pass is computed)
+# settings that may differ between a run and its resumption (compile_model, capture_step: how the same step is computed)
 RESUMABLE_CHANGES = {"out_dir", "epochs", "resume", "threads", "keep_checkpoints", "eval_batch_size", "evaluate_test",
-                     "compile_model"}
+                     "compile_model", "capture_step"}
 
 
 def check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:

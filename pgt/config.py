@@ -245,6 +245,16 @@ class TrainConfig:
                                          "batch width (on CUDA mode reduce-overhead: CUDA graphs, no launches from "
                                          "Python). The first epoch pays the compilation; validation and test run "
                                          "the model as it is.")
+    capture_step: bool = setting(False, "With static_width, on one worker: the whole training step (the batch's "
+                                        "gather, forward, loss, backward, clipping, optimizer, weight average) as one "
+                                        "unit, captured on CUDA as one CUDA graph per batch width and replayed (no "
+                                        "Python or launches between kernels); the same step, uncaptured, on a CPU "
+                                        "(pgt.step).")
+    fused_seeds: int = setting(1, "Train this many seeds (seed, seed + 1, ...) as one model of side-by-side networks: "
+                                  "each from its own seed's initial weights, all on the first seed's batches, each "
+                                  "scored and its best epoch chosen on validation apart (metrics.json's `seeds`). Several "
+                                  "seeds' evidence for about one run's cost on a GPU; writes no best.pt. Not with refit "
+                                  "or members.", low=1, high=64)
     amp: bool = setting(True, "Mixed precision (bfloat16/float16 autocast) when training on CUDA.")
     threads: int = setting(0, "torch CPU threads per worker; 0 = the cores / workers (the reserved CPUs under Ray).",
                            low=0, high=4096)
@@ -263,6 +273,14 @@ class TrainConfig:
         if self.compile_model and not self.static_width:
             raise ValueError("compile_model compiles one graph per batch shape: set static_width (and resident_data) "
                              "too, or compile_model off")
+        if self.capture_step and not self.static_width:
+            raise ValueError("capture_step captures one graph per batch shape: set static_width (and resident_data) "
+                             "too, or capture_step off")
+        if self.fused_seeds > 1 and (self.refit or self.network.members > 1):
+            raise ValueError("fused_seeds trains seeds side by side, each choosing its own best epoch: not with refit "
+                             "(each seed would refit for its own epochs) or members > 1; set refit false and members 1")
+        if self.fused_seeds > 1 and self.model not in NEURAL_MODELS:
+            raise ValueError(f"fused_seeds trains networks side by side; {self.model} is not a neural model")
         if self.train_on != "train" and not self.stop_after_epochs:
             raise ValueError(f"train_on {self.train_on!r} learns from validation, so validation cannot choose the "
                              "epoch: set stop_after_epochs (refit does)")

@@ -448,6 +448,11 @@ class ResidentBatches:
         return batches, widths
 
     def __iter__(self) -> Iterator[Batch]:
+        for idx, width in self.indices():
+            yield self.dataset.gather(idx, width)
+
+    def indices(self) -> Iterator[tuple[torch.Tensor, int]]:
+        """This epoch's batches as (B,) indices on the device and widths, to gather there (the whole step does)."""
         torch.empty((), dtype=torch.int64).random_()  # the draw a DataLoader makes per epoch (its workers' base
         # seed): the global generator, and so dropout and the unseen simulation, then run as on the DataLoader path
         batches, widths = self.plan()
@@ -456,7 +461,7 @@ class ResidentBatches:
         flat = torch.as_tensor(np.concatenate(batches)).to(self.device, non_blocking=True)  # one copy an epoch
         start = 0
         for batch, width in zip(batches, widths):
-            yield self.dataset.gather(flat[start:start + len(batch)], width)
+            yield flat[start:start + len(batch)], width
             start += len(batch)
 
 

@@ -330,6 +330,16 @@ class Ensemble(nn.Module):
         one = dataclasses.replace(cfg, members=1)
         self.members = nn.ModuleList(build_model(one) for _ in range(cfg.members))  # drawn one after another
 
+    @classmethod
+    def of(cls, members: list[nn.Module], cfg: ModelConfig) -> Ensemble:
+        """An ensemble of networks drawn elsewhere (pgt.train.fused_seed_model: each from a seed of its own)."""
+        if len(members) != cfg.members:
+            raise ValueError(f"an ensemble of {cfg.members} members got {len(members)} networks")
+        ensemble = cls.__new__(cls)
+        nn.Module.__init__(ensemble)
+        ensemble.cfg, ensemble.members = cfg, nn.ModuleList(members)
+        return ensemble
+
     def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
         outs = [member(locations, users, times, weekdays, recency, durations, slots, pad_slots)
                 for member in self.members]

@@ -58,8 +58,9 @@ from pgt.data import (
     keep_batch,
     load_splits,
 )
-from pgt.model import Output, build_model, count_parameters, networks
+from pgt.model import Ensemble, Output, build_model, count_parameters, networks
 from pgt.scoring import Scores, evaluate, model_scores
+from pgt.step import WholeStep, check_capturable, portable_optimizer_state, use_device_learning_rate
 from pgt.tracking import EpochLogger, log_result, system_metrics
 from pgt.vocabulary import extended_ids
 from pgt.worker import Worker, local_worker
@@ -239,6 +240,9 @@ class TrainState:
     best_state: dict | None = None  # the best epoch's weights (of the averaged model when there is one)
     early_stopped: bool = False
     held_out: dict | None = None  # a refit's: the selection run's validation metrics (HELD_OUT_KEY)
+    whole_step: WholeStep | None = None  # capture_step's step (None: the step below, in train_epoch)
+    # fused_seeds: each seed's selection, as best_metric/best_epoch/bad_epochs/best_state are the run's
+    seeds: list[dict] | None = None
 
     @property
     def evaluated(self) -> torch.nn.Module:
@@ -257,13 +261,13 @@ class TrainState:
         return range(self.start_epoch, self.start_epoch if self.early_stopped else self.cfg.epochs)
 
     def checkpoint(self, epoch: int) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+        return {"model": self.model.state_dict(), "optimizer": portable_optimizer_state(self.optimizer),
                 "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
                 "averaged": self.averaged.state_dict() if self.averaged is not None else None,
                 "epoch": epoch, "best_metric": self.best_metric, "best_epoch": self.best_epoch,
                 "bad_epochs": self.bad_epochs, "best_model": self.best_state, "history": self.history,
                 "rng": rng_state(), "resumed_at": self.resumed_at, "config": self.cfg.to_dict(),
-                "model_config": dataclasses.asdict(self.model_cfg)}
+                "model_config": dataclasses.asdict(self.model_cfg), "seeds": self.seeds}
 
     def restore(self, state: dict) -> None:
         """Continue from a checkpoint: weights, optimizer, schedule, best so far, history and RNG."""
@@ -277,6 +281,8 @@ class TrainState:
         self.bad_epochs, self.history, self.best_state = state["bad_epochs"], state["history"], state["best_model"]
         self.resumed_at = state.get("resumed_at", []) + [self.start_epoch]
         self.early_stopped = bool(self.history) and self.history[-1].get("stop", False)
+        if self.seeds is not None:
+            self.seeds = state["seeds"]
         if self.worker.rank == 0:
             set_rng_state(state["rng"])
         else:  # rank 0's saved RNG state would give every rank the same dropout masks
@@ -308,7 +314,11 @@ def setup(config: dict, worker: Worker) -> TrainState:
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
         splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
     model_cfg = cfg.model_config(vocab)
-    model = build_model(model_cfg).to(worker.device)
+    if cfg.fused_seeds > 1:
+        model_cfg = dataclasses.replace(model_cfg, members=cfg.fused_seeds)
+        model = fused_seed_model(model_cfg, cfg.seed).to(worker.device)
+    else:
+        model = build_model(model_cfg).to(worker.device)
     if worker.rank:  # the same initial weights everywhere, but each rank its own dropout masks
         torch.manual_seed(cfg.seed + 7919 * worker.rank)
     parameters = count_parameters(model)
@@ -318,6 +328,8 @@ def setup(config: dict, worker: Worker) -> TrainState:
     use_amp = cfg.amp and worker.device.type == "cuda"
     amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if use_amp else None
     scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    if cfg.capture_step:
+        check_capturable(cfg, worker.device, amp_dtype, worker.world_size)
     if streamed:
         loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.network.max_len,
                                  cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet",
@@ -333,7 +345,9 @@ def setup(config: dict, worker: Worker) -> TrainState:
         loader = train_loader(train_set, cfg, worker)
     averaged = copy.deepcopy(model) if cfg.weight_average else None
     state = TrainState(cfg, worker, model_cfg, model, model, batch_loss, averaged, optimizer, scheduler, scaler,
-                       amp_dtype, loader, splits, parameters, epoch_logger, tracking, held_out=held_out)
+                       amp_dtype, loader, splits, parameters, epoch_logger, tracking, held_out=held_out,
+                       seeds=[{"best_metric": -math.inf, "best_epoch": -1, "bad_epochs": 0, "best_state": None}
+                              for _ in range(cfg.fused_seeds)] if cfg.fused_seeds > 1 else None)
     if not cfg.resume and worker.restored is None and worker.is_chief and (out_dir / "checkpoints").exists():
         shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
     resume_from = _resume_point(cfg, worker, out_dir)
@@ -345,7 +359,22 @@ def setup(config: dict, worker: Worker) -> TrainState:
         state.ddp_model = _wrap_ddp(model, worker)
     if cfg.compile_model:
         state.batch_loss = compiled(batch_loss, cfg, worker.device)
+    if cfg.capture_step:  # after the restore: the learning rate the schedule reached, on the device
+        use_device_learning_rate(optimizer, worker.device)
+        state.whole_step = WholeStep(state)
     return state
+
+
+def fused_seed_model(model_cfg: ModelConfig, seed: int) -> Ensemble:
+    """fused_seeds: model_cfg.members networks side by side, network i drawn from seed + i as a run of that seed
+    draws its model. The first seed's is drawn last, so that the global generator then goes on (batches, dropout)
+    as in a run of that seed alone."""
+    one = dataclasses.replace(model_cfg, members=1)
+    drawn = {}
+    for i in reversed(range(model_cfg.members)):
+        torch.manual_seed(seed + i)
+        drawn[i] = build_model(one)
+    return Ensemble.of([drawn[i] for i in range(model_cfg.members)], model_cfg)
 
 
 def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
@@ -385,7 +414,7 @@ def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable
     check_compile_toolchain(device)
     shapes = -(-cfg.network.max_len // cfg.static_width)  # the batch widths static_width gives
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
-    if device.type != "cuda":
+    if device.type != "cuda" or cfg.capture_step:  # capture_step captures the whole step, compiled kernels and all
         return torch.compile(step, mode="default", dynamic=False)
     graphed = torch.compile(step, mode="reduce-overhead", dynamic=False)
 
@@ -396,12 +425,10 @@ def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable
     return new_step
 
 
-def train_epoch(state: TrainState, epoch: int) -> dict:
-    """One epoch: train on every batch, validate, keep the best weights; the epoch's row of the history."""
+def eager_steps(state: TrainState) -> tuple[torch.Tensor, int]:
+    """An epoch's steps, each launched op by op: (the summed loss, on the device; the samples seen)."""
     cfg, worker = state.cfg, state.worker
-    (state.loader if state.streamed else state.loader.batch_sampler).set_epoch(epoch)
-    state.ddp_model.train()
-    began, loss_sum, seen = time.perf_counter(), torch.zeros((), device=worker.device), 0
+    loss_sum, seen = torch.zeros((), device=worker.device), 0
     for batch in state.loader:
         batch = batch.to(worker.device, non_blocking=True)
         loss = state.batch_loss(state.ddp_model, batch, state.model_cfg, cfg, state.amp_dtype)
@@ -416,34 +443,95 @@ def train_epoch(state: TrainState, epoch: int) -> dict:
             average_weights(state.averaged, state.model, cfg.weight_average)
         loss_sum += loss.detach() * len(batch.targets) / state.model_cfg.members  # a member's mean loss
         seen += len(batch.targets)
+    return loss_sum, seen
+
+
+def whole_steps(state: TrainState) -> tuple[torch.Tensor, int]:
+    """An epoch's steps as whole units (capture_step): (the summed loss, on the device; the samples seen)."""
+    step, seen = state.whole_step, 0
+    step.loss_sum.zero_()
+    for idx, width in state.loader.indices():
+        step(idx, width)
+        seen += len(idx)
+    return step.loss_sum, seen
+
+
+def train_epoch(state: TrainState, epoch: int) -> dict:
+    """One epoch: train on every batch, validate, keep the best weights; the epoch's row of the history."""
+    cfg, worker = state.cfg, state.worker
+    (state.loader if state.streamed else state.loader.batch_sampler).set_epoch(epoch)
+    state.ddp_model.train()
+    began = time.perf_counter()
+    # the same step either way: one unit per batch, captured on CUDA (capture_step), or launched op by op
+    loss_sum, seen = whole_steps(state) if state.whole_step is not None else eager_steps(state)
+    train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)  # reads the loss: the epoch's kernels are done
     seconds = time.perf_counter() - began
-    lr = state.optimizer.param_groups[0]["lr"]
+    lr = float(state.optimizer.param_groups[0]["lr"])
     state.scheduler.step()
-    train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)
-    validation = evaluate(model_scores(state.evaluated), state.splits["validation"], cfg.eval_batch_size,
-                          worker.device, state.validation_loss(), worker)
-    # stop_after_epochs: the last epoch is the one kept (validation may be in the training data)
-    score = epoch if cfg.stop_after_epochs else selection_score(validation, cfg.select_on)
-    if score > state.best_metric:
-        state.best_metric, state.best_epoch, state.bad_epochs = score, epoch, 0
-        state.best_state = {k: v.detach().clone() for k, v in state.evaluated.state_dict().items()}
-    else:
-        state.bad_epochs += 1
+    if state.seeds is None:
+        validation = evaluate(model_scores(state.evaluated), state.splits["validation"], cfg.eval_batch_size,
+                              worker.device, state.validation_loss(), worker)
+        for key, value in selection(state.best_metric, state.bad_epochs, state.evaluated, epoch, validation,
+                                    cfg).items():
+            setattr(state, key, value)
+        seed_rows = None
+    else:  # fused seeds: each network scored and selected apart; the row shows their mean
+        each = [evaluate(model_scores(net), state.splits["validation"], cfg.eval_batch_size, worker.device,
+                         state.validation_loss(), worker) for net in networks(state.evaluated)]
+        for net, mine, validation in zip(networks(state.evaluated), state.seeds, each):
+            mine.update(selection(mine["best_metric"], mine["bad_epochs"], net, epoch, validation, cfg))
+        state.best_epoch = max(mine["best_epoch"] for mine in state.seeds)
+        state.bad_epochs = min(mine["bad_epochs"] for mine in state.seeds)  # stops once every seed would
+        validation = mean_metrics(each)
+        seed_rows = [{"seed": cfg.seed + i, "validation_strict_acc@1": v["strict"]["acc@1"],
+                      "validation_acc@1": v["acc@1"], "best_epoch": mine["best_epoch"]}
+                     for i, (v, mine) in enumerate(zip(each, state.seeds))]
     stop = epoch + 1 >= cfg.stop_after_epochs if cfg.stop_after_epochs else \
         epoch + 1 >= cfg.min_epochs and state.bad_epochs >= cfg.patience
     row = {"epoch": epoch, "train_loss": train_loss, "lr": lr, "seconds": seconds, "samples": seen,
            "samples_per_second": seen / seconds, "validation": validation, "best_epoch": state.best_epoch,
            "stop": stop, "learned_from_validation": cfg.train_on != "train"}
+    if seed_rows is not None:
+        row["seeds"] = seed_rows
     if worker.world_size > 1:
         row["replicas_in_sync"] = _replicas_in_sync(state.model, worker.device)
     state.history.append(row)
     return row
 
 
+def selection(best_metric: float, bad_epochs: int, evaluated: torch.nn.Module, epoch: int, validation: dict,
+              cfg: TrainConfig) -> dict:
+    """What an epoch changes of a selection (best_metric, best_epoch, bad_epochs, best_state): its weights when its
+    validation score is the best so far, else one more bad epoch."""
+    # stop_after_epochs: the last epoch is the one kept (validation may be in the training data)
+    score = epoch if cfg.stop_after_epochs else selection_score(validation, cfg.select_on)
+    if score > best_metric:
+        return {"best_metric": score, "best_epoch": epoch, "bad_epochs": 0,
+                "best_state": {k: v.detach().clone() for k, v in evaluated.state_dict().items()}}
+    return {"bad_epochs": bad_epochs + 1}
+
+
+def mean_metrics(each: list[dict]) -> dict:
+    """The mean of several metric dicts of one shape (numbers averaged, nested dicts in turn; anything else the
+    first's)."""
+    first = each[0]
+    mean = {}
+    for key, value in first.items():
+        if isinstance(value, dict):
+            mean[key] = mean_metrics([e[key] for e in each])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            mean[key] = sum(e[key] for e in each) / len(each)
+        else:
+            mean[key] = value
+    return mean
+
+
 def finish(state: TrainState) -> dict:
     """The best epoch's weights scored on validation (and test), best.pt and metrics.json written by rank 0
     (and logged to MLflow): the run's result."""
     cfg, worker, history = state.cfg, state.worker, state.history
+    if state.seeds is not None:
+        return finish_fused(state)
     state.model.load_state_dict(state.best_state)
     scores = model_scores(state.model)
     train_seconds = sum(row["seconds"] for row in history)
@@ -494,6 +582,61 @@ def finish(state: TrainState) -> dict:
             model_uri = log_result(state.tracking, result, out_dir, Path(cfg.data_dir))
             result["mlflow"] = {"tracking_uri": state.tracking.tracking_uri, "run_id": state.tracking.run_id,
                                 "model_uri": model_uri}
+            write_json(out_dir / "metrics.json", result)
+    return result
+
+
+def finish_fused(state: TrainState) -> dict:
+    """fused_seeds: each seed's network at its own best epoch, scored on validation (and test) and with the inputs
+    serving has; metrics.json lists them under `seeds`, and its figures are their mean. No best.pt: the run is
+    several seeds' evidence, not one model to serve."""
+    cfg, worker, history = state.cfg, state.worker, state.history
+    nets = networks(state.model)
+    seeds = []
+    for i, (net, mine) in enumerate(zip(nets, state.seeds)):
+        net.load_state_dict(mine["best_state"])
+        scores = model_scores(net)
+        scored = {"seed": cfg.seed + i, "best_epoch": mine["best_epoch"] + 1,
+                  "validation": evaluate(scores, state.splits["validation"], cfg.eval_batch_size, worker.device,
+                                         state.validation_loss(), worker),
+                  "test": evaluate(scores, state.splits["test"], cfg.eval_batch_size, worker.device,
+                                   state.validation_loss(), worker) if cfg.evaluate_test else None,
+                  "deployment": {split: evaluate(scores, state.splits[split].anchored_at_last_visit(),
+                                                 cfg.eval_batch_size, worker.device, worker=worker)
+                                 for split in ("validation", "test") if split == "validation" or cfg.evaluate_test}}
+        seeds.append(scored)
+    train_seconds = sum(row["seconds"] for row in history)
+    samples_seen = sum(row["samples"] for row in history)
+    result = {
+        "model": cfg.model,
+        "fused_seeds": cfg.fused_seeds,
+        "seeds": seeds,
+        "validation": mean_metrics([s["validation"] for s in seeds]),
+        "test": mean_metrics([s["test"] for s in seeds]) if cfg.evaluate_test else None,
+        "deployment": {split: mean_metrics([s["deployment"][split] for s in seeds]) for split in seeds[0]["deployment"]},
+        "select_on": cfg.select_on,
+        "best_epoch": state.best_epoch + 1,  # the latest of the seeds' best epochs
+        "epochs_run": len(history),
+        "early_stopped": state.early_stopped,
+        "workers": worker.world_size,
+        "train_seconds": round(train_seconds, 3),
+        "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
+        "parameters": state.parameters,
+        "resumed_at_epochs": [e + 1 for e in state.resumed_at],
+        "history": [{k: v for k, v in row.items() if k != "validation"}
+                    | {"validation_acc@1": row["validation"]["acc@1"],
+                       "validation_strict_acc@1": row["validation"]["strict"]["acc@1"]} for row in history],
+        "config": cfg.to_dict(),
+        "model_config": dataclasses.asdict(state.model_cfg),
+    }
+    if worker.is_chief:
+        out_dir = Path(cfg.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "metrics.json", result)
+        if state.tracking is not None:
+            log_result(state.tracking, result, out_dir, Path(cfg.data_dir))
+            result["mlflow"] = {"tracking_uri": state.tracking.tracking_uri, "run_id": state.tracking.run_id,
+                                "model_uri": None}
             write_json(out_dir / "metrics.json", result)
     return result
 
