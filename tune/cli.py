@@ -21,7 +21,7 @@ Recipe = Literal[tuple(RECIPES)]
 # SweepConfig fields the command line may set; the rest keep SweepConfig's defaults
 SWEEP_OPTIONS = ("trials", "epochs", "max_concurrent", "workers_per_trial", "cpus_per_trial", "cpus_per_worker",
                  "gpus_per_worker", "search", "grace_period", "reduction_factor", "seed", "max_failures",
-                 "time_budget_s")
+                 "time_budget_s", "finalists", "confirm_seeds")
 
 
 def sweep_config(params: dict) -> SweepConfig:
@@ -62,6 +62,8 @@ def tune(
     seed: int | None = option_for(SweepConfig, "seed"),
     max_failures: int | None = option_for(SweepConfig, "max_failures"),
     time_budget_s: float | None = option_for(SweepConfig, "time_budget_s"),
+    finalists: int | None = option_for(SweepConfig, "finalists"),
+    confirm_seeds: int | None = option_for(SweepConfig, "confirm_seeds"),
     tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
                                             help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
     experiment: str | None = typer.Option(None, "--experiment", show_default=default_of(TrackingConfig, "experiment"),
@@ -69,7 +71,8 @@ def tune(
     register: str | None = typer.Option(None, "--register", help="Register the best trial's model under this name."),
     resume: Path | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
 ) -> None:
-    """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE)."""
+    """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE), confirm the
+    best few and the base recipe on fresh seeds, and train the winner's recipe as `pgt train` would."""
     from pgt.tracking import RECIPE_TAG, champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
     from preprocessing.engine import check_ray_address
     from preprocessing.errors import InputError

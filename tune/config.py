@@ -48,6 +48,12 @@ class SweepConfig:
                                                 "trials.", low=0.0, low_open=True)
     max_failures: int = setting(2, "A crashed trial restarts from its last reported checkpoint this many times "
                                    "(-1: no limit).", low=-1, high=1 << 20)
+    finalists: int = setting(3, "After the search, this many of the best trials (distinct configurations) and the "
+                                "base recipe are trained again on seeds the search did not use; the best mean "
+                                "validation objective wins, so the base recipe is beaten only on that evidence. 0: no "
+                                "confirmation (the best trial wins on its one seed).", low=0, high=64)
+    confirm_seeds: int = setting(3, "Seeds each finalist is trained on (seed + 1, seed + 2, ...), side by side in one "
+                                    "run (TrainConfig.fused_seeds).", low=1, high=64)
     space: SearchSpace | None = None  # what trials draw; None: the space of tune.space.RULES around the recipe
 
     def __post_init__(self) -> None:
@@ -55,6 +61,9 @@ class SweepConfig:
             self.space = SearchSpace.from_dict(self.space)
         check_settings(self)
         base = self.train_config({}, Path(self.out_dir))  # a recipe that cannot train is refused now, not in a trial
+        if self.finalists and base.network.members > 1:
+            raise ValueError("finalists train each configuration's seeds side by side (fused_seeds), which an "
+                             f"ensemble recipe (members {base.network.members}) cannot: set finalists 0")
         if self.space is None:
             self.space = SearchSpace.around(base.to_dict())
 
@@ -78,3 +87,14 @@ class SweepConfig:
         return TrainConfig.from_recipe(self.recipe, data_dir=self.data_dir, out_dir=str(out_dir), epochs=self.epochs,
                                        seed=self.seed, select_on=self.select_on, threads=threads,
                                        **hyper, **TRIAL_FIXED)
+
+    def confirmation_config(self, hyper: dict, out_dir: Path) -> TrainConfig:
+        """A finalist's confirmation run: the trial's configuration on the seeds after the search's (seed + 1, ...),
+        trained side by side, scored on validation only (test is read once, by the winner's final run)."""
+        return dataclasses.replace(self.train_config(hyper, out_dir), seed=self.seed + 1,
+                                   fused_seeds=self.confirm_seeds, evaluate_test=False)
+
+    def base_hyper(self) -> dict:
+        """The base recipe's values of the searched settings: the finalist that stands for where the sweep started."""
+        base = self.train_config({}, Path(self.out_dir)).to_dict()
+        return {name: base[name] for name in self.space.names}

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -43,8 +44,13 @@ from tune.config import TRIAL_FIXED, SweepConfig
 from tune.space import SearchSpace
 
 EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
-WINNER = "best_recipe.yaml"  # the best trial's configuration as a recipe file
-OUTPUTS = ("sweep.json", "tune.json", WINNER, "trials", "trials.png", "ray", ".*.tmp-*")  # what a sweep writes in --out
+CONFIRMATION = "confirmation"  # the finalists' Tune experiment under DIR/ray, and their runs under DIR/finalists
+FINALISTS = "finalists"
+FINAL = "final"  # the winner's recipe trained as `pgt train --recipe-file best_recipe.yaml` would: DIR/final, and its
+# Tune experiment under DIR/ray; its best.pt is the sweep's model
+BASE = "base"  # the finalist that is the base recipe itself
+WINNER = "best_recipe.yaml"  # the winning configuration as a recipe file
+OUTPUTS = ("sweep.json", "tune.json", WINNER, "trials", FINALISTS, FINAL, "trials.png", "ray", ".*.tmp-*")  # what a sweep writes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -65,11 +71,85 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
                                                   "hostname": os.uname().nodename, "pid": os.getpid(),
                                                   "started_at": time.time()})
     cfg = spec.train_config(spec.space.resolve(config), out_dir)
+    train_in_trial(spec, cfg, out_dir, tracking, f"trial-{trial_id}")
+
+
+def run_finalist(config: dict, sweep: dict, tracking: dict | None) -> None:
+    """Tune's function trainable of the confirmation: one finalist's configuration on the seeds the search did not
+    use, side by side (fused_seeds), scored on validation."""
+    spec = SweepConfig.from_dict(sweep)
+    finalist = config["finalist"]
+    out_dir = Path(spec.out_dir) / FINALISTS / finalist["name"]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train_in_trial(spec, spec.confirmation_config(finalist["config"], out_dir), out_dir, tracking,
+                   f"finalist-{finalist['name']}")
+
+
+def run_final(config: dict, sweep: dict, tracking: dict | None) -> None:
+    """Tune's function trainable of the final run: the winner's recipe file trained on the sweep's seed, refit and
+    test included, as `pgt train --recipe-file best_recipe.yaml` trains it (resumed from its own checkpoints)."""
+    import ray.tune
+
+    spec = SweepConfig.from_dict(sweep)
+    out_dir = Path(spec.out_dir) / FINAL
+    cfg = final_config(spec, Path(config["recipe_file"]), out_dir)
     child = None
     if tracking:
         parent = TrackingConfig.from_dict(tracking)
         child = dataclasses.replace(parent, run_id=None, parent_run_id=parent.run_id, log_model=False, register=None,
-                                    run_name=f"trial-{trial_id}")
+                                    run_name="final")
+    launch = LaunchConfig(workers=0) if spec.workers_per_trial == 1 else \
+        LaunchConfig(workers=spec.workers_per_trial, cpus_per_worker=spec.cpus_per_worker,
+                     use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0,
+                     max_failures=spec.max_failures)
+    result = run_training(cfg, launch, child)
+    ray.tune.report({"validation_strict_acc@1": result["validation"]["strict"]["acc@1"]})
+
+
+def final_config(spec: SweepConfig, recipe_file: Path, out_dir: Path):
+    """The final run's TrainConfig: the recipe file's settings on the sweep's data and seed, nothing else."""
+    from pgt.config import TrainConfig, load_recipe_file
+
+    threads = max(1, int(spec.cpus_per_trial)) if spec.workers_per_trial == 1 else 0
+    return TrainConfig.from_recipe(load_recipe_file(recipe_file), data_dir=spec.data_dir, out_dir=str(out_dir),
+                                   seed=spec.seed, threads=threads)
+
+
+def train_final(spec: SweepConfig, recipe_file: Path, tracking, resume: bool) -> dict:
+    """The final run as a Tune experiment of one trial (the search's resources; resumable). Returns its
+    metrics.json; RuntimeError when it did not finish."""
+    from ray import tune
+
+    out = Path(spec.out_dir)
+    experiment = out / "ray" / FINAL
+    trainable = tune.with_resources(tune.with_parameters(run_final, sweep=spec.to_dict(),
+                                                         tracking=tracking.to_dict() if tracking else None),
+                                    _trial_resources(spec))
+    if resume and tune.Tuner.can_restore(str(experiment)):
+        tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(trainable, param_space={"recipe_file": str(recipe_file)},
+                           run_config=tune.RunConfig(name=FINAL, storage_path=str(out / "ray"), verbose=1,
+                                                     failure_config=tune.FailureConfig(max_failures=spec.max_failures)))
+    grid = tuner.fit()
+    done = out / FINAL / "metrics.json"
+    if not done.is_file():
+        errors = [str(r.error).splitlines()[0] for r in grid if r.error]
+        raise RuntimeError(f"{out / FINAL}: the winner's final run did not finish"
+                           + (f" ({errors[0]})" if errors else f"; resume it with `pgt tune --resume {out}`"))
+    return json.loads(done.read_text())
+
+
+def train_in_trial(spec: SweepConfig, cfg, out_dir: Path, tracking: dict | None, run_name: str) -> None:
+    """Train cfg inside a Tune trial, reporting every epoch (with its checkpoint) to Tune, resumed from the
+    checkpoint Tune restores; an MLflow child run of the sweep's when tracked."""
+    import ray.tune
+
+    child = None
+    if tracking:
+        parent = TrackingConfig.from_dict(tracking)
+        child = dataclasses.replace(parent, run_id=None, parent_run_id=parent.run_id, log_model=False, register=None,
+                                    run_name=run_name)
     if spec.workers_per_trial == 1:
         restore_trial_checkpoint(ray.tune.get_checkpoint(), out_dir)
 
@@ -157,14 +237,31 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
             began = time.monotonic()
             grid = tuner.fit()
             nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
-        out_of_time = spec.time_budget_s is not None and time.monotonic() - began >= 0.95 * spec.time_budget_s
-        unfinished = [t for t in grid._experiment_analysis.trials if not _ended(out, t)]
-        if not out_of_time and (unfinished or len(grid) < spec.trials):
-            status = "KILLED"
-            raise SweepInterrupted(f"{out}: sweep interrupted with {len(grid) - len(unfinished)} of {spec.trials} "
-                                   f"trials done; resume it with `pgt tune --resume {out}`")
-        result = summarise(spec, grid, nodes, out_of_time)
-        result["best_recipe"] = str(write_winner_recipe(spec, result))
+            out_of_time = spec.time_budget_s is not None and time.monotonic() - began >= 0.95 * spec.time_budget_s
+            unfinished = [t for t in grid._experiment_analysis.trials if not _ended(out, t)]
+            if not out_of_time and (unfinished or len(grid) < spec.trials):
+                status = "KILLED"
+                raise SweepInterrupted(f"{out}: sweep interrupted with {len(grid) - len(unfinished)} of {spec.trials} "
+                                       f"trials done; resume it with `pgt tune --resume {out}`")
+            result = summarise(spec, grid, nodes, out_of_time)
+            result["search_wall_s"] = round(time.monotonic() - began, 1)
+            if spec.finalists:
+                began = time.monotonic()
+                result["confirmation"] = confirm_finalists(spec, result, tracking, resume)
+                result["confirmation"]["wall_s"] = round(time.monotonic() - began, 1)
+                if result["confirmation"]["unfinished"]:
+                    status = "KILLED"
+                    raise SweepInterrupted(f"{out}: confirmation interrupted with finalists "
+                                           f"{', '.join(result['confirmation']['unfinished'])} not done; resume it "
+                                           f"with `pgt tune --resume {out}`")
+            result["best_recipe"] = str(write_winner_recipe(spec, result))
+            began = time.monotonic()
+            final = train_final(spec, Path(result["best_recipe"]), tracking, resume)
+            result["final"] = {"wall_s": round(time.monotonic() - began, 1), "seed": spec.seed,
+                               "validation": headline_metrics(final["validation"]), "test": headline_metrics(final["test"]),
+                               "refit": final.get("refit"), "epochs_run": final["epochs_run"]}
+            result["best_checkpoint"] = str(out / FINAL / "best.pt")
+            result["best_test"] = headline_metrics(final["test"])
         if tracking:
             result["mlflow"] = _log_sweep(spec, tracking, result, register)
         write_json_atomically(out / "tune.json", result, indent=2, default=float)
@@ -239,6 +336,69 @@ class SweepInterrupted(RuntimeError):
 def trial_dirname(trial) -> str:
     """Tune's folder of a trial: trial_<id>, the id also naming our trials/<id> folder."""
     return f"trial_{trial.trial_id}"
+
+
+def finalist_candidates(spec: SweepConfig, trials: list[dict]) -> list[dict]:
+    """The base recipe, then the best finished trials' configurations (distinct, and other than the base), at most
+    spec.finalists of them: each {"name", "trial_id", "config", "search_score"}."""
+    base = spec.base_hyper()
+    chosen = [{"name": BASE, "trial_id": None, "config": base, "search_score": None}]
+    seen = [base]
+    for row in trials:  # best first
+        if len(chosen) > spec.finalists:
+            break
+        if row["status"] != "finished" or row["config"] in seen:
+            continue
+        seen.append(row["config"])
+        chosen.append({"name": f"trial-{row['trial_id']}", "trial_id": row["trial_id"], "config": row["config"],
+                       "search_score": row["best_validation_score"]})
+    return chosen
+
+
+def confirm_finalists(spec: SweepConfig, result: dict, tracking, resume: bool) -> dict:
+    """The finalists (finalist_candidates) trained on seeds the search did not use, as a Tune experiment of their
+    own (resumable, each finalist a trial with the search's resources); the winner is the best mean validation
+    objective over those seeds. Sets result's best_config to the winner's. Returns tune.json's "confirmation"."""
+    from ray import tune
+
+    out = Path(spec.out_dir)
+    candidates = finalist_candidates(spec, result["trials"])
+    experiment = out / "ray" / CONFIRMATION
+    trainable = tune.with_resources(tune.with_parameters(run_finalist, sweep=spec.to_dict(),
+                                                         tracking=tracking.to_dict() if tracking else None),
+                                    _trial_resources(spec))
+    if resume and tune.Tuner.can_restore(str(experiment)):
+        tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
+    else:
+        tuner = tune.Tuner(trainable, param_space={"finalist": tune.grid_search(candidates)},
+                           tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),
+                           run_config=tune.RunConfig(name=CONFIRMATION, storage_path=str(out / "ray"), verbose=1,
+                                                     failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                                                     checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
+    tuner.fit()
+    rows, unfinished = [], []
+    for candidate in candidates:
+        done = out / FINALISTS / candidate["name"] / "metrics.json"
+        if not done.is_file():
+            unfinished.append(candidate["name"])
+            continue
+        metrics = json.loads(done.read_text())
+        scores = [selection_score(seed["validation"], spec.objective) for seed in metrics["seeds"]]
+        strict = [seed["validation"]["strict"]["acc@1"] for seed in metrics["seeds"]]
+        rows.append({**candidate, "seeds": [seed["seed"] for seed in metrics["seeds"]], "validation_scores": scores,
+                     "validation_strict_acc@1": strict, "mean_validation_strict_acc@1": sum(strict) / len(strict),
+                     "mean": sum(scores) / len(scores),
+                     "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
+                     "best_epochs": [seed["best_epoch"] for seed in metrics["seeds"]],
+                     "train_seconds": metrics["train_seconds"]})
+    confirmation = {"objective": spec.objective, "seeds_per_finalist": spec.confirm_seeds,
+                    "finalists": sorted(rows, key=lambda r: -r["mean"]), "unfinished": unfinished}
+    if rows and not unfinished:
+        # the base recipe wins ties: a configuration must beat where the sweep started, not equal it
+        winner = max(rows, key=lambda r: (r["mean"], r["name"] == BASE))
+        confirmation["winner"] = winner["name"]
+        result["best_config"] = winner["config"]
+    return confirmation
 
 
 def _trial_resources(spec: SweepConfig) -> dict:
@@ -320,9 +480,17 @@ def winner_recipe(spec: SweepConfig, best_config: dict) -> dict:
 def write_winner_recipe(spec: SweepConfig, result: dict) -> Path:
     """--out/best_recipe.yaml (atomically), with a header that says where it comes from."""
     path = Path(spec.out_dir) / WINNER
-    header = (f"# pgt tune: the best of {len(result['trials'])} trials (trial {result['best_trial']}), validation "
-              f"{spec.objective} {result['best_validation_score']:.2f}, searched around the recipe "
-              f"{spec.recipe_name}.\n# Train it with: pgt train --recipe-file {path.name} --data DIR --out DIR\n")
+    confirmed = result.get("confirmation", {})
+    if confirmed.get("winner"):
+        winner = confirmed["finalists"][0]
+        header = (f"# pgt tune: the confirmed winner of {len(confirmed['finalists'])} finalists of {len(result['trials'])} "
+                  f"trials ({winner['name']}), mean validation {spec.objective} {winner['mean']:.2f} over seeds "
+                  f"{', '.join(map(str, winner['seeds']))}, searched around the recipe {spec.recipe_name}.\n")
+    else:
+        header = (f"# pgt tune: the best of {len(result['trials'])} trials (trial {result['best_trial']}), validation "
+                  f"{spec.objective} {result['best_validation_score']:.2f}, searched around the recipe "
+                  f"{spec.recipe_name}.\n")
+    header += f"# Train it with: pgt train --recipe-file {path.name} --data DIR --out DIR\n"
     body = yaml.safe_dump(winner_recipe(spec, result["best_config"]), sort_keys=False)
     return write_file_atomically(path, lambda tmp: Path(tmp).write_text(header + body, encoding="utf-8"))
 
@@ -395,9 +563,11 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     with mlflow.start_run(run_id=tracking.run_id):
         info = log_pytorch_model(Path(result["best_checkpoint"]), Path(spec.data_dir))
     logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": info.model_uri}
-    if register:
-        logged["registered"] = register_model(tracking.tracking_uri, register, info.model_uri, tracking.run_id,
-                                              result["best_validation_strict_acc@1"])
+    if register:  # the evidence: the confirmed winner's mean over fresh seeds, else the final run's validation
+        confirmed = result.get("confirmation", {})
+        score = confirmed["finalists"][0]["mean_validation_strict_acc@1"] if confirmed.get("winner") else \
+            result["final"]["validation"]["strict"]["acc@1"]
+        logged["registered"] = register_model(tracking.tracking_uri, register, info.model_uri, tracking.run_id, score)
     return logged
 
 

@@ -25,9 +25,13 @@ def tune_cli(*args, **kwargs):
 
 
 def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
+    """4 trials two at once; then 2 finalists and the base recipe on 2 fresh seeds each (fused), the best mean
+    winning; then the winner's recipe file trained as `pgt train --recipe-file` trains it, which is the model logged
+    and registered."""
     out = tmp_path / "sweep"
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 4, "--epochs", 4, "--max-concurrent", 2,
-                 "--grace-period", 1, "--tracking-uri", mlflow_server, "--experiment", "sweep-test", "--register", "swept")
+                 "--grace-period", 1, "--finalists", 2, "--confirm-seeds", 2, "--tracking-uri", mlflow_server,
+                 "--experiment", "sweep-test", "--register", "swept")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     rows = result["trials"]
@@ -39,7 +43,33 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     assert finished and result["best_validation_score"] == max(row["best_validation_score"] for row in finished)
     assert all(row["best_validation_score"] == row["best_validation_strict_acc@1"] for row in finished)
     best = next(row for row in rows if row["trial_id"] == result["best_trial"])
-    assert best["config"] == result["best_config"] and 0 < result["best_test"]["acc@1"] <= 100
+    assert 0 < result["best_test"]["acc@1"] <= 100
+    # the finalists: the base recipe always, and the best distinct finished trials, each on seeds 1 and 2
+    confirmation = result["confirmation"]
+    finalists = confirmation["finalists"]
+    names = [f["name"] for f in finalists]
+    assert "base" in names and 2 <= len(finalists) <= 3 and not confirmation["unfinished"]
+    assert {f["trial_id"] for f in finalists if f["trial_id"]} <= {row["trial_id"] for row in finished}
+    assert (best["trial_id"] in {f["trial_id"] for f in finalists}) == (best["config"] != finalists[names.index("base")]["config"])
+    for f in finalists:
+        assert f["seeds"] == [1, 2] and len(f["validation_scores"]) == 2
+        assert f["mean"] == pytest.approx(sum(f["validation_scores"]) / 2)
+        run = json.loads((out / "finalists" / f["name"] / "metrics.json").read_text())
+        assert run["fused_seeds"] == 2 and run["test"] is None  # evidence on validation; test is not read
+    winner = max(finalists, key=lambda f: (f["mean"], f["name"] == "base"))
+    assert confirmation["winner"] == winner["name"] and result["best_config"] == winner["config"]
+    assert "finalists on 2 fresh seeds" in r.stdout
+    # the final run is the winner's recipe file, trained as `pgt train --recipe-file best_recipe.yaml` would
+    from pgt.config import TrainConfig, load_recipe_file
+
+    final = json.loads((out / "final" / "metrics.json").read_text())
+    recipe = load_recipe_file(out / "best_recipe.yaml")
+    expected = TrainConfig.from_recipe(recipe, data_dir=final["config"]["data_dir"], out_dir=final["config"]["out_dir"],
+                                       seed=0, threads=final["config"]["threads"]).to_dict()
+    assert final["config"] == expected
+    assert {k: final["config"][k] for k in winner["config"]} == winner["config"]
+    assert result["best_checkpoint"] == str(out / "final" / "best.pt")
+    assert result["best_test"]["strict"]["acc@1"] == pytest.approx(final["test"]["strict"]["acc@1"])
     # two trials ran at the same time: some pair's [start, last report] intervals overlap
     spans = sorted((row["started_at"], row["last_report_at"]) for row in rows)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
@@ -51,7 +81,10 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     parent = result["mlflow"]["run_id"]
     children = client.search_runs([client.get_run(parent).info.experiment_id],
                                   filter_string=f"tags.mlflow.parentRunId = '{parent}'")
-    assert len(children) == 4 and {c.info.status for c in children} <= {"FINISHED", "KILLED"}
+    trial_runs = [c for c in children if c.info.run_name.startswith("trial-")]
+    assert len(trial_runs) == 4 and {c.info.status for c in trial_runs} <= {"FINISHED", "KILLED"}
+    assert sorted(c.info.run_name for c in children if not c.info.run_name.startswith("trial-")) == sorted(
+        ["final", *(f"finalist-{n}" for n in names)])
     assert all(len(client.get_metric_history(c.info.run_id, "validation_acc_at_1")) >= 1 for c in children)
     assert all(len(client.get_metric_history(c.info.run_id, "validation_strict_acc_at_1")) >= 1 for c in children)
     assert client.get_run(parent).info.status == "FINISHED"
@@ -65,7 +98,7 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
 def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path):
     out = tmp_path / "sweep"
     proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "2",
-                             "--epochs", "2", "--max-concurrent", "1", "--grace-period", "2"],
+                             "--epochs", "2", "--max-concurrent", "1", "--grace-period", "2", "--finalists", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     # Tune's own record that it has ended the first trial (its driver's event, after the trial returned)
@@ -100,7 +133,8 @@ def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, t
     training, and it finishes every epoch."""
     out, epochs = tmp_path / "sweep", 4
     proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "1",
-                             "--epochs", str(epochs), "--grace-period", str(epochs), "--search", "random"],
+                             "--epochs", str(epochs), "--grace-period", str(epochs), "--search", "random",
+                             "--finalists", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -152,7 +186,7 @@ def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two
     address, env = two_node_cluster
     out = tmp_path / "sweep"
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
-                 "--grace-period", 2, "--address", address, env=env)
+                 "--grace-period", 2, "--address", address, "--finalists", 0, env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     nodes = {row["node_id"] for row in result["trials"]}
@@ -171,7 +205,7 @@ def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_
     out = tmp_path / "sweep"
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 1, "--epochs", 2, "--max-concurrent", 1,
                  "--grace-period", 2, "--workers-per-trial", 2, "--cpus-per-worker", 0.5, "--recipe", "tuned",
-                 "--search", "random", "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
+                 "--search", "random", "--finalists", 0, "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     finished = [row for row in result["trials"] if row["status"] == "finished"]
@@ -214,7 +248,7 @@ def test_a_time_budget_ends_the_sweep_with_the_trials_that_fit(training_sequence
     trials that fit (far fewer than asked), the best finished one winning and written as a recipe."""
     out = tmp_path / "sweep"
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 200, "--epochs", 2, "--grace-period", 1,
-                 "--search", "random", "--time-budget-s", 25)
+                 "--search", "random", "--time-budget-s", 25, "--finalists", 0)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     assert result["time_budget_reached"] and 1 <= len(result["trials"]) < 200
