@@ -1,7 +1,8 @@
 """Where a training epoch's time goes: one epoch of a recipe under torch.profiler, after a warm-up epoch.
 
     python benchmarks/profile_gpu.py --data-dir DIR [--recipe tuned] [--resident-data] [--static-width 16]
-                                     [--compile-model] [--device cuda|cpu] [--results benchmarks/results/profile_gpu.json]
+                                     [--compile-model] [--capture-step] [--device cuda|cpu]
+                                     [--results benchmarks/results/profile_gpu.json]
 
 It times the epoch's training loop and its validation pass apart, counts the kernels launched and the
 optimizer steps, and sums the time the device spent in kernels. Then it times the test split's forward pass: the
@@ -104,6 +105,11 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
             row = train_epoch(state, 1)
             sync()
             epoch_wall = time.perf_counter() - began
+        sync()
+        began = time.perf_counter()  # the next epoch's loop without the profiler's own cost
+        unprofiled = train_epoch(state, 2)
+        sync()
+        unprofiled_wall = time.perf_counter() - began
         began = time.perf_counter()
         evaluate(model_scores(state.evaluated), state.splits["validation"], config.eval_batch_size,
                  torch.device(device), state.validation_loss(), state.worker)
@@ -121,10 +127,11 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
         "recipe": recipe, "device": device, "options": options,
         "samples": row["samples"], "steps": steps,
         "loop_s": round(row["seconds"], 4), "epoch_with_validation_s": round(epoch_wall, 4),
+        "unprofiled_loop_s": round(unprofiled["seconds"], 4), "unprofiled_epoch_with_validation_s": round(unprofiled_wall, 4),
         "validation_s": round(validation_s, 4),
         # steps whose forward ran as compiled graphs (compile_model; 0 for the eager model)
         "compiled_steps": sum(1 for e in events if e.name.startswith("Torch-Compiled Region")),
-        # replays of captured CUDA graphs (compile_model on CUDA; 0 where a step fell back to launching its kernels)
+        # replays of captured CUDA graphs (compile_model or capture_step on CUDA; 0 where steps launch their kernels)
         "cuda_graph_launches": sum(1 for e in events if e.name == "cudaGraphLaunch"),
         "kernels": len(kernels), "kernels_per_step": round(len(kernels) / max(1, steps), 1),
         "kernel_s": round(kernel_s, 4),
@@ -144,6 +151,8 @@ def main() -> None:
     parser.add_argument("--resident-data", action="store_true", help="TrainConfig.resident_data")
     parser.add_argument("--static-width", type=int, default=0, help="TrainConfig.static_width")
     parser.add_argument("--compile-model", action="store_true", help="TrainConfig.compile_model (the warm-up epoch compiles)")
+    parser.add_argument("--capture-step", action="store_true",
+                        help="TrainConfig.capture_step (the warm-up epoch captures each width's whole step)")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
     options = harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)  # a CPU dry run names its file, and so on
@@ -162,7 +171,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
     console = Console()
-    console.print(f"{args.recipe} on {args.device}: loop {result['loop_s']} s for {result['steps']} steps "
+    console.print(f"{args.recipe} on {args.device}: loop {result['loop_s']} s for {result['steps']} steps (unprofiled "
+                  f"{result['unprofiled_loop_s']} s) "
                   f"({result['host_ms_per_step']} ms/step), validation {result['validation_s']} s, "
                   f"{result['kernels']} kernels ({result['kernels_per_step']}/step), kernels' time "
                   f"{result['kernel_s']} s, device busy {result['device_busy_fraction']}")

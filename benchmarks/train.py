@@ -147,8 +147,24 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
         row["train_samples_per_second_median"] = round(float(np.median(speeds)), 1)
         row["train_samples_per_second_epochs"] = [round(s, 1) for s in speeds]
         row["epoch_seconds_median"] = round(float(np.median([h["seconds"] for h in result["history"]])), 3)
+        row |= epoch_times(result, out)
         row["test_forward_samples_per_second"] = round(forward_speed(out, data_dir, device), 1)
     return row
+
+
+def epoch_times(result: dict, out: Path) -> dict:
+    """A run's epoch seconds: the selection run's median after its first epoch (which pays for warm-up, compiling
+    and capture) and its first, and with a refit the refit run's median after its first."""
+    selection_file = out / "selection" / "metrics.json"
+    refit = "refit" in result and selection_file.is_file()
+    selection = json.loads(selection_file.read_text())["history"] if refit else result["history"]
+
+    def after_first(history: list[dict]) -> float | None:
+        seconds = [h["seconds"] for h in history[1:]] or [h["seconds"] for h in history]
+        return round(float(np.median(seconds)), 4) if seconds else None
+
+    return {"selection_epoch_s": after_first(selection), "first_epoch_s": round(selection[0]["seconds"], 3),
+            "refit_epoch_s": after_first(result["history"]) if refit else None}
 
 
 def run_models(models: list[str], seeds: list[int], data_dir: Path, epochs: int | None, tag: str,
@@ -193,9 +209,10 @@ def summarise(rows: list[dict], key: str = "model") -> dict:
             summary["deployment"] = {"strict": {name: mean_std([m["strict"][name] for m in live]) for name in STRICT},
                                      **{name: mean_std([m[name] for m in live]) for name in METRICS}}
         for name in ("train_samples_per_second_median", "epoch_seconds_median", "test_forward_samples_per_second",
-                     "epochs_run", "best_epoch", "parameters"):
-            if name in runs[0]:
-                summary[name] = round(float(np.mean([r[name] for r in runs])), 3 if name == "epoch_seconds_median" else 1)
+                     "epochs_run", "best_epoch", "parameters", "selection_epoch_s", "refit_epoch_s", "first_epoch_s"):
+            if name in runs[0] and all(r.get(name) is not None for r in runs):
+                summary[name] = round(float(np.mean([r[name] for r in runs])), 4 if "epoch" in name and "_s" in name
+                                      or name == "epoch_seconds_median" else 1)
         out[model] = summary
     return out
 
@@ -237,6 +254,7 @@ def main() -> None:
     parser.add_argument("--resident-data", action="store_true", help="with --gpu: TrainConfig.resident_data")
     parser.add_argument("--static-width", type=int, default=0, help="with --gpu: TrainConfig.static_width")
     parser.add_argument("--compile-model", action="store_true", help="with --gpu: TrainConfig.compile_model")
+    parser.add_argument("--capture-step", action="store_true", help="with --gpu: TrainConfig.capture_step")
     parser.add_argument("--work", type=Path, default=WORK, help="where the runs' folders go")
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="sequences already preprocessed for the one variant in --variants (skips preprocessing)")
@@ -328,8 +346,12 @@ def harness_options(args: argparse.Namespace, default_results: Path, gpu_results
     if compile_model and not args.static_width:
         raise SystemExit("error: --compile-model compiles one graph per batch shape: give --static-width (and "
                          "--resident-data) too")
+    capture_step = getattr(args, "capture_step", False)
+    if capture_step and not args.static_width:
+        raise SystemExit("error: --capture-step captures one graph per batch shape: give --static-width (and "
+                         "--resident-data) too")
     return {k: v for k, v in (("resident_data", args.resident_data), ("static_width", args.static_width),
-                              ("compile_model", compile_model)) if v}
+                              ("compile_model", compile_model), ("capture_step", capture_step)) if v}
 
 
 def configuration_entry(summary: dict, runs: list[dict], when: str, machine_info: dict) -> dict:
@@ -338,7 +360,10 @@ def configuration_entry(summary: dict, runs: list[dict], when: str, machine_info
     first = runs[0]
     return {
         "model": first["model"], "engine": first["engine"], "options": first["options"], "runs": summary["runs"],
-        "seeds": summary["seeds"], "epoch_s": summary.get("epoch_seconds_median"),
+        "seeds": summary["seeds"],
+        # the selection run's median epoch after the first, and the refit's (none without a refit)
+        "epoch_s": summary.get("selection_epoch_s"), "refit_epoch_s": summary.get("refit_epoch_s"),
+        "first_epoch_s": summary.get("first_epoch_s"),
         "samples_per_s": summary.get("train_samples_per_second_median"),
         "test_forward_samples_per_s": summary.get("test_forward_samples_per_second"),
         "epochs_run": summary.get("epochs_run"),

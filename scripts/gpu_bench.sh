@@ -7,12 +7,17 @@
 #
 # Stages (in the order given; default: profile train sweep):
 #   unpack    only unpack what has come
+#   check     the GPU's own tests: tests/pgt/test_step.py (the captured step trains the uncaptured one's weights)
 #   profile   benchmarks/profile_gpu.py: one epoch of $RECIPE (tuned) under torch.profiler (needs polars, not Ray)
-#   train     benchmarks/train.py --gpu --engine ray-train, the tuned recipe, seeds $SEEDS
-#   sweep     benchmarks/sweep_gpu.py: $TRIALS trials of at most $SWEEP_EPOCHS epochs, $CONCURRENT at once
+#   fused     benchmarks/fused_seeds.py: 1, 3 and 5 seeds of $RECIPE fused in one run, $FUSED_EPOCHS epochs each
+#   train     benchmarks/train.py --gpu --engine ray-train, the recipes $MODELS (pgt:tuned), seeds $SEEDS
+#   sweep     benchmarks/sweep_gpu.py: $TRIALS trials of at most $SWEEP_EPOCHS epochs, $CONCURRENT at once, then
+#             $FINALISTS finalists on $CONFIRM_SEEDS fresh seeds and the winner's final run
 # Every stage trains with --resident-data --static-width $STATIC_WIDTH (16); COMPILE=1 adds --compile-model
-# (torch.compile, CUDA graphs on the GPU): the profile and the sweep then write *_compiled.json, every stage its
-# *-compiled.log, and train adds a configuration of its own to train_gpu.json.
+# (torch.compile; CUDA graphs of the pass unless the step is captured) and CAPTURE=1 adds --capture-step (the whole
+# step as one CUDA graph per width): the profile, fused and sweep stages then write *_compiled.json,
+# *_captured.json or *_compiled_captured.json, every stage its log likewise, and train adds a configuration of its
+# own to train_gpu.json.
 # A stage that fails or runs out of time is reported and the next one runs.
 set -uo pipefail
 
@@ -45,6 +50,10 @@ if [ "${COMPILE:-0}" = 1 ]; then
     suffix=_compiled
     profile_limit=${PROFILE_LIMIT_S:-300}  # its warm-up epoch compiles every width
 fi
+if [ "${CAPTURE:-0}" = 1 ]; then
+    shape+=(--capture-step)
+    suffix=${suffix}_captured
+fi
 failed=0
 
 stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, its output also in RESULTS_DIR/NAME.log
@@ -59,21 +68,29 @@ stage() {  # stage NAME LIMIT_S COMMAND...: run it under its limit, its output a
 for s in $stages; do
     case $s in
         unpack) ;;
+        check)
+            stage "check${suffix//_/-}" "${CHECK_LIMIT_S:-180}" "$python" -m pytest -q -p no:cacheprovider \
+                tests/pgt/test_step.py ;;
+        fused)
+            stage "fused${suffix//_/-}" "${FUSED_LIMIT_S:-240}" "$python" benchmarks/fused_seeds.py --data-dir "$data" \
+                --recipe "${RECIPE:-tuned}" --counts 1 3 5 --epochs "${FUSED_EPOCHS:-12}" "${shape[@]}" \
+                --device "$device" --results "$results/fused_seeds_gpu$suffix.json" ;;
         profile)
-            stage "profile${suffix/_/-}" "$profile_limit" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
+            stage "profile${suffix//_/-}" "$profile_limit" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
                 --recipe "${RECIPE:-tuned}" "${shape[@]}" --device "$device" --results "$results/profile_gpu$suffix.json" ;;
         train)
             [ -e "$results/train_gpu.json" ] || cp benchmarks/results/train_gpu.json "$results/" 2>/dev/null
             # shellcheck disable=SC2086  # SEEDS is a list
-            stage "train${suffix/_/-}" "${TRAIN_LIMIT_S:-300}" "$python" benchmarks/train.py --gpu --variants published \
-                --data-dir "$data" --models pgt:tuned --seeds ${SEEDS:-0 1 2} --engine ray-train "${shape[@]}" \
+            stage "train${suffix//_/-}" "${TRAIN_LIMIT_S:-300}" "$python" benchmarks/train.py --gpu --variants published \
+                --data-dir "$data" --models ${MODELS:-pgt:tuned} --seeds ${SEEDS:-0 1 2} --engine ray-train "${shape[@]}" \
                 --device "$device" --results "$results/train_gpu.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
         sweep)
-            stage "sweep${suffix/_/-}" "${SWEEP_LIMIT_S:-240}" "$python" benchmarks/sweep_gpu.py --data-dir "$data" \
+            stage "sweep${suffix//_/-}" "${SWEEP_LIMIT_S:-240}" "$python" benchmarks/sweep_gpu.py --data-dir "$data" \
                 --trials "${TRIALS:-32}" --epochs "${SWEEP_EPOCHS:-10}" --concurrent "${CONCURRENT:-8}" \
-                --budget-s "${SWEEP_BUDGET_S:-180}" "${shape[@]}" \
+                --budget-s "${SWEEP_BUDGET_S:-180}" --finalists "${FINALISTS:-3}" --confirm-seeds "${CONFIRM_SEEDS:-3}" \
+                "${shape[@]}" \
                 --device "$device" --results "$results/sweep_gpu$suffix.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
-        *) echo "error: unknown stage '$s' (expected unpack, profile, train or sweep)" >&2; exit 2 ;;
+        *) echo "error: unknown stage '$s' (expected unpack, check, profile, fused, train or sweep)" >&2; exit 2 ;;
     esac
 done
 exit $failed

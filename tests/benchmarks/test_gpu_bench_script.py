@@ -70,9 +70,25 @@ def test_compile_profiles_the_compiled_model_into_files_of_its_own(tiny_sequence
     assert profile["compiled_forward_samples_per_s"]["4096"] > 0
 
 
+def test_capture_fuses_one_three_and_five_seeds_into_files_of_their_own(tiny_sequences, tmp_path):
+    """CAPTURE=1 fused: 1, 3 and 5 seeds of the tuned recipe fused with the whole step (run as it is on a CPU),
+    their cost against separate runs, into fused_seeds_gpu_captured.json and fused-captured.log."""
+    done = bench(tmp_path, str(tiny_sequences), str(tmp_path / "results"), "fused", CAPTURE="1", FUSED_EPOCHS="2")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["fused-captured.log",
+                                                                        "fused_seeds_gpu_captured.json"]
+    record = json.loads((tmp_path / "results" / "fused_seeds_gpu_captured.json").read_text())
+    assert record["options"] == {"resident_data": True, "static_width": 16, "capture_step": True}
+    assert [r["seeds"] for r in record["runs"]] == [1, 3, 5]
+    assert [len(r["validation_strict_acc@1"]) for r in record["runs"]] == [1, 3, 5]
+    assert record["runs"][0]["cost_vs_separate"] == 1.0 and all(r["cost_vs_separate"] > 0 for r in record["runs"])
+    assert all(r["epochs"] == 2 for r in record["runs"])
+
+
 def test_usage_and_unknown_stages_are_refused(tmp_path):
     usage = bench(tmp_path)
     assert usage.returncode == 2 and usage.stderr.startswith("usage: scripts/gpu_bench.sh DATA_DIR RESULTS_DIR")
     unknown = bench(tmp_path, "data", str(tmp_path / "results"), "warp")
     assert unknown.returncode == 2
-    assert unknown.stderr.strip() == "error: unknown stage 'warp' (expected unpack, profile, train or sweep)"
+    assert unknown.stderr.strip() == ("error: unknown stage 'warp' (expected unpack, check, profile, fused, train or "
+                                      "sweep)")

@@ -31,17 +31,26 @@ def test_refusals_are_one_line(tiny_sequences, tmp_path):
 
 @pytest.mark.slow
 def test_a_dry_run_on_the_cpu_writes_the_fixed_form(tiny_sequences, tmp_path):
-    """2 trials of 1 epoch, 2 at once, resident data in every trial: trials, wall_s, trials_per_hour, gpus (none
-    here) and the best trial's validation strict Acc@1, beside the CPU sweep's trials per hour."""
+    """2 trials of 1 epoch, 2 at once, resident data and the whole step in every trial, then 1 finalist and the base
+    recipe on 2 fresh seeds and the winner's final run: trials, wall_s (the whole sweep), search_wall_s,
+    trials_per_hour (the search's), seeds_per_trial, finalists, gpus (none here) and the best trial's validation
+    strict Acc@1, beside the CPU sweep's trials per hour."""
     results = tmp_path / "sweep_gpu.json"
     done = run("--data-dir", tiny_sequences, "--device", "cpu", "--results", results, "--work", tmp_path / "work",
-               "--trials", 2, "--epochs", 1, "--concurrent", 2, "--resident-data", "--static-width", 8)
+               "--trials", 2, "--epochs", 2, "--concurrent", 2, "--resident-data", "--static-width", 8,
+               "--capture-step", "--finalists", 1, "--confirm-seeds", 2)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(results.read_text())
-    assert result["trials"] == 2 and result["wall_s"] > 0 and result["gpus"] == {"count": 0, "per_trial": 0.0}
-    assert result["trials_per_hour"] == pytest.approx(2 / result["wall_s"] * 3600, rel=0.01)
-    assert 0 < result["best_validation_strict_acc@1"] <= 100 and result["options"] == {"resident_data": True,
-                                                                                       "static_width": 8}
+    assert result["trials"] == 2 and result["gpus"] == {"count": 0, "per_trial": 0.0}
+    assert 0 < result["search_wall_s"] < result["wall_s"]
+    assert result["trials_per_hour"] == pytest.approx(2 / result["search_wall_s"] * 3600, rel=0.01)
+    assert result["seeds_per_trial"] == 1 and result["finalists"] == len(result["confirmation"]["finalists"]) == 2
+    assert result["confirmation"]["winner"] in {f["name"] for f in result["confirmation"]["finalists"]}
+    assert all(f["seeds"] == [1, 2] for f in result["confirmation"]["finalists"])
+    assert 0 < result["final"]["test"]["strict"]["acc@1"] <= 100
+    assert set(result["meets_target"]) == {"trials_per_hour", "confirmed_sweep"}
+    assert 0 < result["best_validation_strict_acc@1"] <= 100
+    assert result["options"] == {"resident_data": True, "static_width": 8, "capture_step": True}
     assert result["machine"]["ray"] and result["machine"]["gpu"] is None
     trial = next((tmp_path / "work").rglob("trials/*/metrics.json"))
     assert json.loads(trial.read_text())["config"]["resident_data"] is True  # the trials trained that way
