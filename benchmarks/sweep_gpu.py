@@ -105,7 +105,9 @@ def main() -> None:
         "seeds_per_trial": 1,
         "finalists": len(sweep.get("confirmation", {}).get("finalists", [])),
         "confirmation": sweep.get("confirmation"),
-        "final": sweep.get("final"),
+        # the final run's figures; where its selection run lay is a path of the machine that ran it
+        "final": {**sweep["final"], "refit": {k: v for k, v in (sweep["final"].get("refit") or {}).items()
+                                              if k not in ("selection_dir", "selection_run_id")}},
         "gpus": {"count": torch.cuda.device_count() if args.device == "cuda" else 0, "per_trial": fraction},
         "best_trial": sweep["best_trial"], "best_validation_strict_acc@1": sweep["best_validation_strict_acc@1"],
         "best_config": sweep["best_config"], "search": args.search, "time_budget_reached": sweep.get("time_budget_reached"),

@@ -81,8 +81,11 @@ for s in $stages; do
         train)
             [ -e "$results/train_gpu.json" ] || cp benchmarks/results/train_gpu.json "$results/" 2>/dev/null
             # shellcheck disable=SC2086  # SEEDS is a list
-            stage "train${suffix//_/-}" "${TRAIN_LIMIT_S:-300}" "$python" benchmarks/train.py --gpu --variants published \
-                --data-dir "$data" --models ${MODELS:-pgt:tuned} --seeds ${SEEDS:-0 1 2} --engine ray-train "${shape[@]}" \
+            models=${MODELS:-pgt:tuned}
+            # each recipe's log of its own: train.log for tuned alone, else train-<recipes>.log
+            name=train$( [ "$models" = pgt:tuned ] || echo "-${models//[^a-z0-9]/-}" )
+            stage "$name${suffix//_/-}" "${TRAIN_LIMIT_S:-300}" "$python" benchmarks/train.py --gpu --variants published \
+                --data-dir "$data" --models $models --seeds ${SEEDS:-0 1 2} --engine ray-train "${shape[@]}" \
                 --device "$device" --results "$results/train_gpu.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
         sweep)
             stage "sweep${suffix//_/-}" "${SWEEP_LIMIT_S:-240}" "$python" benchmarks/sweep_gpu.py --data-dir "$data" \

@@ -50,7 +50,8 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     names = [f["name"] for f in finalists]
     assert "base" in names and 2 <= len(finalists) <= 3 and not confirmation["unfinished"]
     assert {f["trial_id"] for f in finalists if f["trial_id"]} <= {row["trial_id"] for row in finished}
-    assert (best["trial_id"] in {f["trial_id"] for f in finalists}) == (best["config"] != finalists[names.index("base")]["config"])
+    base = finalists[names.index("base")]
+    assert (best["trial_id"] in {f["trial_id"] for f in finalists}) == (best["config"] != base["config"])
     for f in finalists:
         assert f["seeds"] == [1, 2] and len(f["validation_scores"]) == 2
         assert f["mean"] == pytest.approx(sum(f["validation_scores"]) / 2)
