@@ -45,10 +45,12 @@ def predict_next_places(
     if source is None:
         synthetic = tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
         source = tasks.recent_input(synthetic, s.recent_days, s.recent_file)
-    predictions = tasks.predict_places(s.model_uri, source, s.input_format, s.predictions_file, s.top_k, s.tracking_uri,
+    version = tasks.resolve_model_version(s.tracking_uri, s.model_uri)  # before predicting: the alias may move
+    answering = version["version_uri"] if version else s.model_uri
+    predictions = tasks.predict_places(answering, source, s.input_format, s.predictions_file, s.top_k, s.tracking_uri,
                                        s.at)
     png = tasks.map_png(predictions, s.map_file)
-    logged = tasks.log_predictions(s.tracking_uri, s.model_uri, predictions, png, source, s.top_k)
+    logged = tasks.log_predictions(s.tracking_uri, s.model_uri, predictions, png, source, s.top_k, version)
     tasks.publish_predictions(predictions, logged, s.model_uri)
     return {"predictions": str(predictions), "map": str(png), **logged}
 

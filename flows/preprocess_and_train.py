@@ -61,16 +61,15 @@ def preprocess_and_train(
         manifest = tasks.sequences(stage, source, s.input_format, s.config_file, s.engine_config(), s.sequences_dir)
     else:
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
-    if s.tune:
+    if s.tune:  # the sweep's model is its winner's recipe trained, registered on the winner's evidence
         result = tasks.tune(s.sweep_config(), s.tracking_config(), s.ray_address)
-        validation = result["best_validation"]
+        validation = result["final"]["validation"]
     else:
         result = tasks.train(s.train_config(), s.launch_config(), s.tracking_config())
         validation = result["validation"]
     logged = result["mlflow"]
     evaluated = tasks.evaluate(logged["model_uri"], s.sequences_dir, s.tracking_uri)
-    registered = tasks.register(s.tracking_uri, s.model_name, logged["model_uri"], logged["run_id"],
-                                validation["strict"]["acc@1"])
+    registered = tasks.register(s.tracking_uri, s.model_name, logged["model_uri"], logged["run_id"], result["evidence"])
     tasks.publish(s.report(evaluated, validation, logged, registered))
     return {"sequences": str(s.sequences_dir), "manifest_counts": manifest["counts"], "test": evaluated,
             "mlflow": logged, "registered": registered}

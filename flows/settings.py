@@ -17,8 +17,9 @@ from pydantic.fields import FieldInfo
 
 from pgt.config import RECIPES, LaunchConfig, TrackingConfig, TrainConfig, base_settings, recipe_label
 from pgt.inference import check_top_k, prediction_time
+from pgt.registry import champion_verdict
 from pgt.report import metrics_markdown
-from pgt.tracking import RECIPE_TAG, champion_verdict, resolve_tracking_uri, run_url
+from pgt.tracking import RECIPE_TAG, resolve_tracking_uri, run_url
 from pgt.tracking import state_dir as default_state_dir
 from preprocessing.config import FORMATS, load_config
 from preprocessing.engine import EngineConfig

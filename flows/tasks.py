@@ -20,8 +20,9 @@ from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
 from pgt.distributed import run_training
 from pgt.evaluate import evaluate_model
 from pgt.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
+from pgt.registry import Evidence, register_model
 from pgt.tracking import log_predictions as log_prediction_run
-from pgt.tracking import register_model
+from pgt.tracking import model_version
 from preprocessing.config import SynthConfig, load_config
 from preprocessing.engine import EngineConfig, mapper
 from preprocessing.pipeline import STEPS, StageRun, cached_stage, reusable_manifest, run_step, stage_input, write_stages
@@ -119,9 +120,10 @@ def evaluate(model_uri: str, data_dir: Path, tracking_uri: str) -> dict:
 
 
 @task(name="register", cache_policy=NO_CACHE)
-def register(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_strict_acc1: float) -> dict:
-    """A new registry version; the alias champion moves to it only if its strict validation Acc@1 is better."""
-    return register_model(tracking_uri, name, model_uri, run_id, validation_strict_acc1)
+def register(tracking_uri: str, name: str, model_uri: str, run_id: str, evidence: dict) -> dict:
+    """A new registry version with its evidence (pgt.registry.Evidence as a dict); the alias champion moves to it
+    only if that beats the champion's by more than seed noise (pgt.registry.promotion_decision)."""
+    return register_model(tracking_uri, name, model_uri, run_id, Evidence(**evidence))
 
 
 @task(name="publish", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
@@ -153,13 +155,22 @@ def map_png(predictions_file: Path, out_png: Path) -> Path:
     return plot_predicted_places(pl.read_parquet(predictions_file), out_png)
 
 
+@task(name="resolve model version", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io,
+      cache_policy=NO_CACHE)
+def resolve_model_version(tracking_uri: str, model_uri: str) -> dict | None:
+    """The registered version an alias names now (None for a URI of no registered model): the one that answers."""
+    return model_version(tracking_uri, model_uri)
+
+
 @task(name="log predictions", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
 def log_predictions(tracking_uri: str, model_uri: str, predictions_file: Path, png: Path, input_path: Path,
-                    top_k: int) -> dict:
-    """An MLflow run holding the predictions and the map; the summary (users, strict Acc@1 on evaluation samples)."""
+                    top_k: int, version: dict | None) -> dict:
+    """An MLflow run holding the predictions and the map, the version that answered and the input as a dataset;
+    the summary (users, strict Acc@1 on evaluation samples)."""
     summary = prediction_summary(pl.read_parquet(predictions_file))
-    logged = log_prediction_run(tracking_uri, model_uri, [predictions_file, png], {"input": input_path, "top_k": top_k}, summary)
-    return {**logged, "summary": summary}
+    logged = log_prediction_run(tracking_uri, model_uri, [predictions_file, png], {"input": input_path, "top_k": top_k},
+                                summary, input_path=input_path, version=version)
+    return {**logged, "summary": summary, "model_version": version}
 
 
 @task(name="publish predictions", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io,

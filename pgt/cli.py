@@ -243,8 +243,9 @@ def train(
     """Train a model (by default with the paper's settings, SPEC §3.8), log it to MLflow, write --out/metrics.json."""
     from pgt.data import Vocab
     from pgt.distributed import run_training
+    from pgt.registry import champion_verdict
     from pgt.report import EpochPrinter, print_metrics
-    from pgt.tracking import RECIPE_TAG, champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
+    from pgt.tracking import RECIPE_TAG, check_tracking_server, resolve_tracking_uri, run_url
     from pgt.train import OUTPUTS, check_compile_toolchain
     from preprocessing.engine import check_ray_address
     from preprocessing.errors import InputError

@@ -27,8 +27,9 @@ from pgt.config import (
     TrainConfig,
 )
 from pgt.data import LIST_COLUMNS, PLACE_COLUMNS, SequenceDataset, Vocab
+from pgt.registry import Evidence, register_model
 from pgt.report import EpochPrinter
-from pgt.tracking import end_run, log_datasets, log_result, register_model, reopen_run, source_tags, start_run
+from pgt.tracking import end_run, log_datasets, log_result, reopen_run, source_tags, start_run
 from pgt.train import (
     HELD_OUT_KEY,
     SELECTION_DIR,
@@ -169,10 +170,13 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
                                             stop_after_epochs=refit_epoch_count(cfg, held_out["selected_epoch"]))
                 config = refit.to_dict() | {HELD_OUT_KEY: held_out} | tracked
             result = _launch(config, launch, out_dir, on_epoch, callbacks)
+        if cfg.model not in BASELINES and not cfg.fused_seeds > 1:  # what the model would be registered on
+            result["evidence"] = dataclasses.asdict(Evidence.of_run(result, cfg.data_dir))
+            write_json(out_dir / "metrics.json", result)
         if tracking and tracking.register and result["mlflow"]["model_uri"]:
             result["mlflow"]["registered"] = register_model(
                 tracking.tracking_uri, tracking.register, result["mlflow"]["model_uri"], tracking.run_id,
-                result["validation"]["strict"]["acc@1"])
+                Evidence(**result["evidence"]))
             write_json(out_dir / "metrics.json", result)
         status = "FINISHED"
         return result

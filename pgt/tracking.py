@@ -370,42 +370,6 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
                                                                             "pyyaml", "pandas"))])
 
 
-def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, validation_acc1: float) -> dict:
-    """Register a version; the alias `champion` moves to it only when its strict validation Acc@1
-    (`validation_acc1`: the exact place, metrics.py) beats the current champion's. Both values stay on the
-    new version as tags."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
-
-    mlflow.set_tracking_uri(tracking_uri)
-    client = mlflow_client(tracking_uri)
-    run_tags = client.get_run(run_id).data.tags
-    lineage = {tag: run_tags[key] for key, tag in VERSION_TAGS.items() if key in run_tags}
-    if run_tags.get("pgt.kind") == "sweep":  # a sweep's best trial, logged to the sweep's own run
-        lineage["sweep_run_id"] = run_id
-    version = mlflow.register_model(model_uri, name, tags={SCORE_TAG: repr(float(validation_acc1)), "run_id": run_id,
-                                                           **lineage})
-    try:
-        champion = client.get_model_version_by_alias(name, CHAMPION)
-    except MlflowException:
-        champion = None
-    rival = float(champion.tags.get(SCORE_TAG, "-inf")) if champion is not None else None
-    promoted = rival is None or validation_acc1 > rival
-    client.set_model_version_tag(name, version.version, RIVAL_TAG, "none" if rival is None else repr(rival))
-    client.set_model_version_tag(name, version.version, "champion_decision",
-                                 "promoted" if promoted else f"kept version {champion.version}")
-    if promoted:
-        client.set_registered_model_alias(name, CHAMPION, version.version)
-    return {"name": name, "version": int(version.version), "promoted": promoted,
-            "champion_version": int(version.version) if promoted else int(champion.version),
-            "validation_strict_acc@1": validation_acc1, "champion_validation_strict_acc@1": rival}
-
-
-def champion_verdict(registered: dict) -> str:
-    """What register_model decided, in words: "now champion" or "champion stays version N"."""
-    return "now champion" if registered["promoted"] else f"champion stays version {registered['champion_version']}"
-
-
 MODEL_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/", "file:/", "/")  # what `--model` may name
 
 
@@ -479,17 +443,58 @@ def _flatten(values: dict, prefix: str = "") -> dict:
     return out
 
 
+def model_version(tracking_uri: str, model_uri: str) -> dict | None:
+    """The registered version a models:/NAME@ALIAS or models:/NAME/VERSION URI names now: {"name", "version",
+    "version_uri" (models:/NAME/VERSION, which keeps naming it once the alias moves)}; None for another URI."""
+    if not model_uri.startswith("models:/"):
+        return None
+    path = model_uri.removeprefix("models:/")
+    client = mlflow_client(tracking_uri)
+    if "@" in path:
+        name, alias = path.split("@", 1)
+        version = client.get_model_version_by_alias(name, alias).version
+    else:
+        name, _, version = path.partition("/")
+        if not version.isdigit():
+            return None
+    return {"name": name, "version": int(version), "version_uri": f"models:/{name}/{version}"}
+
+
+def input_dataset(path: Path, context: str = "prediction"):
+    """An MLflow dataset input for a file a run read: its name, a digest of its bytes, its path and size."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    path = Path(path).resolve()
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    dataset = Dataset(name=path.name, digest=digest.hexdigest()[:16], source_type="local",
+                      source=json.dumps({"uri": path.as_uri()}), profile=json.dumps({"bytes": path.stat().st_size}))
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
+
+
 def log_predictions(tracking_uri: str, model_uri: str, files: list[Path], params: dict, metrics: dict,
-                    experiment: str = "pgt-predictions") -> dict:
-    """An MLflow run for one scoring of new data: the model URI and inputs as params, the summary as metrics,
-    the prediction table and map as artifacts. Returns the run id, its UI address and, for a tracking server, the
-    download address of each artifact (what a Prefect image or link artifact can show)."""
+                    experiment: str = "pgt-predictions", input_path: Path | None = None,
+                    version: dict | None = None) -> dict:
+    """An MLflow run for one scoring of new data: the model URI, the registered version that answered (`version`,
+    model_version's, resolved before the prediction; else resolved now) and the inputs as params, the input file
+    as the run's dataset, the summary as metrics, the prediction table and map as artifacts. Returns the run id,
+    its UI address and, for a tracking server, the download address of each artifact (what a Prefect image or
+    link artifact can show)."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking_uri)
+    version = version or model_version(tracking_uri, model_uri)
+    answered = {"model_name": version["name"], "model_version": version["version"],
+                "model_version_uri": version["version_uri"]} if version else {}
     with mlflow.start_run(experiment_id=experiment_id(tracking_uri, experiment),
-                          run_name=f"predict {model_uri}") as run:
-        mlflow.log_params({"model_uri": model_uri, **{k: str(v) for k, v in params.items()}})
+                          run_name=f"predict {version['version_uri'] if version else model_uri}") as run:
+        mlflow.log_params({"model_uri": model_uri, **answered, **{k: str(v) for k, v in params.items()}})
+        if version:
+            mlflow.set_tag("pgt.model_version", version["version_uri"])
+        if input_path is not None and Path(input_path).is_file():
+            mlflow_client(tracking_uri).log_inputs(run.info.run_id, datasets=[input_dataset(input_path)])
         mlflow.log_metrics({metric_key(k): float(v) for k, v in metrics.items() if v is not None})
         for path in files:
             mlflow.log_artifact(str(path))

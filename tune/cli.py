@@ -73,7 +73,8 @@ def tune(
 ) -> None:
     """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE), confirm the
     best few and the base recipe on fresh seeds, and train the winner's recipe as `pgt train` would."""
-    from pgt.tracking import RECIPE_TAG, champion_verdict, check_tracking_server, resolve_tracking_uri, run_url
+    from pgt.registry import champion_verdict
+    from pgt.tracking import RECIPE_TAG, check_tracking_server, resolve_tracking_uri, run_url
     from preprocessing.engine import check_ray_address
     from preprocessing.errors import InputError
     from preprocessing.output import check_apart, check_output_entries

@@ -60,12 +60,9 @@ class SweepConfig:
         if isinstance(self.space, dict):
             self.space = SearchSpace.from_dict(self.space)
         check_settings(self)
-        base = self.train_config({}, Path(self.out_dir))  # a recipe that cannot train is refused now, not in a trial
-        if self.finalists and base.network.members > 1:
-            raise ValueError("finalists train each configuration's seeds side by side (fused_seeds), which an "
-                             f"ensemble recipe (members {base.network.members}) cannot: set finalists 0")
+        self.train_config({}, Path(self.out_dir))  # a recipe that cannot train is refused now, not in a trial
         if self.space is None:
-            self.space = SearchSpace.around(base.to_dict())
+            self.space = SearchSpace.around(self.train_config({}, Path(self.out_dir)).to_dict())
 
     @property
     def metric(self) -> str:
@@ -88,11 +85,18 @@ class SweepConfig:
                                        seed=self.seed, select_on=self.select_on, threads=threads,
                                        **hyper, **TRIAL_FIXED)
 
-    def confirmation_config(self, hyper: dict, out_dir: Path) -> TrainConfig:
-        """A finalist's confirmation run: the trial's configuration on the seeds after the search's (seed + 1, ...),
-        trained side by side, scored on validation only (test is read once, by the winner's final run)."""
-        return dataclasses.replace(self.train_config(hyper, out_dir), seed=self.seed + 1,
-                                   fused_seeds=self.confirm_seeds, evaluate_test=False)
+    def confirmation_seeds(self) -> list[list[int]]:
+        """The seeds after the search's (seed + 1, ..., seed + confirm_seeds), grouped by run: all in one run side by
+        side (fused_seeds), or one run each where the recipe is an ensemble (its members are side by side already)."""
+        seeds = list(range(self.seed + 1, self.seed + 1 + self.confirm_seeds))
+        fused = self.train_config({}, Path(self.out_dir)).network.members == 1
+        return [seeds] if fused else [[seed] for seed in seeds]
+
+    def confirmation_config(self, hyper: dict, out_dir: Path, seeds: list[int]) -> TrainConfig:
+        """A finalist's confirmation run on a group of confirmation_seeds: the trial's configuration, scored on
+        validation only (test is read once, by the winner's final run)."""
+        return dataclasses.replace(self.train_config(hyper, out_dir), seed=seeds[0], fused_seeds=len(seeds),
+                                   evaluate_test=False)
 
     def base_hyper(self) -> dict:
         """The base recipe's values of the searched settings: the finalist that stands for where the sweep started."""

@@ -26,6 +26,7 @@ from pgt.checkpoint import load_checkpoint, read_checkpoint
 from pgt.config import RECIPE_FREE, LaunchConfig, TrackingConfig, selection_score
 from pgt.data import load_splits
 from pgt.distributed import flat_metrics, run_training
+from pgt.registry import Evidence, data_digest, register_model
 from pgt.scoring import evaluate, model_scores
 from pgt.tracking import (
     end_run,
@@ -33,10 +34,10 @@ from pgt.tracking import (
     log_pytorch_model,
     metrics_of,
     mlflow_client,
-    register_model,
     reopen_run,
     source_tags,
     start_run,
+    system_metrics,
 )
 from preprocessing.engine import prepare_ray_env, ray_session
 from preprocessing.output import write_file_atomically, write_json_atomically
@@ -75,14 +76,19 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
 
 
 def run_finalist(config: dict, sweep: dict, tracking: dict | None) -> None:
-    """Tune's function trainable of the confirmation: one finalist's configuration on the seeds the search did not
-    use, side by side (fused_seeds), scored on validation."""
+    """Tune's function trainable of the confirmation: one finalist's configuration on a group of the seeds the
+    search did not use (several side by side: fused_seeds), scored on validation."""
     spec = SweepConfig.from_dict(sweep)
-    finalist = config["finalist"]
-    out_dir = Path(spec.out_dir) / FINALISTS / finalist["name"]
+    finalist, seeds = config["finalist"], config["finalist"]["seeds"]
+    out_dir = finalist_dir(Path(spec.out_dir), finalist["name"], seeds)
     out_dir.mkdir(parents=True, exist_ok=True)
-    train_in_trial(spec, spec.confirmation_config(finalist["config"], out_dir), out_dir, tracking,
-                   f"finalist-{finalist['name']}")
+    train_in_trial(spec, spec.confirmation_config(finalist["config"], out_dir, seeds), out_dir, tracking,
+                   f"finalist-{finalist['name']}-seeds-{'-'.join(map(str, seeds))}")
+
+
+def finalist_dir(out: Path, name: str, seeds: list[int]) -> Path:
+    """A finalist's run on a group of seeds: --out/finalists/<name>/seeds-<first>[-<next>...]."""
+    return out / FINALISTS / name / f"seeds-{'-'.join(map(str, seeds))}"
 
 
 def run_final(config: dict, sweep: dict, tracking: dict | None) -> None:
@@ -211,8 +217,8 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
     write_json_atomically(out / "sweep.json", {"sweep": spec.to_dict(), "tracking": tracking.to_dict() if tracking else None,
                                                "register": register}, indent=2)
     status = "FAILED"
-    try:
-        with ray_session(address):
+    try:  # the parent run samples the driver's machine (CPU, memory, GPU) like every training run
+        with system_metrics(tracking), ray_session(address):
             trainable = tune.with_parameters(run_trial, sweep=spec.to_dict(),
                                              tracking=tracking.to_dict() if tracking else None)
             trainable = tune.with_resources(trainable, _trial_resources(spec))
@@ -262,6 +268,7 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
                                "refit": final.get("refit"), "epochs_run": final["epochs_run"]}
             result["best_checkpoint"] = str(out / FINAL / "best.pt")
             result["best_test"] = headline_metrics(final["test"])
+            result["evidence"] = sweep_evidence(spec, result)
         if tracking:
             result["mlflow"] = _log_sweep(spec, tracking, result, register)
         write_json_atomically(out / "tune.json", result, indent=2, default=float)
@@ -338,6 +345,18 @@ def trial_dirname(trial) -> str:
     return f"trial_{trial.trial_id}"
 
 
+def sweep_evidence(spec: SweepConfig, result: dict) -> dict:
+    """What the sweep's model is registered on (pgt.registry.Evidence as a dict): the confirmed winner's validation
+    strict Acc@1 on its fresh seeds, or without a confirmation the final run's on the sweep's seed."""
+    confirmed = result.get("confirmation", {})
+    if confirmed.get("winner"):
+        winner = confirmed["finalists"][0]
+        seeds, scores = winner["seeds"], winner["validation_strict_acc@1"]
+    else:
+        seeds, scores = [spec.seed], [result["final"]["validation"]["strict"]["acc@1"]]
+    return dataclasses.asdict(Evidence(seeds, scores, data_digest(spec.data_dir)))
+
+
 def finalist_candidates(spec: SweepConfig, trials: list[dict]) -> list[dict]:
     """The base recipe, then the best finished trials' configurations (distinct, and other than the base), at most
     spec.finalists of them: each {"name", "trial_id", "config", "search_score"}."""
@@ -363,6 +382,7 @@ def confirm_finalists(spec: SweepConfig, result: dict, tracking, resume: bool) -
 
     out = Path(spec.out_dir)
     candidates = finalist_candidates(spec, result["trials"])
+    groups = spec.confirmation_seeds()
     experiment = out / "ray" / CONFIRMATION
     trainable = tune.with_resources(tune.with_parameters(run_finalist, sweep=spec.to_dict(),
                                                          tracking=tracking.to_dict() if tracking else None),
@@ -370,7 +390,8 @@ def confirm_finalists(spec: SweepConfig, result: dict, tracking, resume: bool) -
     if resume and tune.Tuner.can_restore(str(experiment)):
         tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
     else:
-        tuner = tune.Tuner(trainable, param_space={"finalist": tune.grid_search(candidates)},
+        runs = [{**candidate, "seeds": seeds} for candidate in candidates for seeds in groups]
+        tuner = tune.Tuner(trainable, param_space={"finalist": tune.grid_search(runs)},
                            tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),
                            run_config=tune.RunConfig(name=CONFIRMATION, storage_path=str(out / "ray"), verbose=1,
                                                      failure_config=tune.FailureConfig(max_failures=spec.max_failures),
@@ -378,27 +399,35 @@ def confirm_finalists(spec: SweepConfig, result: dict, tracking, resume: bool) -
     tuner.fit()
     rows, unfinished = [], []
     for candidate in candidates:
-        done = out / FINALISTS / candidate["name"] / "metrics.json"
-        if not done.is_file():
+        done = [finalist_dir(out, candidate["name"], seeds) / "metrics.json" for seeds in groups]
+        if not all(path.is_file() for path in done):
             unfinished.append(candidate["name"])
             continue
-        metrics = json.loads(done.read_text())
-        scores = [selection_score(seed["validation"], spec.objective) for seed in metrics["seeds"]]
-        strict = [seed["validation"]["strict"]["acc@1"] for seed in metrics["seeds"]]
-        rows.append({**candidate, "seeds": [seed["seed"] for seed in metrics["seeds"]], "validation_scores": scores,
+        each = [seed for path in done for seed in seeds_of(json.loads(path.read_text()))]
+        scores = [selection_score(seed["validation"], spec.objective) for seed in each]
+        strict = [seed["validation"]["strict"]["acc@1"] for seed in each]
+        rows.append({**candidate, "seeds": [seed["seed"] for seed in each], "validation_scores": scores,
                      "validation_strict_acc@1": strict, "mean_validation_strict_acc@1": sum(strict) / len(strict),
                      "mean": sum(scores) / len(scores),
                      "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
-                     "best_epochs": [seed["best_epoch"] for seed in metrics["seeds"]],
-                     "train_seconds": metrics["train_seconds"]})
+                     "best_epochs": [seed["best_epoch"] for seed in each],
+                     "train_seconds": sum(json.loads(path.read_text())["train_seconds"] for path in done)})
+    # best first; the base recipe wins ties: a configuration must beat where the sweep started, not equal it
+    rows.sort(key=lambda r: (r["mean"], r["name"] == BASE), reverse=True)
     confirmation = {"objective": spec.objective, "seeds_per_finalist": spec.confirm_seeds,
-                    "finalists": sorted(rows, key=lambda r: -r["mean"]), "unfinished": unfinished}
+                    "finalists": rows, "unfinished": unfinished}
     if rows and not unfinished:
-        # the base recipe wins ties: a configuration must beat where the sweep started, not equal it
-        winner = max(rows, key=lambda r: (r["mean"], r["name"] == BASE))
-        confirmation["winner"] = winner["name"]
-        result["best_config"] = winner["config"]
+        confirmation["winner"] = rows[0]["name"]
+        result["best_config"] = rows[0]["config"]
     return confirmation
+
+
+def seeds_of(metrics: dict) -> list[dict]:
+    """A confirmation run's per-seed results ({"seed", "best_epoch", "validation"}): a fused run's `seeds`, or the
+    run itself (one seed)."""
+    if "seeds" in metrics:
+        return metrics["seeds"]
+    return [{"seed": metrics["config"]["seed"], "best_epoch": metrics["best_epoch"], "validation": metrics["validation"]}]
 
 
 def _trial_resources(spec: SweepConfig) -> dict:
@@ -563,11 +592,9 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     with mlflow.start_run(run_id=tracking.run_id):
         info = log_pytorch_model(Path(result["best_checkpoint"]), Path(spec.data_dir))
     logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": info.model_uri}
-    if register:  # the evidence: the confirmed winner's mean over fresh seeds, else the final run's validation
-        confirmed = result.get("confirmation", {})
-        score = confirmed["finalists"][0]["mean_validation_strict_acc@1"] if confirmed.get("winner") else \
-            result["final"]["validation"]["strict"]["acc@1"]
-        logged["registered"] = register_model(tracking.tracking_uri, register, info.model_uri, tracking.run_id, score)
+    if register:  # on the evidence: the confirmed winner's mean over fresh seeds, else the final run's validation
+        logged["registered"] = register_model(tracking.tracking_uri, register, info.model_uri, tracking.run_id,
+                                              Evidence(**result["evidence"]))
     return logged
 
 

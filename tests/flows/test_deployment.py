@@ -124,6 +124,13 @@ with get_client(sync_client=True) as client:
     with urllib.request.urlopen(url, timeout=30) as response:
         assert response.read(8) == b"\x89PNG\r\n\x1a\n"  # the map, served by the MLflow server
     assert "users scored" in artifacts["pgt-predictions-summary"]
+    # the prediction run names the version that answered, not only the alias, and its input as a dataset
+    run = client.search_runs([client.get_experiment_by_name("pgt-predictions").experiment_id],
+                             order_by=["attributes.start_time DESC"], max_results=1)[0]
+    champion = client.get_model_version_by_alias("pgt-demo", "champion").version
+    assert run.data.params["model_uri"] == "models:/pgt-demo@champion" and run.data.params["model_version"] == champion
+    assert run.data.tags["pgt.model_version"] == run.data.params["model_version_uri"] == f"models:/pgt-demo/{champion}"
+    assert [i.tags[0].value for i in run.inputs.dataset_inputs] == ["prediction"]
     shown = subprocess.run([sys.executable, SCRIPTS / "show_run.py", "predict-next-places/predict",
                             "pgt-predictions-summary"], env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and ": Completed" in shown.stdout and "users scored" in shown.stdout, shown.stdout

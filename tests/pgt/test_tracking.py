@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pgt.tracking import RIVAL_TAG, SCORE_TAG, register_model
+from pgt.registry import Evidence, data_digest, register_model
+from pgt.tracking import RIVAL_TAG, SCORE_TAG, model_version
 
 PGT = [sys.executable, "-m", "pgt.cli"]
 
@@ -175,23 +176,41 @@ def test_predict_rejects_a_file_without_history_columns(registered_run, mlflow_s
     assert str(bad) in r.stderr and "missing column(s) time_slots, weekdays, recency, durations" in r.stderr
 
 
-def test_champion_moves_only_to_a_better_validation_score(registered_run, mlflow_server):
-    """Versions with validation Acc@1 50, 40 (kept out) and 60 (promoted); both scores stay as tags."""
+def test_the_champion_moves_only_on_evidence_that_beats_seed_noise(registered_run, synthetic_sequences, mlflow_server):
+    """The first version is promoted; a tie and a one-seed gain of 0.8 points stay within seed noise (kept); a much
+    higher score measured on other data is not compared (kept); three seeds 3 points better are promoted. Every
+    version carries its evidence and the decision as tags, as the MLflow UI's version page shows them."""
+    import json
+
     from mlflow.tracking import MlflowClient
 
     uri, run_id = registered_run["mlflow"]["model_uri"], registered_run["mlflow"]["run_id"]
-    first = register_model(mlflow_server, "rule", uri, run_id, 50.0)
-    worse = register_model(mlflow_server, "rule", uri, run_id, 40.0)
-    tie = register_model(mlflow_server, "rule", uri, run_id, 50.0)
-    better = register_model(mlflow_server, "rule", uri, run_id, 60.0)
-    assert first["promoted"] and not worse["promoted"] and not tie["promoted"] and better["promoted"]
+    digest = data_digest(synthetic_sequences)
+    first = register_model(mlflow_server, "rule", uri, run_id, Evidence([0], [50.0], digest))
+    tie = register_model(mlflow_server, "rule", uri, run_id, Evidence([1], [50.0], digest))
+    lucky = register_model(mlflow_server, "rule", uri, run_id, Evidence([2], [50.8], digest))
+    elsewhere = register_model(mlflow_server, "rule", uri, run_id, Evidence([3], [70.0], "0123456789abcdef"))
+    better = register_model(mlflow_server, "rule", uri, run_id, Evidence([4, 5, 6], [53.0, 53.2, 52.9], digest))
+    assert [r["promoted"] for r in (first, tie, lucky, elsewhere, better)] == [True, False, False, False, True]
+    assert [r["decision"] for r in (tie, lucky, elsewhere)] == ["kept", "kept", "not compared"]
     client = MlflowClient(mlflow_server)
     assert client.get_model_version_by_alias("rule", "champion").version == str(better["version"])
-    kept = client.get_model_version("rule", str(worse["version"]))
-    assert kept.tags[SCORE_TAG] == "40.0" and kept.tags[RIVAL_TAG] == "50.0"
-    assert kept.tags["champion_decision"] == f"kept version {first['version']}"
+    kept = client.get_model_version("rule", str(lucky["version"]))
+    assert json.loads(kept.tags["pgt.evidence_seeds"]) == [2] and json.loads(kept.tags["pgt.evidence_scores"]) == [50.8]
+    assert kept.tags["pgt.data_digest"] == digest and kept.tags["champion_decision"] == "kept"
+    assert "within seed noise" in kept.tags["champion_reason"] and kept.tags[RIVAL_TAG] == "50.0"
+    assert "other data" in client.get_model_version("rule", str(elsewhere["version"])).tags["champion_reason"]
     promoted = client.get_model_version("rule", str(better["version"]))
-    assert promoted.tags[RIVAL_TAG] == "50.0" and promoted.tags["champion_decision"] == "promoted"
+    assert promoted.tags["champion_decision"] == "promoted" and json.loads(promoted.tags["pgt.evidence_seeds"]) == [4, 5, 6]
+    assert float(promoted.tags[SCORE_TAG]) == pytest.approx(53.0333, abs=1e-3)
+
+
+def test_a_model_uri_names_the_registered_version_behind_it(registered_run, mlflow_server):
+    """An alias resolves to the version it names now; a version URI names itself; a run's model is no version."""
+    by_alias = model_version(mlflow_server, "models:/synth@champion")
+    assert by_alias == {"name": "synth", "version": 1, "version_uri": "models:/synth/1"}
+    assert model_version(mlflow_server, "models:/synth/1") == by_alias
+    assert model_version(mlflow_server, registered_run["mlflow"]["model_uri"]) is None
 
 
 def test_an_ensemble_is_logged_served_stacked_and_evaluated_as_trained(synthetic_sequences, mlflow_server, tmp_path):

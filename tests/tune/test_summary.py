@@ -27,3 +27,20 @@ def test_an_unknown_objective_is_refused():
 
     with pytest.raises(ValueError, match="objective must be one of strict_acc@1, acc@1"):
         SweepConfig(data_dir=".", out_dir=".", objective="f1")
+
+
+def test_confirmation_seeds_follow_the_search_and_group_by_what_can_be_fused():
+    """After a search on seed 4, three confirmation seeds 5, 6, 7: one run of three fused seeds for a one-network
+    recipe, one run per seed for an ensemble (its members already train side by side); each run's config trains
+    its group from its first seed, on validation only."""
+    from pathlib import Path
+
+    from pgt.config import recipe_settings
+
+    one = SweepConfig(data_dir=".", out_dir=".", recipe=recipe_settings("tuned"), seed=4, confirm_seeds=3)
+    assert one.confirmation_seeds() == [[5, 6, 7]]
+    cfg = one.confirmation_config(one.base_hyper(), Path("f"), [5, 6, 7])
+    assert (cfg.seed, cfg.fused_seeds, cfg.evaluate_test, cfg.refit) == (5, 3, False, False)
+    ensemble = SweepConfig(data_dir=".", out_dir=".", recipe=recipe_settings("ensemble"), seed=4, confirm_seeds=3)
+    assert ensemble.confirmation_seeds() == [[5], [6], [7]]
+    assert ensemble.confirmation_config({}, Path("f"), [6]).fused_seeds == 1

@@ -55,7 +55,7 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     for f in finalists:
         assert f["seeds"] == [1, 2] and len(f["validation_scores"]) == 2
         assert f["mean"] == pytest.approx(sum(f["validation_scores"]) / 2)
-        run = json.loads((out / "finalists" / f["name"] / "metrics.json").read_text())
+        run = json.loads((out / "finalists" / f["name"] / "seeds-1-2" / "metrics.json").read_text())
         assert run["fused_seeds"] == 2 and run["test"] is None  # evidence on validation; test is not read
     winner = max(finalists, key=lambda f: (f["mean"], f["name"] == "base"))
     assert confirmation["winner"] == winner["name"] and result["best_config"] == winner["config"]
@@ -85,7 +85,7 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     trial_runs = [c for c in children if c.info.run_name.startswith("trial-")]
     assert len(trial_runs) == 4 and {c.info.status for c in trial_runs} <= {"FINISHED", "KILLED"}
     assert sorted(c.info.run_name for c in children if not c.info.run_name.startswith("trial-")) == sorted(
-        ["final", *(f"finalist-{n}" for n in names)])
+        ["final", *(f"finalist-{n}-seeds-1-2" for n in names)])
     assert all(len(client.get_metric_history(c.info.run_id, "validation_acc_at_1")) >= 1 for c in children)
     assert all(len(client.get_metric_history(c.info.run_id, "validation_strict_acc_at_1")) >= 1 for c in children)
     assert client.get_run(parent).info.status == "FINISHED"
@@ -236,12 +236,13 @@ def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_
     assert not best["refit"]  # a trial is scored on validation: it never refits; the winner refits as `tuned` does
     assert again.to_dict() == {**best, "resume": again.resume, "refit": True}
     assert "best_recipe.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
-    # lineage: the sweep and its trial name their data, source and recipe; the trial sampled its machine
+    # lineage: the sweep and its trial name their data, source and recipe; both sampled their machine
+    parent = client.get_run(parent.info.run_id)
     for run in (parent, trial):
         contexts = sorted(i.tags[0].value for i in run.inputs.dataset_inputs)
         assert contexts == ["test", "training", "validation"], run.info.run_name
         assert run.data.tags["mlflow.source.name"] == "pgt tune" and run.data.tags["pgt.recipe"] == "tuned"
-    assert any(key.startswith("system/cpu_utilization") for key in trial.data.metrics)
+        assert any(key.startswith("system/cpu_utilization") for key in run.data.metrics), run.info.run_name
 
 
 def test_a_time_budget_ends_the_sweep_with_the_trials_that_fit(training_sequences, tmp_path):
