@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
-from train import VARIANTS, WORK, sequences  # noqa: E402
+from train import VARIANTS, WORK, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "promotion.json"
 MODEL_NAME = "pgt-promotion"

@@ -67,6 +67,14 @@ def portable_optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
     return saved
 
 
+@torch.no_grad()
+def average_weights(averaged: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
+    """averaged <- decay * averaged + (1 - decay) * model, parameter by parameter (buffers are copied)."""
+    torch._foreach_lerp_(list(averaged.parameters()), list(model.parameters()), 1.0 - decay)
+    for mine, theirs in zip(averaged.buffers(), model.buffers()):
+        mine.copy_(theirs)
+
+
 class WholeStep:
     """A run's training step from (B,) batch indices (see the module's docstring). Captured per width on CUDA."""
 
@@ -112,8 +120,6 @@ class WholeStep:
 
     def step(self, idx: torch.Tensor, width: int) -> None:
         """What every step computes; the same kernels whether launched one by one or replayed from a graph."""
-        from pgt.train import average_weights
-
         state, cfg = self.state, self.state.cfg
         batch = self.dataset.gather(idx, width)
         loss = state.batch_loss(state.ddp_model, batch, state.model_cfg, cfg, state.amp_dtype)

@@ -60,7 +60,7 @@ from pgt.data import (
 )
 from pgt.model import Ensemble, Output, build_model, count_parameters, networks
 from pgt.scoring import Scores, evaluate, model_scores
-from pgt.step import WholeStep, check_capturable, portable_optimizer_state, use_device_learning_rate
+from pgt.step import WholeStep, average_weights, check_capturable, portable_optimizer_state, use_device_learning_rate
 from pgt.tracking import EpochLogger, log_result, system_metrics
 from pgt.vocabulary import extended_ids
 from pgt.worker import Worker, local_worker
@@ -706,14 +706,6 @@ def evaluate_baseline(config: dict) -> dict:
               "history": [], "config": cfg.to_dict()}
     write_json(Path(cfg.out_dir) / "metrics.json", result)
     return result
-
-
-@torch.no_grad()
-def average_weights(averaged: torch.nn.Module, model: torch.nn.Module, decay: float) -> None:
-    """averaged <- decay * averaged + (1 - decay) * model, parameter by parameter (buffers are copied)."""
-    torch._foreach_lerp_(list(averaged.parameters()), list(model.parameters()), 1.0 - decay)
-    for mine, theirs in zip(averaged.buffers(), model.buffers()):
-        mine.copy_(theirs)
 
 
 def _all_reduce_mean(loss_sum: torch.Tensor, seen: int, worker: Worker) -> tuple[float, int]:

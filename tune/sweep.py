@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from pgt.checkpoint import load_checkpoint, read_checkpoint
-from pgt.config import RECIPE_FREE, LaunchConfig, TrackingConfig, selection_score
+from pgt.config import RECIPE_FREE, LaunchConfig, TrackingConfig, TrainConfig, load_recipe_file, selection_score
 from pgt.data import load_splits
 from pgt.distributed import flat_metrics, run_training
 from pgt.registry import Evidence, data_digest, register_model
@@ -114,8 +114,6 @@ def run_final(config: dict, sweep: dict, tracking: dict | None) -> None:
 
 def final_config(spec: SweepConfig, recipe_file: Path, out_dir: Path):
     """The final run's TrainConfig: the recipe file's settings on the sweep's data and seed, nothing else."""
-    from pgt.config import TrainConfig, load_recipe_file
-
     threads = max(1, int(spec.cpus_per_trial)) if spec.workers_per_trial == 1 else 0
     return TrainConfig.from_recipe(load_recipe_file(recipe_file), data_dir=spec.data_dir, out_dir=str(out_dir),
                                    seed=spec.seed, threads=threads)

@@ -233,7 +233,7 @@ def test_weight_average_is_what_gets_evaluated(synthetic_sequences, tmp_path):
     from pgt.checkpoint import load_checkpoint
     from pgt.data import SequenceDataset
     from pgt.scoring import model_scores
-    from pgt.train import average_weights
+    from pgt.step import average_weights
 
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2,
                                     "min_epochs": 2, "weight_average": 0.9, "keep_checkpoints": 2})
