@@ -318,12 +318,16 @@ def predict(
 ) -> None:
     """Where each person goes next: the top-k next places, with coordinates and probabilities."""
     from pgt.inference import prediction_time
-    from pgt.predict import predict_file, predict_raw, predict_summary
+    from pgt.predict import answering_model, predict_file, predict_raw, predict_summary
     from preprocessing.errors import InputError
 
     try:
         if at is not None and format is None:
             raise ValueError("--at applies to raw GPS points or staypoints (--format); sequences carry their own recency")
+        answering = answering_model(model, tracking_uri)  # an alias's version now: the one that answers and is recorded
+        if answering != model:
+            typer.echo(f"{model} is {answering}")
+        model = answering
         if format is not None:
             result = predict_raw(model, input, format, out, top_k, tracking_uri, prediction_time(at))
             typer.echo(predict_summary(result, top_k))

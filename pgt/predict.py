@@ -24,7 +24,7 @@ from pgt.inference import (
     predict_applied,
     top_k_predictions,
 )
-from pgt.tracking import load_model_and_manifest, load_pgt_model
+from pgt.tracking import check_model_uri, load_model_and_manifest, load_pgt_model, model_version
 from preprocessing.fitted import apply_fitted
 from preprocessing.output import check_apart, check_output_file, output_lock, write_file_atomically, write_parquet_marked
 
@@ -38,6 +38,25 @@ class RawPrediction(NamedTuple):
     counts: dict  # the applied data's counts: rows read and quarantined, staypoints, users, samples
     unscored: pl.DataFrame  # source_user_id, reason: people of the input without a prediction
     files: dict[str, Path]  # what was written: "predictions", and "quarantine" / "unscored" where there were any
+
+
+MODEL_KEY = "pgt.model_uri"  # a prediction file's metadata: the model that answered (a version URI where resolved)
+
+
+def answering_model(model_uri: str, tracking_uri: str | None = None) -> str:
+    """The URI that names the model a prediction gets: an alias's registered version now (models:/NAME/VERSION,
+    which still names it once the alias moves), else the URI as given (also where the alias cannot be read: loading
+    the model then says why in one line)."""
+    if "@" not in model_uri or not model_uri.startswith("models:/"):
+        return model_uri
+    from mlflow.exceptions import MlflowException
+
+    uri = check_model_uri(model_uri, tracking_uri)  # an unreachable server: one line, in seconds
+    try:
+        version = model_version(uri, model_uri)
+    except MlflowException:  # a missing alias or model: the load that follows reports it with its own message
+        return model_uri
+    return version["version_uri"] if version else model_uri
 
 
 def side_files(out_path: Path) -> dict[str, Path]:
@@ -70,7 +89,7 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
         if out_path.suffix == ".csv":
             write_file_atomically(out_path, frame.write_csv)
         else:
-            write_parquet_marked(out_path, frame, PREDICTOR)
+            write_parquet_marked(out_path, frame, PREDICTOR, {MODEL_KEY: model_uri})
         for kind, table in (("quarantine", applied.quarantine), ("unscored", applied.unscored)):
             side = side_files(out_path)[kind]
             if table is not None and table.height:
@@ -113,7 +132,7 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
         columns["target_place"] = pa.array(dataset.target_places.numpy())
     with output_lock(Path(out_path), command=PREDICTOR):
         check_output_file(Path(out_path), PREDICTOR, (".parquet",))
-        write_parquet_marked(Path(out_path), pa.table(columns), PREDICTOR)
+        write_parquet_marked(Path(out_path), pa.table(columns), PREDICTOR, {MODEL_KEY: model_uri})
     return len(dataset)
 
 

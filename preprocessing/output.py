@@ -260,8 +260,10 @@ def check_output_entries(out: Path, producer: str, own: tuple[str, ...]) -> None
                               "choose another --out")
 
 
-def write_parquet_marked(path: Path, table, producer: str) -> Path:
-    """Write a pyarrow table (or a polars frame) as Parquet atomically, marked as `producer`'s (written_by)."""
+def write_parquet_marked(path: Path, table, producer: str, metadata: dict[str, str] | None = None) -> Path:
+    """Write a pyarrow table (or a polars frame) as Parquet atomically, marked as `producer`'s (written_by), with
+    `metadata` as more key-value pairs of its schema."""
     table = table.to_arrow() if hasattr(table, "to_arrow") else table
-    marked = table.replace_schema_metadata({**(table.schema.metadata or {}), PRODUCER_KEY: producer.encode()})
+    extra = {key.encode(): value.encode() for key, value in (metadata or {}).items()}
+    marked = table.replace_schema_metadata({**(table.schema.metadata or {}), **extra, PRODUCER_KEY: producer.encode()})
     return write_file_atomically(path, lambda tmp: pq.write_table(marked, tmp))

@@ -148,6 +148,11 @@ def test_predict_writes_top_k(registered_run, synthetic_sequences, mlflow_server
     r = run("predict", "--model", "models:/synth@champion", "--input", synthetic_sequences / "test.parquet",
             "--out", out, "--top-k", "4", "--tracking-uri", mlflow_server, env=NO_PICKLE)
     assert r.returncode == 0, r.stderr[-3000:]
+    # the version that answered, not only the alias: said, and kept in the file's metadata
+    assert "models:/synth@champion is models:/synth/1" in r.stdout
+    import pyarrow.parquet as pq
+
+    assert pq.read_schema(out).metadata[b"pgt.model_uri"] == b"models:/synth/1"
     pred = pl.read_parquet(out)
     assert pred.height == registered_run["test"]["n"] and pred.columns == [
         "row", "user", "top_locations", "top_places", "top_probabilities", "new_place_probability", "target",
