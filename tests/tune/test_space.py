@@ -71,5 +71,12 @@ def test_the_space_is_centred_on_the_base_recipe(recipe):
     assert ("relation_order" in space.names) == base["visit_relations"]
     assert space.feedforward_ratio == base["dim_feedforward"] / base["d_model"]
     wide = SearchSpace.around({**base, "d_model": 96, "dim_feedforward": 384})
-    assert wide.dimension("d_model").values == (48, 72, 96, 144, 192) and wide.feedforward_ratio == 4.0
+    assert wide.dimension("d_model").values == (48, 72, 96, 144, 192, 288) and wide.feedforward_ratio == 4.0
     assert SearchSpace.from_dict(space.to_dict()) == space  # the sweep's saved state
+
+
+def test_widths_around_a_recipe_reach_three_times_its_width():
+    """Around d_model 64 a trial may draw 32 to 192: the last sweep's good trials sat at its old edge, 128."""
+    space = SearchSpace.around(TrainConfig.from_dict({"data_dir": ".", "out_dir": "."}).to_dict())
+    assert space.dimension("d_model").values == (32, 48, 64, 96, 128, 192)
+    assert 1 in space.dimension("nhead").values
