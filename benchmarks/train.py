@@ -163,7 +163,7 @@ def epoch_times(result: dict, out: Path) -> dict:
         seconds = [h["seconds"] for h in history[1:]] or [h["seconds"] for h in history]
         return round(float(np.median(seconds)), 4) if seconds else None
 
-    return {"selection_epoch_s": after_first(selection), "first_epoch_s": round(selection[0]["seconds"], 3),
+    return {"selection_epoch_s": after_first(selection), "first_epoch_s": round(selection[0]["seconds"], 4),
             "refit_epoch_s": after_first(result["history"]) if refit else None}
 
 

@@ -79,8 +79,8 @@ def harness(data: Path, results: Path, work: Path, *options: str) -> subprocess.
                            str(results), "--work", str(work), *options], capture_output=True, text=True, timeout=600)
 
 
-FIXED_FORM = {"model", "engine", "options", "runs", "seeds", "epoch_s", "samples_per_s", "test_forward_samples_per_s",
-              "epochs_run", "strict", "protocol", "validation_strict_acc@1", "when", "machine"}
+FIXED_FORM = {"model", "engine", "options", "runs", "seeds", "epoch_s", "refit_epoch_s", "first_epoch_s", "samples_per_s",
+              "test_forward_samples_per_s", "epochs_run", "strict", "protocol", "validation_strict_acc@1", "when", "machine"}
 
 
 def test_the_gpu_harness_writes_each_configuration_in_the_fixed_form(tiny_sequences, tmp_path):
@@ -114,6 +114,7 @@ def test_the_gpu_harness_trains_under_ray_train(tiny_sequences, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     entry = json.loads(results.read_text())["configurations"]["pgt, ray-train, resident_data=True"]
     assert entry["engine"] == "ray-train" and entry["epochs_run"] == 1 and entry["samples_per_s"] > 0
+    assert entry["epoch_s"] == entry["first_epoch_s"] > 0 and entry["refit_epoch_s"] is None  # one epoch, no refit
     assert any((tmp_path / "work").rglob("epoch_000"))  # Ray Train's checkpoint folder
 
 

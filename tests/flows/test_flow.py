@@ -176,12 +176,20 @@ def test_the_sweep_branch_tunes_registers_its_best_trial_and_a_rerun_resumes_it(
     client = MlflowClient(params["tracking_uri"])
     version = client.get_model_version("sweepflow", "1")
     assert version.tags["recipe"] == "paper" and version.tags["sweep_run_id"] == first["mlflow"]["run_id"]
-    trained = {p.parent.name: p.stat().st_mtime_ns for p in (sweep / "trials").glob("*/metrics.json")}
-    assert len(trained) >= 1
+    # the same registry door as `pgt train --register`: the confirmed winner's evidence on its fresh seeds
+    result = json.loads((sweep / "tune.json").read_text())
+    assert json.loads(version.tags["pgt.evidence_seeds"]) == result["evidence"]["seeds"] == [1, 2, 3]
+    assert json.loads(version.tags["pgt.evidence_scores"]) == pytest.approx(result["evidence"]["scores"], abs=1e-4)
+    assert version.tags["champion_decision"] == "promoted" and version.tags["pgt.data_digest"] != "unknown"
+    trained = {p.relative_to(sweep): p.stat().st_mtime_ns
+               for p in [*(sweep / "trials").glob("*/metrics.json"), *(sweep / "finalists").glob("*/*/metrics.json"),
+                         sweep / "final" / "metrics.json"]}
+    assert len(trained) >= 3
 
     second = preprocess_and_train(**params)
     again = json.loads((sweep / "tune.json").read_text())["trials"]
     assert {t["trial_id"] for t in again} == {t["trial_id"] for t in trials}  # the same sweep, resumed
-    for trial_id, mtime in trained.items():  # no trial trained again
-        assert (sweep / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
-    assert second["registered"]["version"] == 2
+    for path, mtime in trained.items():  # no trial, finalist or final run trained again
+        assert (sweep / path).stat().st_mtime_ns == mtime, path
+    # the same model on the same evidence: registered, but the champion stays (a tie never promotes)
+    assert second["registered"]["version"] == 2 and not second["registered"]["promoted"]

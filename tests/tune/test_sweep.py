@@ -93,7 +93,10 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     assert client.get_run(parent).data.metrics["best_test_acc_at_1"] == pytest.approx(result["best_test"]["acc@1"])
     assert client.get_run(parent).data.metrics["best_test_strict_acc_at_1"] == pytest.approx(
         result["best_test"]["strict"]["acc@1"])
-    assert client.get_model_version_by_alias("swept", "champion").version == "1"
+    champion = client.get_model_version_by_alias("swept", "champion")
+    assert champion.version == "1" and champion.tags["champion_decision"] == "promoted"
+    assert json.loads(champion.tags["pgt.evidence_seeds"]) == winner["seeds"] == [1, 2]
+    assert json.loads(champion.tags["pgt.evidence_scores"]) == pytest.approx(winner["validation_strict_acc@1"], abs=1e-4)
 
 
 def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path):
