@@ -11,7 +11,8 @@ beside the published and reference figures.
 Selection: every recipe was chosen on validation metrics only (pgt.train.RECIPES); early stopping and the
 best epoch follow the recipe's validation score. Test is evaluated once per reported run, here.
 
-A model is trained with the paper's recipe; `MODEL:RECIPE` picks another, e.g. `pgt:tuned`. Writes JSON
+A model is trained with the paper's recipe; `MODEL:RECIPE` picks another, e.g. `pgt:tuned`, or a recipe file
+(`pgt:benchmarks/results/sweep_best.yaml`, a sweep's winner). Writes JSON
 (default benchmarks/results/train.json) and prints a table per variant.
 
 `--gpu` trains the same recipes on the machine's one CUDA GPU (bfloat16 autocast, TrainConfig.amp) from
@@ -105,7 +106,13 @@ def forward_speed(run_dir: Path, data_dir: Path, device: str = "cpu") -> float:
 
 
 def label(model: str, recipe: str) -> str:
-    return model if recipe == "paper" else f"{model} ({recipe})"
+    """A model's row name: the model, and the recipe's name (a recipe file's stem) unless it is the paper's."""
+    return model if recipe == "paper" else f"{model} ({Path(recipe).stem if is_recipe_file(recipe) else recipe})"
+
+
+def is_recipe_file(recipe: str) -> bool:
+    """Whether MODEL:RECIPE names a recipe file (YAML, as `pgt tune` writes its winner) instead of a named recipe."""
+    return recipe.endswith((".yaml", ".yml"))
 
 
 def configuration(model: str, recipe: str, engine: str, options: dict | None) -> str:
@@ -123,11 +130,17 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
     from pgt.train import evaluate_baseline
 
     folder = "train" if device == "cpu" and engine == "in-process" and not options else f"train-{device}-{engine}"
-    out = (work / folder / data_dir.name / (model if recipe == "paper" else f"{model}-{recipe}")
+    out = (work / folder / data_dir.name / (model if recipe == "paper" else f"{model}-{Path(recipe).stem}")
            / "-".join(f"{k}{v}" for k, v in sorted((options or {}).items())) / f"seed{seed}")
     fields = {"data_dir": str(data_dir), "out_dir": str(out), "model": model, "seed": seed, "resume": False,
               **(options or {})}
-    config = TrainConfig.from_recipe(recipe, **fields, **({"epochs": epochs} if epochs else {}))
+    if is_recipe_file(recipe):
+        from pgt.config import load_recipe_file
+
+        settings = load_recipe_file(Path(recipe))
+    else:
+        settings = recipe
+    config = TrainConfig.from_recipe(settings, **fields, **({"epochs": epochs} if epochs else {}))
     cfg = config.to_dict()
     began = time.perf_counter()
     if model in BASELINES:
@@ -237,7 +250,8 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--models", nargs="+",
-                        default=["pgt:tuned", "pgt", "mhsa", "pointer", "lstm-pg", "markov", "most-frequent"])
+                        default=["pgt:tuned", "pgt", "mhsa", "pointer", "lstm-pg", "markov", "most-frequent"],
+                        help="MODEL[:RECIPE], RECIPE a name in pgt.config.RECIPES or a recipe file (.yaml)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=None, help="at most this many epochs (default: the recipe's)")
     parser.add_argument("--target-row", default="pgt (tuned)", help="the summary row the targets apply to")

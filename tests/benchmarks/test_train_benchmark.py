@@ -126,3 +126,14 @@ def test_each_finished_run_is_handed_on_at_once(tiny_sequences, tmp_path):
     rows = bench.run_models(["pgt"], [0, 1], tiny_sequences, 1, "test", work=tmp_path,
                             on_row=lambda so_far: seen.append([r["seed"] for r in so_far]))
     assert seen == [[0], [0, 1]] and [r["seed"] for r in rows] == [0, 1]
+
+
+def test_a_recipe_file_names_its_row_and_trains_its_settings(tiny_sequences, tmp_path):
+    """MODEL:FILE.yaml trains the recipe file's settings (a sweep's winner), its row named by the file's stem."""
+    bench = load_script()
+    recipe = tmp_path / "winner.yaml"
+    recipe.write_text("d_model: 32\nnhead: 1\ndim_feedforward: 64\n")
+    rows = bench.run_models([f"pgt:{recipe}"], [0], tiny_sequences, 1, "test", work=tmp_path / "work")
+    assert [r["model"] for r in rows] == ["pgt (winner)"] and bench.is_recipe_file(str(recipe))
+    assert rows[0]["parameters"] < bench.run_models(["pgt"], [0], tiny_sequences, 1, "test",
+                                                    work=tmp_path / "work")[0]["parameters"]

@@ -56,12 +56,18 @@ def run_demo(env, *params: str) -> subprocess.CompletedProcess:
 
 def expected_champion(client, name: str) -> tuple[int, str]:
     """(number of versions, the version that must hold the champion alias): each version in turn becomes champion
-    only if its validation strict Acc@1 beats the champion's so far."""
+    only if its evidence beats the champion's so far by the registry's rule (pgt.registry.promotion_decision), as its
+    champion_decision tag says."""
+    from pgt.registry import Evidence, promotion_decision
+
     versions = sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
-    champion, best = None, float("-inf")
+    champion, evidence = None, None
     for v in versions:
-        if float(v.tags["validation_strict_acc_at_1"]) > best:
-            champion, best = v.version, float(v.tags["validation_strict_acc_at_1"])
+        mine = Evidence.from_tags(v.tags)
+        promoted, decision, _ = promotion_decision(mine, evidence)
+        assert v.tags["champion_decision"] == decision, (v.version, v.tags)
+        if promoted:
+            champion, evidence = v.version, mine
     return len(versions), champion
 
 
