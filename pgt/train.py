@@ -529,13 +529,11 @@ def mean_metrics(each: list[dict]) -> dict:
 def finish(state: TrainState) -> dict:
     """The best epoch's weights scored on validation (and test), best.pt and metrics.json written by rank 0
     (and logged to MLflow): the run's result."""
-    cfg, worker, history = state.cfg, state.worker, state.history
+    cfg, worker = state.cfg, state.worker
     if state.seeds is not None:
         return finish_fused(state)
     state.model.load_state_dict(state.best_state)
     scores = model_scores(state.model)
-    train_seconds = sum(row["seconds"] for row in history)
-    samples_seen = sum(row["samples"] for row in history)
     result = {
         "model": cfg.model,
         "test": evaluate(scores, state.splits["test"], cfg.eval_batch_size, worker.device, state.validation_loss(),
@@ -548,20 +546,7 @@ def finish(state: TrainState) -> dict:
                                        worker.device, worker=worker)
                        for split in ("validation", "test")
                        if (split == "validation" and state.held_out is None) or (split == "test" and cfg.evaluate_test)},
-        "select_on": cfg.select_on,
-        "best_epoch": state.best_epoch + 1,  # 1-based, as epochs_run
-        "epochs_run": len(history),
-        "early_stopped": state.early_stopped,
-        "workers": worker.world_size,
-        "train_seconds": round(train_seconds, 3),
-        "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
-        "parameters": state.parameters,
-        "resumed_at_epochs": [e + 1 for e in state.resumed_at],  # 1-based epochs a resumption started with
-        "history": [{k: v for k, v in row.items() if k != "validation"}
-                    | {"validation_acc@1": row["validation"]["acc@1"],
-                       "validation_strict_acc@1": row["validation"]["strict"]["acc@1"]} for row in history],
-        "config": cfg.to_dict(),
-        "model_config": dataclasses.asdict(state.model_cfg),
+        **run_summary(state),
     }
     if state.held_out is not None:  # a refit learned from validation: its held-out figures are the selection run's
         learned = result["validation"]
@@ -586,11 +571,35 @@ def finish(state: TrainState) -> dict:
     return result
 
 
+def run_summary(state: TrainState) -> dict:
+    """What metrics.json says of a run beside its scores: selection, epochs, speed, size, resumptions, the epochs'
+    history and the configs."""
+    cfg, history = state.cfg, state.history
+    train_seconds = sum(row["seconds"] for row in history)
+    samples_seen = sum(row["samples"] for row in history)
+    return {
+        "select_on": cfg.select_on,
+        "best_epoch": state.best_epoch + 1,  # 1-based, as epochs_run
+        "epochs_run": len(history),
+        "early_stopped": state.early_stopped,
+        "workers": state.worker.world_size,
+        "train_seconds": round(train_seconds, 3),
+        "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
+        "parameters": state.parameters,
+        "resumed_at_epochs": [e + 1 for e in state.resumed_at],  # 1-based epochs a resumption started with
+        "history": [{k: v for k, v in row.items() if k != "validation"}
+                    | {"validation_acc@1": row["validation"]["acc@1"],
+                       "validation_strict_acc@1": row["validation"]["strict"]["acc@1"]} for row in history],
+        "config": cfg.to_dict(),
+        "model_config": dataclasses.asdict(state.model_cfg),
+    }
+
+
 def finish_fused(state: TrainState) -> dict:
     """fused_seeds: each seed's network at its own best epoch, scored on validation (and test) and with the inputs
     serving has; metrics.json lists them under `seeds`, and its figures are their mean. No best.pt: the run is
     several seeds' evidence, not one model to serve."""
-    cfg, worker, history = state.cfg, state.worker, state.history
+    cfg, worker = state.cfg, state.worker
     nets = networks(state.model)
     seeds = []
     for i, (net, mine) in enumerate(zip(nets, state.seeds)):
@@ -605,8 +614,6 @@ def finish_fused(state: TrainState) -> dict:
                                                  cfg.eval_batch_size, worker.device, worker=worker)
                                  for split in ("validation", "test") if split == "validation" or cfg.evaluate_test}}
         seeds.append(scored)
-    train_seconds = sum(row["seconds"] for row in history)
-    samples_seen = sum(row["samples"] for row in history)
     result = {
         "model": cfg.model,
         "fused_seeds": cfg.fused_seeds,
@@ -614,20 +621,7 @@ def finish_fused(state: TrainState) -> dict:
         "validation": mean_metrics([s["validation"] for s in seeds]),
         "test": mean_metrics([s["test"] for s in seeds]) if cfg.evaluate_test else None,
         "deployment": {split: mean_metrics([s["deployment"][split] for s in seeds]) for split in seeds[0]["deployment"]},
-        "select_on": cfg.select_on,
-        "best_epoch": state.best_epoch + 1,  # the latest of the seeds' best epochs
-        "epochs_run": len(history),
-        "early_stopped": state.early_stopped,
-        "workers": worker.world_size,
-        "train_seconds": round(train_seconds, 3),
-        "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
-        "parameters": state.parameters,
-        "resumed_at_epochs": [e + 1 for e in state.resumed_at],
-        "history": [{k: v for k, v in row.items() if k != "validation"}
-                    | {"validation_acc@1": row["validation"]["acc@1"],
-                       "validation_strict_acc@1": row["validation"]["strict"]["acc@1"]} for row in history],
-        "config": cfg.to_dict(),
-        "model_config": dataclasses.asdict(state.model_cfg),
+        **run_summary(state),  # its best_epoch: the latest of the seeds' best epochs
     }
     if worker.is_chief:
         out_dir = Path(cfg.out_dir)

@@ -119,23 +119,30 @@ def final_config(spec: SweepConfig, recipe_file: Path, out_dir: Path):
                                    seed=spec.seed, threads=threads)
 
 
-def train_final(spec: SweepConfig, recipe_file: Path, tracking, resume: bool) -> dict:
-    """The final run as a Tune experiment of one trial (the search's resources; resumable). Returns its
-    metrics.json; RuntimeError when it did not finish."""
+def stage_tuner(name: str, trainable, spec: SweepConfig, tracking, resume: bool, param_space: dict):
+    """The Tune experiment of a stage after the search (DIR/ray/<name>): its trials with the search's resources and
+    failure policy, as many at once as the search's, restored where an interrupted sweep resumes."""
     from ray import tune
 
-    out = Path(spec.out_dir)
-    experiment = out / "ray" / FINAL
-    trainable = tune.with_resources(tune.with_parameters(run_final, sweep=spec.to_dict(),
+    experiment = Path(spec.out_dir) / "ray" / name
+    trainable = tune.with_resources(tune.with_parameters(trainable, sweep=spec.to_dict(),
                                                          tracking=tracking.to_dict() if tracking else None),
                                     _trial_resources(spec))
     if resume and tune.Tuner.can_restore(str(experiment)):
-        tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        tuner = tune.Tuner(trainable, param_space={"recipe_file": str(recipe_file)},
-                           run_config=tune.RunConfig(name=FINAL, storage_path=str(out / "ray"), verbose=1,
-                                                     failure_config=tune.FailureConfig(max_failures=spec.max_failures)))
-    grid = tuner.fit()
+        return tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
+    return tune.Tuner(trainable, param_space=param_space,
+                      tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),
+                      run_config=tune.RunConfig(name=name, storage_path=str(experiment.parent), verbose=1,
+                                                failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+                                                checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
+
+
+def train_final(spec: SweepConfig, recipe_file: Path, tracking, resume: bool) -> dict:
+    """The final run as a Tune experiment of one trial (the search's resources; resumable). Returns its
+    metrics.json; RuntimeError when it did not finish."""
+
+    out = Path(spec.out_dir)
+    grid = stage_tuner(FINAL, run_final, spec, tracking, resume, {"recipe_file": str(recipe_file)}).fit()
     done = out / FINAL / "metrics.json"
     if not done.is_file():
         errors = [str(r.error).splitlines()[0] for r in grid if r.error]
@@ -381,20 +388,8 @@ def confirm_finalists(spec: SweepConfig, result: dict, tracking, resume: bool) -
     out = Path(spec.out_dir)
     candidates = finalist_candidates(spec, result["trials"])
     groups = spec.confirmation_seeds()
-    experiment = out / "ray" / CONFIRMATION
-    trainable = tune.with_resources(tune.with_parameters(run_finalist, sweep=spec.to_dict(),
-                                                         tracking=tracking.to_dict() if tracking else None),
-                                    _trial_resources(spec))
-    if resume and tune.Tuner.can_restore(str(experiment)):
-        tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
-    else:
-        runs = [{**candidate, "seeds": seeds} for candidate in candidates for seeds in groups]
-        tuner = tune.Tuner(trainable, param_space={"finalist": tune.grid_search(runs)},
-                           tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),
-                           run_config=tune.RunConfig(name=CONFIRMATION, storage_path=str(out / "ray"), verbose=1,
-                                                     failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-                                                     checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
-    tuner.fit()
+    runs = [{**candidate, "seeds": seeds} for candidate in candidates for seeds in groups]
+    stage_tuner(CONFIRMATION, run_finalist, spec, tracking, resume, {"finalist": tune.grid_search(runs)}).fit()
     rows, unfinished = [], []
     for candidate in candidates:
         done = [finalist_dir(out, candidate["name"], seeds) / "metrics.json" for seeds in groups]
