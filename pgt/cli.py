@@ -162,7 +162,7 @@ TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhea
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
                  "previous_location", "visit_relations", "relation_inputs", "relation_order", "members",
                  "weight_average", "simulate_unseen", "anchor", "refit", "refit_epochs", "resume", "threads", "resident_data",
-                 "static_width", "compile_model")
+                 "static_width", "compile_model", "capture_step", "fused_seeds")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
 
 
@@ -229,6 +229,8 @@ def train(
     resident_data: bool | None = option_for(TrainConfig, "resident_data", "--resident-data/--no-resident-data"),
     static_width: int | None = option_for(TrainConfig, "static_width"),
     compile_model: bool | None = option_for(TrainConfig, "compile_model", "--compile-model/--no-compile-model"),
+    capture_step: bool | None = option_for(TrainConfig, "capture_step", "--capture-step/--no-capture-step"),
+    fused_seeds: int | None = option_for(TrainConfig, "fused_seeds"),
     workers: int | None = option_for(LaunchConfig, "workers"),
     gpu: bool | None = option_for(LaunchConfig, "use_gpu", "--gpu/--no-gpu"),
     address: str | None = option_for(LaunchConfig, "address", envvar="RAY_ADDRESS"),
@@ -258,6 +260,9 @@ def train(
         cfg, launch = train_config(locals()), launch_config(locals())
         if register and cfg.model in BASELINES:
             raise ValueError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
+        if register and cfg.fused_seeds > 1:
+            raise ValueError("--register needs one model; --fused-seeds trains several seeds' networks for their "
+                             "evidence and writes no best.pt: register a run of one seed")
         tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), register=register, source="pgt train",
                                   tags={RECIPE_TAG: recipe_label(recipe, recipe_file)},
                                   **given(locals(), "experiment"))

@@ -45,6 +45,9 @@ def test_train_then_explain(synthetic_sequences, tmp_path):
     (["--d-model", "30", "--nhead", "4"], "d_model (30) must be divisible by nhead (4)"),
     (["--relation-inputs", "--no-visit-relations"], "relation_inputs embeds the visit relations"),
     (["--model", "lstm-pg", "--visit-relations"], "visit_relations biases the transformer's pointer"),
+    (["--recipe", "tuned", "--fused-seeds", "3"], "fused_seeds trains seeds side by side"),
+    (["--fused-seeds", "2", "--register", "x"], "--register needs one model; --fused-seeds"),
+    (["--capture-step"], "capture_step captures one graph per batch shape"),
 ])
 def test_a_model_that_cannot_be_built_is_refused_before_anything_exists(synthetic_sequences, tmp_path, options, words):
     """Checked when the config is built: before the data is read, an MLflow run exists or --out is made."""
