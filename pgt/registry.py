@@ -14,13 +14,13 @@ data it was measured on. The champion moves when
      sigma the seeds' spread: their pooled standard deviation, but never less than SEED_NOISE_FLOOR.
 Evidence of other data is not compared: the champion stays, and the decision says why. A tie never promotes.
 
-Why this margin: seeds move strict validation Acc@1 of one configuration by 0.3 to 0.9 points (tuned: 48.31 ± 0.33
-over seeds 0-2; the sweep's finalists: 0.06 to 0.32 over three fresh seeds; test strict: ± 0.47 to 0.94), so a
-challenger of one seed beating a champion of one seed by less than about a point says nothing about which
-configuration is better. The floor keeps one or two seeds, whose sample spread is no estimate, from looking
-certain; with more seeds the margin shrinks as 1/sqrt(seeds), so evidence buys promotion. A challenger from the same
-recipe (the same configuration on another seed) then clears it about 1 time in 100 (the benchmark:
-benchmarks/promotion.py).
+Why this margin: seeds move strict validation Acc@1 of one configuration by 0.3 to 0.9 points (tuned over ten seeds:
+48.07 ± 0.39, benchmarks/results/promotion.json; test strict: ± 0.47 to 0.94), so a challenger of one seed beating a
+champion of one seed by less than about a point says nothing about which configuration is better. The floor keeps
+one or two seeds, whose sample spread is no estimate, from looking certain; with more seeds the margin shrinks as
+1/sqrt(seeds), so evidence buys promotion. With tuned's spread, a same-recipe challenger of one seed clears the
+one-seed margin (1.16) about 2 times in 100; registered on ten seeds one after another, the old rule moved the
+champion once and this rule never (benchmarks/promotion.py).
 
 Every registered version carries its evidence and the decision as tags (the MLflow UI's model version page shows
 them): pgt.evidence_seeds and pgt.evidence_scores (JSON lists), pgt.data_digest, champion_decision ("promoted",
