@@ -323,25 +323,25 @@ def predict(
 ) -> None:
     """Where each person goes next: the top-k next places, with coordinates and probabilities."""
     from pgt.inference import prediction_time
-    from pgt.predict import answering_model, predict_file, predict_raw, predict_summary
+    from pgt.predict import predict_file, predict_raw, predict_summary
     from preprocessing.errors import InputError
 
     try:
         if at is not None and format is None:
             raise ValueError("--at applies to raw GPS points or staypoints (--format); sequences carry their own recency")
-        answering = answering_model(model, tracking_uri)  # an alias's version now: the one that answers and is recorded
-        if answering != model:
-            typer.echo(f"{model} is {answering}")
-        model = answering
         if format is not None:
             result = predict_raw(model, input, format, out, top_k, tracking_uri, prediction_time(at))
+            if result.model_uri != model:  # an alias: the version that answered, also in the output's metadata
+                typer.echo(f"{model} is {result.model_uri}")
             typer.echo(predict_summary(result, top_k))
             if result.counts["samples"]["latest"] == 0:
                 typer.echo(f"warning: {input}: no user has a recent history to predict from (at least "
                            "min_history_staypoints visits at places in the history_days days before their last "
                            "visit); give more days of data", err=True)
             return
-        rows = predict_file(model, input, out, top_k, tracking_uri)
+        rows, answered = predict_file(model, input, out, top_k, tracking_uri)
+        if answered != model:
+            typer.echo(f"{model} is {answered}")
     except (ValueError, FileNotFoundError, InputError) as exc:
         fail(str(exc))
     except Exception as exc:

@@ -38,6 +38,7 @@ class RawPrediction(NamedTuple):
     counts: dict  # the applied data's counts: rows read and quarantined, staypoints, users, samples
     unscored: pl.DataFrame  # source_user_id, reason: people of the input without a prediction
     files: dict[str, Path]  # what was written: "predictions", and "quarantine" / "unscored" where there were any
+    model_uri: str  # the model that answered: an alias's version URI (answering_model), else the URI given
 
 
 MODEL_KEY = "pgt.model_uri"  # a prediction file's metadata: the model that answered (a version URI where resolved)
@@ -80,6 +81,7 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
     for side in side_files(out_path).values():
         check_output_file(side, PREDICTOR, (".parquet",))
     check_apart(out_path, {"--input": input_path})
+    model_uri = answering_model(model_uri, tracking_uri)  # after the checks: nothing is asked of MLflow before
     wrapper = load_pgt_model(model_uri, tracking_uri)
     applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri), at=at)
     frame = predict_applied(wrapper.packed, applied, top_k)
@@ -96,23 +98,25 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
                 files[kind] = write_parquet_marked(side, table, PREDICTOR)
             elif side.exists():  # ours (checked above): an earlier run's, which would mislead
                 side.unlink()
-    return RawPrediction(frame, applied.counts, applied.unscored, files)
+    return RawPrediction(frame, applied.counts, applied.unscored, files, model_uri)
 
 
 @torch.no_grad()
 def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = TOP_K,
-                 tracking_uri: str | None = None) -> int:
+                 tracking_uri: str | None = None) -> tuple[int, str]:
     """Write, for every sequence of `input_path`, its top-k predictions and their probabilities (highest first).
 
     Output columns: row (the input's row number), user, top_locations (location ids; 1 is a place unseen in
     train), top_places (the dataset-wide place id where a prediction is an unseen place of the history, i.e. a
     slot of the extended vocabulary, else null), top_probabilities, new_place_probability (the probability of
     id 1: a new place, none of the known or visited ones, for a model with slots; any place unseen in train
-    without), and target and target_place when the input has them. Returns the number of rows."""
+    without), and target and target_place when the input has them. Returns the number of rows and the model that
+    answered (answering_model)."""
     check_top_k(top_k, "--top-k")
     check_output_file(Path(out_path), PREDICTOR, (".parquet",))  # before the model's download
     check_apart(Path(out_path), {"--input": input_path})
     SequenceDataset.check_columns(input_path, require_target=False)
+    model_uri = answering_model(model_uri, tracking_uri)
     model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
     check_lineage(trained_on, Path(input_path).parent, model_uri)  # where the sequences sit in a preprocess folder
     dataset = SequenceDataset.from_parquet(input_path, model.cfg.max_len, require_target=False)
@@ -133,7 +137,7 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     with output_lock(Path(out_path), command=PREDICTOR):
         check_output_file(Path(out_path), PREDICTOR, (".parquet",))
         write_parquet_marked(Path(out_path), pa.table(columns), PREDICTOR, {MODEL_KEY: model_uri})
-    return len(dataset)
+    return len(dataset), model_uri
 
 
 def last_days(points: pl.DataFrame, days: float, time_column: str = "tracked_at") -> pl.DataFrame:

@@ -37,7 +37,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgt.tracking import CHAMPION, RIVAL_TAG, SCORE_TAG, VERSION_TAGS, mlflow_client
+from pgt.tracking import CHAMPION, RIVAL_TAG, SCORE_TAG, VERSION_TAGS, mlflow_client, use_tracking_uri
 
 Z = 1.645  # one-sided 95%
 SEED_NOISE_FLOOR = 0.5  # points of strict validation Acc@1: the least seed-to-seed spread the rule assumes
@@ -137,7 +137,7 @@ def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, ev
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    mlflow.set_tracking_uri(tracking_uri)
+    use_tracking_uri(tracking_uri)
     client = mlflow_client(tracking_uri)
     run_tags = client.get_run(run_id).data.tags
     lineage = {tag: run_tags[key] for key, tag in VERSION_TAGS.items() if key in run_tags}

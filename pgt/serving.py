@@ -34,7 +34,7 @@ import torch
 
 from pgt.config import ServeConfig
 from pgt.inference import top_k_of
-from pgt.tracking import check_model_uri
+from pgt.tracking import check_model_uri, use_tracking_uri
 
 WARM_UP_ROUNDS = 3  # each warm-up request is sent this many times before /ping answers 200
 WARM_UP_TIMEOUT_S = 60.0  # the warm-up gives up (and the server answers /ping) after this long
@@ -176,7 +176,7 @@ def create_app(config: "ServeConfig | None" = None):
 
     config = config or ServeConfig.from_env()
     torch.set_num_threads(config.torch_threads)  # before the model loads: its warm-up runs as requests will
-    mlflow.set_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
+    use_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
     model = mlflow.pyfunc.load_model(config.model_uri)
     wrapper = python_model(model)
     answer_table = getattr(wrapper, "answer", None)  # a model logged before it: MLflow's pandas path, predictions only

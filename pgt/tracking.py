@@ -50,6 +50,20 @@ SPLIT_CONTEXT = {"train": "training", "validation": "validation", "test": "test"
 VERSION_TAGS = {RECIPE_TAG: "recipe", "mlflow.parentRunId": "sweep_run_id", "mlflow.source.git.commit": "git_commit"}
 
 
+def use_tracking_uri(uri: str) -> None:
+    """mlflow.set_tracking_uri for this process's MLflow calls, without what it also does: write $MLFLOW_TRACKING_URI,
+    which every later default of the process (resolve_tracking_uri: a flow worker's next run, a test's) would then
+    take for the user's own setting."""
+    import mlflow
+
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    mlflow.set_tracking_uri(uri)
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 def state_dir() -> Path:
     """The project's state folder: $PGT_STATE_DIR, else .state under the current directory."""
     return Path(os.environ.get("PGT_STATE_DIR") or Path.cwd() / ".state").resolve()
@@ -328,7 +342,7 @@ def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: 
 
     for png in explain(out_dir / "best.pt", data_dir, out_dir / "plots"):
         client.log_artifact(run_id, str(png), artifact_path="plots")
-    mlflow.set_tracking_uri(tracking.tracking_uri)
+    use_tracking_uri(tracking.tracking_uri)
     with mlflow.start_run(run_id=run_id):
         info = log_pytorch_model(out_dir / "best.pt", data_dir)
     return info.model_uri
@@ -388,10 +402,9 @@ def check_model_uri(model_uri: str, tracking_uri: str | None = None) -> str:
 def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
     """A logged pgt model's pyfunc wrapper (`pgt.mlflow_model.PGTModel`): `.packed` (the torch module),
     its training data's tables and `.fitted()` (the fitted preprocessing). Nothing is unpickled."""
-    import mlflow
     from mlflow.models import get_model_info
 
-    mlflow.set_tracking_uri(check_model_uri(model_uri, tracking_uri))
+    use_tracking_uri(check_model_uri(model_uri, tracking_uri))
     if "pytorch" in get_model_info(model_uri).flavors:
         raise ValueError(f"{model_uri}: logged before models carried their preprocessing (a pickled PyTorch model); "
                          "train it again to score raw GPS")
@@ -415,7 +428,7 @@ def load_model_and_manifest(model_uri: str, tracking_uri: str | None = None) -> 
     import mlflow
     from mlflow.models import get_model_info
 
-    mlflow.set_tracking_uri(check_model_uri(model_uri, tracking_uri))
+    use_tracking_uri(check_model_uri(model_uri, tracking_uri))
     if "pytorch" in get_model_info(model_uri).flavors:  # logged before models-from-code
         import mlflow.pytorch
 
@@ -484,7 +497,7 @@ def log_predictions(tracking_uri: str, model_uri: str, files: list[Path], params
     link artifact can show)."""
     import mlflow
 
-    mlflow.set_tracking_uri(tracking_uri)
+    use_tracking_uri(tracking_uri)
     version = version or model_version(tracking_uri, model_uri)
     answered = {"model_name": version["name"], "model_version": version["version"],
                 "model_version_uri": version["version_uri"]} if version else {}

@@ -38,6 +38,7 @@ from pgt.tracking import (
     source_tags,
     start_run,
     system_metrics,
+    use_tracking_uri,
 )
 from preprocessing.engine import prepare_ray_env, ray_session
 from preprocessing.output import write_file_atomically, write_json_atomically
@@ -581,7 +582,7 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
     write_json_atomically(out / "tune.json", result, indent=2, default=float)
     client.log_artifact(tracking.run_id, str(out / "tune.json"))
     client.log_artifact(tracking.run_id, result["best_recipe"])
-    mlflow.set_tracking_uri(tracking.tracking_uri)
+    use_tracking_uri(tracking.tracking_uri)
     with mlflow.start_run(run_id=tracking.run_id):
         info = log_pytorch_model(Path(result["best_checkpoint"]), Path(spec.data_dir))
     logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": info.model_uri}

@@ -191,7 +191,10 @@ def test_the_champion_moves_only_on_evidence_that_beats_seed_noise(registered_ru
 
     uri, run_id = registered_run["mlflow"]["model_uri"], registered_run["mlflow"]["run_id"]
     digest = data_digest(synthetic_sequences)
+    before = os.environ.get("MLFLOW_TRACKING_URI")
     first = register_model(mlflow_server, "rule", uri, run_id, Evidence([0], [50.0], digest))
+    # this process's later defaults are not changed: MLflow's set_tracking_uri would write $MLFLOW_TRACKING_URI
+    assert os.environ.get("MLFLOW_TRACKING_URI") == before
     tie = register_model(mlflow_server, "rule", uri, run_id, Evidence([1], [50.0], digest))
     lucky = register_model(mlflow_server, "rule", uri, run_id, Evidence([2], [50.8], digest))
     elsewhere = register_model(mlflow_server, "rule", uri, run_id, Evidence([3], [70.0], "0123456789abcdef"))
