@@ -82,6 +82,18 @@ def isolated_state(tmp_path_factory) -> Iterator[Path]:
     shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
+@pytest.fixture(autouse=True)
+def unchanged_tracking_uri() -> Iterator[None]:
+    """A test that calls mlflow.set_tracking_uri itself (MLflow writes $MLFLOW_TRACKING_URI then) leaves no server
+    behind for the next test in the same process, whose defaults read that variable."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before
+
+
 @pytest.fixture(scope="session")
 def geolife_parquet() -> Path:
     return _require(GEOLIFE_PARQUET)
