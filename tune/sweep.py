@@ -100,16 +100,8 @@ def run_final(config: dict, sweep: dict, tracking: dict | None) -> None:
     spec = SweepConfig.from_dict(sweep)
     out_dir = Path(spec.out_dir) / FINAL
     cfg = final_config(spec, Path(config["recipe_file"]), out_dir)
-    child = None
-    if tracking:
-        parent = TrackingConfig.from_dict(tracking)
-        child = dataclasses.replace(parent, run_id=None, parent_run_id=parent.run_id, log_model=False, register=None,
-                                    run_name="final")
-    launch = LaunchConfig(workers=0) if spec.workers_per_trial == 1 else \
-        LaunchConfig(workers=spec.workers_per_trial, cpus_per_worker=spec.cpus_per_worker,
-                     use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0,
-                     max_failures=spec.max_failures)
-    result = run_training(cfg, launch, child)
+    launch = LaunchConfig(workers=0) if spec.workers_per_trial == 1 else trial_workers(spec)
+    result = run_training(cfg, launch, child_tracking(tracking, "final"))
     ray.tune.report({"validation_strict_acc@1": result["validation"]["strict"]["acc@1"]})
 
 
@@ -152,16 +144,28 @@ def train_final(spec: SweepConfig, recipe_file: Path, tracking, resume: bool) ->
     return json.loads(done.read_text())
 
 
+def child_tracking(tracking: dict | None, run_name: str):
+    """A trial's MLflow run, a child of the sweep's (no model logged or registered there); None untracked."""
+    if not tracking:
+        return None
+    parent = TrackingConfig.from_dict(tracking)
+    return dataclasses.replace(parent, run_id=None, parent_run_id=parent.run_id, log_model=False, register=None,
+                               run_name=run_name)
+
+
+def trial_workers(spec: SweepConfig) -> LaunchConfig:
+    """The TorchTrainer of spec.workers_per_trial workers a trial runs inside itself."""
+    return LaunchConfig(workers=spec.workers_per_trial, cpus_per_worker=spec.cpus_per_worker,
+                        use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0,
+                        max_failures=spec.max_failures)
+
+
 def train_in_trial(spec: SweepConfig, cfg, out_dir: Path, tracking: dict | None, run_name: str) -> None:
     """Train cfg inside a Tune trial, reporting every epoch (with its checkpoint) to Tune, resumed from the
     checkpoint Tune restores; an MLflow child run of the sweep's when tracked."""
     import ray.tune
 
-    child = None
-    if tracking:
-        parent = TrackingConfig.from_dict(tracking)
-        child = dataclasses.replace(parent, run_id=None, parent_run_id=parent.run_id, log_model=False, register=None,
-                                    run_name=run_name)
+    child = child_tracking(tracking, run_name)
     if spec.workers_per_trial == 1:
         restore_trial_checkpoint(ray.tune.get_checkpoint(), out_dir)
 
@@ -173,10 +177,7 @@ def train_in_trial(spec: SweepConfig, cfg, out_dir: Path, tracking: dict | None,
     else:  # the TorchTrainer restarts its own workers; Tune restarts the trial's driver
         from ray.tune.integration.ray_train import TuneReportCallback
 
-        launch = LaunchConfig(workers=spec.workers_per_trial, cpus_per_worker=spec.cpus_per_worker,
-                              use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0,
-                              max_failures=spec.max_failures)
-        run_training(cfg, launch, child, callbacks=[TuneReportCallback()])
+        run_training(cfg, trial_workers(spec), child, callbacks=[TuneReportCallback()])
 
 
 def restore_trial_checkpoint(checkpoint, out_dir: Path) -> Path | None:
