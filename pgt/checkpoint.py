@@ -8,6 +8,8 @@ the best epoch's weights with the model and training configs.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import random
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 
 from pgt.config import ModelConfig, TrainConfig
 from pgt.model import build_model
+from preprocessing.output import write_file_atomically
 
 
 def rng_state() -> dict:
@@ -67,13 +70,23 @@ def latest_checkpoint(out_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def write_torch_file(state: dict, path: Path) -> Path:
+    """torch.save into memory, then the bytes to a temporary sibling renamed over `path`: a full or read-only disk
+    raises an OSError naming `path` (torch's own writer says only "unexpected pos") and leaves nothing behind."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return write_file_atomically(Path(path), lambda tmp: tmp.write_bytes(buffer.getbuffer()))
+
+
 def save_checkpoint(state: dict, out_dir: Path, epoch: int, keep: int) -> Path:
     """Write checkpoints/epoch_NNN/checkpoint.pt atomically and prune older ones."""
     folder = out_dir / "checkpoints" / f"epoch_{epoch:03d}"
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / "checkpoint.pt.tmp"
-    torch.save(state, tmp)
-    tmp.replace(folder / "checkpoint.pt")
+    try:
+        write_torch_file(state, folder / "checkpoint.pt")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # the epoch's folder, when it holds nothing
+        raise
     for old in sorted((out_dir / "checkpoints").glob("epoch_*"))[:-keep]:
         for f in old.iterdir():
             f.unlink()

@@ -420,5 +420,32 @@ def _add_commands_of_installed_packages() -> None:
 
 _add_commands_of_installed_packages()
 
+
+def main() -> None:
+    """The `pgt` command as installed: SIGTERM and SIGHUP stop a command as Ctrl+C does (its checkpoint kept
+    consistent, its MLflow run marked KILLED, Ray stopped), and it exits 128 + the signal (130, 143, 129); a full,
+    read-only or forbidden disk is one line naming the path, exit 1."""
+    import signal
+
+    from preprocessing.process import disk_problem, handled_signals
+
+    with handled_signals() as caught:
+        try:
+            app()
+        except SystemExit:
+            if caught.received is not None:
+                typer.echo(f"stopped by {signal.Signals(caught.received).name}", err=True)
+                raise SystemExit(caught.exit_code) from None
+            raise
+        except Exception as exc:
+            args = sys.argv[1:]
+            out = args[args.index("--out") + 1] if "--out" in args[:-1] else None  # the path a command writes
+            line = disk_problem(exc, out)
+            if line is None:
+                raise
+            typer.echo(f"error: {line}", err=True)
+            raise SystemExit(1) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

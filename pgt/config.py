@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
-import yaml
-
 from preprocessing.config import ANCHORS
+from preprocessing.process import listed, load_yaml, read_small_file, shorten
 from preprocessing.settings import check_settings, flat_settings, nested, setting, unflatten
 
 TOP_K = 5  # places per prediction unless asked otherwise (`pgt predict --top-k`, the flow, a request's params)
@@ -154,20 +153,23 @@ def load_recipe_file(path) -> dict:
     """The TrainConfig fields of a recipe file: YAML (or JSON) mapping field names to values, as a sweep writes
     its winner. ValueError naming the file for anything that is not such a mapping or does not build a config."""
     path = Path(path)
-    try:
-        settings = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: unreadable recipe file ({' '.join(str(exc).split())[:160]})") from None
+    settings = load_yaml(read_small_file(path, "recipe file"), path)
     if not isinstance(settings, dict):
         raise ValueError(f"{path}: a recipe file maps TrainConfig fields to values; found {type(settings).__name__}")
-    settings = settings.get("train", settings)  # a sweep's winner nests them under `train`
+    if "train" in settings:  # a sweep's winner nests them under `train`
+        settings = settings["train"]
+        if not isinstance(settings, dict):
+            raise ValueError(f"{path}: `train:` maps TrainConfig fields to values; found {type(settings).__name__}")
+    odd = [key for key in settings if not isinstance(key, str)]
+    if odd:
+        raise ValueError(f"{path}: keys are TrainConfig field names; found {listed(repr(k) for k in odd)}")
     fixed = sorted(set(settings) & set(RECIPE_FREE))
     if fixed:
         raise ValueError(f"{path}: {', '.join(fixed)} belong to a run, not to a recipe")
     try:
         TrainConfig.from_dict({**settings, "data_dir": ".", "out_dir": "."})
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"{path}: {exc}") from None
+        raise ValueError(f"{path}: {shorten(exc)}") from None
     return settings
 
 

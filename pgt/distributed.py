@@ -29,7 +29,16 @@ from pgt.config import (
 from pgt.data import LIST_COLUMNS, PLACE_COLUMNS, SequenceDataset, Vocab
 from pgt.registry import Evidence, register_model
 from pgt.report import EpochPrinter
-from pgt.tracking import end_run, log_datasets, log_result, reopen_run, source_tags, start_run
+from pgt.tracking import (
+    close_abandoned_run,
+    end_run,
+    log_datasets,
+    log_result,
+    reopen_run,
+    server_answers,
+    source_tags,
+    start_run,
+)
 from pgt.train import (
     HELD_OUT_KEY,
     SELECTION_DIR,
@@ -42,6 +51,8 @@ from pgt.train import (
 from pgt.worker import Worker
 from preprocessing.config import SPLITS
 from preprocessing.engine import ray_session
+from preprocessing.output import output_lock
+from preprocessing.process import shorten
 
 RUN_NAME = "train"  # the Ray Train run's name under <out>/ray
 STREAM_KEY = "_stream_train"  # in the train loop's config: the workers stream their shard of the "train" dataset
@@ -150,6 +161,12 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
     check_splits(Path(cfg.data_dir))
     out_dir = Path(cfg.out_dir).resolve()
     cfg = dataclasses.replace(cfg, out_dir=str(out_dir), data_dir=str(Path(cfg.data_dir).resolve()))
+    with output_lock(out_dir, wait=False, command="pgt train"):  # one writer: a second run is refused, naming the first
+        return _run_training(cfg, launch, tracking, out_dir, on_epoch, callbacks)
+
+
+def _run_training(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Path, on_epoch: Callable | None,
+                  callbacks: list | None) -> dict:
     if not cfg.resume:  # a fresh start: no checkpoint of an earlier run may be picked up
         for folder in (out_dir / "checkpoints", out_dir / "ray"):
             shutil.rmtree(folder, ignore_errors=True)
@@ -180,12 +197,21 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
             write_json(out_dir / "metrics.json", result)
         status = "FINISHED"
         return result
-    except BaseException as exc:  # SystemExit: a Tune scheduler stopped the trial; Ctrl+C: the user did
+    except BaseException as exc:  # SystemExit: a Tune scheduler stopped the trial; Ctrl+C, SIGTERM: the user did
         status = "FAILED" if isinstance(exc, Exception) else "KILLED"
+        if tracking and isinstance(exc, Exception) and not server_answers(tracking.tracking_uri):
+            raise ValueError(f"MLflow tracking server {tracking.tracking_uri} stopped answering during the run "
+                             f"({shorten(' '.join(str(exc).split()), 120)}); the checkpoints in {out_dir} stay: once "
+                             "it is back, rerun with --resume (the run's missing epochs are sent, and a run left "
+                             "RUNNING is closed as FAILED)") from None
         raise
     finally:
         if tracking:
-            end_run(tracking, status)
+            try:
+                end_run(tracking, status)
+            except Exception:  # noqa: BLE001 - the server went away: the rerun closes the run (close_abandoned_run)
+                if status == "FINISHED":
+                    raise
 
 
 def _launch(config: dict, launch: LaunchConfig, out_dir: Path, on_epoch: Callable | None,
@@ -224,11 +250,12 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
         return None
 
     record = out_dir / "mlflow_run.json"
-    if cfg.resume and record.is_file():
-        saved = json.loads(record.read_text())
-        same_store = saved.get("tracking_uri") == tracking.tracking_uri and saved.get("experiment") == tracking.experiment
-        if same_store and reopen_run(tracking.tracking_uri, saved["run_id"]):  # else deleted: start a new run
+    saved = _run_record(record)
+    if saved and saved.get("tracking_uri") == tracking.tracking_uri and saved.get("experiment") == tracking.experiment:
+        # a resumed run logs into its run again, unless that one finished (never reopened) or is gone
+        if cfg.resume and reopen_run(tracking.tracking_uri, saved["run_id"]):
             return dataclasses.replace(tracking, run_id=saved["run_id"])
+        close_abandoned_run(tracking.tracking_uri, saved["run_id"])  # left RUNNING by a run that died
     params = cfg.to_dict() | {"workers": max(1, launch.workers), "data_manifest": _manifest_summary(cfg.data_dir)}
     tags = {"pgt.model": cfg.model, "pgt.out_dir": str(out_dir), **source_tags(tracking.source), **tracking.tags}
     run_id = start_run(tracking, params, run_name=tracking.run_name or f"{cfg.model}-{out_dir.name}", tags=tags,
@@ -237,6 +264,16 @@ def _start_tracking(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: P
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(record, {"tracking_uri": tracking.tracking_uri, "experiment": tracking.experiment, "run_id": run_id})
     return dataclasses.replace(tracking, run_id=run_id)
+
+
+def _run_record(record: Path) -> dict | None:
+    """out_dir/mlflow_run.json (the run an earlier `pgt train` logged into), None if absent or damaged: it is this
+    program's own note, and a new run replaces it."""
+    try:
+        saved = json.loads(record.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) and isinstance(saved.get("run_id"), str) else None
 
 
 def _manifest_summary(data_dir: str) -> dict:

@@ -39,6 +39,13 @@ import preprocessing
 from pgt.checkpoint import load_checkpoint
 from pgt.config import TOP_K, TrackingConfig
 
+# A tracking server that stops answering fails a run in seconds, not after MLflow's default of 7 retries with
+# exponential backoff and 120 s a request (minutes): the run's checkpoints stay and a rerun resumes. Set at import,
+# so that Ray's workers, which import this module before they log, get the same; the user's own values win.
+for _name, _value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1"),
+                      ("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")):
+    os.environ.setdefault(_name, _value)
+
 CHAMPION = "champion"
 SCORE_TAG = "validation_strict_acc_at_1"  # the registered version's own strict validation Acc@1
 RIVAL_TAG = "champion_validation_strict_acc_at_1"  # the champion's, when the version was compared
@@ -95,6 +102,9 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
         raise ValueError(f"{tracking_uri}: a file store, which MLflow 3 keeps in maintenance mode and refuses; use a "
                          "SQLite store (sqlite:///PATH/mlflow.db; with no URI runs go to one under .state/mlflow), "
                          "or set MLFLOW_ALLOW_FILE_STORE=true")
+    if tracking_uri.startswith("sqlite:///"):
+        open_sqlite_store(tracking_uri)
+        return
     if tracking_uri.startswith(("sqlite:", "file:")):
         return
     if not tracking_uri.startswith(("http://", "https://")):
@@ -113,6 +123,31 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
     raise ValueError(f"MLflow tracking server {tracking_uri} is not reachable ({problem}); start it with "
                      "scripts/start-mlflow.sh (or `make demo`), or choose another --tracking-uri / "
                      "MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
+
+
+def open_sqlite_store(tracking_uri: str) -> None:
+    """Open a SQLite store once under a lock beside its database: MLflow creates the schema of a new one with
+    migrations that two processes running at once break (two runs started together on a fresh store). Opening
+    it here costs nothing more: the process keeps the store it opened."""
+    import fcntl
+
+    database = Path(tracking_uri.removeprefix("sqlite:///"))
+    if str(database) in ("", ":memory:"):
+        return
+    try:
+        database.parent.mkdir(parents=True, exist_ok=True)
+        lock = (database.parent / f".{database.name}.lock").open("a")
+    except OSError as exc:
+        raise ValueError(f"MLflow tracking store {tracking_uri} cannot be created ({exc.strerror}: {database.parent}); "
+                         "choose another --tracking-uri / MLFLOW_TRACKING_URI") from None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            mlflow_client(tracking_uri).search_experiments(max_results=1)
+        except Exception as exc:  # noqa: BLE001 - said in one line
+            problem = " ".join(str(exc).split())[:200] or type(exc).__name__
+            raise ValueError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: "
+                             f"{problem}); choose another --tracking-uri / MLFLOW_TRACKING_URI") from None
 
 
 def check_tracking_store(tracking_uri: str, timeout_s: float) -> None:
@@ -213,8 +248,20 @@ def split_datasets(data_dir: Path) -> list:
 
 
 def log_datasets(tracking_uri: str, run_id: str, data_dir: Path) -> None:
-    """The splits a run trained and was scored on, as the run's dataset inputs (split_datasets)."""
-    mlflow_client(tracking_uri).log_inputs(run_id, datasets=split_datasets(data_dir))
+    """The splits a run trained and was scored on, as the run's dataset inputs (split_datasets). Two runs that log
+    the same new dataset at once race in MLflow's store (a unique key on the dataset): the loser tries again, and
+    then finds the dataset the winner created."""
+    from mlflow.exceptions import MlflowException
+
+    datasets = split_datasets(data_dir)
+    for attempt in range(3):
+        try:
+            mlflow_client(tracking_uri).log_inputs(run_id, datasets=datasets)
+            return
+        except MlflowException as exc:
+            if "UNIQUE constraint" not in str(exc) or attempt == 2:
+                raise
+            time.sleep(0.2 * (attempt + 1))
 
 
 class SystemMetrics:
@@ -266,10 +313,24 @@ def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = Non
     return run.info.run_id
 
 
-def reopen_run(tracking_uri: str, run_id: str) -> bool:
-    """Mark an earlier run RUNNING again (a resumed training or sweep logs into it); False if it is gone."""
+def run_status(tracking_uri: str, run_id: str) -> str | None:
+    """The run's status (RUNNING, FINISHED, FAILED, KILLED), None if it is gone or deleted."""
     from mlflow.exceptions import MlflowException
 
+    try:
+        run = mlflow_client(tracking_uri).get_run(run_id)
+    except MlflowException:
+        return None
+    return None if run.info.lifecycle_stage == "deleted" else run.info.status
+
+
+def reopen_run(tracking_uri: str, run_id: str) -> bool:
+    """Mark an earlier run RUNNING again (a resumed training or sweep logs into it); False if it is gone, or
+    finished: a finished run is never reopened or changed by a later command."""
+    from mlflow.exceptions import MlflowException
+
+    if run_status(tracking_uri, run_id) in (None, "FINISHED"):
+        return False
     try:
         mlflow_client(tracking_uri).update_run(run_id, status="RUNNING")
     except MlflowException:
@@ -277,8 +338,26 @@ def reopen_run(tracking_uri: str, run_id: str) -> bool:
     return True
 
 
+def close_abandoned_run(tracking_uri: str, run_id: str) -> bool:
+    """A run left RUNNING by a process that died (SIGKILL, a tracking server that went away mid-run) and that a
+    new run replaces: marked FAILED. True if it was closed."""
+    if run_status(tracking_uri, run_id) != "RUNNING":
+        return False
+    mlflow_client(tracking_uri).set_terminated(run_id, status="FAILED")
+    return True
+
+
 def end_run(tracking: TrackingConfig, status: str = "FINISHED") -> None:
     mlflow_client(tracking.tracking_uri).set_terminated(tracking.run_id, status=status)
+
+
+def server_answers(tracking_uri: str, timeout_s: float = 3.0) -> bool:
+    """Whether the tracking URI answers now (always True for a local store)."""
+    try:
+        check_tracking_server(tracking_uri, timeout_s)
+    except ValueError:
+        return False
+    return True
 
 
 def metric_key(name: str) -> str:
@@ -302,9 +381,20 @@ class EpochLogger:
     def __init__(self, tracking: TrackingConfig):
         self.tracking = tracking
         self.client = mlflow_client(tracking.tracking_uri)
+        # the epochs the run holds already: a resumed run sends only those it missed (logged while its tracking
+        # server was away, or after the last checkpoint), so that every epoch has one value
+        self.logged = {m.step for m in self.client.get_metric_history(tracking.run_id, "train_loss")}
+
+    def backfill(self, history: list[dict]) -> None:
+        """Log the epochs of a resumed run's history that the run misses."""
+        for row in history:
+            self(row)
 
     def __call__(self, row: dict, checkpoint_dir=None) -> None:
         from mlflow.entities import Metric
+
+        if row["epoch"] in self.logged:
+            return
 
         values = {"train_loss": row["train_loss"], "lr": row["lr"], "samples_per_second": row["samples_per_second"],
                   "epoch_seconds": row["seconds"]}
@@ -314,6 +404,7 @@ class EpochLogger:
         now = int(time.time() * 1000)
         self.client.log_batch(self.tracking.run_id,
                               metrics=[Metric(k, float(v), now, row["epoch"]) for k, v in values.items()])
+        self.logged.add(row["epoch"])
 
 
 def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: Path) -> str | None:

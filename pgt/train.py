@@ -39,6 +39,7 @@ from pgt.checkpoint import (
     rng_state,
     save_checkpoint,
     set_rng_state,
+    write_torch_file,
 )
 from pgt.config import (
     ModelConfig,
@@ -70,7 +71,8 @@ from preprocessing.sequences import UNSEEN
 
 SELECTION_DIR = "selection"  # a refit's selection run, inside the run's folder
 # what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
-OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", SELECTION_DIR, ".*.tmp-*")
+OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", SELECTION_DIR, ".*.tmp-*",
+           ".*.lock")
 # in the train loop's config (beside "tracking"), a refit's: the selection run's held-out validation metrics, its
 # selected epoch and where it is; the refit run reports them as its validation metrics
 HELD_OUT_KEY = "_held_out"
@@ -355,6 +357,8 @@ def setup(config: dict, worker: Worker) -> TrainState:
         saved = read_checkpoint(resume_from, worker.device)
         check_resumable(saved["config"], cfg, resume_from)
         state.restore(saved)
+        if epoch_logger is not None:
+            epoch_logger.backfill(state.history)
     if worker.world_size > 1:
         state.ddp_model = _wrap_ddp(model, worker)
     if cfg.compile_model:
@@ -560,8 +564,8 @@ def finish(state: TrainState) -> dict:
     if worker.is_chief:
         out_dir = Path(cfg.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        torch.save({"model": state.best_state, "model_config": dataclasses.asdict(state.model_cfg),
-                    "config": cfg.to_dict(), "best_epoch": state.best_epoch}, out_dir / "best.pt")
+        write_torch_file({"model": state.best_state, "model_config": dataclasses.asdict(state.model_cfg),
+                          "config": cfg.to_dict(), "best_epoch": state.best_epoch}, out_dir / "best.pt")
         write_json(out_dir / "metrics.json", result)
         if state.tracking is not None:
             model_uri = log_result(state.tracking, result, out_dir, Path(cfg.data_dir))

@@ -70,8 +70,10 @@ def write_file_atomically(path: Path, write: Callable[[Path], object]) -> Path:
     try:
         write(tmp)
         tmp.replace(path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename in (None, str(tmp)):
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc  # the file being written, not its temporary
         raise
     return path
 

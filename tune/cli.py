@@ -12,6 +12,7 @@ import typer
 
 from pgt.config import RECIPES, TrackingConfig, base_settings, recipe_label
 from pgt.options import default_of, fail, given, option_for
+from preprocessing.process import listed
 from tune.config import OBJECTIVES, SEARCH_ALGS, SweepConfig
 
 Objective = Literal[OBJECTIVES]
@@ -36,6 +37,24 @@ def sweep_config(params: dict) -> SweepConfig:
     return SweepConfig(data_dir=str(params["data"]), out_dir=str(params["out"]), recipe=recipe,
                        recipe_name=recipe_label(params.get("recipe"), recipe_file),
                        **typed)
+
+
+def saved_sweep(path: Path) -> tuple[SweepConfig, TrackingConfig | None, str | None]:
+    """The sweep, its tracking and its model name from an earlier sweep's sweep.json; ValueError naming the file."""
+    from preprocessing.process import read_small_file, shorten
+
+    try:
+        state = json.loads(read_small_file(path, "sweep record"))
+        spec = SweepConfig.from_dict(state["sweep"])
+        tracking = TrackingConfig.from_dict(state["tracking"]) if state.get("tracking") else None
+        register = state.get("register")
+        if register is not None and not isinstance(register, str):
+            raise TypeError(f"register is {type(register).__name__}")
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
+        problem = shorten(" ".join(str(exc).split()), 160) or type(exc).__name__
+        raise ValueError(f"{path}: damaged sweep record ({type(exc).__name__}: {problem}); it is written by "
+                         "`pgt tune`: restore it or start a new sweep in another --out") from None
+    return spec, tracking, register
 
 
 def tune(
@@ -86,10 +105,13 @@ def tune(
             saved = resume / "sweep.json"
             if not saved.is_file():
                 raise FileNotFoundError(f"{resume}: no sweep.json; expected the --out folder of an earlier `pgt tune`")
-            state = json.loads(saved.read_text())
-            spec = SweepConfig.from_dict(state["sweep"])
-            tracking = TrackingConfig.from_dict(state["tracking"]) if state["tracking"] else None
-            register = register or state.get("register")
+            typed = sorted(given(locals(), "data", "out", "recipe", "recipe_file", "objective", *SWEEP_OPTIONS))
+            if typed:  # Tune restores the experiment it saved: its search space, trial count and scheduler
+                raise ValueError(f"--resume continues {resume} as it was started; "
+                                 f"{listed('--' + name.replace('_', '-') for name in typed)} cannot change a started "
+                                 "sweep: drop them, or start a new sweep in another --out")
+            spec, tracking, saved_register = saved_sweep(saved)
+            register = register or saved_register
         else:
             if data is None or out is None:
                 raise ValueError("--data and --out are required (or --resume DIR)")

@@ -41,7 +41,7 @@ from pgt.tracking import (
     use_tracking_uri,
 )
 from preprocessing.engine import prepare_ray_env, ray_session
-from preprocessing.output import write_file_atomically, write_json_atomically
+from preprocessing.output import output_lock, write_file_atomically, write_json_atomically
 from tune.config import TRIAL_FIXED, SweepConfig
 from tune.space import SearchSpace
 
@@ -52,7 +52,8 @@ FINAL = "final"  # the winner's recipe trained as `pgt train --recipe-file best_
 # Tune experiment under DIR/ray; its best.pt is the sweep's model
 BASE = "base"  # the finalist that is the base recipe itself
 WINNER = "best_recipe.yaml"  # the winning configuration as a recipe file
-OUTPUTS = ("sweep.json", "tune.json", WINNER, "trials", FINALISTS, FINAL, "trials.png", "ray", ".*.tmp-*")  # what a sweep writes
+# what a sweep writes
+OUTPUTS = ("sweep.json", "tune.json", WINNER, "trials", FINALISTS, FINAL, "trials.png", "ray", ".*.tmp-*", ".*.lock")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,15 +207,22 @@ def restore_trial_checkpoint(checkpoint, out_dir: Path) -> Path | None:
 
 def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resume: bool = False,
               register: str | None = None) -> dict:
-    """Run (or resume) a sweep and return tune.json's content. `tracking` is a TrackingConfig or None."""
+    """Run (or resume) a sweep and return tune.json's content. `tracking` is a TrackingConfig or None. One sweep
+    writes a folder at a time: a second one is refused, naming the first's process."""
+    out = Path(spec.out_dir).resolve()
+    spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
+    with output_lock(out, wait=False, command="pgt tune"):
+        return _run_sweep(spec, tracking, address, resume, register)
+
+
+def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, register: str | None) -> dict:
     prepare_ray_env(address)  # before the first import of ray
     import ray
     from ray import tune
 
     from tune.scheduler import FinishingASHA
 
-    out = Path(spec.out_dir).resolve()
-    spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
+    out = Path(spec.out_dir)
     experiment = out / "ray" / EXPERIMENT_NAME
     if not resume:
         if (out / "sweep.json").exists():

@@ -1,0 +1,159 @@
+"""What every command shares about the process it runs in: signals, disk errors, bounded reading, short messages.
+
+- `handled_signals()`: SIGTERM and SIGHUP (what Prefect's cancel, systemd and `kill` send, and a closed terminal)
+  are handled as Ctrl+C is, so the code that keeps a checkpoint consistent, closes an MLflow run as KILLED and
+  stops Ray runs for them too; the command then exits 128 + the signal's number (130, 143, 129).
+- `disk_problem(exc)`: a full, read-only or forbidden path as one line naming the path.
+- `read_small_file(path)`: a user's settings file, read only when it is a regular file of at most a few MiB.
+- `load_yaml(text, source)`: YAML whose aliases cannot multiply a value.
+- `shorten(text)` / `listed(names)`: a value or a list of names cut, saying how many more there were.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import signal
+import stat
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+HANDLED = (signal.SIGTERM, signal.SIGHUP)
+MAX_SETTINGS_BYTES = 4 << 20  # a recipe or config file is a few hundred bytes; 4 MiB bounds a mistaken path
+MAX_MESSAGE_CHARS = 300  # what one error line may quote of a value
+
+
+class Signals:
+    """The signal that ended the command (SIGINT included), or None."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    @property
+    def exit_code(self) -> int | None:
+        return 128 + self.received if self.received is not None else None
+
+
+@contextmanager
+def handled_signals() -> Iterator[Signals]:
+    """SIGTERM and SIGHUP raise KeyboardInterrupt where the command runs (or call the SIGINT handler a library
+    installed meanwhile, as Ray Tune does to stop a sweep cleanly), and which signal came is recorded. Only in the
+    main thread; the previous handlers come back after."""
+    caught = Signals()
+    if threading.current_thread() is not threading.main_thread():
+        yield caught
+        return
+
+    def on_signal(signum, frame):
+        caught.received = caught.received or signum
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and handler not in (on_signal, signal.default_int_handler):
+            handler(signal.SIGINT, frame)  # a library's own Ctrl+C handling (Ray Tune's graceful stop)
+            return
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def on_interrupt(signum, frame):
+        caught.received = caught.received or signum
+        signal.default_int_handler(signum, frame)
+
+    previous = {s: signal.signal(s, on_signal) for s in HANDLED}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        yield caught
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+DISK_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+               errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "not permitted"}
+
+
+RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")  # how polars and pyarrow's Rust and C++ writers say an errno
+
+
+def disk_problem(exc: BaseException, where: str | None = None) -> str | None:
+    """One line for a full, read-only or forbidden path (the path, what went wrong), else None. Looks through the
+    chain of causes, and into the messages of writers that report an errno only as text (polars: "(os error 28)");
+    `where` names the path when the error does not."""
+    seen = 0
+    while exc is not None and seen < 8:
+        code = exc.errno if isinstance(exc, OSError) else None
+        if code is None:
+            found = RUST_OS_ERROR.search(str(exc))
+            code = int(found[1]) if found else None
+        if code in DISK_ERRNOS:
+            path = (exc.filename if isinstance(exc, OSError) else None) or where or "a file"
+            return f"{path}: {DISK_ERRNOS[code]} while writing; free space or choose a writable --out"
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def read_small_file(path: Path | str, what: str, limit: int = MAX_SETTINGS_BYTES) -> str:
+    """The text of a settings file; ValueError naming it unless it is a regular UTF-8 file of at most `limit`
+    bytes (a FIFO, a device such as /dev/zero or a folder is never opened for reading)."""
+    path = Path(path)
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path}: the {what} is not a regular file")
+    if info.st_size > limit:
+        raise ValueError(f"{path}: the {what} has {info.st_size:,} bytes; at most {limit:,} are read")
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+    if len(data) > limit:
+        raise ValueError(f"{path}: the {what} grew past {limit:,} bytes while being read")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: the {what} is not UTF-8 text (byte {exc.start})") from None
+
+
+def load_yaml(text: str, source: Path | str):
+    """yaml.safe_load, refusing anchors and aliases (a few hundred bytes of aliases can expand to gigabytes):
+    a settings file never needs them. ValueError naming `source`."""
+    import yaml
+
+    class NoAliases(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.events.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not accepted in a settings file",
+                                                  event.start_mark)
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=NoAliases)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{source}: not valid YAML ({shorten(' '.join(str(exc).split()), 200)})") from None
+
+
+def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`text` cut to `limit` characters, saying how many were left out."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit:,} more characters)"
+
+
+def listed(names, shown: int = 8) -> str:
+    """Names joined by commas, the first `shown` of them, saying how many more there were."""
+    names = [shorten(str(n), 60) for n in names]
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more:,} more" if more > 0 else "")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,231 @@
+"""Faults beyond bad input, as an operator meets them: a second run into the same --out, SIGTERM, a tracking server
+that dies mid-run, full and read-only disks, settings files that are not what they seem, a damaged sweep record.
+Each runs the real command in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT, free_port
+
+PGT = [sys.executable, "-m", "pgt.cli"]
+LONG = ("--epochs", "80", "--patience", "80")  # a run that lasts until it is stopped
+
+
+def pgt(*args, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def start(*args, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen([*PGT, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def wait_for(condition, what: str, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"waited {timeout_s} s for {what}")
+        time.sleep(0.2)
+
+
+def checkpoints(out: Path) -> list[Path]:
+    return sorted((out / "checkpoints").glob("epoch_*/checkpoint.pt"))
+
+
+def run_of(out: Path, uri: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    run_id = json.loads((out / "mlflow_run.json").read_text())["run_id"]
+    return client, run_id, client.get_run(run_id)
+
+
+def logged_epochs(client, run_id: str) -> list[int]:
+    return sorted(m.step for m in client.get_metric_history(run_id, "train_loss"))
+
+
+def one_line(stderr: str) -> str:
+    lines = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
+    return lines[0]
+
+
+def test_one_writer_sigterm_and_resume(training_sequences, tmp_path):
+    """Two runs at once on a new SQLite store both start; a second `pgt train` into a running one's --out is
+    refused naming its PID; SIGTERM stops the first as Ctrl+C would (exit 143, checkpoint readable, run KILLED,
+    no lock or temporary left); --resume continues the same run with every epoch logged once; a later --resume of
+    the finished folder starts a new run and leaves the finished one as it was."""
+    from pgt.checkpoint import read_checkpoint
+
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"  # a store that does not exist yet
+    out, other = tmp_path / "run", tmp_path / "other"
+    first = start("train", "--data", training_sequences, "--out", out, "--tracking-uri", uri, *LONG)
+    second = pgt("train", "--data", training_sequences, "--out", other, "--tracking-uri", uri, "--epochs", 1)
+    assert second.returncode == 0, second.stderr[-3000:]
+    wait_for(lambda: len(checkpoints(out)) >= 2 or first.poll() is not None, "two checkpoints")
+    assert first.poll() is None, first.communicate()[1][-3000:]
+
+    refused = pgt("train", "--data", training_sequences, "--out", out, "--tracking-uri", uri, "--epochs", 1,
+                  timeout=120)
+    assert refused.returncode == 2
+    assert f"pid {first.pid}" in one_line(refused.stderr) and "another `pgt train`" in refused.stderr
+
+    first.send_signal(signal.SIGTERM)
+    _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 143, stderr[-3000:]
+    assert "stopped by SIGTERM" in stderr and "Traceback" not in stderr
+    client, run_id, run = run_of(out, uri)
+    assert run.info.status == "KILLED"
+    done = len(checkpoints(out)) and read_checkpoint(checkpoints(out)[-1])["epoch"] + 1
+    assert done >= 2
+    assert not list(tmp_path.glob(".run.lock")) and not list(out.rglob("*tmp*"))
+
+    resumed = pgt("train", "--data", training_sequences, "--out", out, "--tracking-uri", uri, "--resume",
+                  "--epochs", done + 2, "--patience", 80)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    client, again, run = run_of(out, uri)
+    assert again == run_id and run.info.status == "FINISHED"
+    assert logged_epochs(client, run_id) == list(range(done + 2))  # each epoch once, none missing
+    finished_at = run.info.end_time
+
+    rerun = pgt("train", "--data", training_sequences, "--out", out, "--tracking-uri", uri, "--resume",
+                "--epochs", done + 2, "--patience", 80)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    client, new_id, new = run_of(out, uri)
+    assert new_id != run_id and new.info.status == "FINISHED"
+    old = client.get_run(run_id)
+    assert old.info.status == "FINISHED" and old.info.end_time == finished_at  # never reopened
+    assert logged_epochs(client, run_id) == list(range(done + 2))
+
+
+@pytest.mark.slow
+def test_a_tracking_server_that_dies_fails_the_run_in_seconds_and_a_rerun_completes_it(training_sequences, tmp_path):
+    """The server stops mid-run: the run ends within seconds in one line naming the server, its checkpoints kept;
+    with the server back, --resume closes the run FINISHED with every epoch logged once."""
+    env = {**os.environ, "PGT_STATE_DIR": str(tmp_path / "state"), "MLFLOW_PORT": str(free_port())}
+    scripts = PROJECT_ROOT / "scripts"
+
+    def server(action: str) -> None:
+        done = subprocess.run([scripts / f"{action}-mlflow.sh"], env=env, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    uri, out = f"http://127.0.0.1:{env['MLFLOW_PORT']}", tmp_path / "run"
+    server("start")
+    try:
+        run = start("train", "--data", training_sequences, "--out", out, "--tracking-uri", uri, *LONG)
+        wait_for(lambda: len(checkpoints(out)) >= 2 or run.poll() is not None, "two checkpoints")
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        server("stop")
+        stopped = time.monotonic()
+        _, stderr = run.communicate(timeout=120)
+        assert time.monotonic() - stopped < 45, "MLflow's retries held the run"
+        assert run.returncode == 2
+        line = one_line(stderr)
+        assert uri in line and "stopped answering" in line and "--resume" in line and len(line) < 600
+        kept = checkpoints(out)
+        assert kept
+
+        server("start")
+        resumed = pgt("train", "--data", training_sequences, "--out", out, "--tracking-uri", uri, "--resume",
+                      "--epochs", len(kept) + 12, "--patience", 80)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        from pgt.checkpoint import read_checkpoint
+
+        epochs = read_checkpoint(checkpoints(out)[-1])["epoch"] + 1
+        client, run_id, finished = run_of(out, uri)
+        assert finished.info.status == "FINISHED"
+        assert logged_epochs(client, run_id) == list(range(epochs))
+    finally:
+        subprocess.run([scripts / "stop-mlflow.sh"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def small_disks(tmp_path):
+    """(full, read_only): a 200 KiB tmpfs and a read-only one, mounted for the test; skipped where mounting is not
+    allowed (not root, or a container without CAP_SYS_ADMIN)."""
+    full, read_only = tmp_path / "full", tmp_path / "read-only"
+    full.mkdir()
+    read_only.mkdir()
+    mounted = []
+    for path, options in ((full, "size=200k"), (read_only, "size=200k,ro")):
+        done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True, text=True)
+        if done.returncode != 0:
+            for m in mounted:
+                subprocess.run(["umount", str(m)], capture_output=True)
+            pytest.skip(f"cannot mount a small tmpfs here ({done.stderr.strip() or done.returncode})")
+        mounted.append(path)
+    yield full, read_only
+    for m in mounted:
+        subprocess.run(["umount", str(m)], capture_output=True)
+
+
+def test_full_and_read_only_disks_are_one_line_naming_the_path(training_sequences, small_disks, tmp_path):
+    full, read_only = small_disks
+    uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
+    trained = pgt("train", "--data", training_sequences, "--out", full / "run", "--tracking-uri", uri, "--epochs", 2)
+    assert trained.returncode == 1
+    line = one_line(trained.stderr)
+    assert "no space left" in line and str(full / "run") in line
+    assert not [p for p in full.rglob("*") if p.is_file() and p.name != "mlflow_run.json"]  # no half-written checkpoint
+
+    points = tmp_path / "points.parquet"
+    assert pgt("synth", "--out", points, "--users", 4, "--days", 80).returncode == 0
+    filler = os.open(full / "filler", os.O_WRONLY | os.O_CREAT)  # the disk filled but for a few KiB
+    try:
+        while os.write(filler, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    os.close(filler)
+    preprocessed = pgt("preprocess", "--input", points, "--format", "positionfixes", "--out", full / "sequences")
+    assert preprocessed.returncode == 1 and "no space left" in one_line(preprocessed.stderr)
+    assert not list(full.glob("*sequences*"))  # the temporary folder is gone
+    (full / "filler").unlink()
+
+    refused = pgt("train", "--data", training_sequences, "--out", read_only / "run", "--tracking-uri", uri)
+    assert refused.returncode == 1 and "read-only file system" in one_line(refused.stderr)
+
+
+def test_settings_files_are_read_bounded_and_only_when_regular(training_sequences, tmp_path):
+    """A YAML alias bomb, /dev/zero, a FIFO, a null `train:` block and odd keys: each one line, in seconds."""
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text('a: &a ["x","x","x","x","x","x","x","x","x"]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n'
+                    "c: [*b,*b,*b,*b,*b,*b,*b,*b,*b]\nd: [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n")
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    null_train, odd = tmp_path / "null.yaml", tmp_path / "odd.yaml"
+    null_train.write_text("train:\n")
+    odd.write_text("1: 2\n")
+    expected = {bomb: "aliases", Path("/dev/zero"): "not a regular file", fifo: "not a regular file",
+                null_train: "`train:` maps", odd: "keys are TrainConfig field names"}
+    for path, problem in expected.items():
+        r = pgt("train", "--data", training_sequences, "--out", tmp_path / "run", "--recipe-file", path, timeout=60)
+        assert r.returncode == 2, (path, r.stderr[-2000:])
+        line = one_line(r.stderr)
+        assert str(path) in line and problem in line and len(line) < 400, line
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_sweep_resume_refuses_new_settings_and_names_a_damaged_record(tmp_path):
+    folder = tmp_path / "sweep"
+    folder.mkdir()
+    (folder / "sweep.json").write_text('{"sweep": {"data_dir": 3')
+    damaged = pgt("tune", "--resume", folder, timeout=120)
+    assert damaged.returncode == 2
+    assert str(folder / "sweep.json") in one_line(damaged.stderr) and "damaged sweep record" in damaged.stderr
+    (folder / "sweep.json").write_text('{"sweep": [1, 2]}')
+    assert "damaged sweep record" in one_line(pgt("tune", "--resume", folder, timeout=120).stderr)
+
+    typed = pgt("tune", "--resume", folder, "--trials", 50, "--epochs", 3, timeout=120)
+    assert typed.returncode == 2
+    line = one_line(typed.stderr)
+    assert "--trials" in line and "--epochs" in line and "cannot change a started sweep" in line
