@@ -356,6 +356,8 @@ def serve(
     port: int | None = option_for(ServeConfig, "port"),
     workers: int | None = option_for(ServeConfig, "workers"),
     max_request_mb: float | None = option_for(ServeConfig, "max_request_mb"),
+    max_in_flight: int | None = option_for(ServeConfig, "max_in_flight"),
+    max_buffered_mb: float | None = option_for(ServeConfig, "max_buffered_mb"),
     tracking_uri: str | None = option_for(ServeConfig, "tracking_uri", envvar="MLFLOW_TRACKING_URI"),
     torch_threads: int | None = option_for(ServeConfig, "torch_threads"),
 ) -> None:
@@ -367,7 +369,8 @@ def serve(
 
     try:
         config = ServeConfig(model_uri=model, tracking_uri=tracking_uri,
-                             **given(locals(), "host", "port", "workers", "max_request_mb", "torch_threads"))
+                             **given(locals(), "host", "port", "workers", "max_request_mb", "max_in_flight",
+                                     "max_buffered_mb", "torch_threads"))
         check_port_free(config.host, config.port)
         check_model_uri(config.model_uri, config.tracking_uri)
     except ValueError as exc:

@@ -373,6 +373,11 @@ class ServeConfig:
     workers: int = setting(1, "Worker processes, each with its own copy of the model.", low=1, high=256)
     max_request_mb: float = setting(16.0, "Request bodies larger than this get HTTP 413 (a week of one person's GPS "
                                           "at 1 Hz is about 60 MB).", low=0.0, high=4096.0, low_open=True)
+    max_in_flight: int = setting(8, "Requests a worker reads or answers at once; more get HTTP 503 with Retry-After "
+                                    "before their body is read.", low=1, high=4096)
+    max_buffered_mb: float = setting(64.0, "Request bodies a worker holds at once, all requests together; a request "
+                                           "that would pass it gets HTTP 503 with Retry-After. At least "
+                                           "max_request_mb.", low=0.0, high=65536.0, low_open=True)
     tracking_uri: str | None = setting(None, "Where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI.")
     torch_threads: int = setting(1, "Torch threads per worker. A request is a few people's sequences, which one thread "
                                     "computes as fast as several; more threads keep spinning after the model's pass and "
@@ -380,10 +385,17 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        if self.max_buffered_mb < self.max_request_mb:
+            raise ValueError(f"max_buffered_mb ({self.max_buffered_mb:g}) is below max_request_mb "
+                             f"({self.max_request_mb:g}): a request of the largest size could never be read")
 
     @property
     def max_request_bytes(self) -> int:
         return int(self.max_request_mb * 2**20)
+
+    @property
+    def max_buffered_bytes(self) -> int:
+        return int(self.max_buffered_mb * 2**20)
 
     def to_env(self) -> dict[str, str]:
         return {f"{ENV_PREFIX}{k.upper()}": str(v) for k, v in dataclasses.asdict(self).items() if v is not None}

@@ -35,6 +35,7 @@ import torch
 from pgt.config import ServeConfig
 from pgt.inference import top_k_of
 from pgt.tracking import check_model_uri, use_tracking_uri
+from preprocessing.process import listed, shorten
 
 WARM_UP_ROUNDS = 3  # each warm-up request is sent this many times before /ping answers 200
 WARM_UP_TIMEOUT_S = 60.0  # the warm-up gives up (and the server answers /ping) after this long
@@ -42,7 +43,18 @@ DRAIN_FACTOR = 8  # an over-limit body is read (and dropped) up to this many lim
 INLINE_BYTES = 64 * 1024  # a body up to this size (a person's week of staypoints is about 2 KB) is answered on the
 # event loop, where a hop to a worker thread would cost it about a millisecond; a larger one, which may take seconds,
 # in a worker thread, so that /ping and other connections are answered meanwhile
+MAX_COLUMNS = 256  # a request's width: the model reads a few columns; more is refused before a frame is built
+HEAVY_AT_ONCE = 2  # large requests (over INLINE_BYTES) parsed and scored at once in a worker; the rest wait their turn
+RETRY_AFTER_S = 1  # what a 503 tells a busy server's client to wait
 log = logging.getLogger("pgt.serving")
+
+
+class Load:
+    """A worker's requests in flight and the bytes of request bodies it holds (one event loop: no lock)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
 
 
 class BadRequest(Exception):
@@ -65,6 +77,9 @@ def parse_body(body: bytes, content_type: str, polars_records: bool = False):
     except UnicodeDecodeError:
         raise BadRequest("the body is not UTF-8 text") from None
     if mime == "text/csv":
+        width = text.split("\n", 1)[0].count(",") + 1
+        if width > MAX_COLUMNS:
+            raise BadRequest(f"the CSV body has {width:,} columns; a request has at most {MAX_COLUMNS}")
         try:
             return pd.read_csv(io.StringIO(text)), {}
         except (ValueError, pd.errors.ParserError) as exc:
@@ -91,8 +106,12 @@ def parse_body(body: bytes, content_type: str, polars_records: bool = False):
     keys = [k for k in ("dataframe_records", "dataframe_split", "instances", "inputs") if k in payload]
     if len(keys) != 1:
         raise BadRequest("the JSON body needs exactly one of dataframe_records, dataframe_split, instances or "
-                         f"inputs; found {', '.join(keys) or 'none'} (keys: {', '.join(map(str, payload))})")
+                         f"inputs; found {', '.join(keys) or 'none'} (keys: {listed(payload)})")
     key, data = keys[0], payload[keys[0]]
+    width = request_width(data)
+    if width > MAX_COLUMNS:
+        raise BadRequest(f"{key} has {'over ' if width > MAX_COLUMNS + 1 else ''}{MAX_COLUMNS} columns; a request has "
+                         f"at most {MAX_COLUMNS}")
     if key == "dataframe_split":
         return _split_frame(data), params
     if polars_records and isinstance(data, list) and data and all(isinstance(row, dict) for row in data):
@@ -100,6 +119,21 @@ def parse_body(body: bytes, content_type: str, polars_records: bool = False):
         if frame is not None:
             return frame, params
     return _records_or_array(data, key), params
+
+
+def request_width(data) -> int:
+    """The columns a request's data has, counted up to MAX_COLUMNS + 1 (records: their distinct keys)."""
+    if isinstance(data, dict):
+        columns = data.get("columns") if isinstance(data.get("columns"), list) else data
+        return min(len(columns), MAX_COLUMNS + 1)
+    names: set = set()
+    if isinstance(data, list):
+        for row in data:
+            if isinstance(row, dict):
+                names.update(row)
+                if len(names) > MAX_COLUMNS:
+                    break
+    return len(names)
 
 
 def records_frame(records: list[dict]):
@@ -158,7 +192,7 @@ def _records_or_array(data, key: str):
     if isinstance(data, dict):
         lengths = {name: len(v) if isinstance(v, list) else None for name, v in data.items()}
         if None in lengths.values() or len(set(lengths.values())) > 1:
-            raise BadRequest(f"{key} as columns needs lists of one length; got {lengths}")
+            raise BadRequest(f"{key} as columns needs lists of one length; got {shorten(lengths, 200)}")
         return pd.DataFrame(data)
     if not isinstance(data, list) or not data:
         raise BadRequest(f"{key} must be a non-empty list of records or a (B, 7, T) array")
@@ -173,6 +207,7 @@ def create_app(config: "ServeConfig | None" = None):
     from fastapi.responses import Response
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc.scoring_server import predictions_to_json
+    from starlette.requests import ClientDisconnect
 
     config = config or ServeConfig.from_env()
     torch.set_num_threads(config.torch_threads)  # before the model loads: its warm-up runs as requests will
@@ -228,30 +263,75 @@ def create_app(config: "ServeConfig | None" = None):
     async def version():
         return Response(mlflow.__version__, status_code=200, media_type="application/json")
 
+    load = Load()  # what this worker holds: requests in flight and the bytes of their bodies
+    heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
+
+    async def busy(request: Request, why: str, read: int = 0) -> Response:
+        """503 with Retry-After, once the rest of the body was read and dropped (held nowhere): a client that sends
+        its whole body before reading reads the answer, not a reset."""
+        try:
+            async for chunk in request.stream():
+                read += len(chunk)
+                if read > DRAIN_FACTOR * config.max_request_bytes:
+                    break
+        except ClientDisconnect:
+            pass
+        response = answer(503, f"the server is busy ({why}); retry after {RETRY_AFTER_S} s")
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
+
     @app.post("/invocations")
     async def invocations(request: Request):
-        limit = config.max_request_bytes
-        declared = request.headers.get("content-length")
-        too_large = (f"the request body exceeds the server's limit of {config.max_request_mb:g} MB; send fewer rows "
-                     "per request (a person's last days suffice), or start the server with a larger --max-request-mb")
-        chunks, size = [], 0
-        over = declared is not None and declared.isdigit() and int(declared) > limit
-        async for chunk in request.stream():
-            size += len(chunk)
-            over = over or size > limit
-            if over and size > DRAIN_FACTOR * limit:
-                break  # a body this large is not drained: the connection closes after the answer
-            if not over:
-                chunks.append(chunk)
-        if over:  # the rest of the body was read and dropped, so that the client reads the answer, not a reset
-            return answer(413, too_large)
+        if load.requests >= config.max_in_flight:  # refused: its body is dropped as it comes, never held
+            return await busy(request, f"{load.requests} requests in flight, the limit is {config.max_in_flight}")
+        load.requests += 1
+        held = 0
+        try:
+            limit = config.max_request_bytes
+            declared = request.headers.get("content-length")
+            too_large = (f"the request body exceeds the server's limit of {config.max_request_mb:g} MB; send fewer "
+                         "rows per request (a person's last days suffice), or start the server with a larger "
+                         "--max-request-mb")
+            chunks, size = [], 0
+            over = declared is not None and declared.isdigit() and int(declared) > limit
+            if not over and declared is not None and declared.isdigit() and \
+                    load.bytes + int(declared) > config.max_buffered_bytes:
+                return await busy(request, f"{load.bytes / 2**20:.0f} MB of request bodies held, the limit is "
+                                           f"{config.max_buffered_mb:g} MB")
+            try:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    over = over or size > limit
+                    if over and size > DRAIN_FACTOR * limit:
+                        break  # a body this large is not drained: the connection closes after the answer
+                    if not over:
+                        if load.bytes + len(chunk) > config.max_buffered_bytes:
+                            load.bytes -= held
+                            chunks, held = [], 0
+                            return await busy(request, f"request bodies held reached the limit of "
+                                                       f"{config.max_buffered_mb:g} MB", size)
+                        chunks.append(chunk)
+                        load.bytes += len(chunk)
+                        held += len(chunk)
+            except ClientDisconnect:  # the client hung up: nobody reads an answer; one line, no traceback
+                log.info("a client hung up after sending %d bytes of its request", size)
+                return Response(status_code=499)
+            if over:  # the rest of the body was read and dropped, so that the client reads the answer, not a reset
+                return answer(413, too_large)
+            body, content_type = b"".join(chunks), request.headers.get("content-type", "")
+            del chunks
+            return await respond(body, content_type)
+        finally:
+            load.requests -= 1
+            load.bytes -= held
 
-        body, content_type = b"".join(chunks), request.headers.get("content-type", "")
+    async def respond(body: bytes, content_type: str) -> Response:
         try:
             if len(body) <= INLINE_BYTES:
                 answer_json = predict_json(body, content_type)
             else:
-                answer_json = await asyncio.to_thread(predict_json, body, content_type)
+                async with heavy:  # large requests parse and score a few at a time: memory stays bounded
+                    answer_json = await asyncio.to_thread(predict_json, body, content_type)
         except BadRequest as exc:
             return answer(exc.status, str(exc))
         except MlflowException as exc:  # the model's one-line client errors (INVALID_PARAMETER_VALUE)

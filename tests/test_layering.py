@@ -20,7 +20,7 @@ LAZY_KINDS = {
     "mlflow": {"mlflow", "pandas", "pgt.mlflow_model"},
     "prefect": {"prefect"},
     "matplotlib": {"matplotlib", "PIL", "pgt.explain"},
-    "web server": {"fastapi", "uvicorn"},
+    "web server": {"fastapi", "starlette", "uvicorn"},
     "torch.compile": {"torch._dynamo"},
 }
 LAZY = set().union(*LAZY_KINDS.values())

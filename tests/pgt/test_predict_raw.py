@@ -173,17 +173,22 @@ def test_training_refuses_an_empty_split_before_ray_starts(trained, tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+SERVER_LOG: list[Path] = []  # the served fixture's server log
+
+
 @pytest.fixture(scope="module")
 def served(trained, tmp_path_factory):
     """`mlflow models serve` of the champion, started and stopped by the project's scripts."""
     root, server = trained
     env = {**os.environ, "PGT_STATE_DIR": str(tmp_path_factory.mktemp("serve")), "SERVE_PORT": str(free_port()),
-           "MLFLOW_TRACKING_URI": server, "SERVE_MAX_REQUEST_MB": "1"}
+           "MLFLOW_TRACKING_URI": server, "SERVE_MAX_REQUEST_MB": "1", "SERVE_MAX_IN_FLIGHT": "4",
+           "SERVE_MAX_BUFFERED_MB": "2"}
     started = subprocess.run([PROJECT_ROOT / "scripts" / "start-serve.sh", "models:/raw@champion"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
     log = (Path(env["PGT_STATE_DIR"]) / "serve" / "server.log").read_text()
     assert f"warmed up: 12 requests over 127.0.0.1:{env['SERVE_PORT']}" in log and "warm-up" not in log, log
+    SERVER_LOG.append(Path(env["PGT_STATE_DIR"]) / "serve" / "server.log")
     yield f"http://127.0.0.1:{env['SERVE_PORT']}/invocations", root, server
     stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-serve.sh"], env=env, capture_output=True, text=True,
                              timeout=120)
@@ -340,6 +345,51 @@ def test_a_request_over_the_size_limit_gets_413(served):
     assert status == 413 and "1 MB" in answer["message"], answer
     status, _ = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
     assert status == 200
+
+
+def test_under_load_requests_past_the_caps_get_503_and_clients_that_hang_up_cost_a_line(served):
+    """The test server takes 4 requests in flight and 2 MB of bodies at once. Six clients that send a header and
+    part of a body, then stall, hold their slots: the fifth gets 503 with Retry-After before its body is read,
+    /ping answers meanwhile; when they hang up, each costs at most one log line and no traceback, and the server
+    answers again."""
+    import socket
+    import time
+
+    url, root, _ = served
+    port = int(url.split(":")[2].split("/")[0])
+    log_before = SERVER_LOG[0].read_text()
+    stalled = []
+    for _ in range(4):
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
+        client.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 400000\r\n\r\n" + b'{"dataframe_records": [' + b" " * 1000)
+        stalled.append(client)
+    time.sleep(1.0)  # the server has read their headers
+    status, answer = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
+    assert status == 503 and "in flight" in answer["message"], answer
+    start = time.monotonic()
+    with urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=10) as response:
+        assert response.status == 200 and time.monotonic() - start < 1.0
+    for client in stalled:
+        client.close()
+    time.sleep(1.0)
+    status, _ = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
+    assert status == 200
+    added = SERVER_LOG[0].read_text()[len(log_before):]
+    assert "Traceback" not in added and added.count("hung up") <= len(stalled), added[-3000:]
+
+
+def test_a_request_of_very_many_columns_is_a_short_400_in_milliseconds(served):
+    import time
+
+    url, _, _ = served
+    wide = [{f"column_{i}": i for i in range(20_000)}]
+    start = time.monotonic()
+    status, answer = post(url, {"dataframe_records": wide})
+    assert status == 400 and "at most 256" in answer["message"] and len(answer["message"]) < 300, answer
+    assert time.monotonic() - start < 1.0
+    status, answer = post(url, b"a" + b",b" * 50_000 + b"\n1" + b",2" * 50_000, content_type="text/csv")
+    assert status == 400 and "50,001 columns" in answer["message"], answer
 
 
 def test_a_large_request_runs_beside_ping_and_a_small_one_on_the_event_loop(served):
