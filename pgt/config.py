@@ -236,7 +236,8 @@ class TrainConfig:
     grad_clip: float = setting(0.8, "Largest gradient norm.", low=0.0, low_open=True)
     weight_average: float = setting(0.0, "Decay of a moving average of the weights, evaluated and kept instead of "
                                          "them (e.g. 0.99); 0 = off.", low=0.0, high=1.0, high_open=True)
-    seed: int = setting(42, "Seed of the weights, the batches and the unseen-place simulation.")
+    seed: int = setting(42, "Seed of the weights, the batches and the unseen-place simulation.", low=0,
+                        high=2**32 - 1 - 1024)  # numpy's seeds are 32-bit; fused seeds and ranks add to it
     bucket_by_length: bool = setting(True, "Batch similar history lengths together (less padding).")
     resident_data: bool = setting(False, "Hold the train split on the training device and gather each batch there "
                                          "(no per-batch host work; the same batches as without).")

@@ -19,6 +19,6 @@ def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking
     model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
     check_lineage(trained_on, Path(data_dir), model_uri)
     dataset = SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", model.cfg.max_len)
-    check_vocabulary(model, dataset, Path(data_dir) / f"{split}.parquet")
+    check_vocabulary(model.cfg, dataset, Path(data_dir) / f"{split}.parquet")
     scored, _ = score_dataset(packed_scores(model), dataset, 1024, torch.device("cpu"))
     return compute_all(scored)

@@ -20,6 +20,7 @@ import torch  # noqa: E402 - after matplotlib.use("Agg")
 
 from pgt.checkpoint import load_checkpoint  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.data import SequenceDataset  # noqa: E402 - after matplotlib.use("Agg")
+from pgt.inference import check_vocabulary  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.model import networks  # noqa: E402 - after matplotlib.use("Agg")
 from preprocessing.output import PRODUCER_KEY, check_apart, check_output_entries, check_output_file, write_file_atomically
 
@@ -50,6 +51,9 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
         check_output_file(Path(out_dir) / name, EXPLAINER, (".png",))
     model, cfg = load_checkpoint(checkpoint)
     dataset = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len)
+    if len(dataset) == 0:
+        raise ValueError(f"{Path(data_dir) / 'test.parquet'}: no samples to explain")
+    check_vocabulary(cfg, dataset, Path(data_dir) / "test.parquet")  # another run's ids would index past the tables
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     c = collect(model, dataset)

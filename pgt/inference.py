@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 import torch
 
-from pgt.config import MAX_TOP_K, TOP_K
+from pgt.config import MAX_TOP_K, TOP_K, ModelConfig
 from pgt.data import SequenceDataset
 from pgt.model import input_tables
 from preprocessing.config import parse_time
@@ -142,7 +142,7 @@ def predict_applied(model, applied, top_k: int, evaluation: bool = True) -> pl.D
         if samples is None:
             continue
         dataset = SequenceDataset.from_arrow(samples.to_arrow(), model.cfg.max_len, f"{kind} samples")
-        check_vocabulary(model, dataset, f"{kind} samples")
+        check_vocabulary(model.cfg, dataset, f"{kind} samples")
         frames.append(place_predictions(top_k_predictions(model, dataset, top_k), samples, applied.places, kind))
     return pl.concat(frames, how="vertical_relaxed")
 
@@ -174,11 +174,11 @@ def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> No
 
 
 
-def check_vocabulary(model, dataset: SequenceDataset, path: Path) -> None:
+def check_vocabulary(model_cfg: ModelConfig, dataset: SequenceDataset, path: Path) -> None:
     """Ids and features beyond the model's tables mean the sequences come from another preprocessing run (or are
     not a split's): one line naming the column, before the model would index past a table."""
     stored = (dataset.locations, dataset.users, dataset.times, dataset.weekdays, dataset.recency, dataset.durations)
-    for (column, top), values in zip(input_tables(model.cfg).items(), stored):
+    for (column, top), values in zip(input_tables(model_cfg).items(), stored):
         shift = 0 if column in ("locations", "user") else 1  # features are stored + 1; the message shows the split's
         if len(values) and int(values.max()) > top:
             raise ValueError(f"{path}: column {column} holds {int(values.max()) - shift}, but the model knows "

@@ -183,7 +183,7 @@ class PGTModel(PythonModel):
             samples = frame
             SequenceDataset.check_schema(samples.to_arrow().schema, "request", require_target=False)
             dataset = SequenceDataset.from_arrow(samples.to_arrow(), self.packed.cfg.max_len, "request")
-            check_vocabulary(self.packed, dataset, "request")
+            check_vocabulary(self.packed.cfg, dataset, "request")
             if "source_user_id" not in columns:
                 samples = samples.with_columns(source_user_id=pl.col("user"))
             if "history_end" not in columns and "target_started_at" not in columns:

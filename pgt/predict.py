@@ -120,7 +120,7 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
     check_lineage(trained_on, Path(input_path).parent, model_uri)  # where the sequences sit in a preprocess folder
     dataset = SequenceDataset.from_parquet(input_path, model.cfg.max_len, require_target=False)
-    check_vocabulary(model, dataset, input_path)
+    check_vocabulary(model.cfg, dataset, input_path)
     top = top_k_predictions(model, dataset, top_k)
     locations, places, probabilities, new_place = top.locations, top.places, top.probabilities, top.new_place
     columns = {

@@ -485,18 +485,67 @@ def check_model_uri(model_uri: str, tracking_uri: str | None = None) -> str:
     if not model_uri.startswith(MODEL_SCHEMES) and not Path(model_uri).is_dir():
         raise ValueError(f"--model {model_uri}: expected an MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, "
                          "runs:/RUN_ID/model) or the folder of a logged model")
+    if Path(model_uri).is_dir() and not (Path(model_uri) / "MLmodel").is_file():
+        raise ValueError(f"--model {model_uri}: a folder without an MLmodel file, so not a logged model; give the "
+                         "folder that holds MLmodel (as `mlflow artifacts download` of a model writes it)")
     if model_uri.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
         check_tracking_server(uri)
+        check_model_exists(model_uri, uri)
     return uri
+
+
+def check_model_exists(model_uri: str, tracking_uri: str) -> None:
+    """ValueError in one line, saying which part is missing and how to fix it, unless the registered model and its
+    alias or version, or the run and its model path, exist in the store."""
+    from mlflow.exceptions import MlflowException
+
+    client = mlflow_client(tracking_uri)
+    where = f"in {tracking_uri}"
+    if model_uri.startswith("models:/"):
+        ref = model_uri.removeprefix("models:/")
+        name, alias = ref.split("@", 1) if "@" in ref else (ref.rsplit("/", 1)[0], None)
+        try:
+            model = client.get_registered_model(name)
+        except MlflowException:
+            raise ValueError(f"--model {model_uri}: no registered model {name!r} {where}; `pgt train --register "
+                             f"{name}` registers one, or choose another --tracking-uri") from None
+        if alias is not None:
+            if alias not in (model.aliases or {}):
+                known = ", ".join(sorted(model.aliases or {})) or "none"
+                raise ValueError(f"--model {model_uri}: model {name!r} has no alias {alias!r} {where} (its aliases: "
+                                 f"{known}); `pgt train --register {name}` sets champion on the first version")
+            return
+        version = ref.rsplit("/", 1)[1] if "/" in ref else ""
+        try:
+            client.get_model_version(name, version)
+        except MlflowException:
+            raise ValueError(f"--model {model_uri}: model {name!r} has no version {version!r} {where}") from None
+    elif model_uri.startswith("runs:/"):
+        run_id, _, path = model_uri.removeprefix("runs:/").partition("/")
+        try:
+            client.get_run(run_id)
+        except MlflowException:
+            raise ValueError(f"--model {model_uri}: no run {run_id!r} {where}") from None
+        if path and not client.list_artifacts(run_id, path):
+            raise ValueError(f"--model {model_uri}: run {run_id} has no model at {path!r} (pgt logs it at "
+                             f"runs:/{run_id}/model)")
+
+
+def model_flavors(model_uri: str) -> dict:
+    """A logged model's flavours, read from its MLmodel: a model folder works with any tracking store, or none
+    (MLflow's get_model_info would look the folder's model id up in the current store)."""
+    from mlflow.models import Model, get_model_info
+
+    if Path(model_uri).is_dir():
+        return Model.load(str(Path(model_uri) / "MLmodel")).flavors
+    return get_model_info(model_uri).flavors
 
 
 def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
     """A logged pgt model's pyfunc wrapper (`pgt.mlflow_model.PGTModel`): `.packed` (the torch module),
     its training data's tables and `.fitted()` (the fitted preprocessing). Nothing is unpickled."""
-    from mlflow.models import get_model_info
-
     use_tracking_uri(check_model_uri(model_uri, tracking_uri))
-    if "pytorch" in get_model_info(model_uri).flavors:
+    if "pytorch" in model_flavors(model_uri):
         raise ValueError(f"{model_uri}: logged before models carried their preprocessing (a pickled PyTorch model); "
                          "train it again to score raw GPS")
     return _pyfunc_wrapper(model_uri)
@@ -517,10 +566,8 @@ def load_model_and_manifest(model_uri: str, tracking_uri: str | None = None) -> 
     version load without unpickling anything; those logged before it (the pickled PyTorch flavour) load only
     where MLflow allows pickle."""
     import mlflow
-    from mlflow.models import get_model_info
-
     use_tracking_uri(check_model_uri(model_uri, tracking_uri))
-    if "pytorch" in get_model_info(model_uri).flavors:  # logged before models-from-code
+    if "pytorch" in model_flavors(model_uri):  # logged before models-from-code
         import mlflow.pytorch
 
         return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval(), None

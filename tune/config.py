@@ -35,7 +35,7 @@ class SweepConfig:
     search: str = setting("optuna", "How trials are proposed: optuna (TPE) or random.", choices=SEARCH_ALGS)
     grace_period: int = setting(3, "ASHA: epochs every trial gets before it may be stopped.", low=1, high=1 << 20)
     reduction_factor: int = setting(2, "ASHA: keep the best 1/reduction_factor at each rung.", low=2, high=64)
-    seed: int = setting(0, "The searcher's seed and every trial's training seed.")
+    seed: int = setting(0, "The searcher's seed and every trial's training seed.", low=0, high=2**31 - 1)
     objective: str = setting("strict_acc@1", "The validation score the sweep maximises and early stopping follows: "
                                              "strict_acc@1 (the exact place) or acc@1 (the protocol's).",
                              choices=OBJECTIVES)

@@ -142,6 +142,33 @@ def test_evaluate_refuses_data_of_another_preprocessing_run(trained, tmp_path):
     assert r.returncode == 2 and "another run" in r.stderr and not (tmp_path / "p.parquet").exists()
 
 
+def test_model_doors_name_what_is_missing_and_a_model_folder_works_with_any_store(trained, tmp_path):
+    """A missing name, alias, version, run or model path is one line saying which, for serve, predict and evaluate
+    alike; a downloaded model folder evaluates against another (new) store; explain checks the data's ids against
+    the checkpoint's tables."""
+    import mlflow
+
+    root, server = trained
+    missing = {"models:/nothere@champion": "no registered model 'nothere'", "models:/raw@prod": "no alias 'prod'",
+               "models:/raw/99": "no version '99'", "runs:/0123abcd/model": "no run '0123abcd'", str(tmp_path): "MLmodel"}
+    for uri, words in missing.items():
+        for command in (("serve", "--port", 1), ("evaluate", "--data", root / "early"),
+                        ("predict", "--input", root / "late.parquet", "--format", "positionfixes", "--out",
+                         tmp_path / "p.parquet")):
+            r = run(command[0], "--model", uri, *command[1:], "--tracking-uri", server)
+            line = r.stderr.strip().splitlines()[-1]
+            assert r.returncode == 2 and line.startswith("error: ") and words in line, (uri, command[0], r.stderr[-2000:])
+            assert "Traceback" not in r.stderr and len(line) < 400
+    mlflow.set_tracking_uri(server)
+    folder = Path(mlflow.artifacts.download_artifacts("models:/raw@champion", dst_path=str(tmp_path / "model")))
+    r = run("evaluate", "--model", folder, "--data", root / "early", "--tracking-uri", f"sqlite:///{tmp_path / 'new.db'}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    generate_positionfixes(SynthConfig(users=30, days=90, seed=3)).write_parquet(tmp_path / "other.parquet")
+    preprocess(tmp_path / "other.parquet", "positionfixes", tmp_path / "other", progress=False)  # more places
+    r = run("explain", "--checkpoint", root / "run" / "best.pt", "--data", tmp_path / "other", "--out", tmp_path / "plots")
+    assert r.returncode == 2 and "column locations holds" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
 def test_a_corrupt_model_is_named_in_one_line(trained, tmp_path):
     """A downloaded model whose model_config.json or manifest.json was damaged: one line naming the file."""
     import shutil
