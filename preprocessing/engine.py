@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -157,6 +159,22 @@ def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S)
 
 
 @contextlib.contextmanager
+def kept_signal_handlers() -> Iterator[None]:
+    """The process's Python handlers of SIGTERM and SIGHUP, put back after the block: ray.init installs its core's
+    own, which dumps a stack and aborts (exit 134) where the command would stop cleanly (preprocessing.process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in kept.items():
+            if callable(handler):
+                signal.signal(number, handler)
+
+
+@contextlib.contextmanager
 def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
     """Join the Ray cluster at `address` (or $RAY_ADDRESS), or start a local Ray on 127.0.0.1 and shut it
     down on exit. The dashboard stays on (127.0.0.1): it serves the State API that Ray Train polls.
@@ -171,14 +189,15 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         yield
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        check_ray_address(address)
-        try:
-            ray.init(address=address, log_to_driver=True)
-        except ConnectionError as exc:  # "auto" without a running cluster
-            raise ValueError(f"Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
-    else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
+    with kept_signal_handlers():
+        if address:
+            check_ray_address(address)
+            try:
+                ray.init(address=address, log_to_driver=True)
+            except ConnectionError as exc:  # "auto" without a running cluster
+                raise ValueError(f"Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
+        else:
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
     try:
         yield
     finally:

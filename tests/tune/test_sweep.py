@@ -99,10 +99,15 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     assert json.loads(champion.tags["pgt.evidence_scores"]) == pytest.approx(winner["validation_strict_acc@1"], abs=1e-4)
 
 
-def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path):
+@pytest.mark.parametrize(("search", "stop", "status"), [("optuna", signal.SIGINT, 130), ("random", signal.SIGTERM, 143)],
+                         ids=["optuna-ctrl-c", "random-sigterm"])
+def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path, search, stop, status):
+    """Ctrl+C, or SIGTERM (handled as Ctrl+C), after the first trial: the sweep stops, says how to resume, and
+    `--resume` runs the rest without training the finished trial again, whatever the search."""
     out = tmp_path / "sweep"
     proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "2",
-                             "--epochs", "2", "--max-concurrent", "1", "--grace-period", "2", "--finalists", "0"],
+                             "--epochs", "2", "--max-concurrent", "1", "--grace-period", "2", "--finalists", "0",
+                             "--search", search],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 300
     # Tune's own record that it has ended the first trial (its driver's event, after the trial returned)
@@ -110,9 +115,9 @@ def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_se
         assert proc.poll() is None, proc.stdout.read()[-3000:]
         assert time.monotonic() < deadline
         time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(stop)
     output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 130, output[-3000:]
+    assert proc.returncode == status, output[-3000:]
     assert "resume it with `pgt tune --resume" in output
     done_before = {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/metrics.json")}
     assert len(done_before) == 1
