@@ -36,7 +36,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.predict import free_port, run  # noqa: E402 - after sys.path gains the benchmarks
-from benchmarks.preprocess import machine  # noqa: E402
+from benchmarks.preprocess import machine  # noqa: E402 - after sys.path gains the benchmarks
 
 PGT = [sys.executable, "-m", "pgt.cli"]
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -102,9 +103,6 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
         raise ValueError(f"{tracking_uri}: a file store, which MLflow 3 keeps in maintenance mode and refuses; use a "
                          "SQLite store (sqlite:///PATH/mlflow.db; with no URI runs go to one under .state/mlflow), "
                          "or set MLFLOW_ALLOW_FILE_STORE=true")
-    if tracking_uri.startswith("sqlite:///"):
-        open_sqlite_store(tracking_uri)
-        return
     if tracking_uri.startswith(("sqlite:", "file:")):
         return
     if not tracking_uri.startswith(("http://", "https://")):
@@ -129,8 +127,6 @@ def open_sqlite_store(tracking_uri: str) -> None:
     """Open a SQLite store once under a lock beside its database: MLflow creates the schema of a new one with
     migrations that two processes running at once break (two runs started together on a fresh store). Opening
     it here costs nothing more: the process keeps the store it opened."""
-    import fcntl
-
     database = Path(tracking_uri.removeprefix("sqlite:///"))
     if str(database) in ("", ":memory:"):
         return
@@ -299,6 +295,8 @@ def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = Non
     from mlflow.entities import Param, RunTag
 
     check_tracking_server(tracking.tracking_uri)
+    if tracking.tracking_uri.startswith("sqlite:///"):
+        open_sqlite_store(tracking.tracking_uri)  # a new store's schema, made once when runs start together
     client = mlflow_client(tracking.tracking_uri)
     all_tags = dict(tags or {})
     if parent_run_id:

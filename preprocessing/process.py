@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import yaml
+
 HANDLED = (signal.SIGTERM, signal.SIGHUP)
 MAX_SETTINGS_BYTES = 4 << 20  # a recipe or config file is a few hundred bytes; 4 MiB bounds a mistaken path
 MAX_MESSAGE_CHARS = 300  # what one error line may quote of a value
@@ -120,8 +122,6 @@ def read_small_file(path: Path | str, what: str, limit: int = MAX_SETTINGS_BYTES
 def load_yaml(text: str, source: Path | str):
     """yaml.safe_load, refusing anchors and aliases (a few hundred bytes of aliases can expand to gigabytes):
     a settings file never needs them. ValueError naming `source`."""
-    import yaml
-
     class NoAliases(yaml.SafeLoader):
         def compose_node(self, parent, index):
             if self.check_event(yaml.events.AliasEvent):

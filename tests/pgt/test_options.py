@@ -92,7 +92,7 @@ def test_a_recipe_file_trains_what_the_named_recipe_trains(tmp_path):
     assert train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(tmp_path / "winner.yaml"))) == named
     for text, words in (("[1, 2]", "found list"), ("dropuot: 0.2", "unknown training setting(s): dropuot"),
                         ("out_dir: x", "out_dir belong to a run"), ("d_model: 30", "d_model (30) must be divisible"),
-                        ("a: [", "unreadable recipe file")):
+                        ("a: [", "not valid YAML")):
         (tmp_path / "bad.yaml").write_text(text)
         with pytest.raises(ValueError, match=f"{tmp_path / 'bad.yaml'}: .*" + words.replace("(", r"\(").replace(")", r"\)")):
             train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(tmp_path / "bad.yaml")))
