@@ -325,6 +325,7 @@ def predict(
     from pgt.inference import prediction_time
     from pgt.predict import predict_file, predict_raw, predict_summary
     from preprocessing.errors import InputError
+    from preprocessing.process import disk_problem
 
     try:
         if at is not None and format is None:
@@ -344,7 +345,9 @@ def predict(
             typer.echo(f"{model} is {answered}")
     except (ValueError, FileNotFoundError, InputError) as exc:
         fail(str(exc))
-    except Exception as exc:
+    except Exception as exc:  # a full or read-only disk is the output's problem, not the model's
+        if disk_problem(exc, str(out)) is not None:
+            raise
         fail(f"{model}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     typer.echo(f"wrote {out}: top-{top_k} locations for {rows:,} sequences")
 

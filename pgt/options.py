@@ -17,8 +17,16 @@ import typer
 from preprocessing.settings import bounds_text, help_of, settings_of
 
 
+MAX_ERROR_CHARS = 800  # an error line quotes values; a value of megabytes is cut in the middle
+
+
 def fail(message: str) -> NoReturn:
-    """One line on stderr, exit code 2, no traceback."""
+    """One line on stderr, exit code 2, no traceback; at most MAX_ERROR_CHARS of it (the end, which says what to do,
+    is kept)."""
+    message = " ".join(str(message).split())
+    if len(message) > MAX_ERROR_CHARS:
+        cut = len(message) - MAX_ERROR_CHARS
+        message = f"{message[:MAX_ERROR_CHARS // 2]} ...({cut:,} characters cut)... {message[-MAX_ERROR_CHARS // 2:]}"
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)
 

@@ -148,6 +148,17 @@ def test_a_tracking_server_that_dies_fails_the_run_in_seconds_and_a_rerun_comple
         subprocess.run([scripts / "stop-mlflow.sh"], env=env, capture_output=True, timeout=120)
 
 
+def fill(disk: Path) -> None:
+    """Fill `disk` with disk/filler but for what is left under a page."""
+    filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(filler, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    os.close(filler)
+
+
 @pytest.fixture
 def small_disks(tmp_path):
     """(full, read_only): a 200 KiB tmpfs and a read-only one, mounted for the test; skipped where mounting is not
@@ -179,13 +190,7 @@ def test_full_and_read_only_disks_are_one_line_naming_the_path(training_sequence
 
     points = tmp_path / "points.parquet"
     assert pgt("synth", "--out", points, "--users", 4, "--days", 80).returncode == 0
-    filler = os.open(full / "filler", os.O_WRONLY | os.O_CREAT)  # the disk filled but for a few KiB
-    try:
-        while os.write(filler, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    os.close(filler)
+    fill(full)
     preprocessed = pgt("preprocess", "--input", points, "--format", "positionfixes", "--out", full / "sequences")
     assert preprocessed.returncode == 1 and "no space left" in one_line(preprocessed.stderr)
     assert not list(full.glob("*sequences*"))  # the temporary folder is gone
@@ -193,6 +198,17 @@ def test_full_and_read_only_disks_are_one_line_naming_the_path(training_sequence
 
     refused = pgt("train", "--data", training_sequences, "--out", read_only / "run", "--tracking-uri", uri)
     assert refused.returncode == 1 and "read-only file system" in one_line(refused.stderr)
+
+    # a full disk under pgt predict is the output's problem, not the model's
+    trained = pgt("train", "--data", training_sequences, "--out",
+                  tmp_path / "model-run", "--tracking-uri", uri, "--epochs", 1, "--register", "faults")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    fill(full)
+    predicted = pgt("predict", "--model", "models:/faults@champion", "--input", training_sequences / "test.parquet",
+                    "--out", full / "predictions.parquet", "--tracking-uri", uri)
+    assert predicted.returncode == 1
+    line = one_line(predicted.stderr)
+    assert "no space left" in line and "predictions.parquet" in line and "models:/" not in line
 
 
 def test_settings_files_are_read_bounded_and_only_when_regular(training_sequences, tmp_path):
