@@ -168,7 +168,9 @@ def train_in_trial(spec: SweepConfig, cfg, out_dir: Path, tracking: dict | None,
 
     child = child_tracking(tracking, run_name)
     if spec.workers_per_trial == 1:
-        restore_trial_checkpoint(ray.tune.get_checkpoint(), out_dir)
+        restored = restore_trial_checkpoint(ray.tune.get_checkpoint(), out_dir)
+        if restored is not None and finished_before(cfg, out_dir, restored):
+            return  # Tune's state predates the trial's end (the driver was killed): its result is on disk already
 
         def report(row: dict, checkpoint_dir: Path | None) -> None:
             checkpoint = ray.tune.Checkpoint.from_directory(str(checkpoint_dir)) if checkpoint_dir else None
@@ -179,6 +181,19 @@ def train_in_trial(spec: SweepConfig, cfg, out_dir: Path, tracking: dict | None,
         from ray.tune.integration.ray_train import TuneReportCallback
 
         run_training(cfg, trial_workers(spec), child, callbacks=[TuneReportCallback()])
+
+
+def finished_before(cfg, out_dir: Path, checkpoint: Path) -> bool:
+    """Whether out_dir holds the finished result (metrics.json) of this very configuration, ending at the epoch of
+    the checkpoint Tune restored: then nothing is trained, scored or logged again."""
+    try:
+        done = json.loads((out_dir / "metrics.json").read_text())
+        epoch = int(read_checkpoint(checkpoint, "cpu", ("epoch",))["epoch"])
+    except (OSError, ValueError, KeyError):
+        return False
+    same = {k: v for k, v in done.get("config", {}).items() if k != "resume"} == \
+        {k: v for k, v in cfg.to_dict().items() if k != "resume"}
+    return same and done.get("epochs_run") == epoch + 1
 
 
 def restore_trial_checkpoint(checkpoint, out_dir: Path) -> Path | None:
