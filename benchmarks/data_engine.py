@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
+from preprocess import DEFAULT_INPUT, machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 from scale import LargestProcess  # noqa: E402 - after sys.path gains the benchmarks
 from train import WORK, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
@@ -64,7 +64,7 @@ def main() -> None:
     data_dir = sequences(args.input, None)
     rows = [run(data_dir, engine, args.epochs, args.workers) for engine in ("memory", "ray")]
     result = {"benchmark": "data_engine", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "data": str(data_dir), "recipe": "paper", "seed": 0, "runs": rows}
+              "machine": machine(), "data": shown_path(data_dir), "recipe": "paper", "seed": 0, "runs": rows}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
+from preprocess import DEFAULT_INPUT, machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 from train import WORK, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ddp.json"
@@ -133,7 +133,7 @@ def main() -> None:
     whole = by["in-process"]["samples_per_second_median"]
     result = {
         "benchmark": "ddp", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-        "data": str(data_dir), "epochs": args.epochs, "runs": rows,
+        "data": shown_path(data_dir), "epochs": args.epochs, "runs": rows,
         "speedup_2_over_1": speedup, "scaling_efficiency": round(speedup / 2, 3) if speedup else None,
         "target_speedup": TARGET_SPEEDUP, "meets_target": bool(speedup and speedup >= TARGET_SPEEDUP),
         # one process using every core through torch's intra-op threads, against the 2 single-thread workers

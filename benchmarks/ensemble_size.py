@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
+from preprocess import DEFAULT_INPUT, machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_size.json"
 WORK = ROOT / ".state" / "benchmarks"
@@ -139,7 +139,7 @@ def main() -> None:
                 row[f"{name}_validation_{key}"] = {"mean": round(float(values.mean()), 2),
                                                    "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
     result = {"benchmark": "ensemble_size", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "data": str(data_dir), "recipe": "tuned", "selection": SELECTION,
+              "machine": machine(), "data": shown_path(data_dir), "recipe": "tuned", "selection": SELECTION,
               "seeds": args.seeds, "members_trained": members, "train_wall_s": round(train_s, 1), "sizes": sizes}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")

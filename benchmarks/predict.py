@@ -34,7 +34,7 @@ import polars as pl
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.preprocess import machine  # noqa: E402 - after sys.path gains the benchmarks
+from benchmarks.preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_INPUT = ROOT.parent / "shared" / "data" / "geolife" / "geolife_positionfixes.parquet"
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "predict.json"
@@ -147,7 +147,7 @@ def main() -> None:
     latencies.sort()
     result = {
         "benchmark": "predict", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-        "input": str(args.input), "fit": {"preprocess_s": round(fit_s, 1), "train_s": round(train_s, 1),
+        "input": shown_path(args.input), "fit": {"preprocess_s": round(fit_s, 1), "train_s": round(train_s, 1),
                                           "epochs": args.epochs, "recipe": args.recipe},
         "predict": {"wall_s": round(predict_s, 2), "points": recent.height, "users_in_input": recent["user_id"].n_unique(),
                     "users_scored": users_scored,

@@ -28,7 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
+from preprocess import DEFAULT_INPUT, machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 from train import VARIANTS, WORK, mean_std, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "sweep.json"
@@ -117,7 +117,7 @@ def main() -> None:
     trials = sweep["trials"]
     result = {
         "benchmark": "sweep", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-        "data": str(data_dir), "variant": "published", "recipe": args.recipe, "seeds": args.seeds,
+        "data": shown_path(data_dir), "variant": "published", "recipe": args.recipe, "seeds": args.seeds,
         "selection": "The sweep chose its winner on validation strict Acc@1 only; the winner and the recipe were "
                      "then retrained on seeds the sweep did not use, and test was evaluated once per run.",
         "sweep": {"minutes": round(sweep_minutes, 1), "budget_minutes": args.budget_min, "trials": len(trials),

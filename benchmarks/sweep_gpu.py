@@ -30,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from preprocess import shown_path  # noqa: E402 - after sys.path gains the benchmarks
 from train import WORK, gpu_machine, harness_options  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "sweep_gpu.json"
@@ -97,7 +98,7 @@ def main() -> None:
     trials = sweep["trials"]
     result = {
         "benchmark": "sweep-gpu", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": gpu_machine(args.device), "data": str(args.data_dir), "recipe": args.recipe, "options": options,
+        "machine": gpu_machine(args.device), "data": shown_path(args.data_dir), "recipe": args.recipe, "options": options,
         "trials": len(trials), "finished": sum(r["status"] == "finished" for r in trials),
         "epochs_max": args.epochs, "concurrent": args.concurrent, "wall_s": round(wall, 1),
         "search_wall_s": sweep["search_wall_s"],

@@ -43,7 +43,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
+from preprocess import DEFAULT_INPUT, machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "train.json"
 GPU_RESULTS = ROOT / "benchmarks" / "results" / "train_gpu.json"
@@ -297,7 +297,7 @@ def main() -> None:
         summary = summarise(rows)
         target_row = args.target_row if args.target_row in summary else None
         variants[variant] = {
-            "data": {"input": str(args.input), "config": manifest["config"], "counts": manifest["counts"],
+            "data": {"input": shown_path(args.input), "config": manifest["config"], "counts": manifest["counts"],
                      "vocab": manifest["vocab"]},
             "summary": summary, "target_row": target_row,
             "meets_target": verdict(summary, target_row) if variant == TARGET["variant"] else None,
