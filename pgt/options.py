@@ -16,7 +16,6 @@ import typer
 
 from preprocessing.settings import bounds_text, help_of, settings_of
 
-
 MAX_ERROR_CHARS = 800  # an error line quotes values; a value of megabytes is cut in the middle
 
 
