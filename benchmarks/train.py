@@ -1,4 +1,4 @@
-"""Benchmark: every model on the GeoLife sequences with several seeds, protocol and strict metrics (SPEC §4).
+"""Benchmark: every model on the GeoLife sequences with several seeds, protocol and strict metrics.
 
 Two data variants (`--variants`): `default`, the 20 m DBSCAN rule as written (lat, lon), and `published`,
 the dataset the published numbers were built on (`location_axis_order: lon_lat`, benchmarks/configs/
@@ -52,7 +52,7 @@ VARIANTS = {"default": None, "published": ROOT / "benchmarks" / "configs" / "pub
 METRICS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
 STRICT = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10")
 NEW_PLACE = ("rate", "predicted", "precision", "recall")
-PUBLISHED = {  # SPEC §4 (protocol) and TARGETS.md (strict, from the run's released per-sample results)
+PUBLISHED = {  # the published protocol figures and TARGETS.md (strict, from the run's released per-sample results)
     "Pointer Generator Transformer (best published run)": {
         "acc@1": 53.97, "acc@5": 81.10, "acc@10": 84.38, "mrr": 65.82, "ndcg@10": 70.23,
         "strict": {"acc@1": 42.23, "acc@5": 61.88}},

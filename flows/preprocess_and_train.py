@@ -38,7 +38,7 @@ def preprocess_and_train(
     state_dir: str | None = described(None, "The folder every output goes to. Empty: $PGT_STATE_DIR, else .state."),
     synthetic_users: int = from_setting(SynthConfig, "users"),
     synthetic_days: int = from_setting(SynthConfig, "days"),
-    recipe: Recipe = described("paper", "The training recipe: paper (SPEC §3.8), tuned (ours for GeoLife) or "
+    recipe: Recipe = described("paper", "The training recipe: paper (the published settings), tuned (ours for GeoLife) or "
                                         "ensemble (tuned, several networks side by side)."),
     recipe_file: str | None = described(None, "A YAML file of training settings (a sweep's winner) instead of "
                                               "recipe; it sets any training setting."),

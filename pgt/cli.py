@@ -77,7 +77,7 @@ def preprocess(
     address: str | None = option_for(EngineConfig, "address", envvar="RAY_ADDRESS"),
     work_dir: Path | None = option_for(EngineConfig, "work_dir"),
 ) -> None:
-    """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol (SPEC §2)."""
+    """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol."""
     from preprocessing.config import load_config
     from preprocessing.engine import check_ray_address
     from preprocessing.errors import InputError
@@ -242,7 +242,7 @@ def train(
                                           help="MLflow experiment."),
     register: str | None = typer.Option(None, "--register", help="Register the best checkpoint under this model name."),
 ) -> None:
-    """Train a model (by default with the paper's settings, SPEC §3.8), log it to MLflow, write --out/metrics.json."""
+    """Train a model (by default with the paper's settings, as published), log it to MLflow, write --out/metrics.json."""
     from pgt.data import Vocab
     from pgt.distributed import run_training
     from pgt.registry import champion_verdict

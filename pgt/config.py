@@ -106,7 +106,7 @@ SMALLEST_VOCAB = SimpleNamespace(locations=3, users=2, time_slots=1, weekdays=1,
 BASELINES = ("markov", "most-frequent")
 MODELS = NEURAL_MODELS + BASELINES
 
-# Named training recipes: the TrainConfig fields each sets over the defaults, which are the paper's (SPEC §3.8).
+# Named training recipes: the TrainConfig fields each sets over the defaults, which are the paper's published settings.
 RECIPES: dict[str, dict] = {
     "paper": {},
     # ours, chosen on GeoLife's validation split only (benchmarks/recipe_search.py): the extended vocabulary with

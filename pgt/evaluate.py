@@ -1,4 +1,4 @@
-"""`pgt evaluate`: the metrics of SPEC §4, protocol and strict, of a model logged in MLflow on one split."""
+"""`pgt evaluate`: the metrics, protocol and strict, of a model logged in MLflow on one split."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pgt.tracking import load_model_and_manifest
 
 
 def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking_uri: str | None = None) -> dict:
-    """The metrics of SPEC §4, protocol and strict, for a logged PackedModel on one split of a `pgt preprocess` folder."""
+    """The metrics, protocol and strict, for a logged PackedModel on one split of a `pgt preprocess` folder."""
     SequenceDataset.check_columns(Path(data_dir) / f"{split}.parquet")
     model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
     check_lineage(trained_on, Path(data_dir), model_uri)

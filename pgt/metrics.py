@@ -1,4 +1,4 @@
-"""Acc@1/5/10, MRR, NDCG@10 (in %), weighted F1 of the top-1 prediction and n (SPEC §4), overall and
+"""Acc@1/5/10, MRR, NDCG@10 (in %), weighted F1 of the top-1 prediction and n, overall and
 split by whether the target appears in the history, under two readings:
 
 - protocol: the published one. Every place unseen in train is id 1, so a prediction of id 1 for a

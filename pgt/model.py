@@ -1,4 +1,4 @@
-"""The Pointer Generator Transformer (SPEC §3) and its neural variants.
+"""The Pointer Generator Transformer and its neural variants.
 
 Notation: B batch, T history length, d model width, V locations. Histories are right-padded with
 location 0; every feature index 0 is padding (the data loader shifts real values by one).
@@ -11,7 +11,7 @@ history that are unseen in train (id 1) get per-sample slots after the V known i
 each visit's attention on its slot, so two unseen places are told apart; the generator spreads over
 the known ids plus id 1, which then means "a new place". The output is then (B, V + S), S the most
 slots of any row in the batch, or with `pad_slots` T (a shape fixed by the input's: training's static_width).
-Without it, the pointer scatters onto the location ids as SPEC §3 says.
+Without it, the pointer scatters onto the location ids as the paper has it.
 
 Visit relations (`visit_relations`): the pointer adds learned biases for each visit's relation to the last one
 (it followed the current place, it is the current place, its start in hours after now in the day, its weekday is

@@ -43,7 +43,7 @@ def metric_rows(metrics: dict, label: str) -> dict[str, dict]:
 
 
 def metrics_table(results: dict[str, dict], title: str) -> Table:
-    """Rows of label -> metrics dict (strict rows have no f1), columns in SPEC §4's order."""
+    """Rows of label -> metrics dict (strict rows have no f1), columns in the published tables' order."""
     table = Table(title=title)
     table.add_column("")
     for name in METRIC_NAMES:

@@ -1,4 +1,4 @@
-"""Scoring a split: a model's scores of every sample, the ranks of the targets, and the metrics of SPEC §4
+"""Scoring a split: a model's scores of every sample, the ranks of the targets, and the protocol's metrics
 (pgt.metrics), for training's validation as for `pgt evaluate`. Under DDP each rank scores its share."""
 
 from __future__ import annotations

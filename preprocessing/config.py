@@ -1,4 +1,4 @@
-"""PreprocessConfig: every threshold of the reference protocol (SPEC §2), with its unit in its name."""
+"""PreprocessConfig: every threshold of the reference protocol, with its unit in its name."""
 
 from __future__ import annotations
 

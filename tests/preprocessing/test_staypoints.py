@@ -1,4 +1,4 @@
-"""Sliding staypoints on hand-built fixes, and against a plain-Python transcription of SPEC §2."""
+"""Sliding staypoints on hand-built fixes, and against a plain-Python transcription of the reference protocol."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def test_activity_flag():
 
 
 def _reference_sliding(t, lat, lon, dist_m=200.0, time_min=30.0, gap_min=1440.0):
-    """SPEC §2, transcribed literally in plain Python for one user."""
+    """The reference protocol, transcribed literally in plain Python for one user."""
     out, anchor = [], 0
     for cur in range(1, len(t)):
         if t[cur] - t[cur - 1] > gap_min * 60_000:
