@@ -143,6 +143,7 @@ def recipe_settings(recipe: str) -> dict:
     return dict(RECIPES[recipe])
 
 
+EVAL_BATCH_SIZE = 1024  # samples a scoring pass takes at once: training's validation, evaluate, predict, explain
 TRAIN_ON = ("train", "train+validation")  # the splits a run learns from
 REFIT_EPOCHS = ("selected", "scaled")  # how many epochs a refit trains (TrainConfig.refit_epochs)
 
@@ -213,7 +214,7 @@ class TrainConfig:
     select_on: str = setting("acc@1", "Validation score for early stopping and the best epoch: acc@1 (protocol), "
                                       "strict_acc@1 (the exact place) or loss.", choices=SELECT_ON)
     batch_size: int = setting(128, "Global batch, split evenly over the workers.", low=1, high=1 << 24)
-    eval_batch_size: int = setting(1024, "Batch of the validation and test passes.", low=1, high=1 << 24)
+    eval_batch_size: int = setting(EVAL_BATCH_SIZE, "Batch of the validation and test passes.", low=1, high=1 << 24)
     lr: float = setting(6.5e-4, "Peak learning rate, reached after warmup.", low=0.0, low_open=True)
     min_lr: float = setting(1e-6, "Floor of the cosine decay; at most lr.", low=0.0)
     warmup_epochs: int = setting(5, "Epochs of linear warmup to the peak learning rate.", low=0, high=1 << 20)

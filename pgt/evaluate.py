@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from pgt.config import EVAL_BATCH_SIZE
 from pgt.data import SequenceDataset
 from pgt.inference import check_lineage, check_vocabulary
 from pgt.metrics import compute_all
@@ -20,5 +21,5 @@ def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking
     check_lineage(trained_on, Path(data_dir), model_uri)
     dataset = SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", model.cfg.max_len)
     check_vocabulary(model.cfg, dataset, Path(data_dir) / f"{split}.parquet")
-    scored, _ = score_dataset(packed_scores(model), dataset, 1024, torch.device("cpu"))
+    scored, _ = score_dataset(packed_scores(model), dataset, EVAL_BATCH_SIZE, torch.device("cpu"))
     return compute_all(scored)

@@ -19,6 +19,7 @@ import numpy as np  # noqa: E402 - after matplotlib.use("Agg")
 import torch  # noqa: E402 - after matplotlib.use("Agg")
 
 from pgt.checkpoint import load_checkpoint  # noqa: E402 - after matplotlib.use("Agg")
+from pgt.config import EVAL_BATCH_SIZE  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.data import SequenceDataset  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.inference import check_vocabulary  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.model import networks  # noqa: E402 - after matplotlib.use("Agg")
@@ -29,7 +30,7 @@ OUTPUTS = ("pointer_attention.png", "gate.png", "attention_entropy.png", "positi
 
 
 @torch.no_grad()
-def collect(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int = 1024) -> dict[str, np.ndarray]:
+def collect(model: torch.nn.Module, dataset: SequenceDataset, batch_size: int = EVAL_BATCH_SIZE) -> dict[str, np.ndarray]:
     gates, entropy, lengths, attention = [], [], [], []
     for start in range(0, len(dataset), batch_size):
         batch = dataset.__getitems__(list(range(start, min(len(dataset), start + batch_size))))

@@ -13,7 +13,7 @@ import polars as pl
 import pyarrow as pa
 import torch
 
-from pgt.config import MAX_TOP_K, TOP_K, ModelConfig
+from pgt.config import EVAL_BATCH_SIZE, MAX_TOP_K, TOP_K, ModelConfig
 from pgt.data import SequenceDataset
 from pgt.model import input_tables
 from preprocessing.config import parse_time
@@ -63,7 +63,7 @@ class TopK(NamedTuple):
 
 
 @torch.inference_mode()  # no autograd bookkeeping at all: faster than no_grad for a request of one sample
-def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: int = 1024) -> TopK:
+def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: int = EVAL_BATCH_SIZE) -> TopK:
     """The k most probable next locations of every sample of `dataset` under a PackedModel."""
     V = model.cfg.num_locations
     k = min(top_k, V - 1)
