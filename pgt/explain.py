@@ -23,7 +23,14 @@ from pgt.config import EVAL_BATCH_SIZE  # noqa: E402 - after matplotlib.use("Agg
 from pgt.data import SequenceDataset  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.inference import check_vocabulary  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.model import networks  # noqa: E402 - after matplotlib.use("Agg")
-from preprocessing.output import PRODUCER_KEY, check_apart, check_output_entries, check_output_file, write_file_atomically
+from preprocessing.output import (  # noqa: E402 - after matplotlib.use("Agg")
+    PRODUCER_KEY,
+    check_apart,
+    check_output_entries,
+    check_output_file,
+    output_lock,
+    write_file_atomically,
+)
 
 EXPLAINER = "pgt explain"  # the producer mark of its PNGs (preprocessing.output.written_by)
 OUTPUTS = ("pointer_attention.png", "gate.png", "attention_entropy.png", "position_bias.png", ".*.tmp-*")
@@ -56,16 +63,17 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
         raise ValueError(f"{Path(data_dir) / 'test.parquet'}: no samples to explain")
     check_vocabulary(cfg, dataset, Path(data_dir) / "test.parquet")  # another run's ids would index past the tables
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    c = collect(model, dataset)
-    title = f"{cfg.variant}, d={cfg.d_model}" + (f", {cfg.members} members" if cfg.members > 1 else "")
-    written = [
-        _pointer_attention(dataset, c, out_dir / "pointer_attention.png", samples, seed, title),
-        _gate(c, out_dir / "gate.png", title),
-        _attention_entropy(c, out_dir / "attention_entropy.png", title),
-    ]
-    if hasattr(networks(model)[0], "position_bias"):
-        written.append(_position_bias(model, c, out_dir / "position_bias.png", title))
+    with output_lock(out_dir, wait=False, command=EXPLAINER):  # one writer: a second is refused, naming the first
+        out_dir.mkdir(parents=True, exist_ok=True)
+        c = collect(model, dataset)
+        title = f"{cfg.variant}, d={cfg.d_model}" + (f", {cfg.members} members" if cfg.members > 1 else "")
+        written = [
+            _pointer_attention(dataset, c, out_dir / "pointer_attention.png", samples, seed, title),
+            _gate(c, out_dir / "gate.png", title),
+            _attention_entropy(c, out_dir / "attention_entropy.png", title),
+        ]
+        if hasattr(networks(model)[0], "position_bias"):
+            written.append(_position_bias(model, c, out_dir / "position_bias.png", title))
     return written
 
 
