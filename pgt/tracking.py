@@ -501,6 +501,13 @@ def check_model_exists(model_uri: str, tracking_uri: str) -> None:
     where = f"in {tracking_uri}"
     if model_uri.startswith("models:/"):
         ref = model_uri.removeprefix("models:/")
+        if "@" not in ref and "/" not in ref:  # MLflow 3's models:/<model_id>: a logged model, registered or not
+            try:
+                client.get_logged_model(ref)
+            except MlflowException:
+                raise ValueError(f"--model {model_uri}: no logged model {ref!r} {where}; choose another "
+                                 "--tracking-uri, or name a registered model (models:/NAME@ALIAS)") from None
+            return
         name, alias = ref.split("@", 1) if "@" in ref else (ref.rsplit("/", 1)[0], None)
         try:
             model = client.get_registered_model(name)
@@ -513,7 +520,9 @@ def check_model_exists(model_uri: str, tracking_uri: str) -> None:
                 raise ValueError(f"--model {model_uri}: model {name!r} has no alias {alias!r} {where} (its aliases: "
                                  f"{known}); `pgt train --register {name}` sets champion on the first version")
             return
-        version = ref.rsplit("/", 1)[1] if "/" in ref else ""
+        version = ref.rsplit("/", 1)[1]
+        if version.lower() == "latest":  # MLflow resolves it to the newest version, which exists if the model does
+            return
         try:
             client.get_model_version(name, version)
         except MlflowException:

@@ -3,8 +3,6 @@ in one line naming the column, before the model would index past a table."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from pgt.config import ModelConfig
@@ -13,10 +11,9 @@ from pgt.inference import check_top_k, check_vocabulary, prediction_time
 from tests.pgt.test_data import write_split
 
 
-def model_knowing(locations: int, users: int) -> SimpleNamespace:
-    """What check_vocabulary reads of a model: its config (the vocabulary sizes of the data it was trained on)."""
-    return SimpleNamespace(cfg=ModelConfig(num_locations=locations, num_users=users, d_model=16, nhead=2,
-                                           dim_feedforward=32))
+def model_knowing(locations: int, users: int) -> ModelConfig:
+    """What check_vocabulary reads: a model's config (the vocabulary sizes of the data it was trained on)."""
+    return ModelConfig(num_locations=locations, num_users=users, d_model=16, nhead=2, dim_feedforward=32)
 
 
 @pytest.mark.parametrize("histories, message", [
@@ -37,10 +34,10 @@ def test_feature_values_name_the_split_s_own_value(tmp_path):
     path = tmp_path / "s.parquet"
     write_split(path, [(1, [5, 6, 7], 5)])  # recency 3, 2, 1 days
     dataset = SequenceDataset.from_parquet(path)
-    model = model_knowing(10, 3)
-    model.cfg.recency_days = 3  # recency values 0..2 (a 2-day history): the split's 3 lies beyond its table
+    cfg = model_knowing(10, 3)
+    cfg.recency_days = 3  # recency values 0..2 (a 2-day history): the split's 3 lies beyond its table
     with pytest.raises(ValueError, match=r"column recency holds 3, but the model knows 0..2"):
-        check_vocabulary(model, dataset, path)
+        check_vocabulary(cfg, dataset, path)
 
 
 def test_top_k_and_the_moment_of_a_prediction_are_checked():
