@@ -293,9 +293,9 @@ def create_app(config: "ServeConfig | None" = None):
                          "rows per request (a person's last days suffice), or start the server with a larger "
                          "--max-request-mb")
             chunks, size = [], 0
-            over = declared is not None and declared.isdigit() and int(declared) > limit
-            if not over and declared is not None and declared.isdigit() and \
-                    load.bytes + int(declared) > config.max_buffered_bytes:
+            declared_bytes = int(declared) if declared is not None and declared.isdigit() else None
+            over = declared_bytes is not None and declared_bytes > limit
+            if not over and declared_bytes is not None and load.bytes + declared_bytes > config.max_buffered_bytes:
                 return await busy(request, f"{load.bytes / 2**20:.0f} MB of request bodies held, the limit is "
                                            f"{config.max_buffered_mb:g} MB")
             try:

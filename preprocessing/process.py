@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import errno
-import os
 import re
 import signal
 import stat
@@ -147,13 +146,3 @@ def listed(names, shown: int = 8) -> str:
     names = [shorten(str(n), 60) for n in names]
     more = len(names) - shown
     return ", ".join(names[:shown]) + (f" and {more:,} more" if more > 0 else "")
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -185,11 +185,12 @@ def train_in_trial(spec: SweepConfig, cfg, out_dir: Path, tracking: dict | None,
 
 def finished_before(cfg, out_dir: Path, checkpoint: Path) -> bool:
     """Whether out_dir holds the finished result (metrics.json) of this very configuration, ending at the epoch of
-    the checkpoint Tune restored: then nothing is trained, scored or logged again."""
+    the checkpoint Tune restored (its folder epoch_NNN, as restore_trial_checkpoint put it): then nothing is trained,
+    scored or logged again."""
     try:
         done = json.loads((out_dir / "metrics.json").read_text())
-        epoch = int(read_checkpoint(checkpoint, "cpu", ("epoch",))["epoch"])
-    except (OSError, ValueError, KeyError):
+        epoch = int(checkpoint.parent.name.removeprefix("epoch_"))
+    except (OSError, ValueError):
         return False
     same = {k: v for k, v in done.get("config", {}).items() if k != "resume"} == \
         {k: v for k, v in cfg.to_dict().items() if k != "resume"}
