@@ -103,7 +103,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.data import Vocab, load_splits
+    from pgt.data import MemoryLayout, Vocab, load_splits
 
     data_dir = args.data_dir
     if data_dir is None:
@@ -122,7 +122,8 @@ def main() -> None:
     from pgt.checkpoint import load_checkpoint
 
     cfg = load_checkpoint(runs[0] / "best.pt")[1]
-    validation = load_splits(data_dir, cfg.max_len, Vocab.from_manifest(data_dir), names=("validation",))["validation"]
+    validation = load_splits(data_dir, cfg.max_len, Vocab.from_manifest(data_dir), names=("validation",),
+                             memory=MemoryLayout.of(cfg))["validation"]
     sizes = []
     for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
         cached = member_log_probs(runs, split)

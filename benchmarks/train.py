@@ -88,12 +88,12 @@ def forward_speed(run_dir: Path, data_dir: Path, device: str = "cpu") -> float:
     import torch
 
     from pgt.checkpoint import load_checkpoint
-    from pgt.data import SequenceDataset
+    from pgt.data import MemoryLayout, SequenceDataset
     from pgt.scoring import model_scores, score_dataset
 
     model, cfg = load_checkpoint(run_dir / "best.pt")
     model.to(device)
-    test = SequenceDataset.from_parquet(data_dir / "test.parquet", cfg.max_len)
+    test = SequenceDataset.from_parquet(data_dir / "test.parquet", cfg.max_len, memory=MemoryLayout.of(cfg))
     score = model_scores(model)
     score_dataset(score, test, 1024, torch.device(device))  # warm-up
     if device == "cuda":

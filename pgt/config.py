@@ -30,6 +30,12 @@ DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: l
 
 
 VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")  # the neural models (pgt.model)
+# The memory's entries enter the model as visits in front of the history: the recency of one is its age bucket
+# (days since the place's last visit, counted back from the sample's anchor day, at least each lower edge) after
+# the window's recency values, its duration its visit-count bucket after the window's duration buckets. A window
+# spans days 0 .. history_days, so ages start past it, but the live anchor (the last visit's day) brings them closer.
+MEMORY_AGE_EDGES_DAYS = (0, 8, 11, 15, 22, 31, 61, 121, 366)
+MEMORY_VISIT_EDGES = (1, 2, 3, 4, 6, 10, 20, 50)
 
 
 @dataclass
@@ -57,6 +63,10 @@ class ModelSettings:
     relation_inputs: bool = setting(False, "With visit_relations: the encoder's inputs embed them too.")
     relation_order: int = setting(1, "With visit_relations: transitions from the current place (1) or from the last "
                                      "two places (2).", choices=(1, 2))
+    memory_places: int = setting(0, "Long-term memory: the person's earlier places outside the 7-day window the model "
+                                    "reads (the data's first N: the most visited), in front of the history, with a "
+                                    "pointer and a gate of their own; 0 reads none (pgt.model, preprocessing.memory).",
+                                 low=0, high=1024)
     members: int = setting(1, "Networks trained side by side from their own initial weights, each on its own loss; "
                               "the prediction is the mean of their probabilities (an ensemble). Each member costs "
                               "its forward and backward pass.", low=1, high=64)
@@ -90,9 +100,27 @@ class ModelConfig(ModelSettings):
         if self.visit_relations and self.variant not in ("pgt", "pointer"):
             raise ValueError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
                              f"got {self.variant!r}")
+        if self.memory_places and self.variant != "pgt":
+            raise ValueError(f"memory_places gives the transformer's gate a memory to point at: variant 'pgt', "
+                             f"got {self.variant!r}")
         small = [name for name in ("time_slots", "weekdays", "recency_days", "duration_buckets") if getattr(self, name) < 1]
         if small:
             raise ValueError(f"feature tables need at least one value: {', '.join(small)}")
+
+    @property
+    def recency_rows(self) -> int:
+        """Recency values the model embeds: the window's, then the memory's age buckets (MEMORY_AGE_EDGES_DAYS)."""
+        return self.recency_days + (len(MEMORY_AGE_EDGES_DAYS) if self.memory_places else 0)
+
+    @property
+    def duration_rows(self) -> int:
+        """Duration values the model embeds: the window's buckets, then the memory's visit-count buckets."""
+        return self.duration_buckets + (len(MEMORY_VISIT_EDGES) if self.memory_places else 0)
+
+    @property
+    def positions(self) -> int:
+        """The widest input: max_len visits of the window and memory_places places of the memory."""
+        return self.max_len + self.memory_places
 
     def settings(self) -> ModelSettings:
         """The chosen part, without the data's sizes."""

@@ -17,14 +17,51 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 
-from pgt.config import ModelConfig
+from pgt.config import MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES, ModelConfig
 from pgt.vocabulary import unseen_slots
 from preprocessing.config import SPLITS
+from preprocessing.memory import TARGET_KINDS
 from preprocessing.sequences import UNSEEN
 
 LIST_COLUMNS = ("locations", "time_slots", "weekdays", "recency", "durations")
 SHIFTED = ("time_slots", "weekdays", "recency", "durations")  # stored +1 so that 0 means padding
 PLACE_COLUMNS = ("places", "target_place")  # dataset-wide place ids (the DBSCAN location of each visit)
+# a split's memory columns (preprocessing.memory) and the history column each becomes as a visit in front of it
+MEMORY_AS_VISITS = {"memory_locations": "locations", "memory_places": "places", "memory_time_slots": "time_slots",
+                    "memory_weekdays": "weekdays", "memory_days": "recency", "memory_visits": "durations"}
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """How a model reads the memory: the first `places` entries of each sample's, as visits in front of its history,
+    whose recency is the age bucket after the window's `recency` values and whose duration is the visit-count bucket
+    after the window's `durations` buckets (pgt.config.MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES)."""
+
+    places: int  # entries read per sample (ModelConfig.memory_places)
+    recency: int  # the window's recency values (ModelConfig.recency_days)
+    durations: int  # the window's duration buckets (ModelConfig.duration_buckets)
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> MemoryLayout | None:
+        """The layout of a model that reads a memory; None for one that does not."""
+        return cls(cfg.memory_places, cfg.recency_days, cfg.duration_buckets) if cfg.memory_places else None
+
+    @classmethod
+    def for_data(cls, memory_places: int, vocab: Vocab) -> MemoryLayout | None:
+        """The layout of a model reading memory_places places, built for data of the manifest's `vocab`."""
+        return cls(memory_places, vocab.recency, vocab.durations) if memory_places else None
+
+    def ages(self, days: np.ndarray | torch.Tensor):
+        """Days since a remembered place's last visit -> the recency values of its visit (stored + 1 as every feature)."""
+        edges = MEMORY_AGE_EDGES_DAYS
+        if isinstance(days, torch.Tensor):
+            bucket = torch.bucketize(days, torch.tensor(edges, device=days.device), right=True) - 1
+            return self.recency + 1 + bucket.clamp_min(0)
+        return self.recency + 1 + np.maximum(np.searchsorted(edges, days, side="right") - 1, 0)
+
+    def visits(self, counts: np.ndarray) -> np.ndarray:
+        """Visit counts -> the duration values of the remembered place's visit (stored + 1)."""
+        return self.durations + 1 + np.maximum(np.searchsorted(MEMORY_VISIT_EDGES, counts, side="right") - 1, 0)
 
 
 class Batch(NamedTuple):
@@ -99,8 +136,10 @@ class Vocab:
 
     def check_features(self, dataset: SequenceDataset, path: Path | str) -> None:
         """ValueError naming the file and column when a stored feature lies outside its table."""
+        visits = ~dataset.is_memory()  # a remembered place's recency and duration are its age and visit buckets
         for name, column in self.FEATURES.items():
             values = getattr(dataset, {"time_slots": "times"}.get(column, column))
+            values = values[visits] if column in ("recency", "durations") else values
             top = int(values.max()) if values.numel() else 0  # stored + 1
             if top > getattr(self, name):
                 raise ValueError(f"{path}: column {column} holds {top - 1}, but the manifest's vocab.{name} allows "
@@ -117,7 +156,8 @@ class SequenceDataset(Dataset):
     DataLoader uses when given a batch of indices) gathers a whole batch trimmed to its longest history."""
 
     def __init__(self, locations: np.ndarray, users: np.ndarray, features: dict[str, np.ndarray], targets: np.ndarray,
-                 places: np.ndarray, target_places: np.ndarray):
+                 places: np.ndarray, target_places: np.ndarray, memory_days: np.ndarray | None = None,
+                 memory: MemoryLayout | None = None):
         self.locations = torch.from_numpy(locations)
         self.users = torch.from_numpy(users)
         self.times = torch.from_numpy(features["time_slots"])
@@ -128,6 +168,10 @@ class SequenceDataset(Dataset):
         self.places = torch.from_numpy(places)  # (N, T) dataset-wide place of each visit (0 on padding)
         self.target_places = torch.from_numpy(target_places)  # (N,)
         self.lengths = (self.locations != 0).sum(dim=1)
+        self.memory = memory  # how remembered places sit in front of each history; None: they do not
+        self.target_kinds: np.ndarray | None = None  # (N,) int8 codes of metrics.TARGET_KINDS, where the split has them
+        # (N, T) days since each remembered place's last visit, 0 on the history's visits and padding
+        self.memory_days = torch.from_numpy(memory_days) if memory_days is not None else torch.zeros_like(self.locations)
         self.slots, self.target_slots = torch.zeros_like(self.locations), torch.zeros_like(self.targets)
         for start in range(0, len(self.targets), 4096):  # (chunk, T, T) at a time
             part = slice(start, start + 4096)
@@ -142,25 +186,46 @@ class SequenceDataset(Dataset):
         last = (self.lengths - 1).clamp(min=0).unsqueeze(1)  # (N, 1)
         shift = self.recency.gather(1, last) - 1  # (N, 1) the last visit's days before the target (stored + 1)
         anchored.recency = torch.where(self.locations != 0, self.recency - shift, 0)  # (N, T), padding stays 0
+        if self.memory is not None:  # a remembered place's age counts from the same day
+            remembered = self.is_memory()
+            anchored.memory_days = torch.where(remembered, self.memory_days - shift, 0)
+            anchored.recency = torch.where(remembered, self.memory.ages(anchored.memory_days), anchored.recency)
         return anchored
 
+    def is_memory(self) -> torch.Tensor:
+        """(N, T) True where a column holds a remembered place rather than a visit of the history or padding."""
+        if self.memory is None:
+            return torch.zeros_like(self.locations, dtype=torch.bool)
+        return self.recency > self.memory.recency
+
     @classmethod
-    def from_parquet(cls, path: Path | str, max_len: int = ModelConfig.max_len, require_target: bool = True) -> SequenceDataset:
+    def from_parquet(cls, path: Path | str, max_len: int = ModelConfig.max_len, require_target: bool = True,
+                     memory: MemoryLayout | None = None) -> SequenceDataset:
         """Read a split; histories longer than max_len keep their most recent max_len visits. Without
-        `require_target` a file may lack the target columns (new sequences to score): targets are then 0."""
+        `require_target` a file may lack the target columns (new sequences to score): targets are then 0. With
+        `memory`, each sample's first memory.places remembered places come in front of its history."""
         path = Path(path)
-        with_target = "target" in cls.check_columns(path, require_target)
+        present = cls.check_columns(path, require_target)
+        with_target = "target" in present
         places, target_place = PLACE_COLUMNS
         try:
             targets = ["target", target_place] if with_target else []
-            table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places, *targets])
+            remembered = list(MEMORY_AS_VISITS) if memory is not None else []
+            missing = [c for c in remembered if c not in present]
+            if missing:
+                raise ValueError(f"{path}: no memory column(s) {', '.join(missing)}, which a model with memory_places "
+                                 "reads; preprocess the input again (older `pgt preprocess` outputs lack them)")
+            kinds = ["target_kind"] if with_target and "target_kind" in present else []
+            table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places, *remembered, *targets, *kinds])
         except (pa.ArrowException, OSError) as exc:
             raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
-        return cls.from_arrow(table, max_len, path)
+        return cls.from_arrow(table, max_len, path, memory)
 
     @classmethod
-    def from_arrow(cls, table: pa.Table, max_len: int = ModelConfig.max_len, path: Path | str = "sequences") -> SequenceDataset:
-        """Samples from an Arrow table in the columns of a split (targets 0 where it has none)."""
+    def from_arrow(cls, table: pa.Table, max_len: int = ModelConfig.max_len, path: Path | str = "sequences",
+                   memory: MemoryLayout | None = None) -> SequenceDataset:
+        """Samples from an Arrow table in the columns of a split (targets 0 where it has none); with `memory`, the
+        remembered places in front of each history (MemoryLayout)."""
         with_target = "target" in table.column_names
         offsets = table.column("locations").combine_chunks().offsets.to_numpy()
         lengths = np.diff(offsets)
@@ -181,24 +246,71 @@ class SequenceDataset(Dataset):
                                  + (" (0 pads histories)" if lowest else ""))
         n = len(lengths)
         kept = np.minimum(lengths, max_len)
-        width = int(kept.max()) if n else 1
-        # flat index of every kept value and its (row, column) in the right-padded matrix
+        front, remembered = np.zeros(n, np.int64), {}
+        if memory is not None:
+            remembered, front = cls.memory_values(table, memory, n, path)
+        width = max(int((front + kept).max()) if n else 1, 1)
+        # flat index of every kept value and its (row, column) in the right-padded matrix, after the memory's
         row = np.repeat(np.arange(n), kept)
         col = np.arange(kept.sum()) - np.repeat(np.cumsum(kept) - kept, kept)
         flat = np.repeat(offsets[:-1] + lengths - kept, kept) + col
+        col = col + np.repeat(front, kept)
         padded = {}
         for name in (*LIST_COLUMNS, "places"):
             values = combined[name].values.to_numpy().astype(np.int64)
             matrix = np.zeros((n, width), dtype=np.int64)
             matrix[row, col] = values[flat] + (1 if name in SHIFTED else 0)
             padded[name] = matrix
+        memory_days = np.zeros((n, width), dtype=np.int64)
+        if memory is not None:  # the remembered places fill columns 0 .. front - 1
+            m_row = np.repeat(np.arange(n), front)
+            m_col = np.arange(front.sum()) - np.repeat(np.cumsum(front) - front, front)
+            for name, values in remembered.items():
+                (memory_days if name == "days" else padded[name])[m_row, m_col] = values
         users = combined["user"].to_numpy().astype(np.int64)
 
         def column(name: str) -> np.ndarray:
             return combined[name].to_numpy().astype(np.int64) if with_target else np.zeros(n, np.int64)
 
-        return cls(padded.pop("locations"), users, padded, column("target"), padded.pop("places"),
-                   column("target_place"))
+        dataset = cls(padded.pop("locations"), users, padded, column("target"), padded.pop("places"),
+                      column("target_place"), memory_days if memory is not None else None, memory)
+        if with_target and "target_kind" in table.column_names:
+            dataset.target_kinds = target_kind_codes(table.column("target_kind").combine_chunks(), path)
+        return dataset
+
+    @staticmethod
+    def memory_values(table: pa.Table, memory: MemoryLayout, n: int,
+                      path: Path | str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """({history column or "days": the values of the first memory.places remembered places of each row, flat},
+        (n,) how many each row has), from a table's memory columns (MEMORY_AS_VISITS)."""
+        missing = [c for c in MEMORY_AS_VISITS if c not in table.column_names]
+        if missing:
+            raise ValueError(f"{path}: no memory column(s) {', '.join(missing)}, which a model with memory_places reads; "
+                             "preprocess the input again (older `pgt preprocess` outputs lack them)")
+        first = table.column("memory_locations").combine_chunks()
+        offsets = first.offsets.to_numpy()
+        lengths = np.diff(offsets)
+        front = np.minimum(lengths, memory.places)
+        flat = np.repeat(offsets[:-1], front) + np.arange(front.sum()) - np.repeat(np.cumsum(front) - front, front)
+        values = {}
+        for name, visit_column in MEMORY_AS_VISITS.items():
+            column = table.column(name).combine_chunks()
+            if column.null_count or column.values.null_count:
+                raise ValueError(f"{path}: column {name} holds null values; every remembered place needs every feature")
+            if not np.array_equal(column.offsets.to_numpy(), offsets):
+                raise ValueError(f"{path}: column {name} does not have one value per place of column memory_locations")
+            raw = column.values.to_numpy().astype(np.int64)[flat]
+            lowest = 1 if name in ("memory_locations", "memory_visits") else 0
+            if len(raw) and raw.min() < lowest:
+                raise ValueError(f"{path}: column {name} holds {int(raw.min())}; its values start at {lowest}")
+            if name == "memory_days":
+                values["days"] = raw
+                values["recency"] = memory.ages(raw)
+            elif name == "memory_visits":
+                values["durations"] = memory.visits(raw)
+            else:
+                values[visit_column] = raw + (1 if visit_column in SHIFTED else 0)
+        return values, front
 
     @staticmethod
     def check_columns(path: Path | str, require_target: bool = True) -> set[str]:
@@ -245,6 +357,10 @@ class SequenceDataset(Dataset):
                     width = max(mine.shape[1], theirs.shape[1])
                     mine, theirs = (F.pad(t, (0, width - t.shape[1])) for t in (mine, theirs))
                 setattr(joined, name, torch.cat([mine, theirs]))
+        if self.target_kinds is not None and other.target_kinds is not None:
+            joined.target_kinds = np.concatenate([self.target_kinds, other.target_kinds])
+        else:
+            joined.target_kinds = None
         return joined
 
     def __len__(self) -> int:
@@ -273,16 +389,27 @@ class SequenceDataset(Dataset):
 
     def in_history(self) -> np.ndarray:
         """Whether each sample's target id appears among its history's ids (the protocol's view: any unseen
-        target is "in the history" when any unseen place is)."""
-        return (self.locations == self.targets.unsqueeze(1)).any(dim=1).numpy()
+        target is "in the history" when any unseen place is); remembered places are not the history."""
+        return ((self.locations == self.targets.unsqueeze(1)) & ~self.is_memory()).any(dim=1).numpy()
 
     def place_in_history(self) -> np.ndarray:
-        """Whether each sample's exact target place appears in its history (a known id, or a slot)."""
-        return (self.in_history() & (self.targets > UNSEEN).numpy()) | (self.target_slots > 0).numpy()
+        """Whether each sample's exact target place is one of its history's visits (remembered places are not)."""
+        visits = (self.locations != 0) & ~self.is_memory()
+        return ((self.places == self.target_places.unsqueeze(1)) & visits).any(dim=1).numpy()
 
     def new_place(self) -> np.ndarray:
         """Whether each sample's target is a new place: unseen in train and absent from the history."""
         return ((self.targets == UNSEEN) & (self.target_slots == 0)).numpy()
+
+
+def target_kind_codes(column: pa.Array, path: Path | str) -> np.ndarray:
+    """A split's target_kind column (preprocessing.memory.TARGET_KINDS) as int8 codes in that order."""
+    names = column.cast(pa.string()).to_pylist()
+    lookup = {kind: code for code, kind in enumerate(TARGET_KINDS)}
+    odd = sorted({str(n) for n in names if n not in lookup})
+    if odd:
+        raise ValueError(f"{path}: column target_kind holds {', '.join(odd[:3])}; expected {', '.join(TARGET_KINDS)}")
+    return np.array([lookup[n] for n in names], dtype=np.int8)
 
 
 def keep_batch(batch: Batch) -> Batch:
@@ -323,9 +450,11 @@ class BucketBatchSampler(Sampler[list[int]]):
 
 
 def load_splits(data_dir: Path | str, max_len: int = ModelConfig.max_len, vocab: Vocab | None = None,
-                names: tuple[str, ...] = SPLITS) -> dict[str, SequenceDataset]:
-    """The splits `names` (all three by default); with `vocab`, each is checked against the manifest's table sizes."""
-    splits = {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len) for split in names}
+                names: tuple[str, ...] = SPLITS, memory: MemoryLayout | None = None) -> dict[str, SequenceDataset]:
+    """The splits `names` (all three by default); with `vocab`, each is checked against the manifest's table sizes;
+    with `memory`, the remembered places come in front of each history (MemoryLayout)."""
+    splits = {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len, memory=memory)
+              for split in names}
     if vocab is not None:
         for split, dataset in splits.items():
             vocab.check_features(dataset, Path(data_dir) / f"{split}.parquet")
@@ -472,8 +601,10 @@ class StreamedBatches:
     follows the buffer, not the split."""
 
     def __init__(self, shard, batch_size: int, max_len: int, seed: int, shuffle_rows: int = 20_000,
-                 vocab: Vocab | None = None, path: Path | str = "train.parquet", at_last_visit: bool = False):
+                 vocab: Vocab | None = None, path: Path | str = "train.parquet", at_last_visit: bool = False,
+                 memory: MemoryLayout | None = None):
         self.shard, self.batch_size, self.max_len, self.seed = shard, batch_size, max_len, seed
+        self.memory = memory  # the remembered places in front of each history (MemoryLayout)
         self.shuffle_rows, self.vocab, self.path, self.epoch = shuffle_rows, vocab, path, 0
         self.at_last_visit = at_last_visit  # recency from the last visit's day (TrainConfig.anchor)
 
@@ -484,7 +615,7 @@ class StreamedBatches:
         for table in self.shard.iter_batches(batch_size=self.batch_size, batch_format="pyarrow", drop_last=False,
                                              local_shuffle_buffer_size=self.shuffle_rows,
                                              local_shuffle_seed=self.seed + self.epoch):
-            dataset = SequenceDataset.from_arrow(table, self.max_len, self.path)
+            dataset = SequenceDataset.from_arrow(table, self.max_len, self.path, self.memory)
             if self.vocab is not None:
                 self.vocab.check_features(dataset, self.path)
             if self.at_last_visit:

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from pgt.config import EVAL_BATCH_SIZE
-from pgt.data import SequenceDataset
+from pgt.data import MemoryLayout, SequenceDataset
 from pgt.inference import check_lineage, check_vocabulary
 from pgt.metrics import compute_all
 from pgt.scoring import packed_scores, score_dataset
@@ -19,7 +19,8 @@ def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking
     SequenceDataset.check_columns(Path(data_dir) / f"{split}.parquet")
     model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
     check_lineage(trained_on, Path(data_dir), model_uri)
-    dataset = SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", model.cfg.max_len)
+    dataset = SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", model.cfg.max_len,
+                                           memory=MemoryLayout.of(model.cfg))
     check_vocabulary(model.cfg, dataset, Path(data_dir) / f"{split}.parquet")
     scored, _ = score_dataset(packed_scores(model), dataset, EVAL_BATCH_SIZE, torch.device("cpu"))
     return compute_all(scored)

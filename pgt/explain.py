@@ -20,7 +20,7 @@ import torch  # noqa: E402 - after matplotlib.use("Agg")
 
 from pgt.checkpoint import load_checkpoint  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.config import EVAL_BATCH_SIZE  # noqa: E402 - after matplotlib.use("Agg")
-from pgt.data import SequenceDataset  # noqa: E402 - after matplotlib.use("Agg")
+from pgt.data import MemoryLayout, SequenceDataset  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.inference import check_vocabulary  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.model import networks  # noqa: E402 - after matplotlib.use("Agg")
 from preprocessing.output import (  # noqa: E402 - after matplotlib.use("Agg")
@@ -58,7 +58,7 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
     for name in OUTPUTS[:-1]:  # a PNG of that name that someone else wrote is not replaced either
         check_output_file(Path(out_dir) / name, EXPLAINER, (".png",))
     model, cfg = load_checkpoint(checkpoint)
-    dataset = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len)
+    dataset = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len, memory=MemoryLayout.of(cfg))
     if len(dataset) == 0:
         raise ValueError(f"{Path(data_dir) / 'test.parquet'}: no samples to explain")
     check_vocabulary(cfg, dataset, Path(data_dir) / "test.parquet")  # another run's ids would index past the tables

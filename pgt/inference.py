@@ -14,7 +14,7 @@ import pyarrow as pa
 import torch
 
 from pgt.config import EVAL_BATCH_SIZE, MAX_TOP_K, TOP_K, ModelConfig
-from pgt.data import SequenceDataset
+from pgt.data import MemoryLayout, SequenceDataset
 from pgt.model import input_tables
 from preprocessing.config import parse_time
 from preprocessing.output import read_manifest
@@ -141,7 +141,8 @@ def predict_applied(model, applied, top_k: int, evaluation: bool = True) -> pl.D
     for kind, samples in (("latest", applied.latest), ("evaluation", applied.evaluation if evaluation else None)):
         if samples is None:
             continue
-        dataset = SequenceDataset.from_arrow(samples.to_arrow(), model.cfg.max_len, f"{kind} samples")
+        dataset = SequenceDataset.from_arrow(samples.to_arrow(), model.cfg.max_len, f"{kind} samples",
+                                             MemoryLayout.of(model.cfg))
         check_vocabulary(model.cfg, dataset, f"{kind} samples")
         frames.append(place_predictions(top_k_predictions(model, dataset, top_k), samples, applied.places, kind))
     return pl.concat(frames, how="vertical_relaxed")

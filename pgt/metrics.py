@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from sklearn.metrics import f1_score
 
+from preprocessing.memory import TARGET_KINDS
 from preprocessing.sequences import UNSEEN
 
 METRIC_NAMES = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n")
@@ -56,9 +57,12 @@ class Scored:
     strict_top1: np.ndarray  # strict: the top-1 column (a known id, 1 = "new place", or V + slot - 1)
     place_in_history: np.ndarray  # strict: the target's exact place is in the history
     new_place: np.ndarray  # the target is a new place: unseen in train and absent from the history
+    # what the target is to the person (preprocessing.memory.TARGET_KINDS: 0 window, 1 return, 2 never visited);
+    # -1 where the data does not say (splits written before the memory)
+    target_kind: np.ndarray | None = None
 
     def subset(self, mask: np.ndarray) -> Scored:
-        return Scored(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+        return Scored(*(None if getattr(self, f) is None else getattr(self, f)[mask] for f in self.__dataclass_fields__))
 
 
 def compute_metrics(ranks: np.ndarray, predictions: np.ndarray | None = None, targets: np.ndarray | None = None
@@ -118,4 +122,18 @@ def compute_all(scored: Scored) -> dict:
             "outside_history": compute_metrics(scored.strict_ranks[~place_inside]),
         },
         "new_place": new_place_detection(scored),
+        **by_target_kind(scored),
     }
+
+
+def by_target_kind(scored: Scored) -> dict:
+    """{"by_target_kind": {kind: {"strict": metrics, "protocol": metrics}}} where the split says what each target
+    is to the person (a place of the window, a return beyond it, a place never visited); {} where it does not."""
+    if scored.target_kind is None or not len(scored.target_kind) or (scored.target_kind < 0).any():
+        return {}
+    kinds = {}
+    for code, kind in enumerate(TARGET_KINDS):
+        mask = scored.target_kind == code
+        kinds[kind] = {"strict": compute_metrics(scored.strict_ranks[mask]),
+                       "protocol": compute_metrics(scored.ranks[mask])}
+    return {"by_target_kind": kinds}

@@ -45,19 +45,21 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
 
 from pgt.config import ModelConfig
-from pgt.data import SequenceDataset
+from pgt.data import MemoryLayout, SequenceDataset
 from pgt.inference import check_vocabulary, place_predictions, predict_applied, prediction_time, top_k_of, top_k_predictions
 from pgt.model import PackedModel, build_model, check_packed
 from pgt.stacked import for_inference
 from preprocessing.errors import InputError
-from preprocessing.fitted import FittedPreprocessing, apply_fitted
+from preprocessing.fitted import VISIT_COLUMNS, FittedPreprocessing, apply_fitted
 from preprocessing.stages import StageLog
 
 WEIGHTS, CONFIG = "weights", "model_config"  # artifact keys: the model itself
 LOCATIONS, USERS, MANIFEST = "locations", "users", "manifest"  # the data it was trained on: tables and preprocessing
 PLACES, CLUSTERED = "places", "location_staypoints"  # every place and the staypoints DBSCAN clustered: new data joins them
+VISITS = "visits"  # the training data's visits, which a model that remembers (memory_places) recalls for known people
 DATA_FILES = {LOCATIONS: "locations.parquet", USERS: "users.parquet", MANIFEST: "manifest.json",
-              PLACES: "places.parquet", CLUSTERED: "location_staypoints.parquet"}  # artifact key -> file of the data folder
+              PLACES: "places.parquet", CLUSTERED: "location_staypoints.parquet",
+              VISITS: "staypoints.parquet"}  # artifact key -> file of the data folder
 
 
 class Answer(NamedTuple):
@@ -107,9 +109,14 @@ class PGTModel(PythonModel):
             if missing:
                 raise ValueError(f"{source}: carries no {', '.join(missing)} (logged before models carried their "
                                  "preprocessing); train it again to score raw GPS")
+            visits = (pl.read_parquet(self.data_files[VISITS], columns=list(VISIT_COLUMNS))
+                      if VISITS in self.data_files else None)
+            if self.packed.cfg.memory_places and visits is None:
+                raise ValueError(f"{source}: remembers earlier places but carries no staypoints.parquet (the training "
+                                 "data's visits); log the model again")
             self._fitted = FittedPreprocessing.from_tables(
                 self.manifest, pl.read_parquet(self.data_files[PLACES]), pl.read_parquet(self.data_files[CLUSTERED]),
-                pl.from_arrow(self.users), source)
+                pl.from_arrow(self.users), source, visits)
         return self._fitted
 
     def warm_up_requests(self) -> list[list[dict]]:
@@ -182,7 +189,8 @@ class PGTModel(PythonModel):
         if "locations" in columns:  # sequences, as a split holds them
             samples = frame
             SequenceDataset.check_schema(samples.to_arrow().schema, "request", require_target=False)
-            dataset = SequenceDataset.from_arrow(samples.to_arrow(), self.packed.cfg.max_len, "request")
+            dataset = SequenceDataset.from_arrow(samples.to_arrow(), self.packed.cfg.max_len, "request",
+                                                 MemoryLayout.of(self.packed.cfg))
             check_vocabulary(self.packed.cfg, dataset, "request")
             if "source_user_id" not in columns:
                 samples = samples.with_columns(source_user_id=pl.col("user"))
@@ -194,7 +202,8 @@ class PGTModel(PythonModel):
         else:
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
             applied = apply_fitted(frame, input_format, self.fitted(), StageLog(sample_memory=False),
-                                   evaluation=False, at=at, name="request", users_table=False)
+                                   evaluation=False, at=at, name="request", users_table=False,
+                                   memory=bool(self.packed.cfg.memory_places))
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
             quarantine = applied.quarantine
             quarantined = pl.DataFrame({"row": quarantine["source_row"].cast(pl.Int64), "reason": quarantine["reason"]})

@@ -64,15 +64,15 @@ class VisitEmbedding(nn.Module):
         self.user = nn.Embedding(cfg.num_users, d, padding_idx=0)
         self.time = nn.Embedding(cfg.time_slots + 1, q, padding_idx=0)  # values are stored + 1: 0 is padding
         self.weekday = nn.Embedding(cfg.weekdays + 1, q, padding_idx=0)
-        self.recency = nn.Embedding(cfg.recency_days + 1, q, padding_idx=0)
-        self.duration = nn.Embedding(cfg.duration_buckets + 1, q, padding_idx=0)
-        self.pos_from_end = nn.Embedding(cfg.max_len + 1, q, padding_idx=0)
-        self.slot = nn.Embedding(cfg.max_len + 1, d, padding_idx=0) if cfg.unseen_slots and cfg.slot_identity else None
+        self.recency = nn.Embedding(cfg.recency_rows + 1, q, padding_idx=0)  # with a memory, its age buckets too
+        self.duration = nn.Embedding(cfg.duration_rows + 1, q, padding_idx=0)  # with a memory, its visit buckets too
+        self.pos_from_end = nn.Embedding(cfg.positions + 1, q, padding_idx=0)  # remembered places: past max_len
+        self.slot = nn.Embedding(cfg.positions + 1, d, padding_idx=0) if cfg.unseen_slots and cfg.slot_identity else None
         self.previous = cfg.previous_location
         self.proj = nn.Linear((3 if self.previous else 2) * d + 5 * q, d)
         self.norm = nn.LayerNorm(d)
 
-    def forward(self, locations, users, times, weekdays, recency, durations, pos_from_end, slots=None):
+    def forward(self, locations, users, times, weekdays, recency, durations, pos_from_end, slots=None, memory=None):
         T = locations.shape[1]
         location = self.location(locations)  # (B, T, d)
         if self.slot is not None and slots is not None:
@@ -84,7 +84,10 @@ class VisitEmbedding(nn.Module):
             self.pos_from_end(pos_from_end),  # (B, T, d/4) each
         ]
         if self.previous:
-            parts.append(F.pad(location[:, :-1], (0, 0, 1, 0)))  # (B, T, d) the location before each visit
+            previous = F.pad(location[:, :-1], (0, 0, 1, 0))  # (B, T, d) the location before each visit
+            if memory is not None:  # the first visit of the history follows no remembered place
+                previous = previous.masked_fill(F.pad(memory[:, :-1], (1, 0)).unsqueeze(-1), 0.0)
+            parts.append(previous)
         return self.norm(self.proj(torch.cat(parts, dim=-1)))  # (B, T, d)
 
 
@@ -107,12 +110,18 @@ class FastDropout(nn.Module):
         return torch.where(keep, x * (1.0 / (1.0 - self.p)), 0.0)
 
 
-def positions_from_end(locations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lengths (B,), position from end (B, T): the last visit is 1, padding 0) for right-padded rows."""
+def positions_from_end(locations: torch.Tensor, memory: torch.Tensor | None = None,
+                       max_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths (B,), position from end (B, T): the last visit is 1, padding 0) for right-padded rows. With
+    `memory` (B, T), True on the remembered places in front of the history, the k-th of those (k from 0, the most
+    visited first) takes position max_len + 1 + k instead: a rank of its own, whatever the history's length."""
     valid = locations != 0  # (B, T)
     lengths = valid.sum(dim=1)  # (B,)
     positions = torch.arange(locations.shape[1], device=locations.device).unsqueeze(0)  # (1, T)
-    return lengths, torch.where(valid, lengths.unsqueeze(1) - positions, 0)
+    pos_end = torch.where(valid, lengths.unsqueeze(1) - positions, 0)
+    if memory is not None:
+        pos_end = torch.where(memory, max_len + 1 + positions, pos_end)  # remembered places sit at columns 0..m-1
+    return lengths, pos_end
 
 
 def sinusoidal_encoding(max_len: int, d: int) -> torch.Tensor:
@@ -134,7 +143,7 @@ class PointerGeneratorTransformer(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         self.embed = VisitEmbedding(cfg)
-        self.register_buffer("pe", sinusoidal_encoding(cfg.max_len, d), persistent=False)
+        self.register_buffer("pe", sinusoidal_encoding(cfg.positions, d), persistent=False)
         layer = nn.TransformerEncoderLayer(d, cfg.nhead, cfg.dim_feedforward, cfg.dropout, activation="gelu",
                                            batch_first=True, norm_first=True)
         self.encoder = nn.TransformerEncoder(layer, cfg.num_layers, enable_nested_tensor=False)
@@ -142,21 +151,24 @@ class PointerGeneratorTransformer(nn.Module):
             block.dropout, block.dropout1, block.dropout2 = (FastDropout(cfg.dropout) for _ in range(3))
         self.query = nn.Linear(d, d)
         self.key = nn.Linear(d, d)
-        self.position_bias = nn.Parameter(torch.zeros(cfg.max_len + 1))  # b[pos_from_end]
+        self.position_bias = nn.Parameter(torch.zeros(cfg.positions + 1))  # b[pos_from_end]
         # b[relation to the last visit] and b[hours after now, same weekday as the target] (visit_relations)
         self.relation_bias = nn.Parameter(torch.zeros(RELATIONS)) if cfg.visit_relations else None
         self.clock_bias = nn.Parameter(torch.zeros(CLOCK_BUCKETS)) if cfg.visit_relations else None
         self.relation_inputs = nn.ModuleList([nn.Embedding(RELATIONS, d), nn.Embedding(CLOCK_BUCKETS, d)]) \
             if cfg.relation_inputs else None
         self.generator = nn.Linear(d, cfg.num_locations)
-        self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 1))
+        # with a memory, the gate weighs three sources (window, memory, generator) instead of two
+        self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 3 if cfg.memory_places else 1))
         _xavier(self)
 
     def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
         B, T = locations.shape
-        lengths, pos_end = positions_from_end(locations)  # (B,), (B, T)
+        # remembered places come in front of the history, told by their recency: an age bucket after the window's
+        memory = recency > self.cfg.recency_days if self.cfg.memory_places else None  # (B, T)
+        lengths, pos_end = positions_from_end(locations, memory, self.cfg.max_len)  # (B,), (B, T)
         pad = pos_end == 0  # (B, T) True on padding
-        x = self.embed(locations, users, times, weekdays, recency, durations, pos_end, slots)  # (B, T, d)
+        x = self.embed(locations, users, times, weekdays, recency, durations, pos_end, slots, memory)  # (B, T, d)
         if self.relation_bias is not None:
             relation, clock = visit_relations(locations, slots, times, weekdays, recency, durations, lengths, self.cfg)
             if self.relation_inputs is not None:
@@ -168,15 +180,17 @@ class PointerGeneratorTransformer(nn.Module):
             gate = torch.zeros(B, device=h.device)
         elif self.cfg.variant == "pointer":
             gate = torch.ones(B, device=h.device)
-        else:
+        elif memory is None:
             gate = torch.sigmoid(self.gate(c)).squeeze(-1)  # (B,)
 
         scores = torch.einsum("bd,btd->bt", self.query(c), self.key(h)) / math.sqrt(self.cfg.d_model)
         scores = scores + self.position_bias[pos_end]  # (B, T)
         if self.relation_bias is not None:
             scores = scores + self.relation_bias[relation] + self.clock_bias[clock]  # (B, T)
-        scores = scores.masked_fill(pad, float("-inf"))  # (B, T)
-        attention = torch.softmax(scores, dim=-1)  # (B, T)
+        if memory is None:
+            attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)  # (B, T)
+        else:
+            gate, attention = memory_pointer(self.gate(c), scores, pad, memory)  # (B,), (B, T)
         p_gen = torch.softmax(self.generator(c), dim=-1)  # (B, V)
         probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_gen)  # (B, V + S)
         return Output(torch.log(probs + EPS), gate, attention)
@@ -259,6 +273,23 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
     return relation, 2 * hours + same_day.long()
 
 
+def memory_pointer(logits: torch.Tensor, scores: torch.Tensor, pad: torch.Tensor,
+                   memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two pointers of a model with a memory, as one: (gate (B,), attention (B, T)) from the gate's (B, 3) logits
+    (window, memory, generator) and the pointer's (B, T) scores. Each pointer is a softmax over its own columns (the
+    history's visits; the remembered places), the gate a softmax over the three sources, the memory's logit
+    masked where a row remembers nothing. The returned gate is the pointers' share (window + memory) and the
+    attention their mixture over both, so that P = gate * P_ptr + (1 - gate) * P_gen as without a memory."""
+    has_memory = memory.any(dim=1, keepdim=True)  # (B, 1)
+    window = torch.softmax(scores.masked_fill(pad | memory, float("-inf")), dim=-1)  # (B, T)
+    remembered = torch.softmax(scores.masked_fill(~memory, float("-inf")).masked_fill(~has_memory, 0.0), dim=-1)
+    remembered = remembered * memory  # (B, T), all 0 where a row remembers nothing
+    weights = torch.softmax(logits.masked_fill(F.pad(~has_memory, (1, 1)), float("-inf")), dim=-1)  # (B, 3)
+    pointers = weights[:, 0] + weights[:, 1]  # (B,)
+    attention = (weights[:, :1] * window + weights[:, 1:2] * remembered) / pointers.unsqueeze(1)  # (B, T)
+    return pointers, attention
+
+
 def pointer_distribution(attention: torch.Tensor, locations: torch.Tensor, slots: torch.Tensor | None,
                          cfg: ModelConfig, pad_slots: bool = False) -> torch.Tensor:
     """(B, T) attention -> (B, V + S) pointer distribution: each visit's weight goes to its location id, or
@@ -296,7 +327,7 @@ def input_tables(cfg: ModelConfig) -> dict[str, int]:
     """The largest value each input may hold as the data loader gives it (the features stored + 1, 0 pads), by the
     split column it comes from, in PackedModel's row order: the model's embedding tables end there."""
     return {"locations": cfg.num_locations - 1, "user": cfg.num_users - 1, "time_slots": cfg.time_slots,
-            "weekdays": cfg.weekdays, "recency": cfg.recency_days, "durations": cfg.duration_buckets}
+            "weekdays": cfg.weekdays, "recency": cfg.recency_rows, "durations": cfg.duration_rows}
 
 
 def check_packed(x: torch.Tensor, cfg: ModelConfig) -> None:

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import torch
 
 from pgt.config import TOP_K
-from pgt.data import SequenceDataset
+from pgt.data import MemoryLayout, SequenceDataset
 from pgt.inference import (
     PREDICTION_COLUMNS,
     check_lineage,
@@ -83,7 +83,8 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
     check_apart(out_path, {"--input": input_path})
     model_uri = answering_model(model_uri, tracking_uri)  # after the checks: nothing is asked of MLflow before
     wrapper = load_pgt_model(model_uri, tracking_uri)
-    applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri), at=at)
+    applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri), at=at,
+                           memory=bool(wrapper.packed.cfg.memory_places))
     frame = predict_applied(wrapper.packed, applied, top_k)
     files = {"predictions": out_path}
     with output_lock(out_path, command=PREDICTOR):
@@ -119,7 +120,8 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     model_uri = answering_model(model_uri, tracking_uri)
     model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
     check_lineage(trained_on, Path(input_path).parent, model_uri)  # where the sequences sit in a preprocess folder
-    dataset = SequenceDataset.from_parquet(input_path, model.cfg.max_len, require_target=False)
+    dataset = SequenceDataset.from_parquet(input_path, model.cfg.max_len, require_target=False,
+                                           memory=MemoryLayout.of(model.cfg))
     check_vocabulary(model.cfg, dataset, input_path)
     top = top_k_predictions(model, dataset, top_k)
     locations, places, probabilities, new_place = top.locations, top.places, top.probabilities, top.new_place

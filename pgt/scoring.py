@@ -81,7 +81,8 @@ def scored_samples(found: torch.Tensor, dataset: SequenceDataset, indices: np.nd
     ranks, best, strict_ranks, strict_best = (row[pick].numpy() for row in found)
     return Scored(ranks=ranks, top1=best, targets=dataset.targets[pick].numpy(),
                   in_history=dataset.in_history()[indices], strict_ranks=strict_ranks, strict_top1=strict_best,
-                  place_in_history=dataset.place_in_history()[indices], new_place=dataset.new_place()[indices])
+                  place_in_history=dataset.place_in_history()[indices], new_place=dataset.new_place()[indices],
+                  target_kind=dataset.target_kinds[indices] if dataset.target_kinds is not None else None)
 
 
 

@@ -98,8 +98,10 @@ class StackedTransformer(nn.Module):
 
     @staticmethod
     def stackable(model: nn.Module) -> bool:
-        """Whether every network of the model is a transformer (the LSTM model is not stacked)."""
-        return all(isinstance(net, PointerGeneratorTransformer) for net in networks(model))
+        """Whether every network of the model is a transformer without a memory (the LSTM model, and the memory's
+        second pointer, are not stacked: such a model runs its own pass)."""
+        return (all(isinstance(net, PointerGeneratorTransformer) for net in networks(model))
+                and not model.cfg.memory_places)
 
     @classmethod
     def of(cls, model: nn.Module) -> StackedTransformer | None:

@@ -449,7 +449,7 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec
 
-    from pgt.mlflow_model import CONFIG, DATA_FILES, WEIGHTS
+    from pgt.mlflow_model import CONFIG, DATA_FILES, VISITS, WEIGHTS
 
     model, cfg = load_checkpoint(checkpoint)
     # no input schema: the model takes packed (B, 7, T) arrays, GPS points, staypoints or sequences
@@ -460,7 +460,8 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
         weights, config = Path(tmp) / "weights.pt", Path(tmp) / "model_config.json"
         torch.save(model.state_dict(), weights)
         config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
-        data = {key: Path(data_dir) / name for key, name in DATA_FILES.items()}
+        # the visits only for a model that remembers them: the others' artifacts stay as small as they were
+        data = {key: Path(data_dir) / name for key, name in DATA_FILES.items() if key != VISITS or cfg.memory_places}
         artifacts = {WEIGHTS: str(weights), CONFIG: str(config)} | {k: str(v) for k, v in data.items() if v.is_file()}
         with warnings.catch_warnings():  # no input example: the model takes several kinds of input
             warnings.filterwarnings("ignore", message=r"(?s).*An input example was not provided")

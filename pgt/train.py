@@ -51,6 +51,7 @@ from pgt.data import (
     Batch,
     BucketBatchSampler,
     FirstVisits,
+    MemoryLayout,
     ResidentBatches,
     SequenceDataset,
     StreamedBatches,
@@ -309,7 +310,9 @@ def setup(config: dict, worker: Worker) -> TrainState:
     streamed = worker.train_shard is not None
     if streamed:
         check_streamable(cfg)
-    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab, names=("validation", "test") if streamed else SPLITS)
+    memory = MemoryLayout.for_data(cfg.network.memory_places, vocab)
+    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab, names=("validation", "test") if streamed else SPLITS,
+                         memory=memory)
     sizes = [len(s) for s in splits.values()] + ([split_rows(cfg.data_dir)] if streamed else [])
     if min(sizes) == 0:
         raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
@@ -335,7 +338,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
     if streamed:
         loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.network.max_len,
                                  cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet",
-                                 at_last_visit=cfg.anchor == "last_visit")
+                                 at_last_visit=cfg.anchor == "last_visit", memory=memory)
     else:
         learned_from = tuple(cfg.train_on.split("+"))  # ("train",) or ("train", "validation")
         train_set = splits["train"]
@@ -416,7 +419,7 @@ def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable
     import torch._dynamo.config
 
     check_compile_toolchain(device)
-    shapes = -(-cfg.network.max_len // cfg.static_width)  # the batch widths static_width gives
+    shapes = -(-(cfg.network.max_len + cfg.network.memory_places) // cfg.static_width)  # the widths static_width gives
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
     if device.type != "cuda" or cfg.capture_step:  # capture_step captures the whole step, compiled kernels and all
         return torch.compile(step, mode="default", dynamic=False)

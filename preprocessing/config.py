@@ -47,6 +47,9 @@ class PreprocessConfig:
     # samples
     history_days: int = 7  # history = the split's staypoints that started at most this many days before the target's day
     min_history_staypoints: int = 3  # samples need at least this many history staypoints
+    # the most earlier places outside the history window a sample remembers (preprocessing.memory); a model reads
+    # as many of them as its own memory_places setting asks, up to this
+    memory_places: int = 32
     # feature buckets
     time_slot_min: int = 15  # time slot = start minute of day // this (0..95)
     duration_cap_min: int = 2879  # durations are capped at this many minutes (two days less a minute)
@@ -73,7 +76,7 @@ class PreprocessConfig:
                 problems.append(f"{f.name} must be positive, got {value!r}")
         problems += self._range_problems()
         for name in ("min_tracking_days", "quality_window_weeks", "location_min_samples", "history_days",
-                     "min_history_staypoints", "time_slot_min", "duration_cap_min", "duration_bucket_min"):
+                     "min_history_staypoints", "memory_places", "time_slot_min", "duration_cap_min", "duration_bucket_min"):
             if not isinstance(getattr(self, name), int):
                 problems.append(f"{name} must be an integer, got {getattr(self, name)!r}")
         if self.train_fraction + self.validation_fraction >= 1.0:
@@ -100,7 +103,8 @@ class PreprocessConfig:
 
     def _range_problems(self) -> list[str]:
         """Values that would overflow the stored types (recency int8, slots and buckets int16) or make no sense."""
-        limits = {"history_days": 127, "time_slot_min": 1440, "train_fraction": 1, "validation_fraction": 1}
+        limits = {"history_days": 127, "memory_places": 1024, "time_slot_min": 1440, "train_fraction": 1,
+                  "validation_fraction": 1}
         problems = [f"{name} must be at most {limit}, got {getattr(self, name)!r}" for name, limit in limits.items()
                     if isinstance(getattr(self, name), (int, float)) and getattr(self, name) > limit]
         cap, bucket = self.duration_cap_min, self.duration_bucket_min

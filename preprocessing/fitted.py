@@ -12,6 +12,10 @@ non-core staypoints count once although their fitted neighbours may lie outside 
 users keep their ids; users the fitted data never saw get UNKNOWN_USER, the user table's zero row
 (a zero embedding the model accepts). No user filter applies: every person is scored.
 
+With the fitted run's visits (its staypoints.parquet), samples also carry the long-term memory
+(preprocessing.memory): a known person's earlier places come from the fitted visits before the new data's first
+visit and from the new data's own visits; a person the fitted data never saw remembers the new data only.
+
 The result holds, per user, the latest sample (the history up to the end of the new data, nothing to
 predict yet) and, where the new data has them, evaluation samples with targets, built like a test
 split (the first `history_days` of the new data only serve as history).
@@ -31,6 +35,7 @@ import pyarrow as pa
 from preprocessing.config import PreprocessConfig
 from preprocessing.errors import InputError
 from preprocessing.locations import merge_staypoints, summarise_locations
+from preprocessing.memory import MemoryRule, generate_memory
 from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
 from preprocessing.output import read_manifest
 from preprocessing.queries import collect_in_memory, columns
@@ -41,6 +46,8 @@ from preprocessing.staypoints import EARTH_RADIUS_M
 
 UNKNOWN_USER = 0  # the user id of people absent from the fitted data (the padding row of the user table)
 FITTED_FILES = ("manifest.json", "places.parquet", "location_staypoints.parquet", "users.parquet")
+VISITS_FILE = "staypoints.parquet"  # the fitted run's visits: what a known person's memory remembers
+VISIT_COLUMNS = ("user", "location_id", "location", "started_at", "finished_at", "time_slot", "weekday")
 APPLIED_FILES = ("evaluation.parquet", "latest.parquet", "quarantine.parquet", "staypoints.parquet", "places.parquet",
                  "users.parquet", "manifest.json")
 
@@ -59,10 +66,13 @@ class FittedPreprocessing:
     _tree: object = field(default=None, repr=False)  # SphereTree over `clustered`, built on first use
     _clustered_arrays: tuple | None = field(default=None, repr=False)  # (place, is_core) of `clustered`, as numpy
     _known_places: pl.DataFrame | None = field(default=None, repr=False)  # `places` with is_new (False), built once
+    # the fitted run's visits, which a known person's memory remembers (preprocessing.memory): user (model id),
+    # location_id, location, started_at, finished_at, time_slot, weekday; None where the run's output lacks them
+    visits: pl.DataFrame | None = None
 
     @classmethod
     def from_tables(cls, manifest: dict, places: pl.DataFrame, clustered: pl.DataFrame, users: pl.DataFrame,
-                    source: str) -> FittedPreprocessing:
+                    source: str, visits: pl.DataFrame | None = None) -> FittedPreprocessing:
         if not isinstance(manifest.get("config"), dict) or not isinstance(manifest.get("vocab"), dict):
             raise InputError(source, "the manifest has no `config` and `vocab`; expected a `pgt preprocess` output")
         config = PreprocessConfig.from_dict({**manifest["config"], "latest_valid_time": None}, source)
@@ -81,10 +91,16 @@ class FittedPreprocessing:
                 if not ok:
                     raise InputError(source, f"{name} table's column {column} has type {dtype}, expected {kind}; "
                                              "the folder was not written by `pgt preprocess`, or was changed since")
+        if visits is not None:
+            missing = [c for c in VISIT_COLUMNS if c not in visits.columns]
+            if missing:
+                raise InputError(source, f"staypoints table lacks column(s) {', '.join(missing)}; the folder was not "
+                                         "written by `pgt preprocess`, or was changed since")
+            visits = visits.select(VISIT_COLUMNS)
         return cls(config, manifest["vocab"], places.select("location_id", "latitude", "longitude", "location"),
                    clustered.select("location_id", "latitude", "longitude", "is_core"),
                    users.select("user", "source_user_id"),
-                   source, str(manifest.get("input_sha256", "")))
+                   source, str(manifest.get("input_sha256", "")), visits=visits)
 
     @classmethod
     def from_folder(cls, folder: Path | str) -> FittedPreprocessing:
@@ -110,8 +126,15 @@ class FittedPreprocessing:
                 tables[name] = pl.read_parquet(folder / name)
             except (pl.exceptions.PolarsError, OSError) as exc:
                 raise InputError(folder / name, f"unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+        visits = None
+        if (folder / VISITS_FILE).is_file():
+            try:
+                visits = pl.read_parquet(folder / VISITS_FILE, columns=list(VISIT_COLUMNS))
+            except (pl.exceptions.PolarsError, OSError) as exc:
+                raise InputError(folder / VISITS_FILE, f"unreadable Parquet of the fitted visits "
+                                                       f"({str(exc).strip().splitlines()[0]})") from None
         return cls.from_tables(manifest, tables["places.parquet"], tables["location_staypoints.parquet"],
-                               tables["users.parquet"], str(folder))
+                               tables["users.parquet"], str(folder), visits)
 
     def _coordinates(self, frame: pl.DataFrame) -> np.ndarray:
         axes = ("latitude", "longitude") if self.config.location_axis_order == "lat_lon" else ("longitude", "latitude")
@@ -325,8 +348,26 @@ def encode_applied(merged: pl.DataFrame | pl.LazyFrame, fitted: FittedPreprocess
         .drop("_key"), merged.height if isinstance(merged, pl.DataFrame) else rows)
 
 
+def remembered_visits(staypoints: pl.DataFrame, fitted_visits: pl.DataFrame | None) -> pl.DataFrame:
+    """The visits the memory of new data remembers: each known person's fitted visits that started before their
+    first visit in the new data (which then takes over: no visit counts twice), and every visit of the new data,
+    keyed by the new data's user_id. A person the fitted data never saw (user UNKNOWN_USER) has the new data's only."""
+    columns = ("user_id", "location", "location_id", "started_at", "finished_at", "time_slot", "weekday")
+    own = staypoints.select(columns)
+    if fitted_visits is None or fitted_visits.height == 0 or staypoints.height == 0:
+        return own
+    people = staypoints.filter(pl.col("user") != UNKNOWN_USER).group_by("user_id", "user").agg(
+        pl.col("started_at").min().alias("_first"))
+    schema = own.schema
+    earlier = (fitted_visits.join(people, on="user", how="inner")
+               .filter(pl.col("started_at").cast(schema["started_at"]) < pl.col("_first"))
+               .select([pl.col(c).cast(schema[c]) for c in columns]))
+    return pl.concat([earlier, own])
+
+
 def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig, evaluation: bool = True,
-                             at: datetime | None = None) -> tuple[pl.DataFrame | None, pl.DataFrame]:
+                             at: datetime | None = None, memory_visits: pl.DataFrame | None = None
+                             ) -> tuple[pl.DataFrame | None, pl.DataFrame]:
     """(evaluation samples, latest samples) from encoded merged staypoints with time features.
 
     A latest sample is a live prediction for the moment `at` (by default the end of each user's last visit):
@@ -339,10 +380,15 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
     `history_days`-th day with at least `min_history_staypoints` visits in the days before), with the inputs a
     live prediction would have had: recency counts from the day of the last history visit, as in a latest
     sample at its default time, not from the target's day (which is not known before the visit). Without
-    `evaluation`, only the latest samples are built (None in their place)."""
+    `evaluation`, only the latest samples are built (None in their place).
+
+    With `memory_visits` (remembered_visits), both carry the memory columns (preprocessing.memory): a latest
+    sample remembers what ended before its prediction time, days counted back from that time's day."""
     marked = find_samples(staypoints.hstack([pl.Series("split", ["test"] * staypoints.height, pl.String)]),
                           config.history_days, config.min_history_staypoints)
-    evaluation = sample_table(marked, "test", anchor="last_visit") if evaluation else None
+    rule = MemoryRule.of(config) if memory_visits is not None else None
+    evaluation = sample_table(marked, "test", anchor="last_visit", memory=rule, visits=memory_visits) \
+        if evaluation else None
     day = marked["start_day"].to_numpy().astype(np.int64)
     user_rank = marked["user_id"].rle_id().to_numpy().astype(np.int64)  # rows of a user are together
     last = np.flatnonzero(np.append(user_rank[1:] != user_rank[:-1], True)) if len(user_rank) else np.zeros(0, np.int64)
@@ -363,10 +409,25 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
     rows = marked[last[enough]]
     when = (rows["finished_at"] if at is None  # by default, the end of the last visit
             else pl.Series("prediction_time", [at] * rows.height, dtype=marked["finished_at"].dtype))
+    history = history_lists(marked, starts[enough], last[enough] + 1, target_day[enough])
+    remembered = {}
+    if rule is not None:
+        last_date = rows["started_at"].dt.convert_time_zone(config.timezone).dt.date()
+        queries = pl.DataFrame({
+            "user_id": rows["user_id"],
+            "window_start": marked["started_at"].gather(starts[enough]),
+            "moment": when,
+            # the day recency counts from: the last visit's, moved on to the prediction time's
+            "anchor_date": pl.Series(last_date.to_numpy().astype("datetime64[D]")
+                                     + (target_day[enough] - day[last[enough]]).astype("timedelta64[D]")),
+            "window_places": pl.Series(history["places"]),
+        })
+        remembered = generate_memory(memory_visits, queries, rule.places, rule.timezone, rule.time_slot_min)
     latest = pl.DataFrame({
         "user": rows["user"],
         "source_user_id": rows["user_id"],
-        **history_lists(marked, starts[enough], last[enough] + 1, target_day[enough]),
+        **history,
+        **remembered,
         "history_end": rows["finished_at"],
         "prediction_time": when,
     })
@@ -391,11 +452,15 @@ class AppliedData:
 
 def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
                         fitted: FittedPreprocessing, log=None, evaluation: bool = True,
-                        at: datetime | None = None, users_table: bool = True) -> AppliedData:
+                        at: datetime | None = None, users_table: bool = True, memory: bool = False) -> AppliedData:
     """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
     (stages.stage_read's tables), and who was not scored, and why. Counts reconcile: activity staypoints = on
     fitted places + on new places + noise. With `users_table`, also the table of the input's people and their model
-    ids (what `pgt predict` reports; a served answer does without it)."""
+    ids (what `pgt predict` reports; a served answer does without it). With `memory`, the samples carry the long-term
+    memory, from the fitted visits and the new data's (remembered_visits)."""
+    if memory and fitted.visits is None:
+        raise InputError(fitted.source, f"carries no fitted visits ({VISITS_FILE}), which a model that remembers "
+                                        "needs; preprocess the training input again")
     config = fitted.config
     found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log, tracking=False)
     counts, details = found.counts, found.details
@@ -414,7 +479,8 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
     featured = time_features(merged.lazy(), config.timezone, config.time_slot_min, config.duration_cap_min,
                              config.duration_bucket_min)
     encoded = encode_applied(featured, fitted, merged.height)
-    evaluation, latest = generate_applied_samples(encoded, config, evaluation, at)
+    visits = remembered_visits(encoded, fitted.visits) if memory else None
+    evaluation, latest = generate_applied_samples(encoded, config, evaluation, at, visits)
     counts["samples"] = {"evaluation": evaluation.height if evaluation is not None else 0, "latest": latest.height}
     users = None
     if users_table:
@@ -465,10 +531,10 @@ def fitted_summary(fitted: FittedPreprocessing) -> dict:
 
 def apply_fitted(input_path: Path | str | pl.DataFrame, input_format: str, fitted: FittedPreprocessing,
                  log: StageLog | None = None, evaluation: bool = True, at: datetime | None = None,
-                 name: str = "request", users_table: bool = True) -> AppliedData:
+                 name: str = "request", users_table: bool = True, memory: bool = False) -> AppliedData:
     """New data through a fitted preprocessing, in memory (preprocessing/fitted.py): read and validate with
     the fitted run's rules, then staypoints, fitted places, samples (without `evaluation`: the latest only;
-    without `users_table`: no table of the input's people, apply_fitted_stages).
+    without `users_table`: no table of the input's people; with `memory`: the long-term memory, apply_fitted_stages).
     `input_path`: a file, or a table in memory (a served request) read exactly as that table in a file, called
     `name` in messages."""
     log = log or StageLog()
@@ -476,4 +542,4 @@ def apply_fitted(input_path: Path | str | pl.DataFrame, input_format: str, fitte
     read = stage_read(source, input_format, log, config=fitted.config, name=name)
     with log.stage("fitted places and samples"):
         return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log, evaluation, at,
-                                   users_table)
+                                   users_table, memory)

@@ -311,7 +311,7 @@ def preprocess_fitted(input_path: Path | str, input_format: str, fitted_dir: Pat
                     bar.update(task, completed=3, description="reused")
                     return PreprocessResult(previous, out_dir, reused=True)
                 bar.update(task, advance=1, description="apply fitted")
-                applied = apply_fitted(input_path, input_format, fitted, log)
+                applied = apply_fitted(input_path, input_format, fitted, log, memory=fitted.visits is not None)
                 bar.update(task, advance=1, description="write")
                 manifest = {"mode": "fitted", "counts": applied.counts, "vocab": fitted.vocab,
                             "fitted": fitted_summary(fitted), "details": applied.details}

@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from preprocessing.config import ANCHORS, SPLITS, PreprocessConfig
 from preprocessing.errors import require_columns
+from preprocessing.memory import MemoryRule, generate_memory
 from preprocessing.queries import collect_in_memory
 
 PADDING, UNSEEN = 0, 1  # location ids reserved by the vocabulary; known locations start at 2
@@ -126,7 +127,7 @@ def encode(staypoints: pl.DataFrame, vocab: Vocabularies) -> pl.DataFrame:
 
 
 def generate_samples(staypoints: pl.DataFrame, history_days: int = PreprocessConfig.history_days,
-                     min_history: int = PreprocessConfig.min_history_staypoints
+                     min_history: int = PreprocessConfig.min_history_staypoints, memory: MemoryRule | None = None
                      ) -> tuple[dict[str, pl.DataFrame], pl.DataFrame, Vocabularies]:
     """Samples per split from merged staypoints with time features and split.
 
@@ -135,7 +136,8 @@ def generate_samples(staypoints: pl.DataFrame, history_days: int = PreprocessCon
     user, the history as list columns (locations, time_slots, weekdays, durations, recency in days
     before the target's day, places) and the target location. `locations` are vocabulary ids (UNSEEN
     for every place first visited after train); `places` are the dataset-wide DBSCAN location ids of
-    the same visits, which tell two unseen places apart (target_place likewise for the target).
+    the same visits, which tell two unseen places apart (target_place likewise for the target). With `memory`,
+    each sample also lists the user's earlier places outside its history (preprocessing.memory).
     """
     marked = find_samples(staypoints, history_days, min_history)
     per_split = marked.filter("is_target").group_by("user_id").agg(pl.col("split").n_unique().alias("n"))
@@ -148,7 +150,7 @@ def generate_samples(staypoints: pl.DataFrame, history_days: int = PreprocessCon
     kept = kept.with_columns(shifted.alias("history_start"))
     vocab = fit_vocabularies(kept)
     kept = encode(kept, vocab)
-    samples = {split: sample_table(kept, split) for split in SPLITS}
+    samples = {split: sample_table(kept, split, memory=memory) for split in SPLITS}
     return samples, kept, vocab
 
 
@@ -174,19 +176,38 @@ def history_lists(kept: pl.DataFrame, starts: np.ndarray, ends: np.ndarray, targ
     }
 
 
-def sample_table(kept: pl.DataFrame, split: str, anchor: str = "target_day") -> pl.DataFrame:
+def sample_table(kept: pl.DataFrame, split: str, anchor: str = "target_day", memory: MemoryRule | None = None,
+                 visits: pl.DataFrame | None = None) -> pl.DataFrame:
     """The samples of one split: every target row of `kept` (find_samples) with the history before it, recency
-    counted back from `anchor` (ANCHORS): the target's day, or the day of the history's last visit."""
+    counted back from `anchor` (ANCHORS): the target's day, or the day of the history's last visit. With `memory`,
+    also the memory columns (preprocessing.memory): the user's earlier places outside the history, known when the
+    history's last visit ended, days counted back from the same anchor; `visits` are those the memory remembers (by
+    default `kept`'s own)."""
     if anchor not in ANCHORS:
         raise ValueError(f"anchor must be one of {', '.join(ANCHORS)}, got {anchor!r}")
     rows = np.flatnonzero((kept["is_target"] & (kept["split"] == split)).to_numpy())
     targets = kept[rows]
     day = kept["start_day"].to_numpy()
-    anchor_days = day[rows] if anchor == "target_day" else day[rows - 1]  # a target's history ends on the row before it
+    anchor_rows = rows if anchor == "target_day" else rows - 1  # a target's history ends on the row before it
+    starts = kept["history_start"].to_numpy()[rows]
+    history = history_lists(kept, starts, rows, day[anchor_rows])
+    remembered = {}
+    if memory is not None:
+        queries = pl.DataFrame({
+            "user_id": targets["user_id"],
+            "window_start": kept["started_at"].gather(starts),
+            "moment": kept["finished_at"].gather(rows - 1),  # the end of the history's last visit
+            "anchor_date": kept["started_at"].gather(anchor_rows).dt.convert_time_zone(memory.timezone).dt.date(),
+            "window_places": pl.Series(history["places"]),
+            "target_place": targets["location_id"].cast(pl.Int64),
+        })
+        remembered = generate_memory(kept if visits is None else visits, queries, memory.places, memory.timezone,
+                                     memory.time_slot_min)
     return pl.DataFrame({
         "user": targets["user"],
         "source_user_id": targets["user_id"],
-        **history_lists(kept, kept["history_start"].to_numpy()[rows], rows, anchor_days),
+        **history,
+        **remembered,
         "target": targets["location"],
         "target_place": targets["location_id"].cast(pl.Int64),
         "target_time_slot": targets["time_slot"],

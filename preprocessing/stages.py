@@ -24,6 +24,7 @@ from preprocessing.config import FORMATS, SPLITS, PreprocessConfig
 from preprocessing.engine import EngineConfig, serial_map
 from preprocessing.errors import InputError
 from preprocessing.locations import generate_locations, merge_staypoints
+from preprocessing.memory import MemoryRule
 from preprocessing.output import clean_stale_temporaries, temporary_sibling
 from preprocessing.partitions import auto_partitions, partitioned_staypoints
 from preprocessing.quality import filter_users, tracking_days
@@ -252,7 +253,8 @@ def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | No
         featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
                                      config.duration_bucket_min)
         featured = split_by_day(featured, config.train_fraction, config.validation_fraction)
-        samples, kept, vocab = generate_samples(featured, config.history_days, config.min_history_staypoints)
+        samples, kept, vocab = generate_samples(featured, config.history_days, config.min_history_staypoints,
+                                                MemoryRule.of(config))
         counts["samples"] = {split: samples[split].height for split in SPLITS}
         details["users_with_samples_in_all_splits"] = vocab.users.height
         details["staypoints_of_users_with_samples"] = kept.height

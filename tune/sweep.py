@@ -24,7 +24,7 @@ import yaml
 
 from pgt.checkpoint import load_checkpoint, read_checkpoint
 from pgt.config import EVAL_BATCH_SIZE, RECIPE_FREE, LaunchConfig, TrackingConfig, TrainConfig, load_recipe_file, selection_score
-from pgt.data import load_splits
+from pgt.data import MemoryLayout, load_splits
 from pgt.distributed import flat_metrics, run_training
 from pgt.registry import Evidence, data_digest, register_model
 from pgt.scoring import evaluate, model_scores
@@ -592,7 +592,8 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
 
     client = mlflow_client(tracking.tracking_uri)
     model, cfg = load_checkpoint(result["best_checkpoint"])
-    test = evaluate(model_scores(model), load_splits(spec.data_dir, cfg.max_len)["test"], EVAL_BATCH_SIZE, torch.device("cpu"))
+    test_split = load_splits(spec.data_dir, cfg.max_len, memory=MemoryLayout.of(cfg))["test"]
+    test = evaluate(model_scores(model), test_split, EVAL_BATCH_SIZE, torch.device("cpu"))
     result["best_test"] = headline_metrics(test)
     now = int(time.time() * 1000)
     metrics = metrics_of("best_test", test) | {"best_validation_acc_at_1": result["best_validation_acc@1"],

@@ -511,3 +511,59 @@ def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(se
         assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
     status, body = post(url, {"dataframe_records": staypoints.to_dicts(), "params": {"at": early}})
     assert status == 400 and "is before the last visit of user" in body["message"], body
+
+
+MEMORY_COLUMNS = ("memory_locations", "memory_places", "memory_visits", "memory_days", "memory_time_slots",
+                  "memory_weekdays")
+
+
+def test_a_model_that_remembers_gets_the_same_memory_from_raw_gps_stored_sequences_and_the_server(trained, tmp_path):
+    """`pgt predict` on raw GPS builds each person's memory from the fitted visits and the request's; `pgt preprocess
+    --fitted` stores the same memory in latest.parquet; both give the same answers, the served model too, and
+    without its memory the model answers otherwise (it reads it)."""
+    root, server = trained
+    r = run("train", "--data", root / "early", "--out", tmp_path / "run", "--epochs", "2", "--unseen-slots",
+            "--memory-places", "8", "--tracking-uri", server, "--experiment", "raw", "--register", "remembers")
+    assert r.returncode == 0, r.stderr[-3000:]
+    latest = pl.read_parquet(root / "late" / "latest.parquet")
+    assert set(MEMORY_COLUMNS) <= set(latest.columns) and latest["memory_places"].list.len().min() > 0
+    model = "models:/remembers@champion"
+    r = run("predict", "--model", model, "--input", root / "late.parquet", "--format", "positionfixes",
+            "--out", tmp_path / "raw.parquet", "--top-k", "3", "--tracking-uri", server)
+    assert r.returncode == 0, r.stderr[-3000:]
+    raw = pl.read_parquet(tmp_path / "raw.parquet").filter(sample="latest").sort("source_user_id", "rank")
+    r = run("predict", "--model", model, "--input", root / "late" / "latest.parquet", "--out", tmp_path / "seq.parquet",
+            "--top-k", "3", "--tracking-uri", server)
+    assert r.returncode == 0, r.stderr[-3000:]
+    stored = pl.read_parquet(tmp_path / "seq.parquet").with_columns(source_user_id=latest["source_user_id"])
+    stored = stored.sort("source_user_id")
+    assert raw["location"].to_list() == stored["top_locations"].explode().to_list()
+    assert raw["probability"].to_list() == pytest.approx(stored["top_probabilities"].explode().to_list(), abs=1e-5)
+    forgotten = latest.with_columns(pl.col(c).list.head(0) for c in MEMORY_COLUMNS)
+    forgotten.write_parquet(tmp_path / "forgotten.parquet")
+    r = run("predict", "--model", model, "--input", tmp_path / "forgotten.parquet", "--out", tmp_path / "f.parquet",
+            "--top-k", "3", "--tracking-uri", server)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert pl.read_parquet(tmp_path / "f.parquet")["top_probabilities"].to_list() != \
+        pl.read_parquet(tmp_path / "seq.parquet")["top_probabilities"].to_list()
+    # served: one person's staypoints, over HTTP, against pgt predict of the same staypoints
+    env = {**os.environ, "PGT_STATE_DIR": str(tmp_path / "serve"), "SERVE_PORT": str(free_port()),
+           "MLFLOW_TRACKING_URI": server}
+    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-serve.sh", model], env=env, capture_output=True,
+                             text=True, timeout=300)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        staypoints = one_user_staypoints(root)
+        status, body = post(f"http://127.0.0.1:{env['SERVE_PORT']}/invocations",
+                            {"dataframe_records": staypoints.to_dicts(), "params": {"top_k": 3}})
+    finally:
+        subprocess.run([PROJECT_ROOT / "scripts" / "stop-serve.sh"], env=env, capture_output=True, timeout=120)
+    assert status == 200, body
+    staypoints.write_csv(tmp_path / "staypoints.csv")
+    r = run("predict", "--model", model, "--input", tmp_path / "staypoints.csv", "--format", "staypoints",
+            "--out", tmp_path / "one.parquet", "--top-k", "3", "--tracking-uri", server)
+    assert r.returncode == 0, r.stderr[-2000:]
+    expected = pl.read_parquet(tmp_path / "one.parquet").filter(sample="latest")
+    answer = pl.DataFrame(body["predictions"])
+    assert answer["place_id"].to_list() == expected["place_id"].to_list()
+    assert answer["probability"].to_list() == pytest.approx(expected["probability"].to_list(), abs=1e-6)

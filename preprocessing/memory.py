@@ -1,0 +1,171 @@
+"""Long-term memory: a person's earlier places outside the history window, known at the moment of prediction.
+
+The history (the window) holds the visits of the last `history_days` days; a place last visited earlier cannot
+be copied from it. The memory lists, for every sample, the person's other earlier places, each with what was known
+when the prediction was made: only visits that started before the window and ended strictly before the sample's
+moment count. Per place: its visits (count), days since the last of them (from the sample's anchor day, as the
+history's recency), and the peak of its time-of-day and weekday profile (the hour and the weekday most of its
+visits started in). At most `memory_places` places are kept, the most visited first (ties: the most recently
+visited, then the lower place id).
+
+One rule for the splits (`preprocessing.sequences.sample_table`), new data (`preprocessing.fitted`) and served
+requests: generate_memory takes the visits and the samples' moments and returns the list columns.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from preprocessing.errors import require_columns
+
+# the memory's list columns in a split, one entry per remembered place, in priority order
+MEMORY_COLUMNS = ("memory_locations", "memory_places", "memory_visits", "memory_days", "memory_time_slots",
+                  "memory_weekdays")
+VISIT_COLUMNS = {"user_id": None, "location": None, "location_id": None, "started_at": pl.Datetime,
+                 "finished_at": pl.Datetime, "time_slot": None, "weekday": None}
+QUERY_COLUMNS = {"user_id": None, "window_start": pl.Datetime, "moment": pl.Datetime, "anchor_date": pl.Date,
+                 "window_places": None}
+# what a sample's target is to the person at the moment of prediction (column target_kind, where targets are known):
+# a place of the window, a place visited before but not in the window (a return), or a place never visited before
+TARGET_KINDS = ("window", "return", "new")
+
+
+@dataclass(frozen=True)
+class MemoryRule:
+    """How a memory is built: at most `places` places; dates, hours and weekdays in `timezone`; time slots of
+    `time_slot_min` minutes (PreprocessConfig's memory_places, timezone and time_slot_min)."""
+
+    places: int
+    timezone: str = "UTC"
+    time_slot_min: int = 15
+
+    @classmethod
+    def of(cls, config) -> MemoryRule:
+        """The rule of a PreprocessConfig."""
+        return cls(config.memory_places, config.timezone, config.time_slot_min)
+
+
+def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: int, timezone: str,
+                    time_slot_min: int) -> dict[str, pa.Array]:
+    """The memory list columns (MEMORY_COLUMNS) of each row of `queries`, in its order.
+
+    visits: user_id, location (vocabulary id), location_id (place), started_at, finished_at, time_slot (start slot
+    of `time_slot_min` minutes, local), weekday (0 = Monday, local); any order. queries: user_id, window_start (the
+    start of the history's first visit), moment (when the prediction is made: the end of the history's last visit,
+    or a given time), anchor_date (the local day days are counted back from), window_places (the history's places).
+    A visit is remembered by a query of its user when it started before window_start and finished before moment,
+    and its place is not in window_places. Where `queries` has target_place, the result also holds target_kind
+    (TARGET_KINDS), from every remembered place, not only the kept ones."""
+    require_columns(visits, "memory visits", VISIT_COLUMNS)
+    require_columns(queries, "memory queries", QUERY_COLUMNS)
+    if isinstance(memory_places, bool) or not isinstance(memory_places, int) or memory_places < 1:
+        raise ValueError(f"memory_places must be a positive integer, got {memory_places!r}")
+    zone = pl.col("started_at").dt.convert_time_zone(timezone)
+    v = visits.select(
+        pl.col("user_id").cast(pl.String), "location", "location_id",
+        pl.col("started_at").dt.epoch("us").alias("start"), pl.col("finished_at").dt.epoch("us").alias("finish"),
+        zone.dt.date().cast(pl.Int32).alias("date"),
+        (pl.col("time_slot").cast(pl.Int32) * time_slot_min // 60).clip(0, 23).alias("hour"), pl.col("weekday").cast(pl.Int32),
+    ).with_row_index("_i").sort("user_id", "start", "_i")
+    q = queries.select(
+        pl.col("user_id").cast(pl.String), pl.col("window_start").dt.epoch("us").alias("window_start"),
+        pl.col("moment").dt.epoch("us").alias("moment"), pl.col("anchor_date").cast(pl.Int32).alias("anchor"),
+        pl.col("window_places"), *([pl.col("target_place")] if "target_place" in queries.columns else []),
+    ).with_row_index("_q").sort("user_id", "moment", "window_start", "_q")
+    out = _Columns(queries.height)
+    slots_per_hour = 60 / time_slot_min
+    visit_users = v["user_id"].to_list()
+    bounds = {}  # user -> (first, end) rows of v
+    for i, user in enumerate(visit_users):
+        first, _ = bounds.get(user, (i, i))
+        bounds[user] = (first, i + 1)
+    arrays = {name: v[name].to_numpy() for name in ("start", "finish", "date", "hour", "weekday", "location_id",
+                                                      "location")}
+    q_users, q_index = q["user_id"].to_list(), q["_q"].to_numpy()
+    q_start, q_moment, q_anchor = q["window_start"].to_numpy(), q["moment"].to_numpy(), q["anchor"].to_numpy()
+    q_window = q["window_places"].to_list()
+    q_target = q["target_place"].to_list() if "target_place" in q.columns else None
+    kinds = np.zeros(queries.height, np.int8)
+    previous_user, memory = None, None
+    for k in range(q.height):
+        user = q_users[k]
+        if user != previous_user:
+            memory = _Memory(arrays, *bounds.get(user, (0, 0)))
+            previous_user = user
+        memory.advance(int(q_start[k]), int(q_moment[k]))
+        window = set(q_window[k] or ())
+        entries = memory.top(memory_places, window)
+        out.put(int(q_index[k]), entries, int(q_anchor[k]), slots_per_hour)
+        if q_target is not None:
+            target = q_target[k]
+            kinds[q_index[k]] = 0 if target in window else 1 if target in memory.places else 2
+    arrays = out.arrays()
+    if q_target is not None:
+        arrays["target_kind"] = pa.DictionaryArray.from_arrays(pa.array(kinds), pa.array(TARGET_KINDS))
+    return arrays
+
+
+class _Memory:
+    """One person's remembered visits, grown as the queries' window starts and moments move forward."""
+
+    def __init__(self, arrays: dict[str, np.ndarray], first: int, end: int):
+        self.a, self.first, self.end = arrays, first, end
+        self.next, self.pending = first, []  # rows started before the window, not yet finished before the moment
+        self.window_start, self.moment = None, None
+        self.places: dict[int, list] = {}  # place -> [visits, last date, hours (24), weekdays (7), location]
+
+    def advance(self, window_start: int, moment: int) -> None:
+        if self.window_start is not None and (window_start < self.window_start or moment < self.moment):
+            self.__init__(self.a, self.first, self.end)  # a query earlier than the last: count again from the start
+        self.window_start, self.moment = window_start, moment
+        start, finish = self.a["start"], self.a["finish"]
+        while self.next < self.end and start[self.next] < window_start:
+            self.pending.append(self.next)
+            self.next += 1
+        waiting = []
+        for row in self.pending:
+            if finish[row] < moment:
+                self._add(row)
+            else:
+                waiting.append(row)
+        self.pending = waiting
+
+    def _add(self, row: int) -> None:
+        place = int(self.a["location_id"][row])
+        entry = self.places.get(place)
+        if entry is None:
+            entry = self.places[place] = [0, 0, np.zeros(24, np.int64), np.zeros(7, np.int64), 0]
+        entry[0] += 1
+        entry[1] = max(entry[1], int(self.a["date"][row]))
+        entry[2][self.a["hour"][row]] += 1
+        entry[3][self.a["weekday"][row]] += 1
+        entry[4] = int(self.a["location"][row])
+
+    def top(self, n: int, exclude: set) -> list[tuple[int, list]]:
+        candidates = ((place, entry) for place, entry in self.places.items() if place not in exclude)
+        return heapq.nsmallest(n, candidates, key=lambda item: (-item[1][0], -item[1][1], item[0]))
+
+
+class _Columns:
+    """The memory list columns, filled one query at a time in any order."""
+
+    def __init__(self, n: int):
+        self.rows: list[list[tuple] | None] = [None] * n
+
+    def put(self, index: int, entries: list[tuple[int, list]], anchor: int, slots_per_hour: float) -> None:
+        self.rows[index] = [(entry[4], place, entry[0], anchor - entry[1], int(int(entry[2].argmax()) * slots_per_hour),
+                             int(entry[3].argmax())) for place, entry in entries]
+
+    def arrays(self) -> dict[str, pa.Array]:
+        lengths = np.array([len(r) for r in self.rows], dtype=np.int32)
+        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), pa.int32())
+        flat = [value for row in self.rows for value in row]
+        values = np.array(flat, dtype=np.int64).reshape(-1, len(MEMORY_COLUMNS))
+        types = (pa.int32(), pa.int64(), pa.int32(), pa.int32(), pa.int16(), pa.int8())
+        return {name: pa.ListArray.from_arrays(offsets, pa.array(values[:, i].astype(t.to_pandas_dtype()), t))
+                for i, (name, t) in enumerate(zip(MEMORY_COLUMNS, types))}
