@@ -24,7 +24,7 @@ from preprocessing.config import FORMATS, SPLITS, PreprocessConfig
 from preprocessing.engine import EngineConfig, serial_map
 from preprocessing.errors import InputError
 from preprocessing.locations import generate_locations, merge_staypoints
-from preprocessing.memory import MemoryRule
+from preprocessing.memory import MEMORY_COLUMNS, TARGET_KINDS, MemoryRule
 from preprocessing.output import clean_stale_temporaries, temporary_sibling
 from preprocessing.partitions import auto_partitions, partitioned_staypoints
 from preprocessing.quality import filter_users, tracking_days
@@ -260,6 +260,7 @@ def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | No
         details["staypoints_of_users_with_samples"] = kept.height
         details["history_length_max"] = max(
             (int(s["locations"].list.len().max() or 0) for s in samples.values()), default=0)
+        details["memory"] = memory_description(samples, config)
     advance("write")
     located_vocab = vocab.locations.join(locations, left_on="source_location_id", right_on="location_id", how="left",
                                          maintain_order="left")
@@ -278,6 +279,22 @@ def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | No
     details["vocab"] = feature_vocab(vocab.location_size, vocab.user_size, config, details["history_length_max"])
     return Stage(tables, counts, details)
 
+
+
+def memory_description(samples: dict[str, pl.DataFrame], config: PreprocessConfig) -> dict:
+    """The manifest's `memory`: what the memory columns hold, and per split how many targets are places of the
+    window, returns to an earlier place beyond it, or places never visited before (they reconcile with the samples)."""
+    kinds = {split: {kind: int((table["target_kind"].cast(pl.String) == kind).sum()) for kind in TARGET_KINDS}
+             for split, table in samples.items() if "target_kind" in table.columns}
+    return {
+        "places": config.memory_places,
+        "columns": list(MEMORY_COLUMNS),
+        "rule": "per sample, the user's earlier places outside the history window, from visits that started before "
+                "the history's first and ended before its last visit ended; the most visited first (then the most "
+                "recent), at most `places`; days count back from the sample's anchor day, time slots and weekdays "
+                "are each place's peak hour and weekday (preprocessing.memory)",
+        "target_kinds": kinds,
+    }
 
 
 def feature_vocab(locations: int, users: int, config: PreprocessConfig, max_history: int) -> dict:
