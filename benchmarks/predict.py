@@ -10,6 +10,7 @@
    then one-user requests of each user's last 7 days of staypoints, one at a time, cycling over the users whose
    request returns places (a user without a recent history gets an empty answer, faster): latency median / p90 /
    p99. Target: median under 20 ms on 2 cores.
+4. The logged model's size on disk (its artifacts as `mlflow artifacts download` writes them), by file.
 
 Writes JSON (default benchmarks/results/predict.json) and prints a table.
 
@@ -51,6 +52,17 @@ def run(*args, env=None) -> tuple[float, subprocess.CompletedProcess]:
     return time.perf_counter() - start, done
 
 
+def model_size(tracking_uri: str, model_uri: str, folder: Path) -> dict:
+    """The logged model's bytes on disk, in all and by file (the largest first), as downloaded from the store."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking_uri)
+    local = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(folder)))
+    files = {str(f.relative_to(local)): f.stat().st_size for f in local.rglob("*") if f.is_file()}
+    largest = dict(sorted(files.items(), key=lambda item: -item[1])[:8])
+    return {"bytes": sum(files.values()), "files": len(files), "largest_files_bytes": largest}
+
+
 def free_port() -> int:
     import socket
 
@@ -64,6 +76,8 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--recipe", default="ensemble", help="the training recipe of the served model (pgt.config.RECIPES)")
+    parser.add_argument("--memory-places", type=int, default=None,
+                        help="the served model's memory_places, over the recipe's (0: no long-term memory)")
     parser.add_argument("--requests", type=int, default=300, help="served one-user requests (cycling over users)")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
@@ -86,8 +100,10 @@ def main() -> None:
         del early
         fit_s, _ = run(*PGT, "preprocess", "--input", tmp / "early.parquet", "--format", "positionfixes", "--out",
                        tmp / "early", "--no-progress", env=env)
+        memory = ["--memory-places", args.memory_places] if args.memory_places is not None else []
         train_s, _ = run(*PGT, "train", "--data", tmp / "early", "--out", tmp / "run", "--recipe", args.recipe, "--epochs",
-                         args.epochs, "--register", "bench", env=env)
+                         args.epochs, *memory, "--register", "bench", env=env)
+        artifact = model_size(tracking, "models:/bench@champion", tmp / "downloaded")
         predict_s, done = run(*PGT, "predict", "--model", "models:/bench@champion", "--input", tmp / "recent.parquet",
                               "--format", "positionfixes", "--out", tmp / "pred.parquet", env=env)
         pred = pl.read_parquet(tmp / "pred.parquet")
@@ -148,7 +164,9 @@ def main() -> None:
     result = {
         "benchmark": "predict", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
         "input": shown_path(args.input), "fit": {"preprocess_s": round(fit_s, 1), "train_s": round(train_s, 1),
-                                          "epochs": args.epochs, "recipe": args.recipe},
+                                          "epochs": args.epochs, "recipe": args.recipe,
+                                          "memory_places": args.memory_places},
+        "artifact": artifact,
         "predict": {"wall_s": round(predict_s, 2), "points": recent.height, "users_in_input": recent["user_id"].n_unique(),
                     "users_scored": users_scored,
                     "evaluation_samples": pred.filter(sample="evaluation")["sample_index"].n_unique(),
@@ -192,6 +210,7 @@ def main() -> None:
                   f"{again['staypoints']:.1f} / {again['positionfixes']:.1f} ms", "")
     table.add_row(f"served one-user GPS request ({s['gps_points_per_request_median']:g} points, a day), median",
                   f"{s['gps_median_ms']:.1f} ms", "")
+    table.add_row("logged model on disk", f"{result['artifact']['bytes'] / 1e6:.2f} MB", "")
     Console().print(table)
     print(f"wrote {args.results}")
 
