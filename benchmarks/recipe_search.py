@@ -86,6 +86,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "rel-in-l3": ("rel-in + 3 layers", {**REL_IN, "num_layers": 3}),
     "rel-in-do2": ("rel-in + dropout 0.2", {**REL_IN, "dropout": 0.2}),
     "rel-in-do4": ("rel-in + dropout 0.4", {**REL_IN, "dropout": 0.4}),
+    # the long-term memory (preprocessing.memory) over the tuned recipe: how many remembered places to read
+    "mem8": ("tuned + the 8 most visited earlier places beyond the window", {**REL_IN, "dropout": 0.4, "memory_places": 8}),
+    "mem16": ("tuned + 16 remembered places", {**REL_IN, "dropout": 0.4, "memory_places": 16}),
+    "mem32": ("tuned + 32 remembered places", {**REL_IN, "dropout": 0.4, "memory_places": 32}),
     "rel-in-d96": ("rel-in + d_model 96", {**REL_IN, "d_model": 96, "dim_feedforward": 192}),
     "rel-in2-l3": ("rel-in2 + 3 layers", {**REL_IN2, "num_layers": 3}),
     "rel-in2-do4": ("rel-in2 + dropout 0.4", {**REL_IN2, "dropout": 0.4}),

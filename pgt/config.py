@@ -32,8 +32,10 @@ DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: l
 VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")  # the neural models (pgt.model)
 # The memory's entries enter the model as visits in front of the history: the recency of one is its age bucket
 # (days since the place's last visit, counted back from the sample's anchor day, at least each lower edge) after
-# the window's recency values, its duration its visit-count bucket after the window's duration buckets. A window
-# spans days 0 .. history_days, so ages start past it, but the live anchor (the last visit's day) brings them closer.
+# the window's recency values, its duration its visit-count bucket after the window's duration buckets, those
+# buckets twice: without and with an earlier visit that came right after the current place (pgt.data.MemoryLayout).
+# A window spans days 0 .. history_days, so ages start past it, but the live anchor (the last visit's day) brings
+# them closer.
 MEMORY_AGE_EDGES_DAYS = (0, 8, 11, 15, 22, 31, 61, 121, 366)
 MEMORY_VISIT_EDGES = (1, 2, 3, 4, 6, 10, 20, 50)
 
@@ -114,8 +116,9 @@ class ModelConfig(ModelSettings):
 
     @property
     def duration_rows(self) -> int:
-        """Duration values the model embeds: the window's buckets, then the memory's visit-count buckets."""
-        return self.duration_buckets + (len(MEMORY_VISIT_EDGES) if self.memory_places else 0)
+        """Duration values the model embeds: the window's buckets, then the memory's visit-count buckets, without and
+        with a visit that followed the current place."""
+        return self.duration_buckets + (2 * len(MEMORY_VISIT_EDGES) if self.memory_places else 0)
 
     @property
     def positions(self) -> int:

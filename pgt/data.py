@@ -28,14 +28,16 @@ SHIFTED = ("time_slots", "weekdays", "recency", "durations")  # stored +1 so tha
 PLACE_COLUMNS = ("places", "target_place")  # dataset-wide place ids (the DBSCAN location of each visit)
 # a split's memory columns (preprocessing.memory) and the history column each becomes as a visit in front of it
 MEMORY_AS_VISITS = {"memory_locations": "locations", "memory_places": "places", "memory_time_slots": "time_slots",
-                    "memory_weekdays": "weekdays", "memory_days": "recency", "memory_visits": "durations"}
+                    "memory_weekdays": "weekdays", "memory_days": "recency", "memory_visits": "durations",
+                    "memory_after_current": "durations"}
 
 
 @dataclass(frozen=True)
 class MemoryLayout:
     """How a model reads the memory: the first `places` entries of each sample's, as visits in front of its history,
     whose recency is the age bucket after the window's `recency` values and whose duration is the visit-count bucket
-    after the window's `durations` buckets (pgt.config.MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES)."""
+    after the window's `durations` buckets, the buckets a second time for a place that came right after the current
+    place before (pgt.config.MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES)."""
 
     places: int  # entries read per sample (ModelConfig.memory_places)
     recency: int  # the window's recency values (ModelConfig.recency_days)
@@ -59,9 +61,11 @@ class MemoryLayout:
             return self.recency + 1 + bucket.clamp_min(0)
         return self.recency + 1 + np.maximum(np.searchsorted(edges, days, side="right") - 1, 0)
 
-    def visits(self, counts: np.ndarray) -> np.ndarray:
-        """Visit counts -> the duration values of the remembered place's visit (stored + 1)."""
-        return self.durations + 1 + np.maximum(np.searchsorted(MEMORY_VISIT_EDGES, counts, side="right") - 1, 0)
+    def visits(self, counts: np.ndarray, after_current: np.ndarray) -> np.ndarray:
+        """Visit counts, and visits that came right after the current place -> the duration values of the remembered
+        place's visit (stored + 1)."""
+        bucket = np.maximum(np.searchsorted(MEMORY_VISIT_EDGES, counts, side="right") - 1, 0)
+        return self.durations + 1 + bucket + len(MEMORY_VISIT_EDGES) * (after_current > 0)
 
 
 class Batch(NamedTuple):
@@ -306,10 +310,11 @@ class SequenceDataset(Dataset):
             if name == "memory_days":
                 values["days"] = raw
                 values["recency"] = memory.ages(raw)
-            elif name == "memory_visits":
-                values["durations"] = memory.visits(raw)
+            elif name in ("memory_visits", "memory_after_current"):
+                values[name] = raw
             else:
                 values[visit_column] = raw + (1 if visit_column in SHIFTED else 0)
+        values["durations"] = memory.visits(values.pop("memory_visits"), values.pop("memory_after_current"))
         return values, front
 
     @staticmethod

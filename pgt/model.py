@@ -36,7 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pgt.config import ModelConfig
+from pgt.config import MEMORY_VISIT_EDGES, ModelConfig
 from pgt.vocabulary import extended_ids, visit_ids
 
 EPS = 1e-10
@@ -259,10 +259,16 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
     current = ids.gather(1, last)  # (B, 1)
     here = ids == current  # (B, T)
     after = F.pad(here[:, :-1], (1, 0))  # (B, T) the visit before was at the current place
+    memory = recency > cfg.recency_days if cfg.memory_places else None  # (B, T) the remembered places
+    if memory is not None:  # a remembered place "followed the current place" when one of its visits came right after it
+        # its duration value (stored + 1) is duration_buckets + 1 + visit bucket (+ len(MEMORY_VISIT_EDGES) if so)
+        after = torch.where(memory, durations > cfg.duration_buckets + len(MEMORY_VISIT_EDGES), after)
     relation = 2 * after.long() + here.long()
     if cfg.relation_order == 2:  # the visits before it were at the second-to-last place, then at the current one
         before = ids.gather(1, (last - 1).clamp_min(0))  # (B, 1)
         followed = F.pad((ids == before)[:, :-2], (2, 0)) & after & (last > 0)  # (B, T)
+        if memory is not None:
+            followed = followed & ~memory
         relation = relation + 4 * followed.long()
     slot_min, bucket_min = 1440 / cfg.time_slots, 2880 / cfg.duration_buckets
     start = (times - 1).clamp_min(0) * slot_min  # (B, T) minute of day

@@ -4,8 +4,9 @@ The history (the window) holds the visits of the last `history_days` days; a pla
 be copied from it. The memory lists, for every sample, the person's other earlier places, each with what was known
 when the prediction was made: only visits that started before the window and ended strictly before the sample's
 moment count. Per place: its visits (count), days since the last of them (from the sample's anchor day, as the
-history's recency), and the peak of its time-of-day and weekday profile (the hour and the weekday most of its
-visits started in). At most `memory_places` places are kept, the most visited first (ties: the most recently
+history's recency), the peak of its time-of-day and weekday profile (the hour and the weekday most of its
+visits started in), and how many of its visits came right after a visit to the place the person is at now (the
+history's last visit's): the person's own transitions from here to it. At most `memory_places` places are kept, the most visited first (ties: the most recently
 visited, then the lower place id).
 
 One rule for the splits (`preprocessing.sequences.sample_table`), new data (`preprocessing.fitted`) and served
@@ -25,7 +26,7 @@ from preprocessing.errors import require_columns
 
 # the memory's list columns in a split, one entry per remembered place, in priority order
 MEMORY_COLUMNS = ("memory_locations", "memory_places", "memory_visits", "memory_days", "memory_time_slots",
-                  "memory_weekdays")
+                  "memory_weekdays", "memory_after_current")
 VISIT_COLUMNS = {"user_id": None, "location": None, "location_id": None, "started_at": pl.Datetime,
                  "finished_at": pl.Datetime, "time_slot": None, "weekday": None}
 QUERY_COLUMNS = {"user_id": None, "window_start": pl.Datetime, "moment": pl.Datetime, "anchor_date": pl.Date,
@@ -57,7 +58,8 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
     visits: user_id, location (vocabulary id), location_id (place), started_at, finished_at, time_slot (start slot
     of `time_slot_min` minutes, local), weekday (0 = Monday, local); any order. queries: user_id, window_start (the
     start of the history's first visit), moment (when the prediction is made: the end of the history's last visit,
-    or a given time), anchor_date (the local day days are counted back from), window_places (the history's places).
+    or a given time), anchor_date (the local day days are counted back from), window_places (the history's places,
+    in visit order: the last is where the person is now).
     A visit is remembered by a query of its user when it started before window_start and finished before moment,
     and its place is not in window_places. Where `queries` has target_place, the result also holds target_kind
     (TARGET_KINDS), from every remembered place, not only the kept ones."""
@@ -100,7 +102,8 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
         memory.advance(int(q_start[k]), int(q_moment[k]))
         window = set(q_window[k] or ())
         entries = memory.top(memory_places, window)
-        out.put(int(q_index[k]), entries, int(q_anchor[k]), slots_per_hour)
+        current = q_window[k][-1] if q_window[k] else None
+        out.put(int(q_index[k]), entries, int(q_anchor[k]), slots_per_hour, current)
         if q_target is not None:
             target = q_target[k]
             kinds[q_index[k]] = 0 if target in window else 1 if target in memory.places else 2
@@ -117,7 +120,8 @@ class _Memory:
         self.a, self.first, self.end = arrays, first, end
         self.next, self.pending = first, []  # rows started before the window, not yet finished before the moment
         self.window_start, self.moment = None, None
-        self.places: dict[int, list] = {}  # place -> [visits, last date, hours (24), weekdays (7), location]
+        # place -> [visits, last date, hours (24), weekdays (7), location, {place visited just before: visits}]
+        self.places: dict[int, list] = {}
 
     def advance(self, window_start: int, moment: int) -> None:
         if self.window_start is not None and (window_start < self.window_start or moment < self.moment):
@@ -139,7 +143,10 @@ class _Memory:
         place = int(self.a["location_id"][row])
         entry = self.places.get(place)
         if entry is None:
-            entry = self.places[place] = [0, 0, np.zeros(24, np.int64), np.zeros(7, np.int64), 0]
+            entry = self.places[place] = [0, 0, np.zeros(24, np.int64), np.zeros(7, np.int64), 0, {}]
+        if row > self.first:  # the person's visit before this one (it started earlier, so before the window too)
+            before = int(self.a["location_id"][row - 1])
+            entry[5][before] = entry[5].get(before, 0) + 1
         entry[0] += 1
         entry[1] = max(entry[1], int(self.a["date"][row]))
         entry[2][self.a["hour"][row]] += 1
@@ -157,15 +164,15 @@ class _Columns:
     def __init__(self, n: int):
         self.rows: list[list[tuple] | None] = [None] * n
 
-    def put(self, index: int, entries: list[tuple[int, list]], anchor: int, slots_per_hour: float) -> None:
+    def put(self, index: int, entries: list[tuple[int, list]], anchor: int, slots_per_hour: float, current) -> None:
         self.rows[index] = [(entry[4], place, entry[0], anchor - entry[1], int(int(entry[2].argmax()) * slots_per_hour),
-                             int(entry[3].argmax())) for place, entry in entries]
+                             int(entry[3].argmax()), entry[5].get(current, 0)) for place, entry in entries]
 
     def arrays(self) -> dict[str, pa.Array]:
         lengths = np.array([len(r) for r in self.rows], dtype=np.int32)
         offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), pa.int32())
         flat = [value for row in self.rows for value in row]
         values = np.array(flat, dtype=np.int64).reshape(-1, len(MEMORY_COLUMNS))
-        types = (pa.int32(), pa.int64(), pa.int32(), pa.int32(), pa.int16(), pa.int8())
+        types = (pa.int32(), pa.int64(), pa.int32(), pa.int32(), pa.int16(), pa.int8(), pa.int32())
         return {name: pa.ListArray.from_arrays(offsets, pa.array(values[:, i].astype(t.to_pandas_dtype()), t))
                 for i, (name, t) in enumerate(zip(MEMORY_COLUMNS, types))}

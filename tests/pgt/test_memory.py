@@ -16,21 +16,23 @@ LAYOUT = MemoryLayout(places=2, recency=8, durations=96)  # the reference protoc
 
 
 def write_split(path, rows):
-    """(locations, recency, memory places, memory visits, memory days) per sample; places are the location ids."""
+    """(locations, recency, memory places, memory visits, memory days[, visits after the current place]) per sample;
+    places are the location ids."""
     table = []
-    for locations, recency, remembered, visits, days in rows:
+    for locations, recency, remembered, visits, days, *after in rows:
         n, m = len(locations), len(remembered)
         table.append({"user": 1, "locations": locations, "time_slots": [3] * n, "weekdays": [0] * n, "recency": recency,
                       "durations": [2] * n, "places": locations, "memory_locations": remembered,
                       "memory_places": remembered, "memory_visits": visits, "memory_days": days,
-                      "memory_time_slots": [40] * m, "memory_weekdays": [5] * m, "target": remembered[0] if m else locations[-1],
+                      "memory_time_slots": [40] * m, "memory_weekdays": [5] * m,
+                      "memory_after_current": after[0] if after else [0] * m, "target": remembered[0] if m else locations[-1],
                       "target_place": remembered[0] if m else locations[-1], "target_kind": "return" if m else "window"})
     pl.DataFrame(table, schema={
         "user": pl.Int32, "locations": pl.List(pl.Int32), "time_slots": pl.List(pl.Int16),
         "weekdays": pl.List(pl.Int8), "recency": pl.List(pl.Int8), "durations": pl.List(pl.Int16),
         "places": pl.List(pl.Int64), "memory_locations": pl.List(pl.Int32), "memory_places": pl.List(pl.Int64),
         "memory_visits": pl.List(pl.Int32), "memory_days": pl.List(pl.Int32), "memory_time_slots": pl.List(pl.Int16),
-        "memory_weekdays": pl.List(pl.Int8), "target": pl.Int32, "target_place": pl.Int64,
+        "memory_weekdays": pl.List(pl.Int8), "memory_after_current": pl.List(pl.Int32), "target": pl.Int32, "target_place": pl.Int64,
         "target_kind": pl.Enum(["window", "return", "new"])}).write_parquet(path)
 
 
@@ -38,7 +40,7 @@ def write_split(path, rows):
 def split(tmp_path):
     path = tmp_path / "test.parquet"
     write_split(path, [
-        ([2, 3, 4], [3, 1, 0], [7, 8, 9], [5, 1, 30], [10, 400, 9]),  # three remembered, the layout reads two
+        ([2, 3, 4], [3, 1, 0], [7, 8, 9], [5, 1, 30], [10, 400, 9], [0, 2, 0]),  # three remembered, two read
         ([5], [0], [], [], []),  # nothing remembered: as without a memory
     ])
     return path
@@ -51,8 +53,8 @@ def test_remembered_places_come_in_front_of_the_history_as_visits_with_age_and_v
     # 10 days is the bucket from 8 (1), 400 days the bucket from 366 (8)
     assert ds.recency.tolist() == [[8 + 1 + 1, 8 + 1 + 8, 4, 2, 1], [1, 0, 0, 0, 0]]
     # durations: the window's bucket + 1; a remembered place's visit bucket after the 96 buckets: 5 visits -> the
-    # bucket from 4 (3), 1 visit -> 0
-    assert ds.durations.tolist() == [[96 + 1 + 3, 96 + 1 + 0, 3, 3, 3], [3, 0, 0, 0, 0]]
+    # bucket from 4 (3), 1 visit -> 0, and 8 buckets further for place 8, whose visits twice followed the current place
+    assert ds.durations.tolist() == [[96 + 1 + 3, 96 + 1 + 0 + 8, 3, 3, 3], [3, 0, 0, 0, 0]]
     assert ds.times.tolist()[0] == [41, 41, 4, 4, 4] and ds.weekdays.tolist()[0] == [6, 6, 1, 1, 1]
     assert ds.is_memory().tolist()[0] == [True, True, False, False, False]
     assert ds.memory_days.tolist()[0] == [10, 400, 0, 0, 0]
@@ -113,3 +115,16 @@ def test_a_model_that_remembers_can_name_a_remembered_place_and_is_not_stacked(s
     assert not StackedTransformer.stackable(model)
     with pytest.raises(ValueError, match="variant 'pgt'"):
         dataclasses.replace(tiny_config, memory_places=2, variant="lstm-pg")
+
+
+def test_a_remembered_place_that_followed_the_current_place_before_has_that_relation(split, tiny_config):
+    from pgt.model import visit_relations
+
+    cfg = dataclasses.replace(tiny_config, memory_places=2, visit_relations=True, time_slots=96, duration_buckets=96)
+    ds = SequenceDataset.from_parquet(split, max_len=cfg.max_len, memory=MemoryLayout.of(cfg))
+    b = ds.__getitems__([0])
+    relation, _ = visit_relations(b.locations, b.slots, b.times, b.weekdays, b.recency, b.durations,
+                                  (b.locations != 0).sum(1), cfg)
+    # place 7: never after the current place (0); place 8: twice (2 = "followed the current place"); the history:
+    # 2 and 3 are not the current place 4, nor after it; 4 is it (1)
+    assert relation.tolist() == [[0, 2, 0, 0, 1]]

@@ -63,7 +63,11 @@ def test_a_hand_built_history_remembers_its_earlier_places_with_stated_features(
         "memory_days": [22 - 12, 22 - 3],  # anchor 2024-01-23 is day 22
         "memory_time_slots": [18 * 4, 20 * 4],  # the peak hour's first slot
         "memory_weekdays": [5, 3],  # Saturday (both visits), Thursday
+        "memory_after_current": [0, 0],  # the person is at 5 now, which no remembered visit followed
     }
+    at_work = memory_of(history, [query(1, window_start, moment, date(2024, 1, 23), [5, 7])]).row(0, named=True)
+    # at 7 now: the Thursday visit to 9 came right after work (day 2), the restaurant's after 9 and after itself
+    assert at_work["memory_places"] == [8, 9] and at_work["memory_after_current"] == [0, 1]
     without_window = memory_of(history, [query(1, window_start, moment, date(2024, 1, 23), [5])]).row(0, named=True)
     assert without_window["memory_places"] == [7, 8, 9]  # work: 3 visits, peak hour 09:00 (two of three), Monday
     assert without_window["memory_visits"][0] == 3 and without_window["memory_time_slots"][0] == 36
