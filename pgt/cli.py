@@ -160,7 +160,8 @@ def synth(
 # TrainConfig fields the command line may set; what is not typed comes from the recipe, then the defaults
 TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhead", "num_layers", "dim_feedforward",
                  "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
-                 "previous_location", "visit_relations", "relation_inputs", "relation_order", "memory_places", "members",
+                 "previous_location", "visit_relations", "relation_inputs", "relation_order", "memory_places",
+                 "memory_gate", "members",
                  "weight_average", "simulate_unseen", "anchor", "refit", "refit_epochs", "resume", "threads", "resident_data",
                  "static_width", "compile_model", "capture_step", "fused_seeds")
 LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
@@ -215,6 +216,7 @@ def train(
     relation_inputs: bool | None = option_for(TrainConfig, "relation_inputs", "--relation-inputs/--no-relation-inputs"),
     relation_order: int | None = option_for(TrainConfig, "relation_order"),
     memory_places: int | None = option_for(TrainConfig, "memory_places"),
+    memory_gate: bool | None = option_for(TrainConfig, "memory_gate", "--memory-gate/--no-memory-gate"),
     members: int | None = option_for(TrainConfig, "members"),
     weight_average: float | None = option_for(TrainConfig, "weight_average"),
     simulate_unseen: bool | None = option_for(TrainConfig, "simulate_unseen", "--simulate-unseen/--no-simulate-unseen"),

@@ -69,6 +69,9 @@ class ModelSettings:
                                     "reads (the data's first N: the most visited), in front of the history, with a "
                                     "pointer and a gate of their own; 0 reads none (pgt.model, preprocessing.memory).",
                                  low=0, high=1024)
+    memory_gate: bool = setting(True, "With memory_places: the remembered places get a pointer and a gate weight of "
+                                      "their own (window, memory, generator); off, one pointer over the history and "
+                                      "the remembered places together, the gate as without a memory.")
     members: int = setting(1, "Networks trained side by side from their own initial weights, each on its own loss; "
                               "the prediction is the mean of their probabilities (an ensemble). Each member costs "
                               "its forward and backward pass.", low=1, high=64)

@@ -158,8 +158,9 @@ class PointerGeneratorTransformer(nn.Module):
         self.relation_inputs = nn.ModuleList([nn.Embedding(RELATIONS, d), nn.Embedding(CLOCK_BUCKETS, d)]) \
             if cfg.relation_inputs else None
         self.generator = nn.Linear(d, cfg.num_locations)
-        # with a memory, the gate weighs three sources (window, memory, generator) instead of two
-        self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, 3 if cfg.memory_places else 1))
+        # with a memory and its own gate, the gate weighs three sources (window, memory, generator) instead of two
+        sources = 3 if cfg.memory_places and cfg.memory_gate else 1
+        self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, sources))
         _xavier(self)
 
     def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
@@ -180,14 +181,14 @@ class PointerGeneratorTransformer(nn.Module):
             gate = torch.zeros(B, device=h.device)
         elif self.cfg.variant == "pointer":
             gate = torch.ones(B, device=h.device)
-        elif memory is None:
+        elif memory is None or not self.cfg.memory_gate:
             gate = torch.sigmoid(self.gate(c)).squeeze(-1)  # (B,)
 
         scores = torch.einsum("bd,btd->bt", self.query(c), self.key(h)) / math.sqrt(self.cfg.d_model)
         scores = scores + self.position_bias[pos_end]  # (B, T)
         if self.relation_bias is not None:
             scores = scores + self.relation_bias[relation] + self.clock_bias[clock]  # (B, T)
-        if memory is None:
+        if memory is None or not self.cfg.memory_gate:  # one pointer (over the remembered places too, if any)
             attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)  # (B, T)
         else:
             gate, attention = memory_pointer(self.gate(c), scores, pad, memory)  # (B,), (B, T)

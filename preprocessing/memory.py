@@ -6,8 +6,8 @@ when the prediction was made: only visits that started before the window and end
 moment count. Per place: its visits (count), days since the last of them (from the sample's anchor day, as the
 history's recency), the peak of its time-of-day and weekday profile (the hour and the weekday most of its
 visits started in), and how many of its visits came right after a visit to the place the person is at now (the
-history's last visit's): the person's own transitions from here to it. At most `memory_places` places are kept, the most visited first (ties: the most recently
-visited, then the lower place id).
+history's last visit's): the person's own transitions from here to it. At most `memory_places` places are kept,
+the most visited first (ties: the most recently visited, then the lower place id).
 
 One rule for the splits (`preprocessing.sequences.sample_table`), new data (`preprocessing.fitted`) and served
 requests: generate_memory takes the visits and the samples' moments and returns the list columns.

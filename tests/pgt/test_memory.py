@@ -32,7 +32,8 @@ def write_split(path, rows):
         "weekdays": pl.List(pl.Int8), "recency": pl.List(pl.Int8), "durations": pl.List(pl.Int16),
         "places": pl.List(pl.Int64), "memory_locations": pl.List(pl.Int32), "memory_places": pl.List(pl.Int64),
         "memory_visits": pl.List(pl.Int32), "memory_days": pl.List(pl.Int32), "memory_time_slots": pl.List(pl.Int16),
-        "memory_weekdays": pl.List(pl.Int8), "memory_after_current": pl.List(pl.Int32), "target": pl.Int32, "target_place": pl.Int64,
+        "memory_weekdays": pl.List(pl.Int8), "memory_after_current": pl.List(pl.Int32), "target": pl.Int32,
+        "target_place": pl.Int64,
         "target_kind": pl.Enum(["window", "return", "new"])}).write_parquet(path)
 
 
@@ -128,3 +129,14 @@ def test_a_remembered_place_that_followed_the_current_place_before_has_that_rela
     # place 7: never after the current place (0); place 8: twice (2 = "followed the current place"); the history:
     # 2 and 3 are not the current place 4, nor after it; 4 is it (1)
     assert relation.tolist() == [[0, 2, 0, 0, 1]]
+
+
+def test_without_its_own_gate_one_pointer_spans_the_history_and_the_memory(split, tiny_config):
+    cfg = dataclasses.replace(tiny_config, memory_places=2, memory_gate=False)
+    ds = SequenceDataset.from_parquet(split, max_len=cfg.max_len, memory=MemoryLayout.of(cfg))
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    assert model.gate[-1].out_features == 1
+    out = model(*ds.__getitems__([0, 1]).inputs())
+    assert torch.allclose(out.attention.sum(dim=1), torch.ones(2), atol=1e-6)
+    assert (out.attention[0, :2] > 0).all()  # the remembered places share the one softmax
