@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--recipe", default="ensemble", help="the training recipe of the served model (pgt.config.RECIPES)")
+    parser.add_argument("--recipe-file", type=Path, default=None,
+                        help="a recipe file instead of --recipe (benchmarks/configs/tuned-memory.yaml: tuned with the "
+                             "long-term memory)")
     parser.add_argument("--memory-places", type=int, default=None,
                         help="the served model's memory_places, over the recipe's (0: no long-term memory)")
     parser.add_argument("--requests", type=int, default=300, help="served one-user requests (cycling over users)")
@@ -101,7 +104,8 @@ def main() -> None:
         fit_s, _ = run(*PGT, "preprocess", "--input", tmp / "early.parquet", "--format", "positionfixes", "--out",
                        tmp / "early", "--no-progress", env=env)
         memory = ["--memory-places", args.memory_places] if args.memory_places is not None else []
-        train_s, _ = run(*PGT, "train", "--data", tmp / "early", "--out", tmp / "run", "--recipe", args.recipe, "--epochs",
+        recipe = ["--recipe-file", args.recipe_file] if args.recipe_file else ["--recipe", args.recipe]
+        train_s, _ = run(*PGT, "train", "--data", tmp / "early", "--out", tmp / "run", *recipe, "--epochs",
                          args.epochs, *memory, "--register", "bench", env=env)
         artifact = model_size(tracking, "models:/bench@champion", tmp / "downloaded")
         predict_s, done = run(*PGT, "predict", "--model", "models:/bench@champion", "--input", tmp / "recent.parquet",
@@ -164,7 +168,8 @@ def main() -> None:
     result = {
         "benchmark": "predict", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
         "input": shown_path(args.input), "fit": {"preprocess_s": round(fit_s, 1), "train_s": round(train_s, 1),
-                                          "epochs": args.epochs, "recipe": args.recipe,
+                                          "epochs": args.epochs,
+                                          "recipe": shown_path(args.recipe_file) if args.recipe_file else args.recipe,
                                           "memory_places": args.memory_places},
         "artifact": artifact,
         "predict": {"wall_s": round(predict_s, 2), "points": recent.height, "users_in_input": recent["user_id"].n_unique(),

@@ -221,12 +221,29 @@ def summarise(rows: list[dict], key: str = "model") -> dict:
             live = [r["deployment"]["test"] for r in runs]
             summary["deployment"] = {"strict": {name: mean_std([m["strict"][name] for m in live]) for name in STRICT},
                                      **{name: mean_std([m[name] for m in live]) for name in METRICS}}
+        if all(r["test"].get("by_target_kind") for r in runs):  # window, return, new: the memory's breakdown
+            summary["by_target_kind"] = by_target_kind(runs)
         for name in ("train_samples_per_second_median", "epoch_seconds_median", "test_forward_samples_per_second",
                      "epochs_run", "best_epoch", "parameters", "selection_epoch_s", "refit_epoch_s", "first_epoch_s"):
             if name in runs[0] and all(r.get(name) is not None for r in runs):
                 summary[name] = round(float(np.mean([r[name] for r in runs])), 4 if "epoch" in name and "_s" in name
                                       or name == "epoch_seconds_median" else 1)
         out[model] = summary
+    return out
+
+
+def by_target_kind(runs: list[dict]) -> dict:
+    """Test metrics by what the target is to the person (a place of the 7-day window, a return to an earlier place
+    beyond it, a place never visited), mean ± std over the runs: strict and the protocol's, and strict as deployed."""
+    out = {}
+    for kind in runs[0]["test"]["by_target_kind"]:
+        each = [r["test"]["by_target_kind"][kind] for r in runs]
+        out[kind] = {"samples": each[0]["strict"]["n"],
+                     "strict": {name: mean_std([m["strict"][name] for m in each]) for name in STRICT},
+                     "protocol": {name: mean_std([m["protocol"][name] for m in each]) for name in STRICT}}
+        if all(r.get("deployment") and r["deployment"]["test"].get("by_target_kind") for r in runs):
+            live = [r["deployment"]["test"]["by_target_kind"][kind] for r in runs]
+            out[kind]["deployment_strict"] = {name: mean_std([m["strict"][name] for m in live]) for name in STRICT}
     return out
 
 
@@ -526,6 +543,19 @@ def print_table(result: dict, variant: str) -> None:
                       *(f"[dim]{m[k]:.2f}" if k in m else "[dim]-" for k in METRICS), "[dim]-", "[dim]-",
                       f"[dim]{m.get('samples_per_second', '-')}", "[dim]-")
     Console(width=260).print(table)
+    kinds = {model: s["by_target_kind"] for model, s in v["summary"].items() if "by_target_kind" in s}
+    if kinds:
+        by_kind = Table(title=f"GeoLife ({variant}) test Acc@1 by what the target is to the person: strict, as deployed, "
+                              "the protocol's")
+        by_kind.add_column("model")
+        first = next(iter(kinds.values()))
+        for kind, k in first.items():
+            by_kind.add_column(f"{kind} ({k['samples']:,}): strict / deployed / protocol", justify="right")
+        for model, k in kinds.items():
+            by_kind.add_row(model, *(f"{x['strict']['acc@1']['mean']:.2f} / "
+                                     f"{x.get('deployment_strict', x['strict'])['acc@1']['mean']:.2f} / "
+                                     f"{x['protocol']['acc@1']['mean']:.2f}" for x in k.values()))
+        Console(width=200).print(by_kind)
 
 
 if __name__ == "__main__":
