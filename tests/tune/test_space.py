@@ -80,3 +80,10 @@ def test_widths_around_a_recipe_reach_three_times_its_width():
     space = SearchSpace.around(TrainConfig.from_dict({"data_dir": ".", "out_dir": "."}).to_dict())
     assert space.dimension("d_model").values == (32, 48, 64, 96, 128, 192)
     assert 1 in space.dimension("nhead").values
+
+
+def test_a_recipe_that_remembers_searches_fewer_more_or_no_remembered_places():
+    base = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o", memory_places=8).to_dict()
+    assert SearchSpace.around(base).dimension("memory_places").values == (0, 4, 8, 16)
+    plain = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o").to_dict()
+    assert SearchSpace.around(plain).dimension("memory_places") is None  # a recipe without memory keeps none
