@@ -15,7 +15,7 @@ requests: generate_memory takes the visits and the samples' moments and returns 
 
 from __future__ import annotations
 
-import heapq
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,8 +86,8 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
     for i, user in enumerate(visit_users):
         first, _ = bounds.get(user, (i, i))
         bounds[user] = (first, i + 1)
-    arrays = {name: v[name].to_numpy() for name in ("start", "finish", "date", "hour", "weekday", "location_id",
-                                                      "location")}
+    arrays = {name: v[name].to_list() for name in ("start", "finish", "date", "hour", "weekday", "location_id",
+                                                     "location")}  # Python ints: read one at a time
     q_users, q_index = q["user_id"].to_list(), q["_q"].to_numpy()
     q_start, q_moment, q_anchor = q["window_start"].to_numpy(), q["moment"].to_numpy(), q["anchor"].to_numpy()
     q_window = q["window_places"].to_list()
@@ -113,15 +113,32 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
     return arrays
 
 
-class _Memory:
-    """One person's remembered visits, grown as the queries' window starts and moments move forward."""
+class _Place:
+    """What a person's remembered visits to one place add up to."""
 
-    def __init__(self, arrays: dict[str, np.ndarray], first: int, end: int):
+    __slots__ = ("visits", "last_date", "hours", "weekdays", "peak_hour", "peak_weekday", "location", "before")
+
+    def __init__(self, location: int):
+        self.visits, self.last_date, self.location = 0, 0, location
+        self.hours, self.weekdays = [0] * 24, [0] * 7
+        self.peak_hour = self.peak_weekday = 0  # the first hour and weekday with the most visits (numpy's argmax)
+        self.before: dict[int, int] = {}  # place visited right before -> visits
+
+    def key(self, place: int) -> tuple[int, int, int]:
+        """The memory's order: the most visited first, then the most recently visited, then the lower place id."""
+        return -self.visits, -self.last_date, place
+
+
+class _Memory:
+    """One person's remembered visits, grown as the queries' window starts and moments move forward, with their
+    places kept in the memory's order (so a query reads its top places without sorting them all)."""
+
+    def __init__(self, arrays: dict[str, list], first: int, end: int):
         self.a, self.first, self.end = arrays, first, end
         self.next, self.pending = first, []  # rows started before the window, not yet finished before the moment
         self.window_start, self.moment = None, None
-        # place -> [visits, last date, hours (24), weekdays (7), location, {place visited just before: visits}]
-        self.places: dict[int, list] = {}
+        self.places: dict[int, _Place] = {}
+        self.order: list[tuple[int, int, int]] = []  # _Place.key of every place, sorted
 
     def advance(self, window_start: int, moment: int) -> None:
         if self.window_start is not None and (window_start < self.window_start or moment < self.moment):
@@ -140,22 +157,38 @@ class _Memory:
         self.pending = waiting
 
     def _add(self, row: int) -> None:
-        place = int(self.a["location_id"][row])
+        a = self.a
+        place = a["location_id"][row]
         entry = self.places.get(place)
         if entry is None:
-            entry = self.places[place] = [0, 0, np.zeros(24, np.int64), np.zeros(7, np.int64), 0, {}]
+            entry = self.places[place] = _Place(a["location"][row])
+        else:
+            del self.order[bisect.bisect_left(self.order, entry.key(place))]
         if row > self.first:  # the person's visit before this one (it started earlier, so before the window too)
-            before = int(self.a["location_id"][row - 1])
-            entry[5][before] = entry[5].get(before, 0) + 1
-        entry[0] += 1
-        entry[1] = max(entry[1], int(self.a["date"][row]))
-        entry[2][self.a["hour"][row]] += 1
-        entry[3][self.a["weekday"][row]] += 1
-        entry[4] = int(self.a["location"][row])
+            before = a["location_id"][row - 1]
+            entry.before[before] = entry.before.get(before, 0) + 1
+        entry.visits += 1
+        entry.last_date = max(entry.last_date, a["date"][row])
+        entry.location = a["location"][row]
+        hour, weekday = a["hour"][row], a["weekday"][row]
+        entry.hours[hour] += 1
+        if entry.hours[hour] > entry.hours[entry.peak_hour] or (entry.hours[hour] == entry.hours[entry.peak_hour]
+                                                                 and hour < entry.peak_hour):
+            entry.peak_hour = hour
+        entry.weekdays[weekday] += 1
+        if entry.weekdays[weekday] > entry.weekdays[entry.peak_weekday] or (
+                entry.weekdays[weekday] == entry.weekdays[entry.peak_weekday] and weekday < entry.peak_weekday):
+            entry.peak_weekday = weekday
+        bisect.insort(self.order, entry.key(place))
 
-    def top(self, n: int, exclude: set) -> list[tuple[int, list]]:
-        candidates = ((place, entry) for place, entry in self.places.items() if place not in exclude)
-        return heapq.nsmallest(n, candidates, key=lambda item: (-item[1][0], -item[1][1], item[0]))
+    def top(self, n: int, exclude: set) -> list[tuple[int, _Place]]:
+        found = []
+        for _, _, place in self.order:
+            if place not in exclude:
+                found.append((place, self.places[place]))
+                if len(found) == n:
+                    break
+        return found
 
 
 class _Columns:
@@ -164,9 +197,9 @@ class _Columns:
     def __init__(self, n: int):
         self.rows: list[list[tuple] | None] = [None] * n
 
-    def put(self, index: int, entries: list[tuple[int, list]], anchor: int, slots_per_hour: float, current) -> None:
-        self.rows[index] = [(entry[4], place, entry[0], anchor - entry[1], int(int(entry[2].argmax()) * slots_per_hour),
-                             int(entry[3].argmax()), entry[5].get(current, 0)) for place, entry in entries]
+    def put(self, index: int, entries: list[tuple[int, _Place]], anchor: int, slots_per_hour: float, current) -> None:
+        self.rows[index] = [(e.location, place, e.visits, anchor - e.last_date, int(e.peak_hour * slots_per_hour),
+                             e.peak_weekday, e.before.get(current, 0)) for place, e in entries]
 
     def arrays(self) -> dict[str, pa.Array]:
         lengths = np.array([len(r) for r in self.rows], dtype=np.int32)
