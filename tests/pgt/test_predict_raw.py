@@ -15,6 +15,7 @@ import polars as pl
 import pytest
 
 from preprocessing.config import SynthConfig
+from preprocessing.memory import MEMORY_COLUMNS
 from preprocessing.pipeline import preprocess, preprocess_fitted
 from preprocessing.synthetic import generate_positionfixes
 from tests.conftest import PROJECT_ROOT, free_port, split_days
@@ -513,8 +514,6 @@ def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(se
     assert status == 400 and "is before the last visit of user" in body["message"], body
 
 
-MEMORY_COLUMNS = ("memory_locations", "memory_places", "memory_visits", "memory_days", "memory_time_slots",
-                  "memory_weekdays")
 
 
 def test_a_model_that_remembers_gets_the_same_memory_from_raw_gps_stored_sequences_and_the_server(trained, tmp_path):
