@@ -214,11 +214,8 @@ class SequenceDataset(Dataset):
         places, target_place = PLACE_COLUMNS
         try:
             targets = ["target", target_place] if with_target else []
-            remembered = list(MEMORY_AS_VISITS) if memory is not None else []
-            missing = [c for c in remembered if c not in present]
-            if missing:
-                raise ValueError(f"{path}: no memory column(s) {', '.join(missing)}, which a model with memory_places "
-                                 "reads; preprocess the input again (older `pgt preprocess` outputs lack them)")
+            # those present: memory_values names the missing ones
+            remembered = [c for c in MEMORY_AS_VISITS if c in present] if memory is not None else []
             kinds = ["target_kind"] if with_target and "target_kind" in present else []
             table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places, *remembered, *targets, *kinds])
         except (pa.ArrowException, OSError) as exc:
@@ -252,7 +249,7 @@ class SequenceDataset(Dataset):
         kept = np.minimum(lengths, max_len)
         front, remembered = np.zeros(n, np.int64), {}
         if memory is not None:
-            remembered, front = cls.memory_values(table, memory, n, path)
+            remembered, front = cls.memory_values(table, memory, path)
         width = max(int((front + kept).max()) if n else 1, 1)
         # flat index of every kept value and its (row, column) in the right-padded matrix, after the memory's
         row = np.repeat(np.arange(n), kept)
@@ -283,7 +280,7 @@ class SequenceDataset(Dataset):
         return dataset
 
     @staticmethod
-    def memory_values(table: pa.Table, memory: MemoryLayout, n: int,
+    def memory_values(table: pa.Table, memory: MemoryLayout,
                       path: Path | str) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """({history column or "days": the values of the first memory.places remembered places of each row, flat},
         (n,) how many each row has), from a table's memory columns (MEMORY_AS_VISITS)."""

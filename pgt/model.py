@@ -165,8 +165,7 @@ class PointerGeneratorTransformer(nn.Module):
 
     def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
         B, T = locations.shape
-        # remembered places come in front of the history, told by their recency: an age bucket after the window's
-        memory = recency > self.cfg.recency_days if self.cfg.memory_places else None  # (B, T)
+        memory = remembered_places(recency, self.cfg)  # (B, T) or None
         lengths, pos_end = positions_from_end(locations, memory, self.cfg.max_len)  # (B,), (B, T)
         pad = pos_end == 0  # (B, T) True on padding
         x = self.embed(locations, users, times, weekdays, recency, durations, pos_end, slots, memory)  # (B, T, d)
@@ -260,7 +259,7 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
     current = ids.gather(1, last)  # (B, 1)
     here = ids == current  # (B, T)
     after = F.pad(here[:, :-1], (1, 0))  # (B, T) the visit before was at the current place
-    memory = recency > cfg.recency_days if cfg.memory_places else None  # (B, T) the remembered places
+    memory = remembered_places(recency, cfg)  # (B, T) or None
     if memory is not None:  # a remembered place "followed the current place" when one of its visits came right after it
         # its duration value (stored + 1) is duration_buckets + 1 + visit bucket (+ len(MEMORY_VISIT_EDGES) if so)
         after = torch.where(memory, durations > cfg.duration_buckets + len(MEMORY_VISIT_EDGES), after)
@@ -278,6 +277,12 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
     target_weekday = (weekdays.gather(1, last) - 1 + recency.gather(1, last) - 1) % cfg.weekdays  # (B, 1)
     same_day = (weekdays - 1) % cfg.weekdays == target_weekday  # (B, T)
     return relation, 2 * hours + same_day.long()
+
+
+def remembered_places(recency: torch.Tensor, cfg: ModelConfig) -> torch.Tensor | None:
+    """(B, T) True on the remembered places in front of the history, told by their recency (an age bucket after the
+    window's values, pgt.data.MemoryLayout); None for a model that reads no memory."""
+    return recency > cfg.recency_days if cfg.memory_places else None
 
 
 def memory_pointer(logits: torch.Tensor, scores: torch.Tensor, pad: torch.Tensor,
