@@ -31,7 +31,7 @@ DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "data_engine.json"
 
 def run(data_dir: Path, engine: str, epochs: int, workers: int) -> dict:
     from pgt.config import LaunchConfig, TrainConfig
-    from pgt.distributed import run_training
+    from pgt.training.distributed import run_training
 
     cfg = TrainConfig(data_dir=str(data_dir), out_dir=str(WORK / "data_engine" / engine), epochs=epochs,
                       min_epochs=epochs, resume=False, seed=0)

@@ -31,12 +31,12 @@ TARGET_SPEEDUP = 1.6  # 2 CPU workers against 1 (issue 4)
 
 def run(data_dir: Path, label: str, workers: int, epochs: int, use_gpu: bool = False) -> dict:
     from pgt.config import LaunchConfig, TrainConfig
-    from pgt.distributed import run_training
+    from pgt.training.distributed import run_training
 
     cfg = TrainConfig(data_dir=str(data_dir), out_dir=str(WORK / "ddp" / label), epochs=epochs, min_epochs=epochs,
                       resume=False, seed=0)
     began = time.perf_counter()
-    result = run_training(cfg, LaunchConfig(workers=workers, use_gpu=use_gpu))
+    result = run_training(cfg, LaunchConfig(workers=workers, gpu=use_gpu))
     wall = time.perf_counter() - began
     speeds = [row["samples_per_second"] for row in result["history"][1:]] or [result["samples_per_second"]]
     return {"label": label, "workers": max(workers, 1), "ray": workers > 0, "gpu": use_gpu, "epochs": result["epochs_run"],
@@ -51,8 +51,8 @@ def run(data_dir: Path, label: str, workers: int, epochs: int, use_gpu: bool = F
 def _torch_ddp_worker(rank: int, world_size: int, port: int, config: dict) -> None:
     import torch.distributed as dist
 
-    from pgt.train import train_loop_per_worker
-    from pgt.worker import Worker
+    from pgt.training.train import train_loop_per_worker
+    from pgt.training.worker import Worker
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -101,7 +101,7 @@ def run_without_ray(data_dir: Path, label: str, processes: int, epochs: int, ddp
 
 
 def _independent(config: dict) -> None:
-    from pgt.train import train_loop_per_worker
+    from pgt.training.train import train_loop_per_worker
 
     train_loop_per_worker(config)
 

@@ -4,7 +4,7 @@ Trains the `tuned` recipe alone with N seeds (validation only, evaluate_test=Fal
 each), then scores on the validation split every ensemble of K of those networks (the mean of their probabilities),
 for K = 1 .. N: strict Acc@1 (the exact place) and MRR, with the protocol's inputs and as deployed (recency from the
 last history visit's day, what a live prediction has). Each K is summarised as mean ± std over its combinations of
-seeds. An ensemble trained side by side (`--members K`, pgt/model.py Ensemble) differs from these only in picking
+seeds. An ensemble trained side by side (`--members K`, pgt/network/model.py Ensemble) differs from these only in picking
 one best epoch for all its members. Test is never scored here.
 
 Writes JSON (default benchmarks/results/ensemble_size.json) and prints a table.
@@ -41,7 +41,7 @@ def train_member(seed: int, data_dir: str, out: str, epochs: int | None = None) 
     import torch
 
     from pgt.config import TrainConfig
-    from pgt.train import train_loop_per_worker
+    from pgt.training.train import train_loop_per_worker
 
     if (Path(out) / "metrics.json").is_file() and (Path(out) / "best.pt").is_file():
         result = json.loads((Path(out) / "metrics.json").read_text())
@@ -59,7 +59,7 @@ def member_log_probs(runs: list[Path], dataset, batch_size: int = 512) -> list:
     """Per batch of the split (in score_dataset's order), every member's (M, B, V + S) log-probabilities."""
     import torch
 
-    from pgt.checkpoint import load_checkpoint
+    from pgt.network.checkpoint import load_checkpoint
 
     models = [load_checkpoint(run / "best.pt")[0] for run in runs]
     order = np.argsort(dataset.lengths.numpy(), kind="stable")
@@ -73,13 +73,13 @@ def member_log_probs(runs: list[Path], dataset, batch_size: int = 512) -> list:
 
 
 def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_locations: int) -> dict:
-    """The metrics (pgt.metrics.compute_all) of the ensemble of the members in `combo` on the cached split, ranked
-    as pgt.scoring.score_dataset ranks a model's scores."""
+    """The metrics (pgt.training.metrics.compute_all) of the ensemble of the members in `combo` on the cached split, ranked
+    as pgt.training.scoring.score_dataset ranks a model's scores."""
     import torch
 
-    from pgt.metrics import compute_all
-    from pgt.model import mean_probability
-    from pgt.scoring import Scores, ranks_and_top1, scored_samples
+    from pgt.network.model import mean_probability
+    from pgt.training.metrics import compute_all
+    from pgt.training.scoring import Scores, ranks_and_top1, scored_samples
 
     found = torch.zeros(4, len(dataset), dtype=torch.int64)
     pick = torch.tensor(combo)
@@ -103,7 +103,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.data import MemoryLayout, Vocab, load_splits
+    from pgt.training.data import MemoryLayout, Vocab, load_splits
 
     data_dir = args.data_dir
     if data_dir is None:
@@ -119,7 +119,7 @@ def main() -> None:
                                 [args.epochs] * len(runs)))
     train_s = time.perf_counter() - began
 
-    from pgt.checkpoint import load_checkpoint
+    from pgt.network.checkpoint import load_checkpoint
 
     cfg = load_checkpoint(runs[0] / "best.pt")[1]
     validation = load_splits(data_dir, cfg.max_len, Vocab.from_manifest(data_dir), names=("validation",),

@@ -38,8 +38,8 @@ def run_fused(data_dir: Path, recipe: str, k: int, epochs: int, device: str, opt
     import torch
 
     from pgt.config import TrainConfig
-    from pgt.train import train_loop_per_worker
-    from pgt.worker import Worker
+    from pgt.training.train import train_loop_per_worker
+    from pgt.training.worker import Worker
 
     ends = []
     with tempfile.TemporaryDirectory(prefix="pgt-fused-") as out:

@@ -86,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     if not args.input.is_file():
         raise SystemExit(f"{args.input}: no such file (the GeoLife Parquet of ../shared/data)")
-    from pgt.predict import last_days
+    from pgt.serving.predict import last_days
     from preprocessing.staypoints import generate_staypoints
     from tests.conftest import split_days
 

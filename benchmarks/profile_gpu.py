@@ -48,8 +48,8 @@ def forward_speeds(state, device: str, sync) -> dict:
     import numpy as np
     import torch
 
-    from pgt.scoring import model_scores, score_dataset
-    from pgt.train import compiled as compiled_step
+    from pgt.training.scoring import model_scores, score_dataset
+    from pgt.training.train import compiled as compiled_step
 
     test, model = state.splits["test"], state.evaluated
     model.eval()
@@ -87,9 +87,9 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
     from torch.profiler import ProfilerActivity, profile
 
     from pgt.config import TrainConfig
-    from pgt.scoring import evaluate, model_scores
-    from pgt.train import setup, train_epoch
-    from pgt.worker import Worker
+    from pgt.training.scoring import evaluate, model_scores
+    from pgt.training.train import setup, train_epoch
+    from pgt.training.worker import Worker
 
     with tempfile.TemporaryDirectory(prefix="pgt-profile-") as out:
         config = TrainConfig.from_recipe(recipe, data_dir=str(data_dir), out_dir=out, resume=False, refit=False,

@@ -2,7 +2,7 @@
 
 `--recipe` (tuned) is trained on each of `--seeds` (0-9) on the published dataset, as `pgt train --register` trains
 it (refit included; test is not read), tracked in a fresh SQLite MLflow store, and registered one after another under one name by
-the project's one registry door (pgt.registry.register_model: the evidence rule). Every challenger is the same
+the project's one registry door (pgt.tracking.registry.register_model: the evidence rule). Every challenger is the same
 configuration, so no promotion after the first is deserved: each one is a seed's luck. The old rule (promote on any
 higher validation score) is replayed on the same sequence of scores beside it. Writes
 benchmarks/results/promotion.json (`rule`, `registrations`, `promotions_old_rule`, `promotions_new_rule`: the moves
@@ -40,8 +40,8 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
     from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
-    from pgt.distributed import run_training
-    from pgt.registry import SEED_NOISE_FLOOR, Z, old_rule
+    from pgt.tracking.registry import SEED_NOISE_FLOOR, Z, old_rule
+    from pgt.training.distributed import run_training
 
     data_dir = args.data_dir or sequences(DEFAULT_INPUT, VARIANTS["published"])
     store = args.work / f"mlflow-{int(time.time())}"  # a fresh registry: the first registration is the first champion
@@ -76,7 +76,7 @@ def write(path: Path, rows: list[dict], recipe: str, z: float, floor: float) -> 
         "machine": machine(), "recipe": recipe, "data": "published (benchmarks/configs/published.yaml)",
         "rule": (f"promote when the challenger's mean validation strict Acc@1 beats the champion's on the same data by "
                  f"more than {z} x sigma x sqrt(1/n + 1/m), sigma the seeds' pooled spread but at least {floor} "
-                 "points (pgt.registry.promotion_decision); the old rule promoted any higher score"),
+                 "points (pgt.tracking.registry.promotion_decision); the old rule promoted any higher score"),
         "registrations": len(rows),
         "promotions_old_rule": moves("old_rule"),
         "promotions_new_rule": moves("new_rule"),

@@ -84,7 +84,7 @@ def scaled_epochs(seed: int, data_dir: Path) -> int:
     """The no-refit run's selected epoch times (inner train + inner validation samples) / inner train samples,
     as a refit with refit_epochs "scaled" counts them."""
     from pgt.config import TrainConfig
-    from pgt.train import refit_epoch_count
+    from pgt.training.train import refit_epoch_count
 
     selected = json.loads(record_path("no-refit", seed).read_text())["selected_epoch"]
     cfg = TrainConfig.from_recipe("tuned", refit_epochs="scaled", data_dir=str(data_dir), out_dir=str(data_dir))
@@ -94,7 +94,7 @@ def scaled_epochs(seed: int, data_dir: Path) -> int:
 def run_one(arm: str, seed: int, data_dir: str, record: str) -> dict:
     """`tuned` in one arm (ARMS), trained as `pgt train` does; its record is written to `record` (JSON)."""
     from pgt.config import LaunchConfig, TrainConfig
-    from pgt.distributed import run_training
+    from pgt.training.distributed import run_training
 
     out = Path(record).with_suffix("")
     settings = {"refit": arm == "refit", "refit_epochs": "selected"}

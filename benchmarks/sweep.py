@@ -38,7 +38,7 @@ TARGET = {"validation_strict_acc@1_over_recipe": 1.0, "test_strict_acc@1_mean": 
 def retrain(settings: dict, name: str, seed: int, data_dir: Path) -> dict:
     """One run of a recipe's settings on all cores, test evaluated once at its end."""
     from pgt.config import TrainConfig
-    from pgt.train import train_loop_per_worker
+    from pgt.training.train import train_loop_per_worker
 
     out = WORK / "sweep-retrain" / name / f"seed{seed}"
     shutil.rmtree(out, ignore_errors=True)

@@ -12,7 +12,7 @@ from prefect import flow
 
 from flows import tasks
 from flows.settings import InputFormat, PredictSettings, described, from_setting
-from pgt.config import MAX_TOP_K, TOP_K
+from pgt.config import PredictConfig, TrackingConfig
 from preprocessing.config import SynthConfig
 
 
@@ -24,13 +24,10 @@ def predict_next_places(
     input_path: str | None = described(None, "New GPS points or staypoints: a GeoLife folder, or a Parquet or CSV "
                                               "file. Empty: the last recent_days of the synthetic default."),
     input_format: InputFormat = described("positionfixes", "What input_path holds."),
-    top_k: int = described(TOP_K, f"Places per user, 1 to {MAX_TOP_K}."),
-    at: str | None = described(None, "The moment the predictions are for (ISO 8601, UTC unless it names an offset); "
-                                     "recency and the weekday count from its day. Empty: the end of each user's last "
-                                     "visit."),
+    top_k: int = from_setting(PredictConfig, "top_k"),
+    at: str | None = from_setting(PredictConfig, "at"),
     recent_days: float = described(14.0, "With no input_path: the days of the synthetic default to score."),
-    tracking_uri: str | None = described(None, "MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI, else a SQLite "
-                                               "store in the state folder."),
+    tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri"),
     state_dir: str | None = described(None, "The folder every output goes to. Empty: $PGT_STATE_DIR, else .state."),
     synthetic_users: int = from_setting(SynthConfig, "users"),
     synthetic_days: int = from_setting(SynthConfig, "days"),

@@ -12,7 +12,7 @@ from prefect import flow, get_run_logger
 
 from flows import tasks
 from flows.settings import FlowSettings, InputFormat, Recipe, described, from_setting
-from pgt.config import LaunchConfig, TrainConfig
+from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
 from preprocessing.config import SynthConfig
 from tune.config import SweepConfig
 
@@ -26,13 +26,12 @@ def preprocess_and_train(
     config_file: str | None = described(None, "A YAML, JSON or TOML file of PreprocessConfig settings. Empty: the "
                                               "reference protocol."),
     workers: int = from_setting(LaunchConfig, "workers", 2),
-    gpu: bool | None = from_setting(LaunchConfig, "use_gpu"),
+    gpu: bool | None = from_setting(LaunchConfig, "gpu"),
     tune: bool = described(False, "A Ray Tune sweep of `trials` trials instead of one training run."),
     trials: int | None = from_setting(SweepConfig, "trials", None, "Empty: the sweep config's default."),
     epochs: int | None = from_setting(TrainConfig, "epochs", None, "Empty: the recipe's, or the sweep's."),
-    tracking_uri: str | None = described(None, "MLflow tracking URI. Empty: $MLFLOW_TRACKING_URI, else a SQLite "
-                                               "store in the state folder."),
-    ray_address: str | None = from_setting(LaunchConfig, "address"),
+    tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri"),
+    address: str | None = from_setting(LaunchConfig, "address"),
     model_name: str = described("pgt", "The registered model; its alias champion moves to the new version only "
                                        "when its strict validation Acc@1 is better."),
     state_dir: str | None = described(None, "The folder every output goes to. Empty: $PGT_STATE_DIR, else .state."),
@@ -62,7 +61,7 @@ def preprocess_and_train(
     else:
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
     if s.tune:  # the sweep's model is its winner's recipe trained, registered on the winner's evidence
-        result = tasks.tune(s.sweep_config(), s.tracking_config(), s.ray_address)
+        result = tasks.tune(s.sweep_config(), s.tracking_config(), s.address)
         validation = result["final"]["validation"]
     else:
         result = tasks.train(s.train_config(), s.launch_config(), s.tracking_config())

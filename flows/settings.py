@@ -15,16 +15,16 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
-from pgt.config import RECIPES, LaunchConfig, TrackingConfig, TrainConfig, base_settings, recipe_label
-from pgt.inference import check_top_k, prediction_time
-from pgt.registry import champion_verdict
-from pgt.report import metrics_markdown
-from pgt.tracking import RECIPE_TAG, resolve_tracking_uri, run_url
-from pgt.tracking import state_dir as default_state_dir
+from infra.settings import help_of, settings_of
+from infra.state import state_dir as default_state_dir
+from pgt.config import RECIPES, LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings, recipe_label
+from pgt.serving.inference import prediction_time
+from pgt.tracking.registry import champion_verdict
+from pgt.tracking.runs import RECIPE_TAG, resolve_tracking_uri, run_url
+from pgt.training.report import metrics_markdown
 from preprocessing.config import FORMATS, load_config
 from preprocessing.engine import EngineConfig
 from preprocessing.pipeline import stage_key
-from preprocessing.settings import help_of, settings_of
 from tune.config import SweepConfig
 
 InputFormat = Literal[FORMATS]
@@ -72,7 +72,7 @@ class FlowSettings:
     trials: int | None  # None: SweepConfig's
     epochs: int | None  # None: TrainConfig's (or SweepConfig's)
     tracking_uri: str
-    ray_address: str | None
+    address: str | None  # the Ray cluster of training, a sweep and preprocessing's engine
     model_name: str
     state_dir: Path  # every output lives here
     synthetic_users: int
@@ -126,9 +126,9 @@ class FlowSettings:
         return self.state_dir / "stages"
 
     def engine_config(self) -> dict:
-        """Preprocessing's engine: Ray tasks on the cluster when ray_address is set, else local partitions."""
-        engine = "ray" if self.ray_address else "local"
-        return EngineConfig(engine, address=self.ray_address, work_dir=self.work_dir / "partitions").to_dict()
+        """Preprocessing's engine: Ray tasks on the cluster when address is set, else local partitions."""
+        engine = "ray" if self.address else "local"
+        return EngineConfig(engine, address=self.address, work_dir=self.work_dir / "partitions").to_dict()
 
     def stage_key(self, hashed) -> str:
         """The cache key of the stages of this input (the first stage's Stage: its hash) under this config."""
@@ -144,7 +144,7 @@ class FlowSettings:
                                        **epochs)
 
     def launch_config(self) -> dict:
-        return dataclasses.asdict(LaunchConfig(workers=self.workers, use_gpu=self.gpu, address=self.ray_address))
+        return dataclasses.asdict(LaunchConfig(workers=self.workers, gpu=self.gpu, address=self.address))
 
     def tracking_config(self) -> dict:
         return TrackingConfig(self.tracking_uri, experiment="pgt", source="preprocess-and-train flow",
@@ -186,7 +186,7 @@ class PredictSettings:
         """The predict flow's parameters (its locals() on entry) checked and resolved, once."""
         if parameters["input_format"] not in FORMATS:
             raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
-        check_top_k(parameters["top_k"])
+        PredictConfig(top_k=parameters["top_k"], at=parameters["at"])
         if not parameters["recent_days"] > 0:
             raise ValueError(f"recent_days must be > 0, got {parameters['recent_days']}")
         state = _absolute(parameters["state_dir"]) or default_state_dir()

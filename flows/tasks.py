@@ -17,12 +17,12 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
-from pgt.distributed import run_training
-from pgt.evaluate import evaluate_model
-from pgt.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
-from pgt.registry import Evidence, register_model
-from pgt.tracking import log_predictions as log_prediction_run
-from pgt.tracking import model_version
+from pgt.serving.evaluate import evaluate_model
+from pgt.serving.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
+from pgt.tracking.registry import Evidence, register_model
+from pgt.tracking.runs import log_predictions as log_prediction_run
+from pgt.tracking.runs import model_version
+from pgt.training.distributed import run_training
 from preprocessing.config import SynthConfig, load_config
 from preprocessing.engine import EngineConfig, mapper
 from preprocessing.pipeline import STEPS, StageRun, cached_stage, reusable_manifest, run_step, stage_input, write_stages
@@ -105,12 +105,12 @@ def train(train_config: dict, launch_config: dict, tracking_config: dict) -> dic
 
 
 @task(name="tune", cache_policy=NO_CACHE)
-def tune(sweep_config: dict, tracking_config: dict, ray_address: str | None) -> dict:
+def tune(sweep_config: dict, tracking_config: dict, address: str | None) -> dict:
     """A Ray Tune sweep; its best trial's model is logged to the sweep's MLflow run, not registered yet."""
     out = Path(sweep_config["out_dir"])
     resume = (out / "sweep.json").is_file()  # a rerun continues an interrupted sweep
     return run_sweep(SweepConfig.from_dict(sweep_config), TrackingConfig.from_dict(tracking_config),
-                     address=ray_address, resume=resume)
+                     address=address, resume=resume)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)
@@ -121,8 +121,8 @@ def evaluate(model_uri: str, data_dir: Path, tracking_uri: str) -> dict:
 
 @task(name="register", cache_policy=NO_CACHE)
 def register(tracking_uri: str, name: str, model_uri: str, run_id: str, evidence: dict) -> dict:
-    """A new registry version with its evidence (pgt.registry.Evidence as a dict); the alias champion moves to it
-    only if that beats the champion's by more than seed noise (pgt.registry.promotion_decision)."""
+    """A new registry version with its evidence (pgt.tracking.registry.Evidence as a dict); the alias champion moves to it
+    only if that beats the champion's by more than seed noise (pgt.tracking.registry.promotion_decision)."""
     return register_model(tracking_uri, name, model_uri, run_id, Evidence(**evidence))
 
 

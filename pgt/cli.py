@@ -17,23 +17,18 @@ import typer
 
 from pgt.config import (
     BASELINES,
-    DATA_ENGINES,
-    MAX_TOP_K,
-    MODELS,
     RECIPES,
-    REFIT_EPOCHS,
-    SELECT_ON,
-    TOP_K,
     LaunchConfig,
+    PredictConfig,
     ServeConfig,
     TrackingConfig,
     TrainConfig,
     base_settings,
     recipe_label,
 )
-from pgt.options import default_of, fail, given, option_for
-from preprocessing.config import ANCHORS, APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
-from preprocessing.engine import ENGINES, EngineConfig
+from pgt.options import Typed, fail, option_for, settings_options, typed_from
+from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
+from preprocessing.engine import EngineConfig
 
 # MLflow's download bars would bury a command's one line of output or error on stderr
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -48,17 +43,12 @@ app = typer.Typer(
 
 
 InputFormat = Literal[FORMATS]
-PreprocessEngine = Literal[ENGINES]
-Model = Literal[MODELS]
 Recipe = Literal[tuple(RECIPES)]
-SelectOn = Literal[SELECT_ON]
-Anchor = Literal[ANCHORS]
-DataEngine = Literal[DATA_ENGINES]
-RefitEpochs = Literal[REFIT_EPOCHS]
 ScoredSplit = Literal[(*SPLITS, APPLIED_SPLIT)]
 
 
 @app.command()
+@settings_options(EngineConfig)
 def preprocess(
     input: Path = typer.Option(..., "--input", help="A GeoLife folder, or a Parquet/CSV file of GPS points or staypoints."),
     format: InputFormat = typer.Option(..., "--format", help="What --input holds."),
@@ -71,39 +61,36 @@ def preprocess(
                                        help="Apply the preprocessing fitted in this folder (the output a model was trained "
                                             "on) to new data: its places, users and settings; writes latest.parquet "
                                             "(one sample per user) and evaluation.parquet."),
-    engine: PreprocessEngine | None = option_for(EngineConfig, "engine"),
-    partitions: int | None = option_for(EngineConfig, "partitions"),
-    tile_deg: float | None = option_for(EngineConfig, "tile_deg"),
-    address: str | None = option_for(EngineConfig, "address", envvar="RAY_ADDRESS"),
-    work_dir: Path | None = option_for(EngineConfig, "work_dir"),
+    typed: Typed = None,
 ) -> None:
     """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol."""
+    from infra.errors import InputError
+    from infra.output import check_apart
+    from infra.ray_session import check_ray_address
     from preprocessing.config import load_config
-    from preprocessing.engine import check_ray_address
-    from preprocessing.errors import InputError
-    from preprocessing.output import check_apart
     from preprocessing.pipeline import preprocess as run
     from preprocessing.pipeline import preprocess_fitted
 
+    engine = typed.of(EngineConfig)
+    if engine.get("engine") != "ray":  # $RAY_ADDRESS is for Ray's engine only
+        engine.pop("address", None)
     try:
         check_apart(out, {"--input": input, "--fitted": fitted, "--config": config})  # --work-dir is scratch space
+        work_dir = engine.get("work_dir")
         if work_dir is not None and work_dir.exists() and not work_dir.is_dir():
             raise InputError(work_dir, "--work-dir is a file; it names a folder for the input's partitions")
         if fitted is not None:
             if config is not None:
                 raise InputError(config, "--config cannot be combined with --fitted: the fitted run's settings apply")
-            if engine not in (None, "local") or partitions or tile_deg is not None:
+            if engine.get("engine", "local") != "local" or engine.get("partitions") or "tile_deg" in engine:
                 raise InputError(fitted, "--engine, --partitions and --tile-deg apply to a full run, not to --fitted "
                                          "(new data is scored in memory)")
             result = preprocess_fitted(input, format, fitted, out, force=force, progress=progress)
         else:
-            typed = given(locals(), "engine", "partitions", "tile_deg", "work_dir")
-            if typed.get("engine") == "ray" and address:
-                typed["address"] = address
-            if typed.get("engine") == "ray":
-                check_ray_address(address)
-            result = run(input, format, out, load_config(config), force=force, progress=progress,
-                         engine=EngineConfig(**typed))
+            engine = EngineConfig(**engine)
+            if engine.engine == "ray":
+                check_ray_address(engine.address)
+            result = run(input, format, out, load_config(config), force=force, progress=progress, engine=engine)
     except (InputError, ValueError) as exc:
         fail(str(exc))
     counts = result.manifest["counts"]
@@ -131,61 +118,47 @@ def preprocess(
 
 
 @app.command()
+@settings_options(SynthConfig)
 def synth(
     out: Path = typer.Option(..., "--out", help="Parquet file of GPS points (user_id, tracked_at, latitude, longitude)."),
-    users: int | None = option_for(SynthConfig, "users"),
-    days: int | None = option_for(SynthConfig, "days"),
-    seed: int | None = option_for(SynthConfig, "seed"),
-    public_places: int | None = option_for(SynthConfig, "public_places"),
-    city_radius_m: float | None = option_for(SynthConfig, "city_radius_m"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar over the people."),
+    typed: Typed = None,
 ) -> None:
     """Write synthetic GPS points: homes, workplaces, routines, exploration, noise, gaps, phone-off days.
     A city k times larger: k times --users and --public-places, sqrt(k) times --city-radius-m."""
     import pyarrow.parquet as pq
 
-    from preprocessing.errors import InputError
-    from preprocessing.output import check_output_file
+    from infra.errors import InputError
+    from infra.output import check_output_file
     from preprocessing.synthetic import SYNTHESISER, write_positionfixes
 
     try:
         check_output_file(out, SYNTHESISER, (".parquet",))
     except InputError as exc:
         fail(str(exc))
-    cfg = SynthConfig(**given(locals(), "users", "days", "seed", "public_places", "city_radius_m"))
+    try:
+        cfg = SynthConfig(**typed.of(SynthConfig))
+    except ValueError as exc:
+        fail(str(exc))
     write_positionfixes(cfg, out, progress=progress)
     typer.echo(f"wrote {out}: {pq.read_metadata(out).num_rows:,} GPS points of {cfg.users} users over {cfg.days} days")
 
 
-# TrainConfig fields the command line may set; what is not typed comes from the recipe, then the defaults
-TRAIN_OPTIONS = ("model", "epochs", "seed", "batch_size", "lr", "d_model", "nhead", "num_layers", "dim_feedforward",
-                 "dropout", "patience", "select_on", "unseen_slots", "slot_identity", "new_place_weight",
-                 "previous_location", "visit_relations", "relation_inputs", "relation_order", "memory_places",
-                 "memory_gate", "members",
-                 "weight_average", "simulate_unseen", "anchor", "refit", "refit_epochs", "resume", "threads", "resident_data",
-                 "static_width", "compile_model", "capture_step", "fused_seeds")
-LAUNCH_OPTIONS = ("workers", "max_failures", "data_engine")
-
-
 def train_config(params: dict) -> TrainConfig:
-    """`pgt train`'s TrainConfig from its parsed options: the recipe's settings, and over them the typed ones."""
-    typed = given(params, *TRAIN_OPTIONS)
-    if params.get("known_fraction") is not None:
-        typed["known_fraction_min"], typed["known_fraction_max"] = params["known_fraction"]
+    """`pgt train`'s TrainConfig from its parsed options (None: not typed): the recipe's settings, and over them the
+    typed ones."""
     base = base_settings(params.get("recipe"), params.get("recipe_file"))
-    return TrainConfig.from_recipe(base, **typed, data_dir=str(params["data"]),
+    return TrainConfig.from_recipe(base, **typed_from(params, TrainConfig).values, data_dir=str(params["data"]),
                                    out_dir=str(params["out"]))
 
 
 def launch_config(params: dict) -> LaunchConfig:
     """`pgt train`'s LaunchConfig: the typed options over LaunchConfig's defaults."""
-    typed = given(params, *LAUNCH_OPTIONS, "address")
-    if params.get("gpu") is not None:
-        typed["use_gpu"] = params["gpu"]
-    return LaunchConfig(**typed)
+    return LaunchConfig(**typed_from(params, LaunchConfig).values)
 
 
 @app.command()
+@settings_options(TrainConfig, LaunchConfig, TrackingConfig, flags={"num_layers": ("--num-layers", "--layers")})
 def train(
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
     out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with --workers)."),
@@ -196,79 +169,34 @@ def train(
     recipe_file: Path | None = typer.Option(None, "--recipe-file",
                                             help="A YAML file of training settings (as a sweep writes its winner), "
                                                  "instead of --recipe; options given here override it."),
-    model: Model | None = option_for(TrainConfig, "model"),
-    epochs: int | None = option_for(TrainConfig, "epochs"),
-    seed: int | None = option_for(TrainConfig, "seed"),
-    batch_size: int | None = option_for(TrainConfig, "batch_size"),
-    lr: float | None = option_for(TrainConfig, "lr"),
-    d_model: int | None = option_for(TrainConfig, "d_model"),
-    nhead: int | None = option_for(TrainConfig, "nhead"),
-    num_layers: int | None = option_for(TrainConfig, "num_layers", "--layers"),
-    dim_feedforward: int | None = option_for(TrainConfig, "dim_feedforward"),
-    dropout: float | None = option_for(TrainConfig, "dropout"),
-    patience: int | None = option_for(TrainConfig, "patience"),
-    select_on: SelectOn | None = option_for(TrainConfig, "select_on"),
-    unseen_slots: bool | None = option_for(TrainConfig, "unseen_slots", "--unseen-slots/--no-unseen-slots"),
-    slot_identity: bool | None = option_for(TrainConfig, "slot_identity", "--slot-identity/--no-slot-identity"),
-    new_place_weight: float | None = option_for(TrainConfig, "new_place_weight"),
-    previous_location: bool | None = option_for(TrainConfig, "previous_location", "--previous-location/--no-previous-location"),
-    visit_relations: bool | None = option_for(TrainConfig, "visit_relations", "--visit-relations/--no-visit-relations"),
-    relation_inputs: bool | None = option_for(TrainConfig, "relation_inputs", "--relation-inputs/--no-relation-inputs"),
-    relation_order: int | None = option_for(TrainConfig, "relation_order"),
-    memory_places: int | None = option_for(TrainConfig, "memory_places"),
-    memory_gate: bool | None = option_for(TrainConfig, "memory_gate", "--memory-gate/--no-memory-gate"),
-    members: int | None = option_for(TrainConfig, "members"),
-    weight_average: float | None = option_for(TrainConfig, "weight_average"),
-    simulate_unseen: bool | None = option_for(TrainConfig, "simulate_unseen", "--simulate-unseen/--no-simulate-unseen"),
-    anchor: Anchor | None = option_for(TrainConfig, "anchor"),
-    known_fraction: tuple[float, float] | None = typer.Option(
-        None, "--known-fraction", show_default=(f"{default_of(TrainConfig, 'known_fraction_min')} "
-                                                f"{default_of(TrainConfig, 'known_fraction_max')}"),
-        help="With --simulate-unseen: the cutoff's range, as fractions of the user's days before each sample."),
-    refit: bool | None = option_for(TrainConfig, "refit", "--refit/--no-refit"),
-    refit_epochs: RefitEpochs | None = option_for(TrainConfig, "refit_epochs"),
-    resume: bool | None = option_for(TrainConfig, "resume", "--resume/--no-resume"),
-    threads: int | None = option_for(TrainConfig, "threads"),
-    resident_data: bool | None = option_for(TrainConfig, "resident_data", "--resident-data/--no-resident-data"),
-    static_width: int | None = option_for(TrainConfig, "static_width"),
-    compile_model: bool | None = option_for(TrainConfig, "compile_model", "--compile-model/--no-compile-model"),
-    capture_step: bool | None = option_for(TrainConfig, "capture_step", "--capture-step/--no-capture-step"),
-    fused_seeds: int | None = option_for(TrainConfig, "fused_seeds"),
-    workers: int | None = option_for(LaunchConfig, "workers"),
-    gpu: bool | None = option_for(LaunchConfig, "use_gpu", "--gpu/--no-gpu"),
-    address: str | None = option_for(LaunchConfig, "address", envvar="RAY_ADDRESS"),
-    max_failures: int | None = option_for(LaunchConfig, "max_failures"),
-    data_engine: DataEngine | None = option_for(LaunchConfig, "data_engine"),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI",
-                                            help="MLflow tracking URI; default a SQLite store under .state/mlflow."),
-    experiment: str | None = typer.Option(None, "--experiment", show_default=default_of(TrackingConfig, "experiment"),
-                                          help="MLflow experiment."),
-    register: str | None = typer.Option(None, "--register", help="Register the best checkpoint under this model name."),
+    typed: Typed = None,
 ) -> None:
     """Train a model (by default with the paper's settings, as published), log it to MLflow, write --out/metrics.json."""
-    from pgt.data import Vocab
-    from pgt.distributed import run_training
-    from pgt.registry import champion_verdict
-    from pgt.report import EpochPrinter, print_metrics
-    from pgt.tracking import RECIPE_TAG, check_tracking_server, resolve_tracking_uri, run_url
-    from pgt.train import OUTPUTS, check_compile_toolchain
-    from preprocessing.engine import check_ray_address
-    from preprocessing.errors import InputError
-    from preprocessing.output import check_apart, check_output_entries
+    from infra.errors import InputError
+    from infra.output import check_apart, check_output_entries
+    from infra.ray_session import check_ray_address
+    from pgt.tracking.registry import champion_verdict
+    from pgt.tracking.runs import RECIPE_TAG, check_tracking_server, resolve_tracking_uri, run_url
+    from pgt.training.data import Vocab
+    from pgt.training.distributed import run_training
+    from pgt.training.report import EpochPrinter, print_metrics
+    from pgt.training.train import OUTPUTS, check_compile_toolchain
 
     try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
         Vocab.from_manifest(data)  # what --data is comes first, then where --out may go
         check_apart(out, {"--data": data})
         check_output_entries(out, "pgt train", OUTPUTS)
-        cfg, launch = train_config(locals()), launch_config(locals())
+        params = {**typed.values, "recipe": recipe, "recipe_file": recipe_file, "data": data, "out": out}
+        cfg, launch = train_config(params), launch_config(params)
+        tracking = TrackingConfig(**{**typed.of(TrackingConfig),
+                                     "tracking_uri": resolve_tracking_uri(typed.values.get("tracking_uri"))},
+                                  source="pgt train", tags={RECIPE_TAG: recipe_label(recipe, recipe_file)})
+        register = tracking.register
         if register and cfg.model in BASELINES:
             raise ValueError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
         if register and cfg.fused_seeds > 1:
             raise ValueError("--register needs one model; --fused-seeds trains several seeds' networks for their "
                              "evidence and writes no best.pt: register a run of one seed")
-        tracking = TrackingConfig(resolve_tracking_uri(tracking_uri), register=register, source="pgt train",
-                                  tags={RECIPE_TAG: recipe_label(recipe, recipe_file)},
-                                  **given(locals(), "experiment"))
         check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
         if launch.workers:
             check_ray_address(launch.address or os.environ.get("RAY_ADDRESS"))
@@ -292,10 +220,10 @@ def evaluate(
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` folder (its test split is scored)."),
     split: ScoredSplit = typer.Option("test", "--split", help="test, validation or train; evaluation for an output of "
                                                               "`pgt preprocess --fitted`."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
+    tracking_uri: str | None = option_for(TrackingConfig, "tracking_uri"),
 ) -> None:
     """Load a logged or registered model and print its metrics on a split as JSON."""
-    from pgt.evaluate import evaluate_model
+    from pgt.serving.evaluate import evaluate_model
 
     try:
         metrics = evaluate_model(model, data, split, tracking_uri)
@@ -308,6 +236,7 @@ def evaluate(
 
 
 @app.command()
+@settings_options(PredictConfig)
 def predict(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
     input: Path = typer.Option(..., "--input", help="Raw GPS points or staypoints (with --format), or Parquet of sequences "
@@ -318,19 +247,18 @@ def predict(
     out: Path = typer.Option(..., "--out", help="With --format: .parquet or .csv, one row per user (and evaluation "
                                                 "sample) and rank, with the place's coordinates. Else Parquet: the "
                                                 "input's row, top-k locations and probabilities."),
-    top_k: int = typer.Option(TOP_K, "--top-k", help=f"Places per prediction, 1 to {MAX_TOP_K}."),
-    at: str | None = typer.Option(None, "--at", help="With --format: the moment the prediction is for (ISO 8601, UTC "
-                                                      "unless it names an offset); recency and the weekday count from "
-                                                      "its day. Default: the end of each user's last visit."),
-    tracking_uri: str | None = typer.Option(None, "--tracking-uri", envvar="MLFLOW_TRACKING_URI"),
+    tracking_uri: str | None = option_for(TrackingConfig, "tracking_uri"),
+    typed: Typed = None,
 ) -> None:
     """Where each person goes next: the top-k next places, with coordinates and probabilities."""
-    from pgt.inference import prediction_time
-    from pgt.predict import predict_file, predict_raw, predict_summary
-    from preprocessing.errors import InputError
-    from preprocessing.process import disk_problem
+    from infra.errors import InputError
+    from infra.process import disk_problem
+    from pgt.serving.inference import prediction_time
+    from pgt.serving.predict import predict_file, predict_raw, predict_summary
 
     try:
+        wanted = PredictConfig(**typed.of(PredictConfig))
+        top_k, at = wanted.top_k, wanted.at
         if at is not None and format is None:
             raise ValueError("--at applies to raw GPS points or staypoints (--format); sequences carry their own recency")
         if format is not None:
@@ -356,27 +284,19 @@ def predict(
 
 
 @app.command()
+@settings_options(ServeConfig)
 def serve(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
-    host: str | None = option_for(ServeConfig, "host"),
-    port: int | None = option_for(ServeConfig, "port"),
-    workers: int | None = option_for(ServeConfig, "workers"),
-    max_request_mb: float | None = option_for(ServeConfig, "max_request_mb"),
-    max_in_flight: int | None = option_for(ServeConfig, "max_in_flight"),
-    max_buffered_mb: float | None = option_for(ServeConfig, "max_buffered_mb"),
-    tracking_uri: str | None = option_for(ServeConfig, "tracking_uri", envvar="MLFLOW_TRACKING_URI"),
-    torch_threads: int | None = option_for(ServeConfig, "torch_threads"),
+    typed: Typed = None,
 ) -> None:
     """Serve a logged model over HTTP with MLflow's scoring protocol (POST /invocations), with a request size limit,
     one-line 400s for bad requests and a warm model."""
-    from pgt.serving import check_port_free
-    from pgt.serving import serve as run
-    from pgt.tracking import check_model_uri
+    from pgt.serving.server import check_port_free
+    from pgt.serving.server import serve as run
+    from pgt.tracking.runs import check_model_uri
 
     try:
-        config = ServeConfig(model_uri=model, tracking_uri=tracking_uri,
-                             **given(locals(), "host", "port", "workers", "max_request_mb", "max_in_flight",
-                                     "max_buffered_mb", "torch_threads"))
+        config = ServeConfig(model_uri=model, **typed.of(ServeConfig))
         check_port_free(config.host, config.port)
         check_model_uri(config.model_uri, config.tracking_uri)
     except ValueError as exc:
@@ -392,8 +312,8 @@ def explain(
     samples: int = typer.Option(6, "--samples", min=1, help="Test samples in the attention plot."),
 ) -> None:
     """Plots of a trained model: pointer attention, gate, position bias, attention entropy."""
-    from pgt.explain import explain as run
-    from preprocessing.errors import InputError
+    from infra.errors import InputError
+    from pgt.serving.explain import explain as run
 
     try:
         written = run(checkpoint, data, out, samples=samples)
@@ -406,7 +326,7 @@ def explain(
 @app.command()
 def manifest(folder: Path = typer.Argument(..., help="A `pgt preprocess` output folder.")) -> None:
     """Print the counts and vocabulary sizes of a preprocessed folder."""
-    from preprocessing.errors import InputError
+    from infra.errors import InputError
     from preprocessing.output import is_own_manifest, read_manifest
 
     try:
@@ -436,7 +356,7 @@ def main() -> None:
     read-only or forbidden disk is one line naming the path, exit 1."""
     import signal
 
-    from preprocessing.process import disk_problem, handled_signals
+    from infra.process import disk_problem, handled_signals
 
     with handled_signals() as caught:
         try:

@@ -3,13 +3,13 @@ flows build their choices from. Every default lives here, once; nothing here imp
 line can show them without loading it.
 
     ModelSettings the network's shape and switches: what a recipe or a sweep chooses
-    ModelConfig   those settings with the data's sizes (pgt.model builds it)
-    TrainConfig   one training run (pgt.train runs it), holding its ModelSettings (`network`); a named recipe
+    ModelConfig   those settings with the data's sizes (pgt.network.model builds it)
+    TrainConfig   one training run (pgt.training.train runs it), holding its ModelSettings (`network`); a named recipe
                   sets some settings (RECIPES). Its dict (to_dict, from_dict) is flat: the network's settings
                   sit beside the others, as recipe files, sweeps and MLflow params name them.
 
-Each setting is one field with its help, bounds and choices (preprocessing.settings.setting).
-    LaunchConfig  where it runs: this process or Ray Train workers (pgt.distributed launches it)
+Each setting is one field with its help, bounds and choices (infra.settings.setting).
+    LaunchConfig  where it runs: this process or Ray Train workers (pgt.training.distributed launches it)
 """
 
 from __future__ import annotations
@@ -20,20 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from infra.process import listed, load_yaml, read_small_file, shorten
+from infra.settings import check_settings, flat_settings, nested, setting, unflatten
 from preprocessing.config import ANCHORS
-from preprocessing.process import listed, load_yaml, read_small_file, shorten
-from preprocessing.settings import check_settings, flat_settings, nested, setting, unflatten
 
 TOP_K = 5  # places per prediction unless asked otherwise (`pgt predict --top-k`, the flow, a request's params)
 MAX_TOP_K = 1000  # the most places one answer may list
 DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
 
 
-VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")  # the neural models (pgt.model)
+VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")  # the neural models (pgt.network.model)
 # The memory's entries enter the model as visits in front of the history: the recency of one is its age bucket
 # (days since the place's last visit, counted back from the sample's anchor day, at least each lower edge) after
 # the window's recency values, its duration its visit-count bucket after the window's duration buckets, those
-# buckets twice: without and with an earlier visit that came right after the current place (pgt.data.MemoryLayout).
+# buckets twice: without and with an earlier visit that came right after the current place (pgt.training.data.MemoryLayout).
 # A window spans days 0 .. history_days, so ages start past it, but the live anchor (the last visit's day) brings
 # them closer.
 MEMORY_AGE_EDGES_DAYS = (0, 8, 11, 15, 22, 31, 61, 121, 366)
@@ -61,13 +61,13 @@ class ModelSettings:
     previous_location: bool = setting(False, "Each visit also embeds the location visited before it.")
     visit_relations: bool = setting(False, "The pointer scores each visit also by learned biases for its relation to "
                                            "the last visit: it followed the current place, is the current place, "
-                                           "starts so many hours after now (pgt.model.visit_relations).")
+                                           "starts so many hours after now (pgt.network.model.visit_relations).")
     relation_inputs: bool = setting(False, "With visit_relations: the encoder's inputs embed them too.")
     relation_order: int = setting(1, "With visit_relations: transitions from the current place (1) or from the last "
                                      "two places (2).", choices=(1, 2))
     memory_places: int = setting(0, "Long-term memory: the person's earlier places outside the 7-day window the model "
                                     "reads (the data's first N: the most visited), in front of the history, with a "
-                                    "pointer and a gate of their own; 0 reads none (pgt.model, preprocessing.memory).",
+                                    "pointer and a gate of their own; 0 reads none (pgt.network.model, preprocessing.memory).",
                                  low=0, high=1024)
     memory_gate: bool = setting(True, "With memory_places: the remembered places get a pointer and a gate weight of "
                                       "their own (window, memory, generator); off, one pointer over the history and "
@@ -86,7 +86,7 @@ class ModelSettings:
 
 @dataclass
 class ModelConfig(ModelSettings):
-    """What pgt.model builds: the settings, the variant, and the vocabulary sizes of the data (its manifest)."""
+    """What pgt.network.model builds: the settings, the variant, and the vocabulary sizes of the data (its manifest)."""
 
     num_locations: int = dataclasses.field(kw_only=True)  # location vocabulary incl. 0 (padding) and 1 (unseen)
     num_users: int = dataclasses.field(kw_only=True)  # user vocabulary incl. 0 (padding)
@@ -287,7 +287,7 @@ class TrainConfig:
                                         "gather, forward, loss, backward, clipping, optimizer, weight average) as one "
                                         "unit, captured on CUDA as one CUDA graph per batch width and replayed (no "
                                         "Python or launches between kernels); the same step, uncaptured, on a CPU "
-                                        "(pgt.step).")
+                                        "(pgt.training.step).")
     fused_seeds: int = setting(1, "Train this many seeds (seed, seed + 1, ...) as one model of side-by-side networks: "
                                   "each from its own seed's initial weights, all on the first seed's batches, each "
                                   "scored and its best epoch chosen on validation apart (metrics.json's `seeds`). Several "
@@ -349,7 +349,7 @@ class TrainConfig:
         return flat_settings(self)
 
     def model_config(self, vocab) -> ModelConfig:
-        """The model of these settings for a vocabulary (pgt.data.Vocab: the sizes in a manifest)."""
+        """The model of these settings for a vocabulary (pgt.training.data.Vocab: the sizes in a manifest)."""
         return ModelConfig(**dataclasses.asdict(self.network), variant=self.model, num_locations=vocab.locations,
                            num_users=vocab.users, time_slots=vocab.time_slots, weekdays=vocab.weekdays,
                            recency_days=vocab.recency, duration_buckets=vocab.durations)
@@ -358,13 +358,13 @@ class TrainConfig:
 @dataclass
 class LaunchConfig:
     workers: int = setting(0, "DDP workers under Ray Train; 0 = train in this process, without Ray.", low=0, high=4096)
-    use_gpu: bool | None = setting(None, "One GPU per worker; None = when the Ray cluster has enough GPUs.")
+    gpu: bool | None = setting(None, "One GPU per worker; None = when the Ray cluster has enough GPUs.")
     address: str | None = setting(None, "A Ray cluster to join (auto, ray://host:10001, host:6379); None = "
-                                        "$RAY_ADDRESS, else a local Ray.")
+                                        "$RAY_ADDRESS, else a local Ray.", env="RAY_ADDRESS")
     max_failures: int = setting(0, "Restarts of the worker group from the last checkpoint when a worker dies, before "
                                    "the run fails (-1: no limit).", low=-1, high=1 << 20)
     cpus_per_worker: float = setting(1.0, "Ray CPUs each worker reserves.", low=0.0, low_open=True)
-    gpus_per_worker: float = setting(1.0, "Ray GPUs each worker reserves with use_gpu (fractions share a GPU).",
+    gpus_per_worker: float = setting(1.0, "Ray GPUs each worker reserves with gpu (fractions share a GPU).",
                                      low=0.0)
     data_engine: str = setting("memory", "memory: each worker loads the train split; ray (with workers >= 1): each "
                                          "streams its shard with Ray Data, for splits larger than a worker's memory "
@@ -378,16 +378,24 @@ class LaunchConfig:
 
 @dataclass
 class TrackingConfig:
-    tracking_uri: str  # MLflow tracking URI: sqlite:////abs/mlflow.db, or http://127.0.0.1:5055 for a server
-    experiment: str = "pgt"  # experiment the runs go to
+    tracking_uri: str | None = setting(None, "MLflow tracking URI (http://127.0.0.1:5055 for a server, "
+                                             "sqlite:////abs/mlflow.db); None: $MLFLOW_TRACKING_URI, else a SQLite "
+                                             "store under the state folder.", env="MLFLOW_TRACKING_URI")
+    experiment: str = setting("pgt", "The MLflow experiment the runs go to.")
+    register: str | None = setting(None, "Register the best checkpoint under this model name; its alias champion "
+                                         "moves to the new version only when its strict validation Acc@1 is better.")
+    run_name: str | None = setting(None, "The new MLflow run's name; None: <model>-<out folder>.")
+    log_model: bool = setting(True, "Log the best checkpoint as an MLflow model (and the explain PNGs).")
+    system_metrics_interval_s: float = setting(5.0, "How often a training run samples CPU, memory and GPU, seconds; "
+                                                    "0 = off.", low=0.0, high=86_400.0)
+    # what the program sets, never a user
     run_id: str | None = None  # the run rank 0 logs into; set by start_run
-    register: str | None = None  # registered model name for the best checkpoint; None: not registered
-    log_model: bool = True  # log the best checkpoint as an MLflow PyTorch model (and the explain PNGs)
-    run_name: str | None = None  # the new run's name; None: "<model>-<out folder>"
     parent_run_id: str | None = None  # nest the new run under this one (a sweep's trials)
     source: str = "pgt train"  # the command or flow that makes the run (the UI's Source column)
     tags: dict = dataclasses.field(default_factory=dict)  # more run tags: pgt.recipe (tracking.RECIPE_TAG), ...
-    system_metrics_interval_s: float = 5.0  # how often a training run samples CPU, memory and GPU; 0 = off
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -395,6 +403,20 @@ class TrackingConfig:
     @classmethod
     def from_dict(cls, values: dict) -> TrackingConfig:
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class PredictConfig:
+    """What a prediction is for: how many places, and the moment (`pgt predict`, the predict flow; a served
+    request's params name the same)."""
+
+    top_k: int = setting(TOP_K, "Places per prediction.", low=1, high=MAX_TOP_K)
+    at: str | None = setting(None, "With raw GPS points or staypoints: the moment the prediction is for (ISO 8601, "
+                                   "UTC unless it names an offset); recency and the weekday count from its day. "
+                                   "None: the end of each user's last visit.")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
 
 
 ENV_PREFIX = "PGT_SERVE_"  # ServeConfig fields reach uvicorn's workers as PGT_SERVE_<FIELD> variables
@@ -414,7 +436,8 @@ class ServeConfig:
     max_buffered_mb: float = setting(64.0, "Request bodies a worker holds at once, all requests together; a request "
                                            "that would pass it gets HTTP 503 with Retry-After. At least "
                                            "max_request_mb.", low=0.0, high=65536.0, low_open=True)
-    tracking_uri: str | None = setting(None, "Where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI.")
+    tracking_uri: str | None = setting(None, "Where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI.",
+                                       env="MLFLOW_TRACKING_URI")
     torch_threads: int = setting(1, "Torch threads per worker. A request is a few people's sequences, which one thread "
                                     "computes as fast as several; more threads keep spinning after the model's pass and "
                                     "slow the next request's preprocessing on a small machine.", low=1, high=256)

@@ -3,18 +3,24 @@
 An option a user does not type stays None, and only typed options reach a config: every default lives in
 its config dataclass (pgt.config, tune.config, preprocessing.config, preprocessing.synthetic), which the
 help shows as the option's default. `option_for` builds an option from a setting's one definition
-(preprocessing.settings.setting): its help with its bounds, and its default as shown. Choices are Literals built
-from the registries (MODELS, RECIPES, ...).
+(infra.settings.setting): its help with its bounds, its default as shown, its environment variable and its
+choices. `settings_options(*configs)` gives a command one such option per setting of its configs, so that no
+command lists its options by name: what a config gains, its commands gain.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NoReturn
+import functools
+import inspect
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, NoReturn, Union
 
 import typer
 
-from preprocessing.settings import bounds_text, help_of, settings_of
+from infra.settings import CHOICES, ENV, bounds_text, help_of, setting_types, settings_of
 
 MAX_ERROR_CHARS = 800  # an error line quotes values; a value of megabytes is cut in the middle
 
@@ -38,17 +44,89 @@ def default_of(config: type, name: str) -> str:
     return str(field.default)
 
 
-def given(params: dict[str, Any], *names: str) -> dict[str, Any]:
-    """The options among `names` that were typed: those whose value is not None."""
-    return {name: params[name] for name in names if params.get(name) is not None}
+def flag_of(name: str) -> str:
+    """A setting's option: --name with dashes."""
+    return f"--{name.replace('_', '-')}"
 
 
 def option_for(config: type, name: str, *flags: str, **extra: Any) -> Any:
-    """A typer option (default None: "not given") for the setting `name` of a config dataclass: its help, and its
-    default as the help shows it, from the field's one definition; `extra` adds typer's own arguments (envvar, ...).
-    The flag is --name with dashes unless `flags` are given. Bounds and choices are checked when the config is
-    built, so a bad value fails in one line naming the setting, like a bad value from a recipe file."""
-    bounds = bounds_text(settings_of(config)[name])
+    """A typer option (default None: "not given") for the setting `name` of a config dataclass: its help, its
+    default as the help shows it and its environment variable, from the field's one definition; `extra` adds
+    typer's own arguments. The flag is --name with dashes (--name/--no-name for a switch) unless `flags` are given.
+    Bounds and choices are checked when the config is built, so a bad value fails in one line naming the setting,
+    like a bad value from a recipe file."""
+    field = settings_of(config)[name]
+    bounds = bounds_text(field)
     help = help_of(config, name) + (f" In {bounds}." if bounds else "")
-    return typer.Option(None, *(flags or (f"--{name.replace('_', '-')}",)), help=help,
-                        show_default=default_of(config, name), **extra)
+    if not flags:
+        flags = (f"{flag_of(name)}/--no-{name.replace('_', '-')}",) if setting_types(config)[name] in (bool, bool | None) \
+            else (flag_of(name),)
+    if field.metadata.get(ENV):
+        extra = {"envvar": field.metadata[ENV], **extra}
+    return typer.Option(None, *flags, help=help, show_default=default_of(config, name), **extra)
+
+
+def option_type(config: type, name: str) -> Any:
+    """The type typer parses a setting's option as: its choices as a Literal (a list in --help), else its own type,
+    None when not given."""
+    choices = settings_of(config)[name].metadata.get(CHOICES)
+    if choices:
+        return Literal[tuple(choices)] | None
+    kind = setting_types(config)[name]
+    if isinstance(kind, types.UnionType) or getattr(kind, "__origin__", None) is Union:
+        kind = next(arg for arg in kind.__args__ if arg is not type(None))
+    return kind | None
+
+
+@dataclass(frozen=True)
+class Typed:
+    """The settings' options a user typed (None ones left out), by setting name."""
+
+    values: dict[str, Any]
+
+    def of(self, config: type) -> dict[str, Any]:
+        """Those that are settings of `config`: its keyword arguments, over its defaults."""
+        names = settings_of(config)
+        return {name: value for name, value in self.values.items() if name in names}
+
+    def names(self) -> list[str]:
+        return sorted(self.values)
+
+
+def typed_from(params: dict[str, Any], *configs: type) -> Typed:
+    """The settings of `configs` among a command's parsed parameters that were typed (not None)."""
+    names = {name for config in configs for name in settings_of(config)}
+    return Typed({name: value for name, value in params.items() if name in names and value is not None})
+
+
+def settings_options(*configs: type, skip: tuple[str, ...] = (), flags: dict[str, tuple[str, ...]] | None = None
+                     ) -> Callable[[Callable], Callable]:
+    """A typer command with one option per setting of `configs` (option_for each; a setting named in two configs
+    is one option, for both), after its own parameters. The command takes `typed: Typed`, the options a user typed,
+    in place of them. `skip`: settings the command sets itself; `flags`: a setting's flags where they are not
+    --name."""
+    flags = flags or {}
+
+    def decorate(command: Callable) -> Callable:
+        own = inspect.signature(command, eval_str=True)
+        parameters = [p for p in own.parameters.values() if p.name != "typed"]
+        taken = {p.name for p in parameters}
+        generated = {}
+        for config in configs:
+            for name in settings_of(config):
+                if name in skip or name in taken or name in generated:
+                    continue
+                generated[name] = inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                                    default=option_for(config, name, *flags.get(name, ())),
+                                                    annotation=option_type(config, name))
+
+        @functools.wraps(command)
+        def with_settings(**values: Any) -> Any:
+            typed = typed_from({name: values.pop(name) for name in generated}, *configs)
+            return command(**values, typed=typed)
+
+        with_settings.__signature__ = own.replace(parameters=[
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in parameters] + list(generated.values()))
+        return with_settings
+
+    return decorate

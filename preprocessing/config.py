@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import tomllib
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
@@ -13,8 +12,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import yaml
 
-from preprocessing.errors import InputError
-from preprocessing.settings import check_settings, setting
+from infra.errors import InputError, SettingsError
+from infra.settings import check_settings, setting, setting_problems
 
 FORMATS = ("geolife-plt", "positionfixes", "staypoints")  # what an input may hold (preprocessing.readers)
 SPLITS = ("train", "validation", "test")  # the protocol's per-user day splits, in time order
@@ -23,69 +22,76 @@ SPLITS = ("train", "validation", "test")  # the protocol's per-user day splits, 
 ANCHORS = ("target_day", "last_visit")
 APPLIED_SPLIT = "evaluation"  # the samples with targets of new data under a fitted preprocessing (preprocessing.fitted)
 
+POSITIVE = {"low": 0.0, "low_open": True}
+AXIS_ORDERS = ("lat_lon", "lon_lat")
+
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     # staypoints (sliding method, as trackintel's generate_staypoints(method="sliding"))
-    staypoint_dist_threshold_m: float = 200.0  # a fix this far (haversine) from the anchor ends the stay
-    staypoint_time_threshold_min: float = 30.0  # a stay must last at least this long
-    staypoint_gap_threshold_min: float = 1440.0  # a gap longer than this between fixes resets the anchor
+    staypoint_dist_threshold_m: float = setting(200.0, "A fix this far (haversine, m) from the anchor ends the stay.",
+                                                **POSITIVE)
+    staypoint_time_threshold_min: float = setting(30.0, "A stay must last at least this long (min).", **POSITIVE)
+    staypoint_gap_threshold_min: float = setting(1440.0, "A gap longer than this between fixes resets the anchor "
+                                                         "(min).", **POSITIVE)
     # activity flag
-    activity_time_threshold_min: float = 25.0  # staypoints at least this long are activities
+    activity_time_threshold_min: float = setting(25.0, "Staypoints at least this long are activities (min).",
+                                                 **POSITIVE)
     # user quality filter
-    min_tracking_days: int = 50  # keep users whose tracking spans MORE than this many whole days
-    quality_window_weeks: int = 10  # sliding window of the optional coverage filter
-    min_mean_window_quality: float | None = None  # optional: mean staypoint coverage (0..1) over windows; GeoLife: none
+    min_tracking_days: int = setting(50, "Keep users whose tracking spans more than this many whole days.",
+                                     **POSITIVE)
+    quality_window_weeks: int = setting(10, "Sliding window of the optional coverage filter (weeks).", **POSITIVE)
+    min_mean_window_quality: float | None = setting(None, "Optional: the least mean staypoint coverage (0..1) over "
+                                                          "the windows; None (GeoLife's protocol): no such filter.",
+                                                    low=0.0, high=1.0)
     # locations (DBSCAN over all users' staypoints, haversine)
-    location_epsilon_m: float = 20.0  # DBSCAN neighbourhood radius
-    location_min_samples: int = 2  # DBSCAN core point size; staypoints left as noise are dropped
-    location_axis_order: str = "lat_lon"  # "lon_lat" feeds DBSCAN (lon, lat) as trackintel 1.x does; see generate_locations
+    location_epsilon_m: float = setting(20.0, "DBSCAN neighbourhood radius (m).", **POSITIVE)
+    location_min_samples: int = setting(2, "DBSCAN core point size; staypoints left as noise are dropped.",
+                                        **POSITIVE)
+    location_axis_order: str = setting("lat_lon", "lon_lat feeds DBSCAN (lon, lat) as trackintel 1.x does (see "
+                                                  "generate_locations).", choices=AXIS_ORDERS)
     # merging consecutive staypoints at the same location
-    merge_max_gap_min: float = 1.0  # merge when the next starts at most this long after the previous finished
+    merge_max_gap_min: float = setting(1.0, "Merge when the next staypoint starts at most this long after the "
+                                            "previous finished (min).", **POSITIVE)
     # per-user split by day
-    train_fraction: float = 0.6  # first share of each user's days
-    validation_fraction: float = 0.2  # next share; the test split takes the rest
-    # samples
-    history_days: int = 7  # history = the split's staypoints that started at most this many days before the target's day
-    min_history_staypoints: int = 3  # samples need at least this many history staypoints
-    # the most earlier places outside the history window a sample remembers (preprocessing.memory); a model reads
-    # as many of them as its own memory_places setting asks, up to this
-    memory_places: int = 32
-    # feature buckets
-    time_slot_min: int = 15  # time slot = start minute of day // this (0..95)
-    duration_cap_min: int = 2879  # durations are capped at this many minutes (two days less a minute)
-    duration_bucket_min: int = 30  # duration bucket = capped minutes // this (0..95)
-    timezone: str = "UTC"  # days, slots and weekdays are taken in this IANA zone (the reference: UTC)
+    train_fraction: float = setting(0.6, "First share of each user's days.", low=0.0, high=1.0, low_open=True)
+    validation_fraction: float = setting(0.2, "Next share; the test split takes the rest.", low=0.0, high=1.0,
+                                         low_open=True)
+    # samples (recency is stored as int8)
+    history_days: int = setting(7, "History = the split's staypoints that started at most this many days before "
+                                   "the target's day.", low=1, high=127)
+    min_history_staypoints: int = setting(3, "Samples need at least this many history staypoints.", **POSITIVE)
+    memory_places: int = setting(32, "The most earlier places outside the history window a sample remembers; a "
+                                     "model reads as many as its own memory_places asks, up to this.",
+                                 low=1, high=1024)
+    # feature buckets (slots and buckets are stored as int16)
+    time_slot_min: int = setting(15, "Time slot = start minute of day // this (0..95 for 15).", low=1, high=1440)
+    duration_cap_min: int = setting(2879, "Durations are capped at this many minutes (two days less a minute).",
+                                    **POSITIVE)
+    duration_bucket_min: int = setting(30, "Duration bucket = capped minutes // this (0..95 for 30).", **POSITIVE)
+    timezone: str = setting("UTC", "Days, slots and weekdays are taken in this IANA zone (the reference: UTC).")
     # plausibility: fixes and staypoints outside this window are quarantined
-    earliest_valid_time: str = "1990-01-01"  # ISO 8601 date or time (UTC if no offset)
-    latest_valid_time: str | None = None  # ISO 8601; None: one day after the run (rounded up to the minute)
-
-    TEXT_SETTINGS = ("timezone", "min_mean_window_quality", "location_axis_order", "earliest_valid_time",
-                     "latest_valid_time")
+    earliest_valid_time: str = setting("1990-01-01", "Fixes and staypoints before this ISO 8601 date or time (UTC "
+                                                     "if no offset) are quarantined.")
+    latest_valid_time: str | None = setting(None, "Fixes and staypoints after this ISO 8601 time are quarantined; "
+                                                  "None: one day after the run (rounded up to the minute).")
 
     def __post_init__(self) -> None:
+        problems = setting_problems(self) + self._combination_problems()
+        if problems:
+            raise SettingsError("; ".join(problems))
+
+    def _combination_problems(self) -> list[str]:
+        """What the bounds of one setting cannot say: settings that must fit together, and the text settings'
+        formats."""
         problems = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if f.name in self.TEXT_SETTINGS:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                problems.append(f"{f.name} must be a number, got {value!r}")
-            elif not math.isfinite(value):
-                problems.append(f"{f.name} must be a finite number, got {value!r}")
-            elif value <= 0:
-                problems.append(f"{f.name} must be positive, got {value!r}")
-        problems += self._range_problems()
-        for name in ("min_tracking_days", "quality_window_weeks", "location_min_samples", "history_days",
-                     "min_history_staypoints", "memory_places", "time_slot_min", "duration_cap_min", "duration_bucket_min"):
-            if not isinstance(getattr(self, name), int):
-                problems.append(f"{name} must be an integer, got {getattr(self, name)!r}")
-        if self.train_fraction + self.validation_fraction >= 1.0:
+        fractions = (self.train_fraction, self.validation_fraction)
+        if all(isinstance(f, (int, float)) for f in fractions) and sum(fractions) >= 1.0:
             problems.append("train_fraction + validation_fraction must be below 1 (the test split takes the rest)")
-        q = self.min_mean_window_quality
-        if q is not None and (isinstance(q, bool) or not (isinstance(q, (int, float)) and 0.0 <= q <= 1.0)):
-            problems.append(f"min_mean_window_quality must be in [0, 1] or null, got {q!r}")
-        if self.location_axis_order not in ("lat_lon", "lon_lat"):
-            problems.append(f"location_axis_order must be 'lat_lon' or 'lon_lat', got {self.location_axis_order!r}")
+        cap, bucket = self.duration_cap_min, self.duration_bucket_min
+        if isinstance(cap, int) and isinstance(bucket, int) and bucket > 0 and cap // bucket + 1 > 32_000:
+            problems.append(f"duration_cap_min // duration_bucket_min gives {cap // bucket + 1:,} duration buckets; "
+                            "at most 32,000 are supported")
         try:
             ZoneInfo(str(self.timezone))
         except (ZoneInfoNotFoundError, ValueError):
@@ -98,19 +104,6 @@ class PreprocessConfig:
                 parse_time(value)
             except (TypeError, ValueError):
                 problems.append(f"{name} must be an ISO 8601 date or time such as 1990-01-01, got {value!r}")
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    def _range_problems(self) -> list[str]:
-        """Values that would overflow the stored types (recency int8, slots and buckets int16) or make no sense."""
-        limits = {"history_days": 127, "memory_places": 1024, "time_slot_min": 1440, "train_fraction": 1,
-                  "validation_fraction": 1}
-        problems = [f"{name} must be at most {limit}, got {getattr(self, name)!r}" for name, limit in limits.items()
-                    if isinstance(getattr(self, name), (int, float)) and getattr(self, name) > limit]
-        cap, bucket = self.duration_cap_min, self.duration_bucket_min
-        if isinstance(cap, int) and isinstance(bucket, int) and bucket > 0 and cap // bucket + 1 > 32_000:
-            problems.append(f"duration_cap_min // duration_bucket_min gives {cap // bucket + 1:,} duration buckets; "
-                            "at most 32,000 are supported")
         return problems
 
     @property
@@ -145,7 +138,7 @@ class PreprocessConfig:
         values = {k: v.isoformat() if isinstance(v, (date, datetime)) else v for k, v in values.items()}  # YAML dates
         try:
             return cls(**values)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, SettingsError) as exc:
             raise InputError(source, str(exc)) from None
 
 

@@ -32,16 +32,17 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from infra.errors import InputError
 from preprocessing.config import PreprocessConfig
-from preprocessing.errors import InputError
 from preprocessing.locations import merge_staypoints, summarise_locations
 from preprocessing.memory import MemoryRule, generate_memory
 from preprocessing.neighbours import SphereTree, cell_groups, components, haversine, linked_groups
 from preprocessing.output import read_manifest
+from preprocessing.partitions import InputStaypoints, staypoints_of_input
 from preprocessing.queries import collect_in_memory, columns
 from preprocessing.readers import instant
 from preprocessing.sequences import UNSEEN, find_samples, history_lists, sample_table, time_features
-from preprocessing.stages import Stage, StageLog, stage_read, stage_staypoints
+from preprocessing.stages import StageLog
 from preprocessing.staypoints import EARTH_RADIUS_M
 
 UNKNOWN_USER = 0  # the user id of people absent from the fitted data (the padding row of the user table)
@@ -450,11 +451,10 @@ class AppliedData:
     # (users is None, and counts lack its entries, where apply_fitted was asked for no users table)
 
 
-def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, details: dict, input_format: str,
-                        fitted: FittedPreprocessing, log=None, evaluation: bool = True,
+def apply_fitted_stages(found: InputStaypoints, fitted: FittedPreprocessing, evaluation: bool = True,
                         at: datetime | None = None, users_table: bool = True, memory: bool = False) -> AppliedData:
-    """Staypoints -> activity -> fitted places -> merge -> features -> samples, from read and validated rows
-    (stages.stage_read's tables), and who was not scored, and why. Counts reconcile: activity staypoints = on
+    """Fitted places -> merge -> features -> samples, from the new data's staypoints (with the activity flag:
+    partitions.staypoints_of_input), and who was not scored, and why. Counts reconcile: activity staypoints = on
     fitted places + on new places + noise. With `users_table`, also the table of the input's people and their model
     ids (what `pgt predict` reports; a served answer does without it). With `memory`, the samples carry the long-term
     memory, from the fitted visits and the new data's (remembered_visits)."""
@@ -462,9 +462,8 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
         raise InputError(fitted.source, f"carries no fitted visits ({VISITS_FILE}), which a model that remembers "
                                         "needs; preprocess the training input again")
     config = fitted.config
-    found = stage_staypoints(Stage(read_tables, dict(counts), dict(details)), input_format, config, log, tracking=False)
-    counts, details = found.counts, found.details
-    staypoints = found.tables["staypoints"]
+    counts, details = dict(found.counts), dict(found.details)
+    staypoints = found.staypoints
     activities = collect_in_memory(staypoints.lazy().filter("is_activity").sort("user_id", "started_at",
                                                                                 maintain_order=True), staypoints.height)
     labelled, new_places = join_fitted_places(activities, fitted)
@@ -489,16 +488,16 @@ def apply_fitted_stages(read_tables: dict[str, pl.DataFrame], counts: dict, deta
                                   .with_columns((pl.col("user") != UNKNOWN_USER).alias("known")), encoded.height)
         counts["users"] = users.height
         counts["users_unknown"] = int((~users["known"]).sum())
-    unscored = users_not_scored(read_tables, found.tables["quarantine"], staypoints, encoded, latest, config, at)
+    unscored = users_not_scored(found.users, found.quarantine, staypoints, encoded, latest, config, at)
     counts["users_not_scored"] = unscored.height
     fresh = columns(new_places, ("location_id", "latitude", "longitude", "location"))
     places = pl.concat([fitted.known_places, fresh.hstack([pl.Series("is_new", [True] * fresh.height)])])
     kept = [c for c in encoded.columns if c not in ("history_start", "is_activity", "is_target")]
     return AppliedData(evaluation, latest, columns(encoded, kept),
-                       places, users, found.tables["quarantine"], counts, details, unscored)
+                       places, users, found.quarantine, counts, details, unscored)
 
 
-def users_not_scored(read_tables: dict[str, pl.DataFrame], quarantine: pl.DataFrame, staypoints: pl.DataFrame,
+def users_not_scored(valid_users: pl.Series, quarantine: pl.DataFrame, staypoints: pl.DataFrame,
                      located: pl.DataFrame, latest: pl.DataFrame, config: PreprocessConfig,
                      at: datetime | None = None) -> pl.DataFrame:
     """Every person of the input without a latest sample, and why (source_user_id as text, reason), in the order
@@ -507,7 +506,7 @@ def users_not_scored(read_tables: dict[str, pl.DataFrame], quarantine: pl.DataFr
     def ids(frame: pl.DataFrame, column: str = "user_id") -> set[str]:
         return set(frame[column].cast(pl.String).to_list()) if column in frame.columns else set()
 
-    valid = ids(read_tables["points"])
+    valid = set(valid_users.cast(pl.String).to_list())
     scored = ids(latest, "source_user_id")
     with_staypoints, with_places = ids(staypoints), ids(located)
     reasons = {user: "every row quarantined" for user in ids(quarantine) - valid if user is not None}
@@ -539,7 +538,7 @@ def apply_fitted(input_path: Path | str | pl.DataFrame, input_format: str, fitte
     `name` in messages."""
     log = log or StageLog()
     source = input_path if isinstance(input_path, pl.DataFrame) else Path(input_path)
-    read = stage_read(source, input_format, log, config=fitted.config, name=name)
+    with log.stage("read, validate, staypoints"):
+        found = staypoints_of_input(source, input_format, fitted.config, tracking=False, name=name)
     with log.stage("fitted places and samples"):
-        return apply_fitted_stages(read.tables, read.counts, read.details, input_format, fitted, log, evaluation, at,
-                                   users_table, memory)
+        return apply_fitted_stages(found, fitted, evaluation, at, users_table, memory)

@@ -9,10 +9,10 @@ import polars as pl
 
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import serial_map
-from preprocessing.errors import require_columns
 from preprocessing.queries import collect_in_memory
 from preprocessing.staypoints import EARTH_RADIUS_M
 from preprocessing.tiles import dbscan_by_tiles
+from preprocessing.validation import require_columns
 
 
 def generate_locations(

@@ -22,7 +22,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
-from preprocessing.errors import require_columns
+from preprocessing.validation import require_columns
 
 # the memory's list columns in a split, one entry per remembered place, in priority order
 MEMORY_COLUMNS = ("memory_locations", "memory_places", "memory_visits", "memory_days", "memory_time_slots",

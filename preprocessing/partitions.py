@@ -1,12 +1,14 @@
-"""Read, validate and find staypoints partition by partition, so that memory depends on the largest partition.
+"""Raw GPS points (or given staypoints) to staypoints: read, validate, find staypoints, the activity flag and the
+tracked days, partition by partition, so that memory depends on the largest partition. The one way from an input
+to its staypoints: a full run's many partitions, and new data's or a served request's one.
 
 Users are hashed into partitions. A Parquet or CSV input is split once, streaming, into one Parquet part
 per partition (its rows as stored, with their source_row); a GeoLife folder is split by user folder,
-without copying. Each partition is then read, validated and turned into staypoints on its own
-(`staypoints_of_partition`: a pure function of its task, run in a loop or as a Ray task), and only
-its staypoints, tracked days and quarantined rows come back. `combine_partitions` joins them into
-exactly the tables of the whole-input path (stage_read, then stage_staypoints): same rows, order and
-user ids, so every later stage and every output file is identical whatever the partition count.
+without copying. One partition is the input itself (a file, or a table in memory): nothing is split or copied.
+Each partition is then read, validated and turned into staypoints on its own (`staypoints_of_partition`: a pure
+function of its task, run in a loop or as a Ray task), and only its staypoints, tracked days and quarantined rows
+come back. `combine_partitions` joins them: same rows, order and user ids whatever the partition count, so every
+later stage and every output file is identical.
 """
 
 from __future__ import annotations
@@ -21,11 +23,11 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
+from infra.errors import InputError
+from infra.output import clean_stale_temporaries, temporary_sibling
 from preprocessing import readers
-from preprocessing.config import PreprocessConfig
+from preprocessing.config import FORMATS, PreprocessConfig
 from preprocessing.engine import serial_map
-from preprocessing.errors import InputError
-from preprocessing.output import clean_stale_temporaries, temporary_sibling
 from preprocessing.quality import tracking_days
 from preprocessing.staypoints import flag_activity, generate_staypoints
 
@@ -45,6 +47,19 @@ class PartitionTask:
     parts: tuple[Path, ...] = ()  # this partition's rows of `source` (split_table); none: all of `source`
     folder: Path | None = None  # a GeoLife folder; its files below
     plt_files: tuple[Path, ...] = ()
+    tracking: bool = True  # each user's tracked days (what the user filter needs; new data's application does not)
+
+
+@dataclass
+class InputStaypoints:
+    """An input's staypoints and what came with them: the tables of the stages after it, by name."""
+
+    staypoints: pl.DataFrame  # with is_activity; sorted by user_id, started_at
+    tracking: pl.DataFrame | None  # user_id, tracked days (None when not asked for)
+    quarantine: pl.DataFrame  # source_file, source_row, reason and the row's original values
+    users: pl.Series  # the distinct user ids of valid rows
+    counts: dict  # positionfixes_read, positionfixes_quarantined, staypoints, activity_staypoints
+    details: dict  # quarantine_reasons, time_window, partitions (and a GeoLife folder's plt_files)
 
 
 @dataclass
@@ -88,21 +103,23 @@ def resolved_window(config: PreprocessConfig) -> readers.TimeWindow:
     return readers.TimeWindow(earliest, latest)
 
 
-def plan_partitions(input_path: Path, input_format: str, config: PreprocessConfig, partitions: int,
-                    work_dir: Path) -> list[PartitionTask]:
-    """The partitions' tasks; a table input is split into work_dir (streaming, one pass)."""
+def plan_partitions(input_path: Path | pl.DataFrame, input_format: str, config: PreprocessConfig, partitions: int,
+                    work_dir: Path | None, tracking: bool = True, name: str = "request") -> list[PartitionTask]:
+    """The partitions' tasks; a table input of several partitions is split into work_dir (streaming, one pass). A
+    table in memory (called `name` in messages) is one partition."""
     window = resolved_window(config)
     if input_format == "geolife-plt":
         files = readers.find_plt_files(input_path)
         users = sorted({f.parent.parent.name for f in files})
         part_of = {u: i % partitions for i, u in enumerate(users)}  # round robin over sorted user folders
         groups = [tuple(f for f in files if part_of[f.parent.parent.name] == k) for k in range(partitions)]
-        return [PartitionTask(input_format, config, window, folder=Path(input_path), plt_files=g) for g in groups if g]
+        return [PartitionTask(input_format, config, window, folder=Path(input_path), plt_files=g, tracking=tracking)
+                for g in groups if g]
     opener = readers.open_staypoints if input_format == "staypoints" else readers.open_positionfixes
-    source = opener(input_path)
+    source = opener(input_path, name=name)
     if partitions == 1:
-        return [PartitionTask(input_format, config, window, source=source)]  # the input itself, no copy
-    return [PartitionTask(input_format, config, window, source=source, parts=tuple(p))
+        return [PartitionTask(input_format, config, window, source=source, tracking=tracking)]  # the input, no copy
+    return [PartitionTask(input_format, config, window, source=source, parts=tuple(p), tracking=tracking)
             for p in split_table(source, partitions, work_dir) if p]
 
 
@@ -132,10 +149,11 @@ def staypoints_of_partition(task: PartitionTask) -> PartitionResult:
         except readers.UNREADABLE as exc:
             raise readers.unreadable_input(task.source.path, exc) from None
         rows_read, notes = good.height + bad.height, {}
+    start, end = ("started_at", "finished_at") if task.input_format == "staypoints" else ("tracked_at", "tracked_at")
+    tracking = tracking_days(good, start, end) if task.tracking else None
     if task.input_format == "staypoints":
-        staypoints, tracking = good, tracking_days(good, "started_at", "finished_at")
+        staypoints = good
     else:
-        tracking = tracking_days(good, "tracked_at", "tracked_at")
         staypoints = generate_staypoints(good, config.staypoint_dist_threshold_m, config.staypoint_time_threshold_min,
                                          config.staypoint_gap_threshold_min)
     users = good["user_id"].unique()
@@ -144,18 +162,24 @@ def staypoints_of_partition(task: PartitionTask) -> PartitionResult:
     return PartitionResult(staypoints, tracking, quarantine, rows_read, users, notes)
 
 
-def combine_partitions(tasks: list[PartitionTask], results: list[PartitionResult], input_path: Path,
-                       input_format: str) -> tuple[dict[str, pl.DataFrame], dict, dict]:
-    """The whole-input stage tables (staypoints, tracking, quarantine), counts and details, from the partitions'."""
+def combine_partitions(tasks: list[PartitionTask], results: list[PartitionResult], input_path: Path | str,
+                       input_format: str) -> InputStaypoints:
+    """The whole input's staypoints, tracked days, quarantine, counts and details, from the partitions'."""
     source = tasks[0].source if tasks else None
     rows_read = sum(r.rows_read for r in results)
-    quarantine = pl.concat([r.quarantine for r in results], how="vertical_relaxed").sort("source_file", "source_row")
-    staypoints = pl.concat([r.staypoints for r in results]).sort("user_id", "started_at", maintain_order=True)
-    tracking = pl.concat([r.tracking for r in results])
-    cast = readers.user_id_cast(pl.concat([r.users for r in results]), source.schema["user_id"]) if source else None
+    one = len(results) == 1  # nothing to join: a served request's few rows skip the concatenations and sorts
+    quarantine = results[0].quarantine if one else pl.concat([r.quarantine for r in results], how="vertical_relaxed")
+    quarantine = quarantine.sort("source_file", "source_row")
+    staypoints = results[0].staypoints if one else pl.concat([r.staypoints for r in results])
+    staypoints = staypoints.sort("user_id", "started_at", maintain_order=True)
+    tracking = None if results[0].tracking is None else pl.concat([r.tracking for r in results])
+    users = results[0].users if one else pl.concat([r.users for r in results])
+    cast = readers.user_id_cast(users, source.schema["user_id"]) if source else None
     if cast is not None:
-        staypoints, tracking = staypoints.with_columns(cast), tracking.with_columns(cast)
-    tracking = tracking.sort("user_id")
+        staypoints = staypoints.with_columns(cast)
+        tracking = tracking.with_columns(cast) if tracking is not None else None
+        users = users.to_frame().with_columns(cast).to_series()
+    tracking = tracking.sort("user_id") if tracking is not None else None
     reasons = dict(quarantine.group_by("reason").len().sort("reason").iter_rows())
     if rows_read == quarantine.height:
         top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
@@ -169,25 +193,40 @@ def combine_partitions(tasks: list[PartitionTask], results: list[PartitionResult
         details["plt_files"] = sum(r.notes["plt_files"] for r in results)
         if short:
             details["plt_files_with_short_header"] = short
-    return {"staypoints": staypoints, "tracking": tracking, "quarantine": quarantine}, counts, details
+    return InputStaypoints(staypoints, tracking, quarantine, users.unique(maintain_order=True), counts, details)
 
 
-def partitioned_staypoints(input_path: Path, input_format: str, config: PreprocessConfig, partitions: int,
-                           map_partitions: Callable = serial_map, work_dir: Path | None = None,
-                           on_planned: Callable[[int], None] | None = None, on_done: Callable[[], None] | None = None,
-                           ) -> tuple[dict[str, pl.DataFrame], dict, dict]:
-    """stage_read + stage_staypoints over `partitions` partitions (their tables, counts, details).
-    on_planned(n) once the input is split into n non-empty partitions; on_done() after each."""
-    base = Path(work_dir if work_dir is not None else tempfile.gettempdir()) / "pgt-partitions"
-    base.parent.mkdir(parents=True, exist_ok=True)
-    clean_stale_temporaries(base)  # the parts a killed run left behind
-    tmp = temporary_sibling(base, "split")
-    tmp.mkdir()
+def staypoints_of_input(input_path: Path | pl.DataFrame, input_format: str, config: PreprocessConfig,
+                        partitions: int = 1, map_partitions: Callable = serial_map, work_dir: Path | None = None,
+                        on_planned: Callable[[int], None] | None = None, on_done: Callable[[], None] | None = None,
+                        tracking: bool = True, name: str = "request") -> InputStaypoints:
+    """An input's staypoints over `partitions` partitions: a file or folder, or (positionfixes and staypoints, one
+    partition) a table in memory, called `name` in messages. Only a table input of several partitions is split,
+    into a scratch folder under work_dir (else the system's temporary folder), removed after. on_planned(n) once
+    the input is planned as n non-empty partitions; on_done() after each. Without `tracking`, no tracked days."""
+    if input_format not in FORMATS:
+        raise InputError(name if isinstance(input_path, pl.DataFrame) else input_path,
+                         f"unknown format {input_format!r}; expected one of {', '.join(FORMATS)}")
+    where = name if isinstance(input_path, pl.DataFrame) else Path(input_path)  # what messages call the input
+    if isinstance(input_path, pl.DataFrame):
+        if input_format == "geolife-plt":
+            raise InputError(name, "a table in memory holds positionfixes or staypoints, not a GeoLife folder")
+        partitions = 1
+    split = partitions > 1 and input_format != "geolife-plt"
+    tmp = None
+    if split:
+        base = Path(work_dir if work_dir is not None else tempfile.gettempdir()) / "pgt-partitions"
+        base.parent.mkdir(parents=True, exist_ok=True)
+        clean_stale_temporaries(base)  # the parts a killed run left behind
+        tmp = temporary_sibling(base, "split")
+        tmp.mkdir()
     try:
-        tasks = plan_partitions(Path(input_path), input_format, config, partitions, tmp)
+        tasks = plan_partitions(where if isinstance(where, Path) else input_path, input_format, config, partitions,
+                                tmp, tracking, name)
         if on_planned:
             on_planned(len(tasks))
         results = map_partitions(staypoints_of_partition, tasks, on_done=on_done)
-        return combine_partitions(tasks, results, Path(input_path), input_format)
+        return combine_partitions(tasks, results, where, input_format)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)

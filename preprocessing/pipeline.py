@@ -17,19 +17,13 @@ import polars as pl
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from infra.errors import InputError
+from infra.output import output_lock, write_folder
 from preprocessing import readers
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import EngineConfig, RayMap, mapper, serial_map
-from preprocessing.errors import InputError
 from preprocessing.fitted import APPLIED_FILES, FittedPreprocessing, apply_fitted, fitted_summary
-from preprocessing.output import (
-    PRODUCER,
-    check_output_folder,
-    is_own_manifest,
-    output_lock,
-    read_manifest,
-    write_folder,
-)
+from preprocessing.output import PRODUCER, check_output_folder, is_own_manifest, read_manifest
 from preprocessing.stages import (
     STAGES,
     Stage,
@@ -37,8 +31,8 @@ from preprocessing.stages import (
     check_format,
     no_progress,
     stage_locations,
-    stage_partitions,
     stage_sequences,
+    stage_staypoints,
 )
 
 OUTPUT_FILES = ("train.parquet", "validation.parquet", "test.parquet", "quarantine.parquet", "staypoints.parquet",
@@ -212,7 +206,7 @@ class Step:
 
 
 STEPS = (
-    Step("staypoints", lambda run, previous, log: stage_partitions(
+    Step("staypoints", lambda run, previous, log: stage_staypoints(
         run.input_path, run.input_format, run.config, run.engine, run.map_fn, log, run.advance, run.bar), cached=True),
     Step("locations", lambda run, previous, log: stage_locations(
         previous, run.config, log, run.advance, run.engine, run.map_fn), cached=True),

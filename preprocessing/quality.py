@@ -5,7 +5,7 @@ from __future__ import annotations
 import polars as pl
 
 from preprocessing.config import PreprocessConfig
-from preprocessing.errors import require_columns
+from preprocessing.validation import require_columns
 
 MS_PER_DAY = 86_400_000
 

@@ -31,7 +31,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from preprocessing.errors import InputError
+from infra.errors import InputError
 from preprocessing.queries import collect_in_memory, columns
 
 POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude")

@@ -9,9 +9,9 @@ import polars as pl
 import pyarrow as pa
 
 from preprocessing.config import ANCHORS, SPLITS, PreprocessConfig
-from preprocessing.errors import require_columns
 from preprocessing.memory import MemoryRule, generate_memory
 from preprocessing.queries import collect_in_memory
+from preprocessing.validation import require_columns
 
 PADDING, UNSEEN = 0, 1  # location ids reserved by the vocabulary; known locations start at 2
 

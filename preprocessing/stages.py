@@ -1,10 +1,10 @@
 """The stages of the reference protocol, each a pure step from one Stage (tables, counts, details) to the next:
 
-    stage_read -> stage_staypoints (or stage_partitions: both, partition by partition) -> stage_locations
-    -> stage_sequences
+    stage_staypoints (read, validate, staypoints, partition by partition) -> stage_locations -> stage_sequences
 
-The runner (preprocessing.pipeline) orders, caches and writes them; the fitted application
-(preprocessing.fitted) reuses stage_read and stage_staypoints on new data. StageLog times each stage.
+The runner (preprocessing.pipeline) orders, caches and writes them; the fitted application (preprocessing.fitted)
+takes new data to staypoints the same way (preprocessing.partitions.staypoints_of_input, one partition). StageLog
+times each stage.
 """
 
 from __future__ import annotations
@@ -19,17 +19,15 @@ from pathlib import Path
 
 import polars as pl
 
-from preprocessing import readers
+from infra.errors import InputError
+from infra.output import clean_stale_temporaries, temporary_sibling
 from preprocessing.config import FORMATS, SPLITS, PreprocessConfig
 from preprocessing.engine import EngineConfig, serial_map
-from preprocessing.errors import InputError
 from preprocessing.locations import generate_locations, merge_staypoints
 from preprocessing.memory import MEMORY_COLUMNS, TARGET_KINDS, MemoryRule
-from preprocessing.output import clean_stale_temporaries, temporary_sibling
-from preprocessing.partitions import auto_partitions, partitioned_staypoints
-from preprocessing.quality import filter_users, tracking_days
+from preprocessing.partitions import auto_partitions, staypoints_of_input
+from preprocessing.quality import filter_users
 from preprocessing.sequences import UNSEEN, add_time_features, generate_samples, split_by_day
-from preprocessing.staypoints import flag_activity, generate_staypoints
 
 STAGES = ("hash input", "read and validate", "staypoints", "activity", "user filter", "locations", "merge",
           "split and samples", "write")
@@ -127,68 +125,11 @@ def no_progress(name: str | None = None) -> None:
 
 
 
-def stage_read(input_path: Path | pl.DataFrame, input_format: str, log: StageLog | None = None, advance=no_progress,
-               config: PreprocessConfig | None = None, name: str = "request") -> Stage:
-    """Read and validate: the valid rows ("points") and the quarantined ones, with their counts. `input_path` is a
-    file or folder, or (positionfixes and staypoints) a table in memory, called `name` in messages."""
-    log = log or StageLog()
-    earliest, latest = (config or PreprocessConfig()).time_window()
-    window = readers.TimeWindow(earliest, latest)
-    where = name if isinstance(input_path, pl.DataFrame) else input_path  # what messages call the input
-    with log.stage("read and validate"):
-        if input_format == "geolife-plt":
-            result = readers.read_geolife_plt(input_path, window)
-        elif input_format == "positionfixes":
-            result = readers.read_positionfixes(input_path, window, name=name)
-        elif input_format == "staypoints":
-            result = readers.read_staypoints(input_path, window, name=name)
-        else:
-            check_format(where, input_format)
-        counts = {"positionfixes_read": result.rows_read, "positionfixes_quarantined": result.quarantine.height}
-        reasons = (dict(result.quarantine.group_by("reason").len().sort("reason").iter_rows())
-                   if result.quarantine.height else {})
-        details = {"quarantine_reasons": reasons, "time_window": window.describe(), **result.notes}
-        if result.table.height == 0:
-            top = sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))[:3]
-            listed = "; ".join(f"{reason}: {n:,}" for reason, n in top)
-            raise InputError(where, f"no valid rows: all {result.rows_read:,} rows were quarantined ({listed})")
-    advance("staypoints")
-    return Stage({"points": result.table, "quarantine": result.quarantine}, counts, details)
-
-
-
-def stage_staypoints(read: Stage, input_format: str, config: PreprocessConfig, log: StageLog | None = None,
-                     advance=no_progress, tracking: bool = True) -> Stage:
-    """Staypoints (sliding; given ones pass through), the activity flag and, with `tracking` (what the user filter
-    needs, the fitted application does not), each user's tracked days."""
-    log = log or StageLog()
-    points = read.tables["points"]
-    counts, details = dict(read.counts), dict(read.details)
-    tables = {}
-    with log.stage("staypoints"):
-        if tracking:
-            start, end = ("started_at", "finished_at") if input_format == "staypoints" else ("tracked_at", "tracked_at")
-            tables["tracking"] = tracking_days(points, start, end)
-        if input_format == "staypoints":
-            staypoints = points
-        else:
-            staypoints = generate_staypoints(points, config.staypoint_dist_threshold_m,
-                                             config.staypoint_time_threshold_min, config.staypoint_gap_threshold_min)
-        counts["staypoints"] = staypoints.height
-    advance("activity")
-    with log.stage("activity"):
-        staypoints = flag_activity(staypoints, config.activity_time_threshold_min)
-        counts["activity_staypoints"] = int(staypoints["is_activity"].sum())
-    advance("user filter")
-    return Stage({"staypoints": staypoints, **tables, "quarantine": read.tables["quarantine"]}, counts, details)
-
-
-
-def stage_partitions(input_path: Path, input_format: str, config: PreprocessConfig, engine: EngineConfig,
+def stage_staypoints(input_path: Path, input_format: str, config: PreprocessConfig, engine: EngineConfig,
                      map_partitions=serial_map, log: StageLog | None = None, advance=no_progress, bar=None) -> Stage:
-    """stage_read and stage_staypoints partition by partition (preprocessing/partitions.py): the same tables,
-    counts and details, with memory bounded by the largest partition. details["partitions"]: how many.
-    `bar`: a rich Progress to which a bar over the partitions is added."""
+    """Read, validate, staypoints, the activity flag and tracked days, partition by partition
+    (preprocessing.partitions.staypoints_of_input): memory bounded by the largest partition. details["partitions"]:
+    how many. `bar`: a rich Progress to which a bar over the partitions is added."""
     log = log or StageLog()
     partitions = engine.partitions or auto_partitions(input_path, input_format)
     task = bar.add_task("partitions", total=None) if bar is not None else None
@@ -196,15 +137,16 @@ def stage_partitions(input_path: Path, input_format: str, config: PreprocessConf
     done = (lambda: bar.advance(task)) if bar is not None else None
     try:
         with log.stage(f"read, validate, staypoints ({partitions} partition{'s' if partitions > 1 else ''})"):
-            tables, counts, details = partitioned_staypoints(input_path, input_format, config, partitions,
-                                                             map_partitions, engine.work_dir, planned, done)
+            found = staypoints_of_input(input_path, input_format, config, partitions, map_partitions, engine.work_dir,
+                                        planned, done)
     finally:
         if bar is not None:
             bar.remove_task(task)
     advance("staypoints")
     advance("activity")
     advance("user filter")
-    return Stage(tables, counts, {**details, "partitions": partitions})
+    return Stage({"staypoints": found.staypoints, "tracking": found.tracking, "quarantine": found.quarantine},
+                 found.counts, {**found.details, "partitions": partitions})
 
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from preprocessing.config import PreprocessConfig
-from preprocessing.errors import require_columns
+from preprocessing.validation import require_columns
 
 EARTH_RADIUS_M = 6_371_000.0  # as trackintel's haversine_dist
 MS_PER_MIN = 60_000

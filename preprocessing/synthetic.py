@@ -20,8 +20,8 @@ import polars as pl
 import pyarrow.parquet as pq
 from rich.progress import Progress
 
+from infra.output import PRODUCER_KEY, temporary_sibling
 from preprocessing.config import SynthConfig
-from preprocessing.output import PRODUCER_KEY, temporary_sibling
 
 M_PER_DEG_LAT = 111_320.0
 DAY_S = 86_400
@@ -207,7 +207,7 @@ def generate_positionfixes(cfg: SynthConfig | None = None) -> pl.DataFrame:
     return pl.concat(list(iter_positionfixes(cfg)))
 
 
-SYNTHESISER = "pgt synth"  # the producer mark of the Parquet it writes (preprocessing.output.written_by)
+SYNTHESISER = "pgt synth"  # the producer mark of the Parquet it writes (infra.output.written_by)
 
 
 def write_positionfixes(cfg: SynthConfig, out_file: Path | str, progress: bool = False) -> Path:

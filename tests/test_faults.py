@@ -64,7 +64,7 @@ def test_one_writer_sigterm_and_resume(training_sequences, tmp_path):
     refused naming its PID; SIGTERM stops the first as Ctrl+C would (exit 143, checkpoint readable, run KILLED,
     no lock or temporary left); --resume continues the same run with every epoch logged once; a later --resume of
     the finished folder starts a new run and leaves the finished one as it was."""
-    from pgt.checkpoint import read_checkpoint
+    from pgt.network.checkpoint import read_checkpoint
 
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"  # a store that does not exist yet
     out, other = tmp_path / "run", tmp_path / "other"
@@ -138,7 +138,7 @@ def test_a_tracking_server_that_dies_fails_the_run_in_seconds_and_a_rerun_comple
         resumed = pgt("train", "--data", training_sequences, "--out", out, "--tracking-uri", uri, "--resume",
                       "--epochs", len(kept) + 12, "--patience", 80)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
-        from pgt.checkpoint import read_checkpoint
+        from pgt.network.checkpoint import read_checkpoint
 
         epochs = read_checkpoint(checkpoints(out)[-1])["epoch"] + 1
         client, run_id, finished = run_of(out, uri)

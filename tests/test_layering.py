@@ -1,6 +1,7 @@
-"""The import graph of the packages: nothing below imports what sits above it (preprocessing <- pgt <- tune <-
-flows), no module imports itself back through others, and imports inside functions are only of the kinds
-ARCHITECTURE.md names. Every import statement counts, those inside functions too."""
+"""The import graph of the packages: nothing below imports what sits above it (infra <- preprocessing <- pgt <-
+tune <- flows; inside pgt, the network below training, tracking and serving), no module imports itself back
+through others, and imports inside functions are only of the kinds ARCHITECTURE.md names.
+Every import statement counts, those inside functions too."""
 
 from __future__ import annotations
 
@@ -12,14 +13,17 @@ from pathlib import Path
 
 from tests.conftest import PROJECT_ROOT
 
-LAYERS = ("preprocessing", "pgt", "tune", "flows")  # bottom to top
+LAYERS = ("infra", "preprocessing", "pgt", "tune", "flows")  # bottom to top
+# pgt's sub-packages: the network (and the settings every subsystem reads) below the subsystems that use it
+PGT_BASE = ("pgt.config", "pgt.network")
+PGT_SUBSYSTEMS = ("pgt.training", "pgt.tracking", "pgt.serving")
 # what may be imported inside a function (ARCHITECTURE.md, rule 4): heavy optional dependencies, with what comes
 # with them, and the project's modules that import one of them at their top
 LAZY_KINDS = {
     "ray": {"ray", "grpc", "tune.scheduler"},
-    "mlflow": {"mlflow", "pandas", "pgt.mlflow_model"},
+    "mlflow": {"mlflow", "pandas", "pgt.tracking.mlflow_model"},
     "prefect": {"prefect"},
-    "matplotlib": {"matplotlib", "PIL", "pgt.explain"},
+    "matplotlib": {"matplotlib", "PIL", "pgt.serving.explain"},
     "web server": {"fastapi", "starlette", "uvicorn"},
     "torch.compile": {"torch._dynamo"},
 }
@@ -28,9 +32,14 @@ CLI_MODULES = {"pgt.cli", "tune.cli"}  # the command line loads what a command n
 
 
 def module_files(root: Path = PROJECT_ROOT) -> dict[str, Path]:
-    """Every module of the packages by dotted name (a package's __init__ under the package's name)."""
-    return {(package if path.stem == "__init__" else f"{package}.{path.stem}"): path
-            for package in LAYERS for path in sorted((root / package).glob("*.py"))}
+    """Every module of the packages, sub-packages included, by dotted name (a package's __init__ under the
+    package's name)."""
+    found = {}
+    for package in LAYERS:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
 
 
 def imports_of(path: Path, module: str) -> list[tuple[str, bool]]:
@@ -75,6 +84,21 @@ def test_no_package_imports_one_above_it():
     assert wrong == []
 
 
+def test_the_network_imports_no_subsystem_of_pgt():
+    wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
+             if module.startswith(PGT_BASE) and target.startswith(PGT_SUBSYSTEMS)]
+    assert wrong == []
+
+
+def test_every_module_sits_in_a_package_of_its_layer():
+    """pgt holds no loose modules beyond its command line and its settings: each subsystem has its folder."""
+    loose = {m for m, path in module_files().items() if m.count(".") == 1 and m.startswith("pgt.")
+             and path.stem != "__init__"}
+    assert loose == {"pgt.cli", "pgt.config", "pgt.options"}
+    assert {m for m in module_files() if m.startswith("pgt.") and m.count(".") == 1} - loose == \
+        {*PGT_BASE[1:], *PGT_SUBSYSTEMS}
+
+
 def test_the_import_graph_has_no_cycle():
     assert cycle(import_graph()) is None
 
@@ -91,9 +115,10 @@ def test_imports_inside_functions_are_only_the_lazy_kinds():
 
 
 def planted(tmp_path: Path, files: dict[str, str]) -> Path:
-    """A tree of the four packages holding `files` (path -> source): where the checks must see a violation."""
+    """A tree of the packages holding `files` (path -> source): where the checks must see a violation."""
     for package in LAYERS:
         (tmp_path / package).mkdir()
+    (tmp_path / "pgt" / "network").mkdir()
     for name, source in files.items():
         (tmp_path / name).write_text(source)
     return tmp_path
@@ -111,6 +136,8 @@ def test_the_checks_see_what_they_guard(tmp_path):
                                                     "preprocessing/c.py: json", "pgt/b.py: pgt.a", "pgt/b.py: pgt.a.g"}
     (tmp_path / "pgt" / "b.py").write_text("def f():\n    import mlflow\n")
     assert cycle(import_graph(tmp_path)) is None
+    (tmp_path / "pgt" / "network" / "m.py").write_text("from pgt.a import g\n")
+    assert import_graph(tmp_path)["pgt.network.m"] == {"pgt.a"}
 
 
 def test_pgt_tune_comes_from_the_tune_package_through_an_entry_point():

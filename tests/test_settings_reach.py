@@ -1,6 +1,8 @@
-"""Every training setting is defined once (pgt.config.TrainConfig, with its help, bounds and choices) and is
-reachable, with that one default, from the command line, the Prefect flow and a Ray Tune sweep. The test walks
-the config's fields: a setting added to TrainConfig is covered without touching this file."""
+"""Every setting is defined once (a config dataclass's `setting(...)`, with its help, bounds and choices) and is
+reachable, with that one default, wherever a user gives it: training's from the command line, the Prefect flow and
+a Ray Tune sweep; preprocessing's from a config file of the command and the flow; tracking's, prediction's, the
+engine's, the served model's and the synthetic city's as options of their commands. The tests walk the configs'
+fields: a setting added to one is covered without touching this file."""
 
 from __future__ import annotations
 
@@ -12,10 +14,22 @@ import typer.main
 import yaml
 
 from flows.preprocess_and_train import preprocess_and_train
-from flows.settings import FlowSettings, flow_defaults
+from flows.settings import FlowSettings, PredictSettings, flow_defaults
+from infra.settings import CHOICES, HIGH, help_of, settings_of
 from pgt.cli import app, train_config
-from pgt.config import RECIPE_FREE, ModelSettings, TrainConfig, load_recipe_file
-from preprocessing.settings import CHOICES, HIGH, help_of, settings_of
+from pgt.config import (
+    RECIPE_FREE,
+    LaunchConfig,
+    ModelSettings,
+    PredictConfig,
+    ServeConfig,
+    TrackingConfig,
+    TrainConfig,
+    load_recipe_file,
+)
+from pgt.options import typed_from
+from preprocessing.config import PreprocessConfig, SynthConfig, load_config
+from preprocessing.engine import EngineConfig
 from tune.config import TRIAL_FIXED, SweepConfig
 from tune.sweep import winner_recipe
 
@@ -119,3 +133,87 @@ def test_the_walk_covers_a_new_setting(monkeypatch):
         value = other_value(field)
         assert value != field.default, name
         TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", name: value, **NEEDS.get(name, {})})
+
+
+# every command's configs: each setting is one of its options, with the setting's help and default (what a command
+# sets itself is not an option)
+COMMAND_SETTINGS = {
+    "train": ((TrainConfig, LaunchConfig, TrackingConfig), ()),
+    "tune": ((SweepConfig, TrackingConfig), ("select_on", "run_name", "log_model", "system_metrics_interval_s")),
+    "preprocess": ((EngineConfig,), ()),
+    "synth": ((SynthConfig,), ()),
+    "serve": ((ServeConfig,), ("model_uri",)),
+    "predict": ((PredictConfig,), ()),
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_SETTINGS))
+def test_every_setting_of_a_command_s_configs_is_its_option(command):
+    configs, skipped = COMMAND_SETTINGS[command]
+    options = {p.name: p for p in typer.main.get_command(app).get_command(None, command).params}
+    for config in configs:
+        for name, field in settings_of(config).items():
+            if name in skipped:
+                assert name not in options, (command, name)
+                continue
+            assert name in options, (command, name)
+            assert options[name].help.startswith(field.metadata["help"]), (command, name)
+            assert options[name].show_default == str(field.default), (command, name)
+            assert options[name].envvar == field.metadata.get("env"), (command, name)
+            assert options[name].default is None, (command, name)  # not typed: the config's default applies
+
+
+def test_the_tracking_uri_and_the_ray_address_are_read_from_their_environment_variables():
+    command = typer.main.get_command(app).get_command(None, "train")
+    params = command.make_context("train", ["--data", "d", "--out", "o"], auto_envvar_prefix=None).params
+    assert params["tracking_uri"] is None  # not set here: the default store
+    options = {p.name: p for p in command.params}
+    assert (options["tracking_uri"].envvar, options["address"].envvar) == ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")
+
+
+PREPROCESS_SETTINGS = settings_of(PreprocessConfig)
+
+
+def other_preprocess_value(name: str, field: dataclasses.Field):
+    """A valid value other than the default of a preprocessing setting."""
+    special = {"timezone": "Asia/Shanghai", "earliest_valid_time": "2000-01-01", "latest_valid_time": "2030-01-01",
+               "min_mean_window_quality": 0.5, "train_fraction": 0.5, "validation_fraction": 0.25}
+    if name in special:
+        return special[name]
+    return other_value(field)
+
+
+@pytest.mark.parametrize("name", sorted(PREPROCESS_SETTINGS))
+def test_each_preprocessing_setting_reaches_a_run_from_a_config_file_the_cli_and_the_flow(tmp_path, name):
+    """`pgt preprocess --config FILE` and the flow's config_file both read the file with load_config: each setting
+    there reaches the PreprocessConfig a run uses (and its manifest records), with its help defined once."""
+    value = other_preprocess_value(name, PREPROCESS_SETTINGS[name])
+    assert value != PREPROCESS_SETTINGS[name].default
+    path = tmp_path / "preprocess.yaml"
+    path.write_text(yaml.safe_dump({name: value}))
+    assert getattr(load_config(path), name) == value
+    assert load_config(path).to_dict()[name] == value  # what the manifest records
+    assert help_of(PreprocessConfig, name).endswith((".", ")"))
+    flow = resolve_flow(tmp_path, config_file=str(path))
+    assert getattr(load_config(flow.config_file), name) == value
+
+
+def test_prediction_settings_reach_the_command_and_the_flow_with_one_default():
+    from flows.predict import predict_next_places
+
+    flow = flow_defaults(predict_next_places.fn)
+    options = {p.name: p for p in typer.main.get_command(app).get_command(None, "predict").params}
+    for name, field in settings_of(PredictConfig).items():
+        assert flow[name] == field.default and options[name].show_default == str(field.default), name
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, 1000\], got 0"):
+        PredictSettings.resolve({**flow, "top_k": 0})
+
+
+def test_tracking_settings_reach_the_run_s_tracking_config_from_the_cli(monkeypatch):
+    command = typer.main.get_command(app).get_command(None, "train")
+    params = command.make_context("train", ["--data", "d", "--out", "o", "--experiment", "e", "--run-name", "r",
+                                            "--no-log-model", "--system-metrics-interval-s", "0"]).params
+    typed = typed_from(params, TrackingConfig)
+    tracking = TrackingConfig(**typed.values)
+    assert (tracking.experiment, tracking.run_name, tracking.log_model, tracking.system_metrics_interval_s) == \
+        ("e", "r", False, 0.0)

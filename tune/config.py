@@ -6,11 +6,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infra.settings import check_settings, setting
 from pgt.config import SELECT_ON, TrainConfig
-from preprocessing.settings import check_settings, setting
 from tune.space import SearchSpace
 
-OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.metrics: strict, protocol)
+OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.training.metrics: strict, protocol)
 SEARCH_ALGS = ("optuna", "random")  # how trials are proposed: Optuna's TPE, or at random
 # what a trial never takes from its recipe: a trial is scored on validation, so it must not learn from it
 TRIAL_FIXED = {"refit": False, "train_on": "train"}

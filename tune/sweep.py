@@ -1,6 +1,6 @@
 """`pgt tune`: a Ray Tune sweep over the PGT's hyper-parameters, on a local Ray or a Ray cluster.
 
-Each trial runs the same training (`pgt.distributed.run_training`): in the trial's process when it has
+Each trial runs the same training (`pgt.training.distributed.run_training`): in the trial's process when it has
 one worker, or as a TorchTrainer inside the trial with W > 1 workers, reporting to Tune through
 `TuneReportCallback` (the pattern Ray Train V2 documents for Train with Tune). ASHA stops bad trials
 early; Optuna's TPE proposes configurations (random search on request). MLflow gets a parent run per
@@ -22,13 +22,12 @@ from pathlib import Path
 import torch
 import yaml
 
-from pgt.checkpoint import load_checkpoint, read_checkpoint
+from infra.output import output_lock, write_file_atomically, write_json_atomically
+from infra.ray_session import prepare_ray_env, ray_session
 from pgt.config import EVAL_BATCH_SIZE, RECIPE_FREE, LaunchConfig, TrackingConfig, TrainConfig, load_recipe_file, selection_score
-from pgt.data import MemoryLayout, load_splits
-from pgt.distributed import flat_metrics, run_training
-from pgt.registry import Evidence, data_digest, register_model
-from pgt.scoring import evaluate, model_scores
-from pgt.tracking import (
+from pgt.network.checkpoint import load_checkpoint, read_checkpoint
+from pgt.tracking.registry import Evidence, data_digest, register_model
+from pgt.tracking.runs import (
     end_run,
     log_datasets,
     log_pytorch_model,
@@ -40,8 +39,9 @@ from pgt.tracking import (
     system_metrics,
     use_tracking_uri,
 )
-from preprocessing.engine import prepare_ray_env, ray_session
-from preprocessing.output import output_lock, write_file_atomically, write_json_atomically
+from pgt.training.data import MemoryLayout, load_splits
+from pgt.training.distributed import flat_metrics, run_training
+from pgt.training.scoring import evaluate, model_scores
 from tune.config import TRIAL_FIXED, SweepConfig
 from tune.space import SearchSpace
 
@@ -157,7 +157,7 @@ def child_tracking(tracking: dict | None, run_name: str):
 def trial_workers(spec: SweepConfig) -> LaunchConfig:
     """The TorchTrainer of spec.workers_per_trial workers a trial runs inside itself."""
     return LaunchConfig(workers=spec.workers_per_trial, cpus_per_worker=spec.cpus_per_worker,
-                        use_gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0,
+                        gpu=spec.gpus_per_worker > 0, gpus_per_worker=spec.gpus_per_worker or 1.0,
                         max_failures=spec.max_failures)
 
 
@@ -377,7 +377,7 @@ def trial_dirname(trial) -> str:
 
 
 def sweep_evidence(spec: SweepConfig, result: dict) -> dict:
-    """What the sweep's model is registered on (pgt.registry.Evidence as a dict): the confirmed winner's validation
+    """What the sweep's model is registered on (pgt.tracking.registry.Evidence as a dict): the confirmed winner's validation
     strict Acc@1 on its fresh seeds, or without a confirmation the final run's on the sweep's seed."""
     confirmed = result.get("confirmation", {})
     if confirmed.get("winner"):

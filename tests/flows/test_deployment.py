@@ -56,9 +56,9 @@ def run_demo(env, *params: str) -> subprocess.CompletedProcess:
 
 def expected_champion(client, name: str) -> tuple[int, str]:
     """(number of versions, the version that must hold the champion alias): each version in turn becomes champion
-    only if its evidence beats the champion's so far by the registry's rule (pgt.registry.promotion_decision), as its
+    only if its evidence beats the champion's so far by the registry's rule (pgt.tracking.registry.promotion_decision), as its
     champion_decision tag says."""
-    from pgt.registry import Evidence, promotion_decision
+    from pgt.tracking.registry import Evidence, promotion_decision
 
     versions = sorted(client.search_model_versions(f"name = '{name}'"), key=lambda v: int(v.version))
     champion, evidence = None, None

@@ -75,7 +75,7 @@ def test_bad_config_fails_the_flow_with_its_message(tmp_path):
                                  synthetic_days=20, config_file=str(bad), return_state=True)
     assert state.is_failed()
     message = str(state.result(raise_on_failure=False))
-    assert str(bad) in message and "location_epsilon_m must be positive, got -5" in message
+    assert str(bad) in message and "location_epsilon_m must be in (0.0, inf), got -5" in message
     assert not list((tmp_path / "state").glob("stages/*/stage.json"))  # it failed before any stage ran
 
 
@@ -107,8 +107,8 @@ def test_rerun_continues_from_the_finished_stages(tmp_path):
     assert (sequences / "manifest.json").is_file() and pl.read_parquet(sequences / "train.parquet").height > 0
 
 
-def test_flow_preprocesses_on_the_ray_cluster_at_ray_address(first_run, tmp_path, monkeypatch):
-    """ray_address set: the flow's preprocessing runs as Ray tasks on that cluster (a head and a worker node
+def test_flow_preprocesses_on_the_ray_cluster_at_address(first_run, tmp_path, monkeypatch):
+    """address set: the flow's preprocessing runs as Ray tasks on that cluster (a head and a worker node
     on 127.0.0.1), and writes the sequences of the local engine, byte for byte."""
     import hashlib
     import json
@@ -121,7 +121,7 @@ def test_flow_preprocesses_on_the_ray_cluster_at_ray_address(first_run, tmp_path
     with ray_cluster('{"node_a": 1}', '{"node_b": 1}') as (address, _env):
         preprocess_and_train(**{**params, "state_dir": str(tmp_path / "state"), "model_name": "flowray",
                                 "tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "epochs": 1,
-                                "ray_address": address})
+                                "address": address})
     local, remote = state / "sequences" / "synthetic", tmp_path / "state" / "sequences" / "synthetic"
     assert json.loads((remote / "manifest.json").read_text())["engine"]["engine"] == "ray"
     for name in ("train.parquet", "validation.parquet", "test.parquet", "locations.parquet", "staypoints.parquet"):

@@ -102,15 +102,15 @@ def test_deployments_set_only_what_differs_from_the_flow_s_defaults():
 def test_every_parameter_is_described_and_a_setting_s_description_is_its_help(flow):
     """The Prefect UI shows each parameter's description; a parameter that is a config's setting takes the
     setting's help from its one definition."""
+    from infra.settings import help_of
     from pgt.config import LaunchConfig, TrainConfig
-    from preprocessing.settings import help_of
     from tune.config import SweepConfig
 
     properties = parameter_schema(flow.fn).model_dump()["properties"]
     assert all(p.get("description") for p in properties.values()), [n for n, p in properties.items()
                                                                      if not p.get("description")]
-    settings = {"workers": (LaunchConfig, "workers"), "gpu": (LaunchConfig, "use_gpu"),
-                "ray_address": (LaunchConfig, "address"), "trials": (SweepConfig, "trials"),
+    settings = {"workers": (LaunchConfig, "workers"), "gpu": (LaunchConfig, "gpu"),
+                "address": (LaunchConfig, "address"), "trials": (SweepConfig, "trials"),
                 "epochs": (TrainConfig, "epochs"), "synthetic_users": (SynthConfig, "users"),
                 "synthetic_days": (SynthConfig, "days")}
     for name, (config, setting) in settings.items():

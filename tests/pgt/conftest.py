@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pgt.config import ModelConfig
-from pgt.data import Batch
+from pgt.training.data import Batch
 
 
 @pytest.fixture

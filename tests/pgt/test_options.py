@@ -8,11 +8,11 @@ import dataclasses
 import pytest
 import typer.main
 
+from infra.settings import settings_of
 from pgt.cli import app, launch_config, train_config
 from pgt.config import RECIPES, LaunchConfig, TrainConfig
 from preprocessing.config import SynthConfig
 from preprocessing.engine import EngineConfig
-from preprocessing.settings import settings_of
 from tune.cli import sweep_config
 from tune.config import SweepConfig
 
@@ -42,7 +42,7 @@ def test_a_recipe_keeps_what_is_not_typed_and_typed_options_win(monkeypatch):
     tuned = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned"))
     assert (tuned.network.dropout, tuned.lr, tuned.select_on) == (0.4, 1e-3, "strict_acc@1")  # RECIPES["tuned"]
     typed = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned", "--dropout", "0.2",
-                               "--no-simulate-unseen", "--known-fraction", "0.5", "0.9"))
+                               "--no-simulate-unseen", "--known-fraction-min", "0.5", "--known-fraction-max", "0.9"))
     assert (typed.network.dropout, typed.simulate_unseen, typed.lr) == (0.2, False, 1e-3)
     assert (typed.known_fraction_min, typed.known_fraction_max) == (0.5, 0.9)
     # a recipe that sets patience keeps it unless --patience is typed (a CLI default used to override it)
@@ -59,7 +59,7 @@ def test_untyped_sweep_synth_and_engine_options_leave_the_config_defaults():
     typed = sweep_config(parse("tune", "--data", "d", "--out", "o", "--objective", "acc@1", "--trials", "3"))
     assert (typed.objective, typed.select_on, typed.trials) == ("acc@1", "acc@1", 3)
     synth = parse("synth", "--out", "x.parquet")
-    assert [synth[f.name] for f in dataclasses.fields(SynthConfig) if f.name in synth] == [None] * 5
+    assert [synth[name] for name in settings_of(SynthConfig)] == [None] * len(settings_of(SynthConfig))
     pre = parse("preprocess", "--input", "i", "--format", "positionfixes", "--out", "o")
     assert (pre["engine"], pre["partitions"], pre["tile_deg"]) == (None, None, None)
     assert EngineConfig() == EngineConfig(engine="local", partitions=0, tile_deg=None)

@@ -10,8 +10,8 @@ from datetime import datetime, timedelta, timezone
 import polars as pl
 import pytest
 
+from infra.errors import InputError
 from preprocessing.config import PreprocessConfig, SynthConfig
-from preprocessing.errors import InputError
 from preprocessing.fitted import UNKNOWN_USER, FittedPreprocessing, apply_fitted, encode_applied, join_fitted_places
 from preprocessing.pipeline import preprocess, preprocess_fitted
 from preprocessing.synthetic import generate_positionfixes

@@ -14,11 +14,11 @@ import polars as pl
 import pytest
 from polars.testing import assert_frame_equal
 
+from infra.errors import InputError
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import EngineConfig
-from preprocessing.partitions import auto_partitions, partitioned_staypoints
+from preprocessing.partitions import auto_partitions, staypoints_of_input
 from preprocessing.pipeline import OUTPUT_FILES, preprocess
-from preprocessing.stages import stage_read, stage_staypoints
 from tests.conftest import PROJECT_ROOT, ray_cluster
 
 CONFIG = PreprocessConfig(latest_valid_time="2030-01-01")  # one window for every run compared
@@ -76,17 +76,35 @@ def odd_csv(path: Path) -> Path:
 @pytest.mark.parametrize("partitions", [2, 5, 12])
 def test_text_user_ids_and_bad_rows_spread_over_partitions(tmp_path, partitions):
     path = odd_csv(tmp_path / "points.csv")
-    whole = stage_staypoints(stage_read(path, "positionfixes", config=CONFIG), "positionfixes", CONFIG)
-    tables, counts, details = partitioned_staypoints(path, "positionfixes", CONFIG, partitions, work_dir=tmp_path)
-    assert counts == whole.counts == {"positionfixes_read": 484, "positionfixes_quarantined": 4,
-                                      "staypoints": 24, "activity_staypoints": 24}
-    assert details == whole.details
+    whole = staypoints_of_input(path, "positionfixes", CONFIG)  # one partition: the input itself
+    parted = staypoints_of_input(path, "positionfixes", CONFIG, partitions, work_dir=tmp_path)
+    assert parted.counts == whole.counts == {"positionfixes_read": 484, "positionfixes_quarantined": 4,
+                                             "staypoints": 24, "activity_staypoints": 24}
+    assert parted.details == whole.details
     for name in ("staypoints", "tracking", "quarantine"):
-        assert_frame_equal(tables[name], whole.tables[name])
-    assert tables["staypoints"]["user_id"].dtype == pl.Int64  # "3.0" is user 3 in every partition
-    assert tables["quarantine"]["source_row"].to_list() == [480, 481, 482, 483]
-    assert tables["quarantine"]["reason"][-1] == "repeats the (user_id, tracked_at) of an earlier fix"
+        assert_frame_equal(getattr(parted, name), getattr(whole, name))
+    assert sorted(parted.users.to_list()) == sorted(whole.users.to_list()) == list(range(12))
+    assert parted.staypoints["user_id"].dtype == pl.Int64  # "3.0" is user 3 in every partition
+    assert parted.quarantine["source_row"].to_list() == [480, 481, 482, 483]
+    assert parted.quarantine["reason"][-1] == "repeats the (user_id, tracked_at) of an earlier fix"
     assert [p.name for p in tmp_path.iterdir() if "pgt-partitions" in p.name] == []  # parts removed
+
+
+def test_a_table_in_memory_is_one_partition_read_as_the_same_table_in_a_file(tmp_path):
+    """A served request's table takes the one path as its file would, without a scratch folder."""
+    path = odd_csv(tmp_path / "points.csv")
+    frame = pl.read_csv(path, infer_schema=False)  # as stored: text, like the CSV's columns
+    scratch = tmp_path / "scratch"
+    in_memory = staypoints_of_input(frame, "positionfixes", CONFIG, partitions=4, work_dir=scratch, tracking=False,
+                                    name="request")
+    from_file = staypoints_of_input(path, "positionfixes", CONFIG, tracking=False)
+    assert not scratch.exists() and in_memory.tracking is None
+    assert in_memory.counts == from_file.counts
+    assert_frame_equal(in_memory.staypoints, from_file.staypoints)
+    assert_frame_equal(in_memory.quarantine.drop("source_file"), from_file.quarantine.drop("source_file"))
+    assert set(in_memory.quarantine["source_file"]) == {"request"}
+    with pytest.raises(InputError, match="^request: no valid rows: all 1 rows were quarantined"):
+        staypoints_of_input(frame.head(1).with_columns(pl.lit("x").alias("tracked_at")), "positionfixes", CONFIG)
 
 
 def test_parts_of_a_killed_run_are_removed_by_the_next(tmp_path):
@@ -98,7 +116,7 @@ def test_parts_of_a_killed_run_are_removed_by_the_next(tmp_path):
     live = tmp_path / f".pgt-partitions.split-{os.getppid()}-0000abcd"
     for folder in (stale, live):
         (folder / "_part=0").mkdir(parents=True)
-    partitioned_staypoints(path, "positionfixes", CONFIG, 2, work_dir=tmp_path)
+    staypoints_of_input(path, "positionfixes", CONFIG, 2, work_dir=tmp_path)
     assert not stale.exists() and live.exists()
 
 
@@ -106,11 +124,11 @@ def test_parts_of_a_killed_run_are_removed_by_the_next(tmp_path):
 def test_geolife_folder_partitions_by_user_folder(plt_sample, trackintel_staypoints):
     """The .plt sample by user folders, and trackintel's staypoints by hashed users: the whole-input tables."""
     for path, fmt in ((plt_sample, "geolife-plt"), (trackintel_staypoints, "staypoints")):
-        whole = stage_staypoints(stage_read(path, fmt, config=CONFIG), fmt, CONFIG)
-        tables, counts, details = partitioned_staypoints(path, fmt, CONFIG, 3)
-        assert counts == whole.counts and details == whole.details
+        whole = staypoints_of_input(path, fmt, CONFIG)
+        parted = staypoints_of_input(path, fmt, CONFIG, 3)
+        assert parted.counts == whole.counts and parted.details == whole.details
         for name in ("staypoints", "tracking", "quarantine"):
-            assert_frame_equal(tables[name], whole.tables[name])
+            assert_frame_equal(getattr(parted, name), getattr(whole, name))
 
 
 def test_tiles_are_automatic_past_200k_staypoints():

@@ -154,7 +154,7 @@ def test_an_occupied_folder_is_not_overwritten(tmp_path):
     commuter_csv(src)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("precious")
-    from preprocessing.errors import InputError
+    from infra.errors import InputError
 
     with pytest.raises(InputError, match="holds files that `pgt preprocess` did not write \\(notes.txt\\)"):
         preprocess(src, "positionfixes", tmp_path / "mine", progress=False)
@@ -164,7 +164,7 @@ def test_an_occupied_folder_is_not_overwritten(tmp_path):
 def test_force_never_deletes_files_it_did_not_write(tmp_path):
     """An output folder in which the user keeps a notes file: reuse, --force and a changed config all refuse,
     naming the file; nothing is replaced. Taking the file out lets the run replace the folder."""
-    from preprocessing.errors import InputError
+    from infra.errors import InputError
 
     src = tmp_path / "fixes.csv"
     commuter_csv(src)
@@ -183,7 +183,7 @@ def test_force_never_deletes_files_it_did_not_write(tmp_path):
 
 
 def test_a_folder_with_someone_elses_manifest_is_refused(tmp_path):
-    from preprocessing.errors import InputError
+    from infra.errors import InputError
 
     src = tmp_path / "fixes.csv"
     commuter_csv(src)

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import polars as pl
 import pytest
 
-from preprocessing.errors import InputError
+from infra.errors import InputError
 from preprocessing.readers import TimeWindow, _staypoint_rules, read_geolife_plt, read_positionfixes, read_staypoints
 
 UTC = timezone.utc

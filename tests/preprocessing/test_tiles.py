@@ -71,11 +71,11 @@ def test_trackintel_axis_order_on_both_sides_of_90_east_is_one_tile():
 def test_geolife_locations_by_tiles_equal_whole_data_dbscan(geolife_parquet):
     """All 182 users' staypoints, clustered with the protocol's 20 m: identical labels and core flags."""
     from preprocessing.config import PreprocessConfig
-    from preprocessing.stages import stage_read, stage_staypoints
+    from preprocessing.partitions import staypoints_of_input
 
     config = PreprocessConfig()
-    found = stage_staypoints(stage_read(geolife_parquet, "positionfixes", config=config), "positionfixes", config)
-    sp = found.tables["staypoints"].filter("is_activity").sort("user_id", "started_at")
+    found = staypoints_of_input(geolife_parquet, "positionfixes", config)
+    sp = found.staypoints.filter("is_activity").sort("user_id", "started_at")
     assert sp.height > 20_000
     tiles = assert_same_as_sklearn(sp.select("latitude", "longitude").to_numpy(), 20.0, 2, 0.05)
     assert tiles > 100

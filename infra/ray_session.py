@@ -1,0 +1,99 @@
+"""The Ray this process starts or joins, for preprocessing's engine, Ray Train and Ray Tune alike: its
+environment, a quick check that a cluster's address answers, and a session that shuts down what it started."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+
+
+def prepare_ray_env(address: str | None = None) -> None:
+    """The environment of the Ray this process starts or joins; it must be set before `ray` is first imported.
+
+    Token auth is off (RAY_AUTH_MODE=disabled) unless the environment says otherwise. A local Ray (no
+    address, no $RAY_ADDRESS) runs in Ray's single-node mode, which binds every port to 127.0.0.1 (Ray
+    otherwise resolves even 127.0.0.1 to the machine's address), and without its Prometheus metrics
+    export, which costs ~10% of a 2-core machine and which nothing here reads."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if not (address or os.environ.get("RAY_ADDRESS")):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        os.environ.setdefault("RAY_enable_metrics_collection", "0")
+
+
+SERVICE_TIMEOUT_S = 3.0  # how long an address may take to answer before a command gives up on it
+
+
+def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S) -> None:
+    """ValueError, within `timeout_s`, unless a Ray cluster's GCS answers at `address` (host:port or
+    ray://host:port; "auto" and None are Ray's own lookups): one gRPC call for its cluster id, the first thing
+    ray.init asks. An unreachable address would otherwise keep ray.init retrying for minutes."""
+    import grpc  # Ray's own dependency
+
+    if not address or address in ("auto", "local"):
+        return
+    hostport = address.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--address {address}: expected host:port (the head node's GCS port, 6379 by default), "
+                         "ray://host:port, or auto")
+    with grpc.insecure_channel(hostport) as channel:
+        ask = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId",
+                                  request_serializer=lambda request: request, response_deserializer=lambda reply: reply)
+        try:
+            ask(b"", timeout=timeout_s)
+            return
+        except grpc.RpcError as exc:
+            problem = exc.details() or exc.code().name
+    raise ValueError(f"Ray cluster at {address} is not reachable ({problem.splitlines()[0]}); start its head with "
+                     "`ray start --head --port PORT`, or leave --address (and RAY_ADDRESS) out to run on a local Ray")
+
+
+@contextlib.contextmanager
+def kept_signal_handlers() -> Iterator[None]:
+    """The process's Python handlers of SIGTERM and SIGHUP, put back after the block: ray.init installs its core's
+    own, which dumps a stack and aborts (exit 134) where the command would stop cleanly (preprocessing.process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for number, handler in kept.items():
+            if callable(handler):
+                signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iterator[None]:
+    """Join the Ray cluster at `address` (or $RAY_ADDRESS), or start a local Ray on 127.0.0.1 and shut it
+    down on exit. The dashboard stays on (127.0.0.1): it serves the State API that Ray Train polls.
+
+    A local Ray is always a new one (address="local"): a bare `ray.init()` would instead join whatever
+    cluster a `ray start` on this machine last recorded in /tmp/ray, someone else's included, and then
+    refuse `num_cpus`. To run on such a cluster, name it (`--address auto` or its host:port)."""
+    prepare_ray_env(address)
+    import ray
+
+    if ray.is_initialized():
+        yield
+        return
+    address = address or os.environ.get("RAY_ADDRESS")
+    with kept_signal_handlers():
+        if address:
+            check_ray_address(address)
+            try:
+                ray.init(address=address, log_to_driver=True)
+            except ConnectionError as exc:  # "auto" without a running cluster
+                raise ValueError(f"Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
+        else:
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+

@@ -1,0 +1,414 @@
+"""The Pointer Generator Transformer and its neural variants.
+
+Notation: B batch, T history length, d model width, V locations. Histories are right-padded with
+location 0; every feature index 0 is padding (the data loader shifts real values by one).
+
+    embeddings -> pre-LN transformer encoder -> context c at the last valid visit
+    P = g * P_ptr + (1 - g) * P_gen,  g = sigmoid(MLP(c)),  output log(P + 1e-10)
+
+Extended vocabulary (`unseen_slots`, See et al. 2017's "P(w) over V + max_oov"): the distinct places of a
+history that are unseen in train (id 1) get per-sample slots after the V known ids. The pointer puts
+each visit's attention on its slot, so two unseen places are told apart; the generator spreads over
+the known ids plus id 1, which then means "a new place". The output is then (B, V + S), S the most
+slots of any row in the batch, or with `pad_slots` T (a shape fixed by the input's: training's static_width).
+Without it, the pointer scatters onto the location ids as the paper has it.
+
+Visit relations (`visit_relations`): the pointer adds learned biases for each visit's relation to the last one
+(it followed the current place, it is the current place, its start in hours after now in the day, its weekday is
+the target's); with `relation_inputs` the encoder's inputs embed them too, so the history is read relative to now.
+
+Ensembles (`members` K > 1): K networks of one configuration from their own initial weights, trained side by
+side each on its own loss; the prediction is the mean of their probabilities.
+
+Variants: "pgt" (learned gate), "mhsa" (generation only, g = 0), "pointer" (pointer only, g = 1),
+and "lstm-pg": the original pointer-generator (See et al., 2017) adapted to one prediction step:
+BiLSTM encoder, additive (Bahdanau) attention from the reduced last state, p_gen from context,
+state and input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from pgt.config import MEMORY_VISIT_EDGES, ModelConfig
+from pgt.network.vocabulary import extended_ids, visit_ids
+
+EPS = 1e-10
+
+
+class Output(NamedTuple):
+    log_probs: torch.Tensor  # (B, V) log(P + 1e-10)
+    gate: torch.Tensor  # (B,) weight of the pointer distribution
+    attention: torch.Tensor  # (B, T) pointer attention over the history (0 on padding)
+    members: torch.Tensor | None = None  # (K, B, V) each member's log_probs (an Ensemble's); None for one network
+
+
+class VisitEmbedding(nn.Module):
+    """location (d) + user (d) + time, weekday, recency, duration, position-from-end (d/4 each) -> d.
+    With cfg.unseen_slots and cfg.slot_identity, an unseen visit's location embedding (id 1's) gets its slot's
+    embedding added (slots number a history's distinct unseen places by first visit), so that the encoder
+    can tell which unseen visits are the same place. With cfg.previous_location each visit also carries the
+    embedding of the location visited before it (d more inputs to the projection), so that attention from
+    the current location finds in one hop the visits that followed it earlier in the history."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, q = cfg.d_model, cfg.d_model // 4
+        self.location = nn.Embedding(cfg.num_locations, d, padding_idx=0)
+        self.user = nn.Embedding(cfg.num_users, d, padding_idx=0)
+        self.time = nn.Embedding(cfg.time_slots + 1, q, padding_idx=0)  # values are stored + 1: 0 is padding
+        self.weekday = nn.Embedding(cfg.weekdays + 1, q, padding_idx=0)
+        self.recency = nn.Embedding(cfg.recency_rows + 1, q, padding_idx=0)  # with a memory, its age buckets too
+        self.duration = nn.Embedding(cfg.duration_rows + 1, q, padding_idx=0)  # with a memory, its visit buckets too
+        self.pos_from_end = nn.Embedding(cfg.positions + 1, q, padding_idx=0)  # remembered places: past max_len
+        self.slot = nn.Embedding(cfg.positions + 1, d, padding_idx=0) if cfg.unseen_slots and cfg.slot_identity else None
+        self.previous = cfg.previous_location
+        self.proj = nn.Linear((3 if self.previous else 2) * d + 5 * q, d)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, locations, users, times, weekdays, recency, durations, pos_from_end, slots=None, memory=None):
+        T = locations.shape[1]
+        location = self.location(locations)  # (B, T, d)
+        if self.slot is not None and slots is not None:
+            location = location + self.slot(slots.clamp_max(self.slot.num_embeddings - 1))  # slot 0 adds nothing
+        parts = [
+            location,
+            self.user(users).unsqueeze(1).expand(-1, T, -1),  # (B, T, d)
+            self.time(times), self.weekday(weekdays), self.recency(recency), self.duration(durations),
+            self.pos_from_end(pos_from_end),  # (B, T, d/4) each
+        ]
+        if self.previous:
+            previous = F.pad(location[:, :-1], (0, 0, 1, 0))  # (B, T, d) the location before each visit
+            if memory is not None:  # the first visit of the history follows no remembered place
+                previous = previous.masked_fill(F.pad(memory[:, :-1], (1, 0)).unsqueeze(-1), 0.0)
+            parts.append(previous)
+        return self.norm(self.proj(torch.cat(parts, dim=-1)))  # (B, T, d)
+
+
+class FastDropout(nn.Module):
+    """Dropout with the keep mask drawn 16 bits at a time from int64 draws: the same Bernoulli(1 - p) mask
+    (p quantised to 1/65536) at half the cost of nn.Dropout's bernoulli_ on CPU, where dropout is a
+    quarter of a training step. It replaces the encoder layers' own dropout modules."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.threshold = int(round(p * 65536)) - 32768  # keep where the int16 draw is >= threshold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        n = x.numel()
+        draws = torch.randint(-(2**63), 2**63 - 1, ((n + 3) // 4,), dtype=torch.int64, device=x.device)
+        keep = draws.view(torch.int16)[:n].view(x.shape) >= self.threshold
+        return torch.where(keep, x * (1.0 / (1.0 - self.p)), 0.0)
+
+
+def positions_from_end(locations: torch.Tensor, memory: torch.Tensor | None = None,
+                       max_len: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lengths (B,), position from end (B, T): the last visit is 1, padding 0) for right-padded rows. With
+    `memory` (B, T), True on the remembered places in front of the history, the k-th of those (k from 0, the most
+    visited first) takes position max_len + 1 + k instead: a rank of its own, whatever the history's length."""
+    valid = locations != 0  # (B, T)
+    lengths = valid.sum(dim=1)  # (B,)
+    positions = torch.arange(locations.shape[1], device=locations.device).unsqueeze(0)  # (1, T)
+    pos_end = torch.where(valid, lengths.unsqueeze(1) - positions, 0)
+    if memory is not None:
+        pos_end = torch.where(memory, max_len + 1 + positions, pos_end)  # remembered places sit at columns 0..m-1
+    return lengths, pos_end
+
+
+def sinusoidal_encoding(max_len: int, d: int) -> torch.Tensor:
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+    div = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
+    pe = torch.zeros(max_len, d)
+    pe[:, 0::2] = torch.sin(position * div)
+    pe[:, 1::2] = torch.cos(position * div)
+    return pe  # (max_len, d)
+
+
+class PointerGeneratorTransformer(nn.Module):
+    """PGT and its one-sided variants: mhsa (gate fixed at 0) and pointer (gate fixed at 1)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.variant == "lstm-pg":
+            raise ValueError("use LSTMPointerGenerator for variant 'lstm-pg' (or build_model)")
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = VisitEmbedding(cfg)
+        self.register_buffer("pe", sinusoidal_encoding(cfg.positions, d), persistent=False)
+        layer = nn.TransformerEncoderLayer(d, cfg.nhead, cfg.dim_feedforward, cfg.dropout, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.encoder = nn.TransformerEncoder(layer, cfg.num_layers, enable_nested_tensor=False)
+        for block in self.encoder.layers:  # same dropout, cheaper masks
+            block.dropout, block.dropout1, block.dropout2 = (FastDropout(cfg.dropout) for _ in range(3))
+        self.query = nn.Linear(d, d)
+        self.key = nn.Linear(d, d)
+        self.position_bias = nn.Parameter(torch.zeros(cfg.positions + 1))  # b[pos_from_end]
+        # b[relation to the last visit] and b[hours after now, same weekday as the target] (visit_relations)
+        self.relation_bias = nn.Parameter(torch.zeros(RELATIONS)) if cfg.visit_relations else None
+        self.clock_bias = nn.Parameter(torch.zeros(CLOCK_BUCKETS)) if cfg.visit_relations else None
+        self.relation_inputs = nn.ModuleList([nn.Embedding(RELATIONS, d), nn.Embedding(CLOCK_BUCKETS, d)]) \
+            if cfg.relation_inputs else None
+        self.generator = nn.Linear(d, cfg.num_locations)
+        # with a memory and its own gate, the gate weighs three sources (window, memory, generator) instead of two
+        sources = 3 if cfg.memory_places and cfg.memory_gate else 1
+        self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, sources))
+        _xavier(self)
+
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
+        B, T = locations.shape
+        memory = remembered_places(recency, self.cfg)  # (B, T) or None
+        lengths, pos_end = positions_from_end(locations, memory, self.cfg.max_len)  # (B,), (B, T)
+        pad = pos_end == 0  # (B, T) True on padding
+        x = self.embed(locations, users, times, weekdays, recency, durations, pos_end, slots, memory)  # (B, T, d)
+        if self.relation_bias is not None:
+            relation, clock = visit_relations(locations, slots, times, weekdays, recency, durations, lengths, self.cfg)
+            if self.relation_inputs is not None:
+                x = x + self.relation_inputs[0](relation) + self.relation_inputs[1](clock)  # (B, T, d)
+        h = self.encoder(x + self.pe[:T], src_key_padding_mask=pad)  # (B, T, d)
+        c = h[torch.arange(B, device=h.device), lengths - 1]  # (B, d) context at the last valid visit
+
+        if self.cfg.variant == "mhsa":
+            gate = torch.zeros(B, device=h.device)
+        elif self.cfg.variant == "pointer":
+            gate = torch.ones(B, device=h.device)
+        elif memory is None or not self.cfg.memory_gate:
+            gate = torch.sigmoid(self.gate(c)).squeeze(-1)  # (B,)
+
+        scores = torch.einsum("bd,btd->bt", self.query(c), self.key(h)) / math.sqrt(self.cfg.d_model)
+        scores = scores + self.position_bias[pos_end]  # (B, T)
+        if self.relation_bias is not None:
+            scores = scores + self.relation_bias[relation] + self.clock_bias[clock]  # (B, T)
+        if memory is None or not self.cfg.memory_gate:  # one pointer (over the remembered places too, if any)
+            attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)  # (B, T)
+        else:
+            gate, attention = memory_pointer(self.gate(c), scores, pad, memory)  # (B,), (B, T)
+        p_gen = torch.softmax(self.generator(c), dim=-1)  # (B, V)
+        probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_gen)  # (B, V + S)
+        return Output(torch.log(probs + EPS), gate, attention)
+
+
+class LSTMPointerGenerator(nn.Module):
+    """The original pointer-generator adapted to next-location prediction (one decoding step)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = VisitEmbedding(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.LSTM(d, d // 2, num_layers=cfg.num_layers, batch_first=True, bidirectional=True,
+                               dropout=cfg.dropout if cfg.num_layers > 1 else 0.0)
+        self.reduce_h = nn.Linear(d, d)  # [fw; bw] final states -> decoder state s
+        self.reduce_c = nn.Linear(d, d)
+        self.W_h = nn.Linear(d, d, bias=False)  # additive attention: v^T tanh(W_h h_i + W_s s + b)
+        self.W_s = nn.Linear(d, d)
+        self.v = nn.Linear(d, 1, bias=False)
+        self.vocab = nn.Sequential(nn.Linear(2 * d, d), nn.Linear(d, cfg.num_locations))
+        self.p_gen = nn.Linear(4 * d, 1)  # from context, state (h and c) and the input x
+        _xavier(self)
+
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
+        B, T = locations.shape
+        lengths, pos_end = positions_from_end(locations)
+        pad = pos_end == 0
+        x = self.dropout(self.embed(locations, users, times, weekdays, recency, durations, pos_end, slots))  # (B, T, d)
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths.cpu(), batch_first=True, enforce_sorted=False)
+        out, (h_n, c_n) = self.encoder(packed)
+        H, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=T)  # (B, T, d)
+        s = F.relu(self.reduce_h(torch.cat([h_n[-2], h_n[-1]], dim=-1)))  # (B, d) last layer, fw and bw
+        cell = F.relu(self.reduce_c(torch.cat([c_n[-2], c_n[-1]], dim=-1)))  # (B, d)
+        scores = self.v(torch.tanh(self.W_h(H) + self.W_s(s).unsqueeze(1))).squeeze(-1)  # (B, T)
+        attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)
+        context = torch.einsum("bt,btd->bd", attention, H)  # (B, d)
+        x_last = x[torch.arange(B, device=x.device), lengths - 1]  # (B, d) the decoder's input
+        p_gen = torch.sigmoid(self.p_gen(torch.cat([context, s, cell, x_last], dim=-1))).squeeze(-1)  # (B,)
+        p_vocab = torch.softmax(self.vocab(torch.cat([s, context], dim=-1)), dim=-1)  # (B, V)
+        gate = 1 - p_gen  # weight of the pointer
+        probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_vocab)  # (B, V + S)
+        return Output(torch.log(probs + EPS), gate, attention)
+
+
+RELATIONS = 8  # visit_relations: 4 * (followed the last two places in order) + 2 * (followed the current place) + (is it)
+CLOCK_BUCKETS = 48  # visit_relations: whole hours from now to the visit's start time of day (24) * same weekday (2)
+
+
+def visit_relations(locations, slots, times, weekdays, recency, durations, lengths,
+                    cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each visit's relation to the last one, as indices of the pointer's learned biases (all (B, T)).
+
+    relation: 2 * [the visit before it was at the current place] + [it is at the current place], and with
+    cfg.relation_order 2 also 4 * [the two visits before it were at the last two places, in order]; the current
+    place is the last visit's (unseen places told apart by their slots, visit_ids, with cfg.unseen_slots). These
+    are the history's own transitions out of where the user is now. clock: 2 * (whole hours from now to the visit's
+    start, in time of day, 0..23)
+    + [the visit's weekday is the target's]; now is the last visit's end (its start slot plus its duration
+    bucket; a slot is 1440 / cfg.time_slots minutes, a bucket 2880 / cfg.duration_buckets, as the protocol's 15 and
+    30), and the target's weekday is the last visit's plus its recency (days before the target's day)."""
+    B, T = locations.shape
+    ids = visit_ids(locations, slots if cfg.unseen_slots else None, cfg.num_locations)  # (B, T)
+    last = (lengths - 1).clamp_min(0).unsqueeze(1)  # (B, 1)
+    current = ids.gather(1, last)  # (B, 1)
+    here = ids == current  # (B, T)
+    after = F.pad(here[:, :-1], (1, 0))  # (B, T) the visit before was at the current place
+    memory = remembered_places(recency, cfg)  # (B, T) or None
+    if memory is not None:  # a remembered place "followed the current place" when one of its visits came right after it
+        # its duration value (stored + 1) is duration_buckets + 1 + visit bucket (+ len(MEMORY_VISIT_EDGES) if so)
+        after = torch.where(memory, durations > cfg.duration_buckets + len(MEMORY_VISIT_EDGES), after)
+    relation = 2 * after.long() + here.long()
+    if cfg.relation_order == 2:  # the visits before it were at the second-to-last place, then at the current one
+        before = ids.gather(1, (last - 1).clamp_min(0))  # (B, 1)
+        followed = F.pad((ids == before)[:, :-2], (2, 0)) & after & (last > 0)  # (B, T)
+        if memory is not None:
+            followed = followed & ~memory
+        relation = relation + 4 * followed.long()
+    slot_min, bucket_min = 1440 / cfg.time_slots, 2880 / cfg.duration_buckets
+    start = (times - 1).clamp_min(0) * slot_min  # (B, T) minute of day
+    now = start.gather(1, last) + (durations.gather(1, last) - 1).clamp_min(0) * bucket_min  # (B, 1) the last visit's end
+    hours = (((start - now) % 1440) // 60).long().clamp(0, 23)  # (B, T)
+    target_weekday = (weekdays.gather(1, last) - 1 + recency.gather(1, last) - 1) % cfg.weekdays  # (B, 1)
+    same_day = (weekdays - 1) % cfg.weekdays == target_weekday  # (B, T)
+    return relation, 2 * hours + same_day.long()
+
+
+def remembered_places(recency: torch.Tensor, cfg: ModelConfig) -> torch.Tensor | None:
+    """(B, T) True on the remembered places in front of the history, told by their recency (an age bucket after the
+    window's values, pgt.training.data.MemoryLayout); None for a model that reads no memory."""
+    return recency > cfg.recency_days if cfg.memory_places else None
+
+
+def memory_pointer(logits: torch.Tensor, scores: torch.Tensor, pad: torch.Tensor,
+                   memory: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two pointers of a model with a memory, as one: (gate (B,), attention (B, T)) from the gate's (B, 3) logits
+    (window, memory, generator) and the pointer's (B, T) scores. Each pointer is a softmax over its own columns (the
+    history's visits; the remembered places), the gate a softmax over the three sources, the memory's logit
+    masked where a row remembers nothing. The returned gate is the pointers' share (window + memory) and the
+    attention their mixture over both, so that P = gate * P_ptr + (1 - gate) * P_gen as without a memory."""
+    has_memory = memory.any(dim=1, keepdim=True)  # (B, 1)
+    window = torch.softmax(scores.masked_fill(pad | memory, float("-inf")), dim=-1)  # (B, T)
+    remembered = torch.softmax(scores.masked_fill(~memory, float("-inf")).masked_fill(~has_memory, 0.0), dim=-1)
+    remembered = remembered * memory  # (B, T), all 0 where a row remembers nothing
+    weights = torch.softmax(logits.masked_fill(F.pad(~has_memory, (1, 1)), float("-inf")), dim=-1)  # (B, 3)
+    pointers = weights[:, 0] + weights[:, 1]  # (B,)
+    attention = (weights[:, :1] * window + weights[:, 1:2] * remembered) / pointers.unsqueeze(1)  # (B, T)
+    return pointers, attention
+
+
+def pointer_distribution(attention: torch.Tensor, locations: torch.Tensor, slots: torch.Tensor | None,
+                         cfg: ModelConfig, pad_slots: bool = False) -> torch.Tensor:
+    """(B, T) attention -> (B, V + S) pointer distribution: each visit's weight goes to its location id, or
+    with cfg.unseen_slots to its slot's column (extended_ids; S = T with pad_slots)."""
+    ids, width = extended_ids(locations, slots if cfg.unseen_slots else None, cfg.num_locations, pad_slots)  # (B, T)
+    p_ptr = torch.zeros(locations.shape[0], width, device=attention.device, dtype=attention.dtype)
+    return p_ptr.scatter_add(1, ids, attention)  # (B, V + S)
+
+
+def mix(gate: torch.Tensor, p_ptr: torch.Tensor, p_gen: torch.Tensor) -> torch.Tensor:
+    """g * P_ptr + (1 - g) * P_gen, the generator's (B, V) padded with zeros to the pointer's (B, V + S)."""
+    p_gen = F.pad(p_gen, (0, p_ptr.shape[1] - p_gen.shape[1]))
+    g = gate.unsqueeze(1).to(p_gen.dtype)
+    return g * p_ptr.to(p_gen.dtype) + (1 - g) * p_gen
+
+
+class PackedModel(nn.Module):
+    """A trained model behind one input tensor, as MLflow logs and serves it: x (B, 7, T) int64 stacks
+    locations, users (repeated along T), time slots, weekdays, recency, durations and slots, each as the
+    data loader gives them (`Batch.packed()`; a (B, 6, T) input has no slots); the output is the
+    (B, V + S) log-probabilities, S = 0 for a model without `unseen_slots`."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.cfg = model.cfg
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        locations, users, times, weekdays, recency, durations, *slots = x.unbind(1)  # (B, T) each
+        slots = slots[0] if slots else None
+        return self.model(locations, users[:, 0], times, weekdays, recency, durations, slots).log_probs.float()
+
+
+def input_tables(cfg: ModelConfig) -> dict[str, int]:
+    """The largest value each input may hold as the data loader gives it (the features stored + 1, 0 pads), by the
+    split column it comes from, in PackedModel's row order: the model's embedding tables end there."""
+    return {"locations": cfg.num_locations - 1, "user": cfg.num_users - 1, "time_slots": cfg.time_slots,
+            "weekdays": cfg.weekdays, "recency": cfg.recency_rows, "durations": cfg.duration_rows}
+
+
+def check_packed(x: torch.Tensor, cfg: ModelConfig) -> None:
+    """ValueError naming the row of a (B, 7, T) input (PackedModel's) that lies outside the model's tables."""
+    tables = [*input_tables(cfg).items(), ("slots", x.shape[2])]
+    for row, (name, top) in enumerate(tables[:x.shape[1]]):
+        values = x[:, row]
+        if int(values.min()) < 0 or int(values.max()) > top:
+            raise ValueError(f"row {row} ({name}) of the (B, 7, T) input holds {int(values.min())}..{int(values.max())}, "
+                             f"but the model's table takes 0..{top}")
+    if not bool((x[:, 0, 0] != 0).all()):
+        raise ValueError("every history starts at column 0: row 0 (locations) is 0 there, which pads")
+
+
+def _xavier(model: nn.Module) -> None:
+    """Xavier-uniform initialisation of every matrix, as the reference implementation does."""
+    for p in model.parameters():
+        if p.dim() > 1:
+            nn.init.xavier_uniform_(p)
+
+
+class Ensemble(nn.Module):
+    """cfg.members networks of one configuration, each from its own initial weights; the prediction is the mean of
+    their probabilities. Output.members keeps each one's, so that training gives every member its own loss and
+    they learn as they would apart (pgt.training.train.criterion); only the validation score, and so the best epoch, is
+    the ensemble's."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        one = dataclasses.replace(cfg, members=1)
+        self.members = nn.ModuleList(build_model(one) for _ in range(cfg.members))  # drawn one after another
+
+    @classmethod
+    def of(cls, members: list[nn.Module], cfg: ModelConfig) -> Ensemble:
+        """An ensemble of networks drawn elsewhere (pgt.training.train.fused_seed_model: each from a seed of its own)."""
+        if len(members) != cfg.members:
+            raise ValueError(f"an ensemble of {cfg.members} members got {len(members)} networks")
+        ensemble = cls.__new__(cls)
+        nn.Module.__init__(ensemble)
+        ensemble.cfg, ensemble.members = cfg, nn.ModuleList(members)
+        return ensemble
+
+    def forward(self, locations, users, times, weekdays, recency, durations, slots=None, pad_slots=False) -> Output:
+        outs = [member(locations, users, times, weekdays, recency, durations, slots, pad_slots)
+                for member in self.members]
+        each = torch.stack([out.log_probs for out in outs])  # (K, B, V + S)
+        log_probs = mean_probability(each)  # (B, V + S)
+        gate = torch.stack([out.gate for out in outs]).mean(0)  # (B,)
+        attention = torch.stack([out.attention for out in outs]).mean(0)  # (B, T)
+        return Output(log_probs, gate, attention, each)
+
+
+def mean_probability(each: torch.Tensor) -> torch.Tensor:
+    """(K, B, V + S) members' log-probabilities -> (B, V + S) the log of their mean probability: an ensemble's."""
+    return torch.logsumexp(each, dim=0) - math.log(each.shape[0])
+
+
+def networks(model: nn.Module) -> list[nn.Module]:
+    """The networks a model is made of: an Ensemble's members, else the model itself (gradient clipping and
+    the plots of learned biases take them one at a time)."""
+    return list(model.members) if isinstance(model, Ensemble) else [model]
+
+
+def build_model(cfg: ModelConfig) -> nn.Module:
+    if cfg.members > 1:
+        return Ensemble(cfg)
+    return LSTMPointerGenerator(cfg) if cfg.variant == "lstm-pg" else PointerGeneratorTransformer(cfg)
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

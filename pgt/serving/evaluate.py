@@ -1,0 +1,26 @@
+"""`pgt evaluate`: the metrics, protocol and strict, of a model logged in MLflow on one split."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from pgt.config import EVAL_BATCH_SIZE
+from pgt.serving.inference import check_lineage, check_vocabulary
+from pgt.tracking.runs import load_model_and_manifest
+from pgt.training.data import MemoryLayout, SequenceDataset
+from pgt.training.metrics import compute_all
+from pgt.training.scoring import packed_scores, score_dataset
+
+
+def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking_uri: str | None = None) -> dict:
+    """The metrics, protocol and strict, for a logged PackedModel on one split of a `pgt preprocess` folder."""
+    SequenceDataset.check_columns(Path(data_dir) / f"{split}.parquet")
+    model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
+    check_lineage(trained_on, Path(data_dir), model_uri)
+    dataset = SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", model.cfg.max_len,
+                                           memory=MemoryLayout.of(model.cfg))
+    check_vocabulary(model.cfg, dataset, Path(data_dir) / f"{split}.parquet")
+    scored, _ = score_dataset(packed_scores(model), dataset, EVAL_BATCH_SIZE, torch.device("cpu"))
+    return compute_all(scored)

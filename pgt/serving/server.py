@@ -1,0 +1,432 @@
+"""`pgt serve`: a logged model over HTTP, with MLflow's scoring protocol and hard limits.
+
+The routes and bodies are those of `mlflow models serve` (POST /invocations with `dataframe_records`,
+`dataframe_split`, `instances` or `inputs`, and `params`; or a CSV body; GET /ping, /health, /version), and the
+model is the same pyfunc (pgt/tracking/mlflow_model.py). What this server adds:
+
+- a request body larger than `max_request_mb` is refused with HTTP 413 before it is read whole;
+- a client's error is HTTP 400 with one line naming the field, column or parameter: no stack trace, no server
+  path, never 500, and the worker lives on (JSON nested too deeply to parse included);
+- the model is loaded and warmed up before the server answers /ping (503 until then), so the first request is
+  as fast as the rest: once uvicorn listens, the server sends the model's own warm-up requests to itself over its
+  socket, through every layer a client's request takes (uvicorn's protocol, the app, JSON);
+- a small request (up to INLINE_BYTES of body) is answered on the event loop, a larger one in a worker thread;
+- a table request's answer holds, beside `predictions`, the rows set aside (`quarantined`) and the people not
+  scored (`not_scored`), each with the reason (PGTModel.answer): nothing a request holds is dropped unsaid.
+
+`create_app` reads its settings from the environment (`ServeConfig.from_env`), which is how uvicorn's
+worker processes receive them.
+"""
+
+import asyncio
+import errno
+import io
+import json
+import logging
+import os
+import socket
+import time
+from contextlib import asynccontextmanager
+
+import numpy as np
+import polars as pl
+import torch
+
+from infra.process import listed, shorten
+from pgt.config import ServeConfig
+from pgt.serving.inference import top_k_of
+from pgt.tracking.runs import check_model_uri, use_tracking_uri
+
+WARM_UP_ROUNDS = 3  # each warm-up request is sent this many times before /ping answers 200
+WARM_UP_TIMEOUT_S = 60.0  # the warm-up gives up (and the server answers /ping) after this long
+DRAIN_FACTOR = 8  # an over-limit body is read (and dropped) up to this many limits, then the connection closes
+INLINE_BYTES = 64 * 1024  # a body up to this size (a person's week of staypoints is about 2 KB) is answered on the
+# event loop, where a hop to a worker thread would cost it about a millisecond; a larger one, which may take seconds,
+# in a worker thread, so that /ping and other connections are answered meanwhile
+MAX_COLUMNS = 256  # a request's width: the model reads a few columns; more is refused before a frame is built
+HEAVY_AT_ONCE = 2  # large requests (over INLINE_BYTES) parsed and scored at once in a worker; the rest wait their turn
+RETRY_AFTER_S = 1  # what a 503 tells a busy server's client to wait
+log = logging.getLogger("pgt.serving.server")
+
+
+class Load:
+    """A worker's requests in flight and the bytes of request bodies it holds (one event loop: no lock)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.bytes = 0
+
+
+class BadRequest(Exception):
+    """A client's error: HTTP `status` with one line."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def parse_body(body: bytes, content_type: str, polars_records: bool = False):
+    """(model input: a pandas DataFrame or an array-like, params dict) of a request, as MLflow's protocol reads it;
+    BadRequest with one line otherwise. With `polars_records`, records whose columns each hold one JSON kind come as
+    the polars DataFrame that the pandas one would become (records_frame): a request's few rows skip pandas."""
+    import pandas as pd
+
+    mime = (content_type or "application/json").split(";")[0].strip().lower()
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadRequest("the body is not UTF-8 text") from None
+    if mime == "text/csv":
+        width = text.split("\n", 1)[0].count(",") + 1
+        if width > MAX_COLUMNS:
+            raise BadRequest(f"the CSV body has {width:,} columns; a request has at most {MAX_COLUMNS}")
+        try:
+            return pd.read_csv(io.StringIO(text)), {}
+        except (ValueError, pd.errors.ParserError) as exc:
+            raise BadRequest(f"the CSV body cannot be read ({' '.join(str(exc).split())[:200]})") from None
+    if mime != "application/json":
+        raise BadRequest(f"content type {mime!r}: send application/json or text/csv", status=415)
+    try:
+        payload = json.loads(text)
+    except RecursionError:
+        raise BadRequest("the JSON body is nested too deeply to be a request") from None
+    except ValueError as exc:
+        raise BadRequest(f"the body is not valid JSON ({str(exc).splitlines()[0][:200]})") from None
+    if not isinstance(payload, dict):
+        raise BadRequest(f"the JSON body must be an object with one of dataframe_records, dataframe_split, "
+                         f"instances or inputs; got a {type(payload).__name__}")
+    params = payload.get("params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"params must be an object, got {type(payload['params']).__name__}")
+    if "top_k" in params:
+        try:
+            params = {**params, "top_k": top_k_of(params)}
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+    keys = [k for k in ("dataframe_records", "dataframe_split", "instances", "inputs") if k in payload]
+    if len(keys) != 1:
+        raise BadRequest("the JSON body needs exactly one of dataframe_records, dataframe_split, instances or "
+                         f"inputs; found {', '.join(keys) or 'none'} (keys: {listed(payload)})")
+    key, data = keys[0], payload[keys[0]]
+    width = request_width(data)
+    if width > MAX_COLUMNS:
+        raise BadRequest(f"{key} has {'over ' if width > MAX_COLUMNS + 1 else ''}{MAX_COLUMNS} columns; a request has "
+                         f"at most {MAX_COLUMNS}")
+    if key == "dataframe_split":
+        return _split_frame(data), params
+    if polars_records and isinstance(data, list) and data and all(isinstance(row, dict) for row in data):
+        frame = records_frame(data)
+        if frame is not None:
+            return frame, params
+    return _records_or_array(data, key), params
+
+
+def request_width(data) -> int:
+    """The columns a request's data has, counted up to MAX_COLUMNS + 1 (records: their distinct keys)."""
+    if isinstance(data, dict):
+        columns = data.get("columns") if isinstance(data.get("columns"), list) else data
+        return min(len(columns), MAX_COLUMNS + 1)
+    names: set = set()
+    if isinstance(data, list):
+        for row in data:
+            if isinstance(row, dict):
+                names.update(row)
+                if len(names) > MAX_COLUMNS:
+                    break
+    return len(names)
+
+
+def records_frame(records: list[dict]):
+    """JSON records as polars, exactly as `pd.DataFrame.from_records` and then the model's pandas-to-polars
+    conversion give them (columns in order of first appearance, a missing value null), for columns that each hold
+    one JSON kind: text (or null), integers, numbers (integers and decimals, or null), booleans. None for anything
+    else (lists, a mix of text and numbers, a column of nulls only, integers beyond int64): pandas reads those. An
+    integer column holding a value beyond 64 bits, which pandas cannot hold either, is BadRequest naming it."""
+    names = list(dict.fromkeys(key for row in records for key in row))
+    columns = []
+    for name in names:
+        values = [row.get(name) for row in records]
+        kinds = set(map(type, values))
+        try:
+            if str in kinds and kinds <= {str, type(None)}:
+                columns.append(pl.Series(name, values, pl.String))
+            elif kinds == {int}:
+                beyond = next((v for v in values if abs(v) >= 2**64), None)
+                if beyond is not None:  # pandas cannot hold it either; say which column
+                    raise BadRequest(f"column {name} holds an integer beyond 64 bits ({beyond})")
+                columns.append(pl.Series(name, values, pl.Int64))
+            elif kinds & {int, float} and kinds <= {int, float, type(None)}:  # pandas: float64, missing as NaN -> null
+                array = np.array([np.nan if v is None else v for v in values], np.float64)
+                columns.append(pl.Series(name, array, nan_to_null=True))
+            elif kinds == {bool}:
+                columns.append(pl.Series(name, values, pl.Boolean))
+            else:
+                return None
+        except (OverflowError, TypeError, pl.exceptions.PolarsError):  # an integer in [2**63, 2**64): pandas's uint64
+            return None
+    return pl.DataFrame(columns)
+
+
+def _split_frame(data):
+    import pandas as pd
+
+    if not isinstance(data, dict) or not isinstance(data.get("columns"), list) or not isinstance(data.get("data"), list):
+        raise BadRequest("dataframe_split must be an object with lists `columns` and `data`")
+    columns, rows = data["columns"], data["data"]
+    for i, row in enumerate(rows):
+        if not isinstance(row, list) or len(row) != len(columns):
+            raise BadRequest(f"dataframe_split.data[{i}] has {len(row) if isinstance(row, list) else 'no'} values for "
+                             f"{len(columns)} columns")
+    return pd.DataFrame(rows, columns=[str(c) for c in columns])
+
+
+def _records_or_array(data, key: str):
+    """Records (a list of objects) or a column dict as a DataFrame; anything else as the array it is."""
+    import pandas as pd
+
+    if isinstance(data, list) and data and all(isinstance(row, dict) for row in data):
+        return pd.DataFrame.from_records(data)
+    if isinstance(data, list) and any(isinstance(row, dict) for row in data):
+        first = next(i for i, row in enumerate(data) if not isinstance(row, dict))
+        raise BadRequest(f"{key}[{first}] is not an object like the other records")
+    if isinstance(data, dict):
+        lengths = {name: len(v) if isinstance(v, list) else None for name, v in data.items()}
+        if None in lengths.values() or len(set(lengths.values())) > 1:
+            raise BadRequest(f"{key} as columns needs lists of one length; got {shorten(lengths, 200)}")
+        return pd.DataFrame(data)
+    if not isinstance(data, list) or not data:
+        raise BadRequest(f"{key} must be a non-empty list of records or a (B, 7, T) array")
+    return data
+
+
+def create_app(config: "ServeConfig | None" = None):
+    """The FastAPI app: the model loaded and warmed up, /invocations with the limits of the module docstring."""
+    import mlflow
+    import pandas as pd
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
+    from mlflow.exceptions import MlflowException
+    from mlflow.pyfunc.scoring_server import predictions_to_json
+    from starlette.requests import ClientDisconnect
+
+    config = config or ServeConfig.from_env()
+    torch.set_num_threads(config.torch_threads)  # before the model loads: its warm-up runs as requests will
+    use_tracking_uri(check_model_uri(config.model_uri, config.tracking_uri))
+    model = mlflow.pyfunc.load_model(config.model_uri)
+    wrapper = python_model(model)
+    answer_table = getattr(wrapper, "answer", None)  # a model logged before it: MLflow's pandas path, predictions only
+
+    def predict_json(body: bytes, content_type: str) -> str:
+        """The JSON answer: a table request's predictions with the rows set aside and the people not scored, in
+        polars both ways where the request allows (records_frame), else MLflow's pyfunc predict and its JSON writer."""
+        data, params = parse_body(body, content_type, polars_records=answer_table is not None)
+        if answer_table is not None and isinstance(data, (pl.DataFrame, pd.DataFrame)):
+            return json.dumps(answer_table(data, params))
+        out = io.StringIO()
+        predictions_to_json(model.predict(data, params=params or None), out)
+        return out.getvalue()
+
+    ready = asyncio.Event()  # set when the warm-up is done: /ping answers 503 until then
+
+    @asynccontextmanager
+    async def warmed(app):
+        """Once uvicorn listens: the model's warm-up requests over the server's own socket, the whole stack (a model
+        without them warms itself up in process, or is served cold); /ping answers 200 when they are done."""
+        build, bodies = getattr(wrapper, "warm_up_requests", None), []
+        if build is None:  # not a PGTModel, or one logged before it had them: its own warm-up, if any
+            await asyncio.to_thread(getattr(wrapper, "warm_up", lambda: None))
+        else:
+            try:
+                bodies = [json.dumps({"dataframe_records": records}).encode() for records in build()]
+            except ValueError as exc:  # a model that cannot build them (one without its preprocessing): served cold
+                log.warning("no warm-up (%s); the first requests may be slower", exc)
+        task = asyncio.create_task(warm_up_over_socket(connect_host(config.host), config.port, bodies, ready))
+        yield
+        task.cancel()
+
+    app = FastAPI(title=f"pgt serve {config.model_uri}", lifespan=warmed)
+
+    def answer(status: int, message: str) -> Response:
+        code = {400: "BAD_REQUEST", 413: "REQUEST_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE",
+                503: "TEMPORARILY_UNAVAILABLE"}.get(status, "INTERNAL_ERROR")
+        return Response(json.dumps({"error_code": code, "message": message}), status_code=status,
+                        media_type="application/json")
+
+    @app.get("/ping")
+    @app.get("/health")
+    async def ping():
+        if not ready.is_set():
+            return answer(503, "warming up: the model answers its warm-up requests first")
+        return Response("\n", status_code=200, media_type="application/json")
+
+    @app.get("/version")
+    async def version():
+        return Response(mlflow.__version__, status_code=200, media_type="application/json")
+
+    load = Load()  # what this worker holds: requests in flight and the bytes of their bodies
+    heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
+
+    async def busy(request: Request, why: str, read: int = 0) -> Response:
+        """503 with Retry-After, once the rest of the body was read and dropped (held nowhere): a client that sends
+        its whole body before reading reads the answer, not a reset."""
+        try:
+            async for chunk in request.stream():
+                read += len(chunk)
+                if read > DRAIN_FACTOR * config.max_request_bytes:
+                    break
+        except ClientDisconnect:
+            pass
+        response = answer(503, f"the server is busy ({why}); retry after {RETRY_AFTER_S} s")
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response
+
+    @app.post("/invocations")
+    async def invocations(request: Request):
+        if load.requests >= config.max_in_flight:  # refused: its body is dropped as it comes, never held
+            return await busy(request, f"{load.requests} requests in flight, the limit is {config.max_in_flight}")
+        load.requests += 1
+        held = 0
+        try:
+            limit = config.max_request_bytes
+            declared = request.headers.get("content-length")
+            too_large = (f"the request body exceeds the server's limit of {config.max_request_mb:g} MB; send fewer "
+                         "rows per request (a person's last days suffice), or start the server with a larger "
+                         "--max-request-mb")
+            chunks, size = [], 0
+            declared_bytes = int(declared) if declared is not None and declared.isdigit() else None
+            over = declared_bytes is not None and declared_bytes > limit
+            if not over and declared_bytes is not None and load.bytes + declared_bytes > config.max_buffered_bytes:
+                return await busy(request, f"{load.bytes / 2**20:.0f} MB of request bodies held, the limit is "
+                                           f"{config.max_buffered_mb:g} MB")
+            try:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    over = over or size > limit
+                    if over and size > DRAIN_FACTOR * limit:
+                        break  # a body this large is not drained: the connection closes after the answer
+                    if not over:
+                        if load.bytes + len(chunk) > config.max_buffered_bytes:
+                            load.bytes -= held
+                            chunks, held = [], 0
+                            return await busy(request, f"request bodies held reached the limit of "
+                                                       f"{config.max_buffered_mb:g} MB", size)
+                        chunks.append(chunk)
+                        load.bytes += len(chunk)
+                        held += len(chunk)
+            except ClientDisconnect:  # the client hung up: nobody reads an answer; one line, no traceback
+                log.info("a client hung up after sending %d bytes of its request", size)
+                return Response(status_code=499)
+            if over:  # the rest of the body was read and dropped, so that the client reads the answer, not a reset
+                return answer(413, too_large)
+            body, content_type = b"".join(chunks), request.headers.get("content-type", "")
+            del chunks
+            return await respond(body, content_type)
+        finally:
+            load.requests -= 1
+            load.bytes -= held
+
+    async def respond(body: bytes, content_type: str) -> Response:
+        try:
+            if len(body) <= INLINE_BYTES:
+                answer_json = predict_json(body, content_type)
+            else:
+                async with heavy:  # large requests parse and score a few at a time: memory stays bounded
+                    answer_json = await asyncio.to_thread(predict_json, body, content_type)
+        except BadRequest as exc:
+            return answer(exc.status, str(exc))
+        except MlflowException as exc:  # the model's one-line client errors (INVALID_PARAMETER_VALUE)
+            if exc.get_http_status_code() == 400:
+                return answer(400, exc.message.removeprefix("bad request: ").splitlines()[0])
+            log.exception("prediction failed")
+            return answer(500, "the server failed to answer this request; its log has the details")
+        except Exception:  # a bug of ours, not the client's: logged here, one line there
+            log.exception("prediction failed")
+            return answer(500, "the server failed to answer this request; its log has the details")
+
+        return Response(answer_json, status_code=200, media_type="application/json")
+
+    return app
+
+
+async def warm_up_over_socket(host: str, port: int, bodies: list[bytes], ready: asyncio.Event,
+                              timeout_s: float = WARM_UP_TIMEOUT_S) -> list[int]:
+    """POST each JSON body WARM_UP_ROUNDS times to this server's /invocations over TCP, as a client would (uvicorn's
+    protocol, the app, JSON: every path a request takes is warm), then set `ready`. It waits for
+    the socket to listen; failures are logged, never fatal: `ready` is set whatever happens. The HTTP statuses."""
+    start, statuses = time.perf_counter(), []
+    deadline = time.monotonic() + timeout_s
+    try:
+        for body in bodies:
+            for _ in range(WARM_UP_ROUNDS):
+                statuses.append(await http_post(host, port, "/invocations", body, deadline))
+    except (OSError, asyncio.TimeoutError, ValueError) as exc:
+        log.warning("the warm-up over %s:%s failed (%s); the first requests may be slower", host, port, exc)
+    finally:
+        ready.set()
+    if any(status != 200 for status in statuses):
+        log.warning("the warm-up requests answered HTTP %s; the first requests may be slower", statuses)
+    elif statuses:  # in uvicorn's own log, beside its startup lines
+        logging.getLogger("uvicorn.error").info("warmed up: %d requests over %s:%s in %.2f s", len(statuses), host, port,
+                                                time.perf_counter() - start)
+    return statuses
+
+
+async def http_post(host: str, port: int, path: str, body: bytes, deadline: float) -> int:
+    """POST a JSON body over HTTP/1.1 (one connection, closed after the answer); the answer's status. Retries a
+    refused connection (a server about to listen) until `deadline` (time.monotonic)."""
+    while True:
+        try:
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port),
+                                                    max(deadline - time.monotonic(), 0.01))
+            break
+        except ConnectionRefusedError:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.05)
+    try:
+        writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), max(deadline - time.monotonic(), 0.01))
+    finally:
+        writer.close()
+    status_line = answer.split(b"\r\n", 1)[0].split()
+    if len(status_line) < 2 or not status_line[1].isdigit():
+        raise ValueError(f"not an HTTP answer: {answer[:60]!r}")
+    return int(status_line[1])
+
+
+def connect_host(bind_host: str) -> str:
+    """Where this machine reaches a server bound to `bind_host`: a wildcard address is reached on loopback."""
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(bind_host, bind_host)
+
+
+def python_model(model):
+    """The PythonModel inside a loaded pyfunc; None for another flavour (a pickled PyTorch one, logged before)."""
+    try:
+        return model.unwrap_python_model()
+    except Exception:
+        return None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ValueError in one line where `host`:`port` cannot be listened on (another server holds it, or the address is
+    not this machine's): said before the model loads, in a moment rather than after it."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reason = "in use (another server?)" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+            raise ValueError(f"cannot listen on {host}:{port}: {reason}; choose another --port, or stop what holds "
+                             "it") from None
+
+
+def serve(config: ServeConfig) -> None:
+    """Run the app under uvicorn with config.workers processes (blocking)."""
+    import uvicorn
+
+    os.environ.update(config.to_env())
+    uvicorn.run("pgt.serving.server:create_app", factory=True, host=config.host, port=config.port, workers=config.workers,
+                log_level="info", timeout_graceful_shutdown=10)

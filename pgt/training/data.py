@@ -1,0 +1,625 @@
+"""The Parquet splits of `pgt preprocess` as padded tensors, a Dataset that samplers can shard,
+and optional length bucketing. Built with pyarrow and numpy: no Python loop per row."""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, NamedTuple
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset, Sampler
+
+from pgt.config import MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES, ModelConfig
+from pgt.network.vocabulary import unseen_slots
+from preprocessing.config import SPLITS
+from preprocessing.memory import TARGET_KINDS
+from preprocessing.sequences import UNSEEN
+
+LIST_COLUMNS = ("locations", "time_slots", "weekdays", "recency", "durations")
+SHIFTED = ("time_slots", "weekdays", "recency", "durations")  # stored +1 so that 0 means padding
+PLACE_COLUMNS = ("places", "target_place")  # dataset-wide place ids (the DBSCAN location of each visit)
+# a split's memory columns (preprocessing.memory) and the history column each becomes as a visit in front of it
+MEMORY_AS_VISITS = {"memory_locations": "locations", "memory_places": "places", "memory_time_slots": "time_slots",
+                    "memory_weekdays": "weekdays", "memory_days": "recency", "memory_visits": "durations",
+                    "memory_after_current": "durations"}
+
+
+@dataclass(frozen=True)
+class MemoryLayout:
+    """How a model reads the memory: the first `places` entries of each sample's, as visits in front of its history,
+    whose recency is the age bucket after the window's `recency` values and whose duration is the visit-count bucket
+    after the window's `durations` buckets, the buckets a second time for a place that came right after the current
+    place before (pgt.config.MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES)."""
+
+    places: int  # entries read per sample (ModelConfig.memory_places)
+    recency: int  # the window's recency values (ModelConfig.recency_days)
+    durations: int  # the window's duration buckets (ModelConfig.duration_buckets)
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> MemoryLayout | None:
+        """The layout of a model that reads a memory; None for one that does not."""
+        return cls(cfg.memory_places, cfg.recency_days, cfg.duration_buckets) if cfg.memory_places else None
+
+    @classmethod
+    def for_data(cls, memory_places: int, vocab: Vocab) -> MemoryLayout | None:
+        """The layout of a model reading memory_places places, built for data of the manifest's `vocab`."""
+        return cls(memory_places, vocab.recency, vocab.durations) if memory_places else None
+
+    def ages(self, days: np.ndarray | torch.Tensor):
+        """Days since a remembered place's last visit -> the recency values of its visit (stored + 1 as every feature)."""
+        edges = MEMORY_AGE_EDGES_DAYS
+        if isinstance(days, torch.Tensor):
+            bucket = torch.bucketize(days, torch.tensor(edges, device=days.device), right=True) - 1
+            return self.recency + 1 + bucket.clamp_min(0)
+        return self.recency + 1 + np.maximum(np.searchsorted(edges, days, side="right") - 1, 0)
+
+    def visits(self, counts: np.ndarray, after_current: np.ndarray) -> np.ndarray:
+        """Visit counts, and visits that came right after the current place -> the duration values of the remembered
+        place's visit (stored + 1)."""
+        bucket = np.maximum(np.searchsorted(MEMORY_VISIT_EDGES, counts, side="right") - 1, 0)
+        return self.durations + 1 + bucket + len(MEMORY_VISIT_EDGES) * (after_current > 0)
+
+
+class Batch(NamedTuple):
+    locations: torch.Tensor  # (B, T) location ids, 0 = padding, 1 = unseen in train, right-padded
+    users: torch.Tensor  # (B,)
+    times: torch.Tensor  # (B, T) time slot + 1
+    weekdays: torch.Tensor  # (B, T) weekday + 1
+    recency: torch.Tensor  # (B, T) days before the target + 1
+    durations: torch.Tensor  # (B, T) duration bucket + 1
+    targets: torch.Tensor  # (B,) the protocol's target: a known id, or 1 for any place unseen in train
+    slots: torch.Tensor  # (B, T) extended vocabulary: k >= 1 for the row's k-th distinct unseen place, else 0
+    target_slots: torch.Tensor  # (B,) the target's slot when its place is one of the history's slots, else 0
+
+    def inputs(self) -> tuple[torch.Tensor, ...]:
+        """The model's positional arguments."""
+        return self.locations, self.users, self.times, self.weekdays, self.recency, self.durations, self.slots
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
+        return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
+
+    def packed(self) -> torch.Tensor:
+        """The inputs as one (B, 7, T) int64 tensor (the user repeated along T): the interface of
+        `pgt.network.model.PackedModel`, which MLflow logs and serves."""
+        users = self.users.unsqueeze(1).expand_as(self.locations)
+        return torch.stack([self.locations, users, self.times, self.weekdays, self.recency, self.durations, self.slots],
+                           dim=1)
+
+    def extended_targets(self, num_locations: int) -> torch.Tensor:
+        """(B,) targets over the extended vocabulary of V = num_locations known ids plus the row's slots: a known
+        id stays, a revisited unseen place becomes its slot's column V + slot - 1, a new place is 1 ("new place")."""
+        return torch.where(self.target_slots > 0, num_locations + self.target_slots - 1, self.targets)
+
+    def strict_targets(self, num_locations: int) -> torch.Tensor:
+        """(B,) the column of the target's exact place, or -1 for a new place, which no column names."""
+        extended = self.extended_targets(num_locations)
+        return torch.where(extended == UNSEEN, -1, extended)
+
+
+@dataclass
+class Vocab:
+    """Table sizes from the manifest's `vocab`. Manifests written before the feature sizes were recorded
+    get the reference protocol's sizes (which the model's tables then had)."""
+
+    locations: int  # location table size (0 padding, 1 unseen)
+    users: int  # user table size (0 padding)
+    time_slots: int = 96  # time-of-day slot values 0 .. time_slots - 1
+    weekdays: int = 7  # weekday values 0 (Monday) .. 6
+    recency: int = 8  # recency values 0 (the target's day) .. history_days
+    durations: int = 99  # duration bucket values 0 .. durations - 1
+
+    FEATURES = {"time_slots": "time_slots", "weekdays": "weekdays", "recency": "recency", "durations": "durations"}
+
+    @classmethod
+    def from_manifest(cls, data_dir: Path | str) -> Vocab:
+        path = Path(data_dir) / "manifest.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no manifest.json; expected a `pgt preprocess` output folder")
+        try:
+            manifest = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{path}: corrupt manifest, not JSON ({str(exc).splitlines()[0]})") from None
+        vocab = manifest.get("vocab") if isinstance(manifest, dict) else None
+        if not isinstance(vocab, dict):
+            raise ValueError(f"{path}: no `vocab` mapping; expected the manifest of a `pgt preprocess` output folder")
+        sizes = {}
+        for name in ("locations", "users", *cls.FEATURES):
+            value = vocab.get(name, getattr(cls, name, None))
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{path}: vocab.{name} must be a positive integer, got {value!r}")
+            sizes[name] = value
+        return cls(**sizes)
+
+    def check_features(self, dataset: SequenceDataset, path: Path | str) -> None:
+        """ValueError naming the file and column when a stored feature lies outside its table."""
+        visits = ~dataset.is_memory()  # a remembered place's recency and duration are its age and visit buckets
+        for name, column in self.FEATURES.items():
+            values = getattr(dataset, {"time_slots": "times"}.get(column, column))
+            values = values[visits] if column in ("recency", "durations") else values
+            top = int(values.max()) if values.numel() else 0  # stored + 1
+            if top > getattr(self, name):
+                raise ValueError(f"{path}: column {column} holds {top - 1}, but the manifest's vocab.{name} allows "
+                                 f"0..{getattr(self, name) - 1}; preprocess the input again")
+        for name, values in (("locations", dataset.locations), ("users", dataset.users)):
+            top = int(values.max()) if values.numel() else 0
+            if top >= getattr(self, name):
+                raise ValueError(f"{path}: column {name[:-1] if name == 'users' else name} holds id {top}, outside the "
+                                 f"manifest's vocab.{name} of {getattr(self, name)} rows; preprocess the input again")
+
+
+class SequenceDataset(Dataset):
+    """One split as padded int64 tensors. `dataset[i]` is a one-sample Batch; `__getitems__` (which
+    DataLoader uses when given a batch of indices) gathers a whole batch trimmed to its longest history."""
+
+    def __init__(self, locations: np.ndarray, users: np.ndarray, features: dict[str, np.ndarray], targets: np.ndarray,
+                 places: np.ndarray, target_places: np.ndarray, memory_days: np.ndarray | None = None,
+                 memory: MemoryLayout | None = None):
+        self.locations = torch.from_numpy(locations)
+        self.users = torch.from_numpy(users)
+        self.times = torch.from_numpy(features["time_slots"])
+        self.weekdays = torch.from_numpy(features["weekdays"])
+        self.recency = torch.from_numpy(features["recency"])
+        self.durations = torch.from_numpy(features["durations"])
+        self.targets = torch.from_numpy(targets)
+        self.places = torch.from_numpy(places)  # (N, T) dataset-wide place of each visit (0 on padding)
+        self.target_places = torch.from_numpy(target_places)  # (N,)
+        self.lengths = (self.locations != 0).sum(dim=1)
+        self.memory = memory  # how remembered places sit in front of each history; None: they do not
+        self.target_kinds: np.ndarray | None = None  # (N,) int8 codes of metrics.TARGET_KINDS, where the split has them
+        # (N, T) days since each remembered place's last visit, 0 on the history's visits and padding
+        self.memory_days = torch.from_numpy(memory_days) if memory_days is not None else torch.zeros_like(self.locations)
+        self.slots, self.target_slots = torch.zeros_like(self.locations), torch.zeros_like(self.targets)
+        for start in range(0, len(self.targets), 4096):  # (chunk, T, T) at a time
+            part = slice(start, start + 4096)
+            self.slots[part], self.target_slots[part] = unseen_slots(self.locations[part], self.places[part],
+                                                                     self.targets[part], self.target_places[part])
+
+    def anchored_at_last_visit(self) -> SequenceDataset:
+        """The same samples with recency counted from the day of each history's last visit instead of the
+        target's day: the inputs a live prediction has, when the day of the next visit is not known yet (the
+        last visit is on day 0, and the target's weekday the model infers becomes the last visit's)."""
+        anchored = copy.copy(self)
+        last = (self.lengths - 1).clamp(min=0).unsqueeze(1)  # (N, 1)
+        shift = self.recency.gather(1, last) - 1  # (N, 1) the last visit's days before the target (stored + 1)
+        anchored.recency = torch.where(self.locations != 0, self.recency - shift, 0)  # (N, T), padding stays 0
+        if self.memory is not None:  # a remembered place's age counts from the same day
+            remembered = self.is_memory()
+            anchored.memory_days = torch.where(remembered, self.memory_days - shift, 0)
+            anchored.recency = torch.where(remembered, self.memory.ages(anchored.memory_days), anchored.recency)
+        return anchored
+
+    def is_memory(self) -> torch.Tensor:
+        """(N, T) True where a column holds a remembered place rather than a visit of the history or padding."""
+        if self.memory is None:
+            return torch.zeros_like(self.locations, dtype=torch.bool)
+        return self.recency > self.memory.recency
+
+    @classmethod
+    def from_parquet(cls, path: Path | str, max_len: int = ModelConfig.max_len, require_target: bool = True,
+                     memory: MemoryLayout | None = None) -> SequenceDataset:
+        """Read a split; histories longer than max_len keep their most recent max_len visits. Without
+        `require_target` a file may lack the target columns (new sequences to score): targets are then 0. With
+        `memory`, each sample's first memory.places remembered places come in front of its history."""
+        path = Path(path)
+        present = cls.check_columns(path, require_target)
+        with_target = "target" in present
+        places, target_place = PLACE_COLUMNS
+        try:
+            targets = ["target", target_place] if with_target else []
+            # those present: memory_values names the missing ones
+            remembered = [c for c in MEMORY_AS_VISITS if c in present] if memory is not None else []
+            kinds = ["target_kind"] if with_target and "target_kind" in present else []
+            table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places, *remembered, *targets, *kinds])
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+        return cls.from_arrow(table, max_len, path, memory)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table, max_len: int = ModelConfig.max_len, path: Path | str = "sequences",
+                   memory: MemoryLayout | None = None) -> SequenceDataset:
+        """Samples from an Arrow table in the columns of a split (targets 0 where it has none); with `memory`, the
+        remembered places in front of each history (MemoryLayout)."""
+        with_target = "target" in table.column_names
+        offsets = table.column("locations").combine_chunks().offsets.to_numpy()
+        lengths = np.diff(offsets)
+        if len(lengths) and lengths.min() < 1:
+            raise ValueError(f"{path}: a sample has an empty history")
+        combined = {}  # each column in one chunk, checked
+        for name in (*LIST_COLUMNS, "places", "user", *(("target", "target_place") if with_target else ())):
+            column = combined[name] = table.column(name).combine_chunks()
+            listed = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
+            if column.null_count or (listed and column.values.null_count):
+                raise ValueError(f"{path}: column {name} holds null values; every visit needs every feature")
+            if listed and not np.array_equal(column.offsets.to_numpy(), offsets):
+                raise ValueError(f"{path}: column {name} does not have one value per visit of column locations")
+            values = (column.values if listed else column).to_numpy(zero_copy_only=False)
+            lowest = 1 if name == "locations" else 0
+            if len(values) and values.min() < lowest:
+                raise ValueError(f"{path}: column {name} holds {int(values.min())}; its ids start at {lowest}"
+                                 + (" (0 pads histories)" if lowest else ""))
+        n = len(lengths)
+        kept = np.minimum(lengths, max_len)
+        front, remembered = np.zeros(n, np.int64), {}
+        if memory is not None:
+            remembered, front = cls.memory_values(table, memory, path)
+        width = max(int((front + kept).max()) if n else 1, 1)
+        # flat index of every kept value and its (row, column) in the right-padded matrix, after the memory's
+        row = np.repeat(np.arange(n), kept)
+        col = np.arange(kept.sum()) - np.repeat(np.cumsum(kept) - kept, kept)
+        flat = np.repeat(offsets[:-1] + lengths - kept, kept) + col
+        col = col + np.repeat(front, kept)
+        padded = {}
+        for name in (*LIST_COLUMNS, "places"):
+            values = combined[name].values.to_numpy().astype(np.int64)
+            matrix = np.zeros((n, width), dtype=np.int64)
+            matrix[row, col] = values[flat] + (1 if name in SHIFTED else 0)
+            padded[name] = matrix
+        memory_days = np.zeros((n, width), dtype=np.int64)
+        if memory is not None:  # the remembered places fill columns 0 .. front - 1
+            m_row = np.repeat(np.arange(n), front)
+            m_col = np.arange(front.sum()) - np.repeat(np.cumsum(front) - front, front)
+            for name, values in remembered.items():
+                (memory_days if name == "days" else padded[name])[m_row, m_col] = values
+        users = combined["user"].to_numpy().astype(np.int64)
+
+        def column(name: str) -> np.ndarray:
+            return combined[name].to_numpy().astype(np.int64) if with_target else np.zeros(n, np.int64)
+
+        dataset = cls(padded.pop("locations"), users, padded, column("target"), padded.pop("places"),
+                      column("target_place"), memory_days if memory is not None else None, memory)
+        if with_target and "target_kind" in table.column_names:
+            dataset.target_kinds = target_kind_codes(table.column("target_kind").combine_chunks(), path)
+        return dataset
+
+    @staticmethod
+    def memory_values(table: pa.Table, memory: MemoryLayout,
+                      path: Path | str) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """({history column or "days": the values of the first memory.places remembered places of each row, flat},
+        (n,) how many each row has), from a table's memory columns (MEMORY_AS_VISITS)."""
+        missing = [c for c in MEMORY_AS_VISITS if c not in table.column_names]
+        if missing:
+            raise ValueError(f"{path}: no memory column(s) {', '.join(missing)}, which a model with memory_places reads; "
+                             "preprocess the input again (older `pgt preprocess` outputs lack them)")
+        first = table.column("memory_locations").combine_chunks()
+        offsets = first.offsets.to_numpy()
+        lengths = np.diff(offsets)
+        front = np.minimum(lengths, memory.places)
+        flat = np.repeat(offsets[:-1], front) + np.arange(front.sum()) - np.repeat(np.cumsum(front) - front, front)
+        values = {}
+        for name, visit_column in MEMORY_AS_VISITS.items():
+            column = table.column(name).combine_chunks()
+            if column.null_count or column.values.null_count:
+                raise ValueError(f"{path}: column {name} holds null values; every remembered place needs every feature")
+            if not np.array_equal(column.offsets.to_numpy(), offsets):
+                raise ValueError(f"{path}: column {name} does not have one value per place of column memory_locations")
+            raw = column.values.to_numpy().astype(np.int64)[flat]
+            lowest = 1 if name in ("memory_locations", "memory_visits") else 0
+            if len(raw) and raw.min() < lowest:
+                raise ValueError(f"{path}: column {name} holds {int(raw.min())}; its values start at {lowest}")
+            if name == "memory_days":
+                values["days"] = raw
+                values["recency"] = memory.ages(raw)
+            elif name in ("memory_visits", "memory_after_current"):
+                values[name] = raw
+            else:
+                values[visit_column] = raw + (1 if visit_column in SHIFTED else 0)
+        values["durations"] = memory.visits(values.pop("memory_visits"), values.pop("memory_after_current"))
+        return values, front
+
+    @staticmethod
+    def check_columns(path: Path | str, require_target: bool = True) -> set[str]:
+        """The file's column names, after checking it has those of a split (FileNotFoundError, ValueError)."""
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file; run `pgt preprocess` first")
+        try:
+            schema = pq.read_schema(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+        return SequenceDataset.check_schema(schema, path, require_target)
+
+    @staticmethod
+    def check_schema(schema: pa.Schema, path: Path | str, require_target: bool = True) -> set[str]:
+        """The column names of a split's schema, after checking it has a split's columns and types (ValueError)."""
+        present = set(schema.names)
+        needed = ["user", *LIST_COLUMNS] + (["target"] if require_target else [])
+        missing = [c for c in needed if c not in present]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns of a "
+                             f"`pgt preprocess` split: {', '.join(needed)}")
+        places = PLACE_COLUMNS if "target" in present else PLACE_COLUMNS[:1]
+        if any(c not in present for c in places):
+            raise ValueError(f"{path}: no column {' or '.join(c for c in places if c not in present)} (the place of "
+                             "each visit), which older `pgt preprocess` outputs lack; preprocess the input again")
+        for name in [*needed, *places]:
+            column_type = schema.field(name).type
+            is_list = pa.types.is_list(column_type) or pa.types.is_large_list(column_type)
+            wants_list = name in (*LIST_COLUMNS, PLACE_COLUMNS[0])
+            value_type = column_type.value_type if is_list else column_type
+            if not (pa.types.is_integer(value_type) or pa.types.is_null(value_type)) or is_list != wants_list:
+                raise ValueError(f"{path}: column {name} has type {column_type}, expected "
+                                 f"{'lists of integers' if wants_list else 'integers'}")
+        return present
+
+    def concatenated(self, other: SequenceDataset) -> SequenceDataset:
+        """This split's samples, then `other`'s (train + validation, for refit), padded to the wider of the two."""
+        joined = copy.copy(self)
+        for name, mine in vars(self).items():
+            if isinstance(mine, torch.Tensor):
+                theirs = getattr(other, name)
+                if mine.dim() == 2:  # (N, T) histories: right-padded with 0 to a common width
+                    width = max(mine.shape[1], theirs.shape[1])
+                    mine, theirs = (F.pad(t, (0, width - t.shape[1])) for t in (mine, theirs))
+                setattr(joined, name, torch.cat([mine, theirs]))
+        if self.target_kinds is not None and other.target_kinds is not None:
+            joined.target_kinds = np.concatenate([self.target_kinds, other.target_kinds])
+        else:
+            joined.target_kinds = None
+        return joined
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.gather(idx, int(self.lengths[idx].max()))
+
+    def gather(self, idx: torch.Tensor, width: int) -> Batch:
+        """The samples `idx` (on this dataset's device) as a Batch `width` visits wide: no transfer, no sync."""
+        return Batch(self.locations[idx, :width], self.users[idx], self.times[idx, :width],
+                     self.weekdays[idx, :width], self.recency[idx, :width], self.durations[idx, :width],
+                     self.targets[idx], self.slots[idx, :width], self.target_slots[idx])
+
+    def to(self, device: torch.device | str) -> SequenceDataset:
+        """A copy whose tensors live on `device`."""
+        moved = copy.copy(self)
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(moved, name, value.to(device))
+        return moved
+
+    def in_history(self) -> np.ndarray:
+        """Whether each sample's target id appears among its history's ids (the protocol's view: any unseen
+        target is "in the history" when any unseen place is); remembered places are not the history."""
+        return ((self.locations == self.targets.unsqueeze(1)) & ~self.is_memory()).any(dim=1).numpy()
+
+    def place_in_history(self) -> np.ndarray:
+        """Whether each sample's exact target place is one of its history's visits (remembered places are not)."""
+        visits = (self.locations != 0) & ~self.is_memory()
+        return ((self.places == self.target_places.unsqueeze(1)) & visits).any(dim=1).numpy()
+
+    def new_place(self) -> np.ndarray:
+        """Whether each sample's target is a new place: unseen in train and absent from the history."""
+        return ((self.targets == UNSEEN) & (self.target_slots == 0)).numpy()
+
+
+def target_kind_codes(column: pa.Array, path: Path | str) -> np.ndarray:
+    """A split's target_kind column (preprocessing.memory.TARGET_KINDS) as int8 codes in that order."""
+    names = column.cast(pa.string()).to_pylist()
+    lookup = {kind: code for code, kind in enumerate(TARGET_KINDS)}
+    odd = sorted({str(n) for n in names if n not in lookup})
+    if odd:
+        raise ValueError(f"{path}: column target_kind holds {', '.join(odd[:3])}; expected {', '.join(TARGET_KINDS)}")
+    return np.array([lookup[n] for n in names], dtype=np.int8)
+
+
+def keep_batch(batch: Batch) -> Batch:
+    """DataLoader collate_fn: the dataset already returns whole batches."""
+    return batch
+
+
+class BucketBatchSampler(Sampler[list[int]]):
+    """Batches of similar history length: takes `bucket_batches` batches' worth of indices from the
+    inner sampler (which may be a DistributedSampler), sorts them by length, cuts batches and
+    shuffles their order. Less padding, same samples per epoch."""
+
+    def __init__(self, sampler: Sampler[int], lengths: torch.Tensor, batch_size: int, bucket_batches: int = 50,
+                 seed: int = 0):
+        self.sampler, self.lengths, self.batch_size = sampler, lengths, batch_size
+        self.bucket_batches, self.seed, self.epoch = bucket_batches, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        rng = np.random.default_rng((self.seed, self.epoch))
+        indices = np.fromiter(iter(self.sampler), dtype=np.int64)
+        chunk = self.batch_size * self.bucket_batches
+        for start in range(0, len(indices), chunk):
+            part = indices[start:start + chunk]
+            part = part[np.argsort(self.lengths[part].numpy(), kind="stable")]
+            batches = [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
+            for b in rng.permutation(len(batches)):
+                yield batches[b].tolist()
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        chunk = self.batch_size * self.bucket_batches
+        return (n // chunk) * self.bucket_batches + -(-(n % chunk) // self.batch_size)
+
+
+def load_splits(data_dir: Path | str, max_len: int = ModelConfig.max_len, vocab: Vocab | None = None,
+                names: tuple[str, ...] = SPLITS, memory: MemoryLayout | None = None) -> dict[str, SequenceDataset]:
+    """The splits `names` (all three by default); with `vocab`, each is checked against the manifest's table sizes;
+    with `memory`, the remembered places come in front of each history (MemoryLayout)."""
+    splits = {split: SequenceDataset.from_parquet(Path(data_dir) / f"{split}.parquet", max_len, memory=memory)
+              for split in names}
+    if vocab is not None:
+        for split, dataset in splits.items():
+            vocab.check_features(dataset, Path(data_dir) / f"{split}.parquet")
+    return splits
+
+
+@dataclass
+class FirstVisits:
+    """When each user first visited each location in the training splits (train, or train and validation), and
+    the day of every training sample's target; days count from the user's first tracked day (staypoints.parquet's
+    start_day)."""
+
+    first_day: torch.Tensor  # (U, V) float32; +inf where the user never visited the location in those splits
+    sample_day: torch.Tensor  # (N,) float32, the day of each sample's target, in the splits' row order, one after another
+
+    @classmethod
+    def from_data_dir(cls, data_dir: Path | str, vocab: Vocab, splits: tuple[str, ...] = ("train",)) -> FirstVisits:
+        data_dir = Path(data_dir)
+        path = data_dir / "staypoints.parquet"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file; simulating unseen locations needs the staypoints "
+                                    "that `pgt preprocess` writes next to the splits")
+        staypoints = pl.read_parquet(path, columns=["user", "location", "started_at", "start_day", "split"])
+        seen = staypoints.filter(pl.col("split").cast(pl.String).is_in(list(splits)))
+        first = seen.group_by("user", "location").agg(pl.col("start_day").min())
+        first_day = np.full((vocab.users, vocab.locations), np.inf, np.float32)
+        first_day[first["user"].to_numpy(), first["location"].to_numpy()] = first["start_day"].to_numpy()
+        samples = pl.concat([pl.read_parquet(data_dir / f"{split}.parquet", columns=["user", "target_started_at"])
+                             for split in splits])
+        days = samples.join(staypoints.select("user", "started_at", "start_day"), how="left", maintain_order="left",
+                            left_on=["user", "target_started_at"], right_on=["user", "started_at"])["start_day"]
+        if len(days) != len(samples) or days.null_count():
+            files = " + ".join(str(data_dir / f"{split}.parquet") for split in splits)
+            raise ValueError(f"{files}: {days.null_count()} of {len(samples)} targets have no "
+                             f"staypoint in {path} (expected every target_started_at among the user's staypoints)")
+        return cls(torch.from_numpy(first_day), torch.from_numpy(days.to_numpy().astype(np.float32)))
+
+
+class UnseenSimulation(Dataset):
+    """The train split as later splits look to the model: there, locations first visited after the
+    train period are all id 1 ("unseen in train", a quarter of GeoLife's test histories and targets),
+    an id the train split never shows. For each sample this draws a known fraction f uniformly in
+    [known_min, known_max] and turns every location the user first visited at least a day after the
+    cutoff (f times the days from the user's first day to the sample) into id 1, in the history and the
+    target alike. Draws come from torch's global RNG, which checkpoints save, so resumed runs draw the
+    same."""
+
+    def __init__(self, dataset: SequenceDataset, visits: FirstVisits, known_min: float, known_max: float):
+        if len(visits.sample_day) != len(dataset):
+            raise ValueError(f"first visits cover {len(visits.sample_day)} samples, the dataset has {len(dataset)}")
+        self.dataset, self.visits = dataset, visits
+        self.known_min, self.known_max = known_min, known_max
+        self.lengths, self.targets = dataset.lengths, dataset.targets
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Batch:
+        return self.__getitems__([index])
+
+    def __getitems__(self, indices: list[int]) -> Batch:
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        return self.gather(idx, int(self.lengths[idx].max()))
+
+    def to(self, device: torch.device | str) -> UnseenSimulation:
+        """A copy whose split and first visits live on `device`."""
+        moved = copy.copy(self)
+        moved.dataset = self.dataset.to(device)
+        moved.visits = FirstVisits(self.visits.first_day.to(device), self.visits.sample_day.to(device))
+        moved.lengths, moved.targets = moved.dataset.lengths, moved.dataset.targets
+        return moved
+
+    def gather(self, idx: torch.Tensor, width: int) -> Batch:
+        batch = self.dataset.gather(idx, width)
+        known = self.known_min + (self.known_max - self.known_min) * torch.rand(len(idx), device=idx.device)  # (B,)
+        cutoff = known * self.visits.sample_day[idx] + 1  # (B,) locations first visited on this day or later are new
+        first_history = self.visits.first_day[batch.users.unsqueeze(1), batch.locations]  # (B, T)
+        first_target = self.visits.first_day[batch.users, batch.targets]  # (B,)
+        new_history = (first_history >= cutoff.unsqueeze(1)) & (batch.locations > UNSEEN)  # padding stays 0
+        new_target = (first_target >= cutoff) & (batch.targets > UNSEEN)
+        locations = torch.where(new_history, UNSEEN, batch.locations)
+        targets = torch.where(new_target, UNSEEN, batch.targets)
+        # the simulated unseen places get slots as real ones do (a train place is its own location id)
+        slots, target_slots = unseen_slots(locations, self.dataset.places[idx, :locations.shape[1]], targets,
+                                           self.dataset.target_places[idx])
+        return batch._replace(locations=locations, targets=targets, slots=slots, target_slots=target_slots)
+
+
+class ResidentBatches:
+    """The train split held on the training device and batched there: `batch_sampler` (the DataLoader path's
+    BucketBatchSampler) draws each epoch's index lists on the host once, they go to the device in one copy, and
+    every batch is a gather on the device: no per-batch transfer, no per-batch sync. Without static_width these
+    are exactly the DataLoader path's batches.
+
+    With static_width, each batch's history width is rounded up to a multiple of it (padding is masked: the
+    model's outputs do not change) and a short batch is filled to full size with the epoch's first samples
+    (as DistributedSampler pads its shards), so that batches take at most max_len / static_width shapes."""
+
+    def __init__(self, dataset: SequenceDataset | UnseenSimulation, batch_sampler: BucketBatchSampler,
+                 device: torch.device | str, static_width: int = 0):
+        self.lengths = dataset.lengths.cpu().numpy()  # (N,) host copy: widths are planned on the host
+        self.max_width = int(self.lengths.max(initial=1))  # the split's padded width (its longest kept history)
+        self.dataset, self.batch_sampler = dataset.to(device), batch_sampler
+        self.device, self.static_width = torch.device(device), static_width
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    def plan(self) -> tuple[list[np.ndarray], list[int]]:
+        """This epoch's batches (index arrays) and their widths, on the host."""
+        batches = [np.asarray(b, dtype=np.int64) for b in self.batch_sampler]
+        if self.static_width and batches:
+            size = self.batch_sampler.batch_size
+            order = np.concatenate(batches)
+            batches = [np.concatenate([b, np.resize(order, size - len(b))]) if len(b) < size else b for b in batches]
+        widths = [int(self.lengths[b].max()) for b in batches]
+        if self.static_width:
+            step = self.static_width
+            widths = [min(-(-w // step) * step, self.max_width) for w in widths]
+        return batches, widths
+
+    def __iter__(self) -> Iterator[Batch]:
+        for idx, width in self.indices():
+            yield self.dataset.gather(idx, width)
+
+    def indices(self) -> Iterator[tuple[torch.Tensor, int]]:
+        """This epoch's batches as (B,) indices on the device and widths, to gather there (the whole step does)."""
+        torch.empty((), dtype=torch.int64).random_()  # the draw a DataLoader makes per epoch (its workers' base
+        # seed): the global generator, and so dropout and the unseen simulation, then run as on the DataLoader path
+        batches, widths = self.plan()
+        if not batches:
+            return
+        flat = torch.as_tensor(np.concatenate(batches)).to(self.device, non_blocking=True)  # one copy an epoch
+        start = 0
+        for batch, width in zip(batches, widths):
+            yield flat[start:start + len(batch)], width
+            start += len(batch)
+
+
+class StreamedBatches:
+    """Train batches streamed from a Ray Data shard (`ray.train.get_dataset_shard("train")`) instead of a split
+    held in memory: each Arrow batch is padded as SequenceDataset pads a split (so a batch holds what the
+    in-memory path would give those samples), after a local shuffle buffer reseeded every epoch. Memory
+    follows the buffer, not the split."""
+
+    def __init__(self, shard, batch_size: int, max_len: int, seed: int, shuffle_rows: int = 20_000,
+                 vocab: Vocab | None = None, path: Path | str = "train.parquet", at_last_visit: bool = False,
+                 memory: MemoryLayout | None = None):
+        self.shard, self.batch_size, self.max_len, self.seed = shard, batch_size, max_len, seed
+        self.memory = memory  # the remembered places in front of each history (MemoryLayout)
+        self.shuffle_rows, self.vocab, self.path, self.epoch = shuffle_rows, vocab, path, 0
+        self.at_last_visit = at_last_visit  # recency from the last visit's day (TrainConfig.anchor)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[Batch]:
+        for table in self.shard.iter_batches(batch_size=self.batch_size, batch_format="pyarrow", drop_last=False,
+                                             local_shuffle_buffer_size=self.shuffle_rows,
+                                             local_shuffle_seed=self.seed + self.epoch):
+            dataset = SequenceDataset.from_arrow(table, self.max_len, self.path, self.memory)
+            if self.vocab is not None:
+                self.vocab.check_features(dataset, self.path)
+            if self.at_last_visit:
+                dataset = dataset.anchored_at_last_visit()
+            yield dataset.__getitems__(list(range(len(dataset))))

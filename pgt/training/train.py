@@ -1,0 +1,743 @@
+"""`train_loop_per_worker(config)`: the training loop, the same in one process and under Ray Train.
+
+AdamW, linear warmup then cosine decay (per epoch), label smoothing, gradient clipping, early stopping
+on validation Acc@1, mixed precision on CUDA, seeded and deterministic on CPU. Every epoch ends with a
+checkpoint (model, optimizer, scheduler, epoch, best metric, RNG states); a rerun resumes from the
+latest one. The best epoch's weights are evaluated on test and written to metrics.json.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import importlib.util
+import math
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyarrow.parquet as pq
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torch.utils.deterministic
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
+
+from infra.output import write_json_atomically
+from pgt.config import (
+    ModelConfig,
+    TrackingConfig,
+    TrainConfig,
+    selection_score,
+)
+from pgt.network.checkpoint import (
+    check_resumable,
+    latest_checkpoint,
+    read_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    write_torch_file,
+)
+from pgt.network.model import Ensemble, Output, build_model, count_parameters, networks
+from pgt.network.vocabulary import extended_ids
+from pgt.tracking.runs import EpochLogger, log_result, system_metrics
+from pgt.training.baselines import MarkovChain, MostFrequent
+from pgt.training.data import (
+    Batch,
+    BucketBatchSampler,
+    FirstVisits,
+    MemoryLayout,
+    ResidentBatches,
+    SequenceDataset,
+    StreamedBatches,
+    UnseenSimulation,
+    Vocab,
+    keep_batch,
+    load_splits,
+)
+from pgt.training.scoring import Scores, evaluate, model_scores
+from pgt.training.step import WholeStep, average_weights, check_capturable, portable_optimizer_state, use_device_learning_rate
+from pgt.training.worker import Worker, local_worker
+from preprocessing.config import SPLITS
+from preprocessing.sequences import UNSEEN
+
+SELECTION_DIR = "selection"  # a refit's selection run, inside the run's folder
+# what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
+OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run.json", SELECTION_DIR, ".*.tmp-*",
+           ".*.lock")
+# in the train loop's config (beside "tracking"), a refit's: the selection run's held-out validation metrics, its
+# selected epoch and where it is; the refit run reports them as its validation metrics
+HELD_OUT_KEY = "_held_out"
+
+# ---------------------------------------------------------------------------------------------
+# the worker's environment: one process here; Ray Train supplies rank, world size and reporting
+
+
+def seed_everything(seed: int, deterministic: bool = True) -> None:
+    """Seed Python, NumPy and torch; `deterministic` turns torch's deterministic algorithms on (else off).
+
+    Training asks for them on CPU only: on CUDA they buy no reproducibility (cuDNN's attention backward has no
+    deterministic kernel) and cost the most time of a compiled step, since they make every embedding's backward
+    (an index_put that accumulates) sort its indices and add duplicates one by one."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    # deterministic kernels never read memory they did not write; filling each new tensor with NaN first (torch's
+    # default in this mode, a debugging aid) cost 384 fills per step on a CPU and 512 kernels of 1,165 on a GPU
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
+def check_streamable(cfg: TrainConfig) -> None:
+    """ValueError unless the train split can be streamed (--data-engine ray) under these settings."""
+    if cfg.resident_data:
+        raise ValueError("resident_data holds the train split on the device: use --data-engine memory with it")
+    if cfg.refit or cfg.train_on != "train":
+        raise ValueError("refit (train_on train+validation) learns from two splits in memory; the streamed path reads "
+                         "train.parquet alone: use --data-engine memory")
+    if cfg.simulate_unseen:
+        raise ValueError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
+                         "use --data-engine memory, or a recipe without it")
+
+
+def split_rows(data_dir: str, split: str = "train") -> int:
+    """A split's sample count, from its Parquet footer (the streamed path does not load the train split)."""
+    return pq.read_metadata(Path(data_dir) / f"{split}.parquet").num_rows
+
+
+def refit_epoch_count(cfg: TrainConfig, selected: int) -> int:
+    """The epochs a refit trains (TrainConfig.refit_epochs): the selection run's best epoch, or that times the
+    ratio of train + validation samples to train samples, rounded, within 1..cfg.epochs."""
+    if cfg.refit_epochs == "selected":
+        return selected
+    train, validation = split_rows(cfg.data_dir, "train"), split_rows(cfg.data_dir, "validation")
+    return min(cfg.epochs, max(1, round(selected * (train + validation) / train)))
+
+
+def lr_factor(epoch: int, cfg: TrainConfig) -> float:
+    """Multiplier of cfg.lr for a 0-based epoch: linear warmup, then cosine decay to min_lr."""
+    if epoch < cfg.warmup_epochs:
+        return (epoch + 1) / cfg.warmup_epochs
+    progress = (epoch - cfg.warmup_epochs) / max(1, cfg.epochs - cfg.warmup_epochs)
+    return (cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))) / cfg.lr
+
+
+def train_loader(dataset: SequenceDataset | UnseenSimulation, cfg: TrainConfig,
+                 worker: Worker) -> DataLoader | ResidentBatches:
+    sampler = DistributedSampler(dataset, num_replicas=worker.world_size, rank=worker.rank, shuffle=True,
+                                 seed=cfg.seed, drop_last=False)
+    per_worker = max(1, cfg.batch_size // worker.world_size)
+    # a bucket of one batch sorts within the batch only: the same batches as plain random batching
+    batches = BucketBatchSampler(sampler, dataset.lengths, per_worker, bucket_batches=50 if cfg.bucket_by_length else 1,
+                                 seed=cfg.seed)
+    if cfg.resident_data:  # the same batches, gathered on the device
+        return ResidentBatches(dataset, batches, worker.device, cfg.static_width)
+    return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch, num_workers=0)
+
+
+def training_targets(batch: Batch, model_cfg: ModelConfig) -> torch.Tensor:
+    """What the loss asks for: with slots, the extended target (a slot, or 1 for a new place); else the protocol's."""
+    return batch.extended_targets(model_cfg.num_locations) if model_cfg.unseen_slots else batch.targets
+
+
+def criterion(log_probs: torch.Tensor, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
+              reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy with label smoothing on the (B, V + S) log-probabilities; with slots, samples whose target
+    is a new place weigh cfg.new_place_weight. "mean" divides by the batch size, "sum" does not."""
+    targets = training_targets(batch, model_cfg)
+    if cfg.static_width and model_cfg.unseen_slots and cfg.label_smoothing:  # the output may have padded slot columns
+        columns = model_cfg.num_locations + batch.slots.amax()  # () the batch's real width, on the device: no sync
+        losses = smoothed_cross_entropy(log_probs, targets, cfg.label_smoothing, columns)
+    else:
+        losses = F.cross_entropy(log_probs, targets, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
+    if model_cfg.unseen_slots and cfg.new_place_weight != 1.0:
+        losses = torch.where(targets == UNSEEN, cfg.new_place_weight * losses, losses)
+    return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def smoothed_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor, smoothing: float,
+                           columns: torch.Tensor) -> torch.Tensor:
+    """(B,) F.cross_entropy's label smoothing over the first `columns` of (B, C) log-probabilities only: what it
+    gives on those columns alone, so that the slot columns a static shape pads (`pad_slots`) change nothing:
+    (1 - smoothing) * -log p[target] + smoothing * mean over the columns of -log p."""
+    nll = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # (B,)
+    kept = torch.arange(log_probs.shape[1], device=log_probs.device) < columns  # (C,)
+    spread = -(log_probs * kept).sum(dim=1) / kept.sum()  # (B,)
+    return (1 - smoothing) * nll + smoothing * spread
+
+
+def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig) -> torch.Tensor:
+    """What a batch backpropagates: the criterion of the model's log-probabilities, or for an ensemble the sum of
+    its members' criteria, so that each member gets the gradient it would get trained alone."""
+    if out.members is None:
+        return criterion(out.log_probs.float(), batch, model_cfg, cfg)
+    return sum(criterion(log_probs.float(), batch, model_cfg, cfg) for log_probs in out.members)
+
+
+def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
+    """The training criterion summed over a batch, for `score_dataset`'s validation loss."""
+    return lambda batch, log_probs: criterion(log_probs, batch, model_cfg, cfg, reduction="sum")
+
+
+def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | None:
+    """Where to resume from. Under Ray Train, the checkpoint Ray hands back (each rank its own copy of it, which
+    may be a download of cloud storage). Else the newest of the one a runtime restored (a Tune trial's) and
+    the latest one rank 0 wrote under out_dir; rank 0 decides for all ranks."""
+    if worker.ray_owned:
+        return worker.restored
+    candidates = [p for p in (worker.restored, latest_checkpoint(out_dir) if cfg.resume or worker.restored else None) if p]
+    chosen = max(candidates, key=lambda p: p.parent.name) if candidates else None  # epoch_NNN sorts by epoch
+    if worker.world_size > 1:
+        text = broadcast_text(str(chosen) if chosen else "", worker)
+        chosen = Path(text) if text else None
+    return chosen
+
+
+def broadcast_text(text: str, worker: Worker, src: int = 0) -> str:
+    """Rank `src`'s text on every rank, sent as tensors (no pickling; works under gloo and NCCL)."""
+    data = torch.tensor(list(text.encode()), dtype=torch.int64, device=worker.device)
+    length = torch.tensor([len(data)], dtype=torch.int64, device=worker.device)
+    dist.broadcast(length, src=src)
+    if worker.rank != src:
+        data = torch.zeros(int(length), dtype=torch.int64, device=worker.device)
+    if int(length):
+        dist.broadcast(data, src=src)
+    return bytes(data.cpu().tolist()).decode()
+
+
+@dataclass
+class TrainState:
+    """What one run carries from epoch to epoch, and what a checkpoint saves of it."""
+
+    cfg: TrainConfig
+    worker: Worker
+    model_cfg: ModelConfig
+    model: torch.nn.Module  # the replica this rank trains
+    ddp_model: torch.nn.Module  # the model, wrapped in DDP when the world is larger than one
+    batch_loss: Callable  # batch_loss, or with compile_model its compiled form
+    averaged: torch.nn.Module | None  # the moving average of the weights (cfg.weight_average), or None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    amp_dtype: torch.dtype | None  # autocast's dtype on CUDA; None: no mixed precision
+    loader: object  # the train batches: a DataLoader, or StreamedBatches of a Ray Data shard
+    splits: dict[str, SequenceDataset]  # validation and test (and train when it is in memory)
+    parameters: int
+    epoch_logger: Callable | None = None  # rank 0's MLflow logger
+    tracking: object | None = None  # rank 0's TrackingConfig
+    start_epoch: int = 0
+    best_metric: float = -math.inf
+    best_epoch: int = -1
+    bad_epochs: int = 0
+    history: list[dict] = dataclasses.field(default_factory=list)
+    resumed_at: list[int] = dataclasses.field(default_factory=list)
+    best_state: dict | None = None  # the best epoch's weights (of the averaged model when there is one)
+    early_stopped: bool = False
+    held_out: dict | None = None  # a refit's: the selection run's validation metrics (HELD_OUT_KEY)
+    whole_step: WholeStep | None = None  # capture_step's step (None: the step below, in train_epoch)
+    # fused_seeds: each seed's selection, as best_metric/best_epoch/bad_epochs/best_state are the run's
+    seeds: list[dict] | None = None
+
+    @property
+    def evaluated(self) -> torch.nn.Module:
+        """What validation scores and the best state keeps: the averaged weights when there are any."""
+        return self.averaged if self.averaged is not None else self.model
+
+    @property
+    def streamed(self) -> bool:
+        return self.worker.train_shard is not None
+
+    def validation_loss(self) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
+        return cross_entropy_sum(self.model_cfg, self.cfg)
+
+    def epochs(self) -> range:
+        """The epochs left to run: none after an early stop a checkpoint recorded."""
+        return range(self.start_epoch, self.start_epoch if self.early_stopped else self.cfg.epochs)
+
+    def checkpoint(self, epoch: int) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": portable_optimizer_state(self.optimizer),
+                "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+                "averaged": self.averaged.state_dict() if self.averaged is not None else None,
+                "epoch": epoch, "best_metric": self.best_metric, "best_epoch": self.best_epoch,
+                "bad_epochs": self.bad_epochs, "best_model": self.best_state, "history": self.history,
+                "rng": rng_state(), "resumed_at": self.resumed_at, "config": self.cfg.to_dict(),
+                "model_config": dataclasses.asdict(self.model_cfg), "seeds": self.seeds}
+
+    def restore(self, state: dict) -> None:
+        """Continue from a checkpoint: weights, optimizer, schedule, best so far, history and RNG."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        if self.averaged is not None:
+            self.averaged.load_state_dict(state["averaged"])
+        self.start_epoch, self.best_metric, self.best_epoch = state["epoch"] + 1, state["best_metric"], state["best_epoch"]
+        self.bad_epochs, self.history, self.best_state = state["bad_epochs"], state["history"], state["best_model"]
+        self.resumed_at = state.get("resumed_at", []) + [self.start_epoch]
+        self.early_stopped = bool(self.history) and self.history[-1].get("stop", False)
+        if self.seeds is not None:
+            self.seeds = state["seeds"]
+        if self.worker.rank == 0:
+            set_rng_state(state["rng"])
+        else:  # rank 0's saved RNG state would give every rank the same dropout masks
+            torch.manual_seed(self.cfg.seed + 7919 * self.worker.rank + self.start_epoch)
+
+
+def setup(config: dict, worker: Worker) -> TrainState:
+    """Seeds, data, model, optimizer and schedule of a run, resumed from the newest checkpoint there is."""
+    config = dict(config)
+    tracking_values = config.pop("tracking", None)
+    held_out = config.pop(HELD_OUT_KEY, None)
+    cfg = TrainConfig.from_dict(config)
+    epoch_logger, tracking = None, None
+    if tracking_values and worker.is_chief:
+        tracking = TrackingConfig.from_dict(tracking_values)
+        epoch_logger = EpochLogger(tracking)
+    out_dir = Path(cfg.out_dir)
+    seed_everything(cfg.seed, deterministic=worker.device.type == "cpu")
+    if worker.device.type == "cpu":
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // worker.world_size))
+    vocab = Vocab.from_manifest(cfg.data_dir)
+    streamed = worker.train_shard is not None
+    if streamed:
+        check_streamable(cfg)
+    memory = MemoryLayout.for_data(cfg.network.memory_places, vocab)
+    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab, names=("validation", "test") if streamed else SPLITS,
+                         memory=memory)
+    sizes = [len(s) for s in splits.values()] + ([split_rows(cfg.data_dir)] if streamed else [])
+    if min(sizes) == 0:
+        raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
+    if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
+        splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
+    model_cfg = cfg.model_config(vocab)
+    if cfg.fused_seeds > 1:
+        model_cfg = dataclasses.replace(model_cfg, members=cfg.fused_seeds)
+        model = fused_seed_model(model_cfg, cfg.seed).to(worker.device)
+    else:
+        model = build_model(model_cfg).to(worker.device)
+    if worker.rank:  # the same initial weights everywhere, but each rank its own dropout masks
+        torch.manual_seed(cfg.seed + 7919 * worker.rank)
+    parameters = count_parameters(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
+                                  weight_decay=cfg.weight_decay, fused=True)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda e: lr_factor(e, cfg))
+    use_amp = cfg.amp and worker.device.type == "cuda"
+    amp_dtype = (torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16) if use_amp else None
+    scaler = torch.amp.GradScaler("cuda", enabled=amp_dtype == torch.float16)
+    if cfg.capture_step:
+        check_capturable(cfg, worker.device, amp_dtype, worker.world_size)
+    if streamed:
+        loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.network.max_len,
+                                 cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet",
+                                 at_last_visit=cfg.anchor == "last_visit", memory=memory)
+    else:
+        learned_from = tuple(cfg.train_on.split("+"))  # ("train",) or ("train", "validation")
+        train_set = splits["train"]
+        if "validation" in learned_from:
+            train_set = train_set.concatenated(splits["validation"])
+        if cfg.simulate_unseen:
+            train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab, learned_from),
+                                         cfg.known_fraction_min, cfg.known_fraction_max)
+        loader = train_loader(train_set, cfg, worker)
+    averaged = copy.deepcopy(model) if cfg.weight_average else None
+    state = TrainState(cfg, worker, model_cfg, model, model, batch_loss, averaged, optimizer, scheduler, scaler,
+                       amp_dtype, loader, splits, parameters, epoch_logger, tracking, held_out=held_out,
+                       seeds=[{"best_metric": -math.inf, "best_epoch": -1, "bad_epochs": 0, "best_state": None}
+                              for _ in range(cfg.fused_seeds)] if cfg.fused_seeds > 1 else None)
+    if not cfg.resume and worker.restored is None and worker.is_chief and (out_dir / "checkpoints").exists():
+        shutil.rmtree(out_dir / "checkpoints")  # a fresh start: older epochs must not outlive the new ones
+    resume_from = _resume_point(cfg, worker, out_dir)
+    if resume_from is not None:
+        saved = read_checkpoint(resume_from, worker.device)
+        check_resumable(saved["config"], cfg, resume_from)
+        state.restore(saved)
+        if epoch_logger is not None:
+            epoch_logger.backfill(state.history)
+    if worker.world_size > 1:
+        state.ddp_model = _wrap_ddp(model, worker)
+    if cfg.compile_model:
+        state.batch_loss = compiled(batch_loss, cfg, worker.device)
+    if cfg.capture_step:  # after the restore: the learning rate the schedule reached, on the device
+        use_device_learning_rate(optimizer, worker.device)
+        state.whole_step = WholeStep(state)
+    return state
+
+
+def fused_seed_model(model_cfg: ModelConfig, seed: int) -> Ensemble:
+    """fused_seeds: model_cfg.members networks side by side, network i drawn from seed + i as a run of that seed
+    draws its model. The first seed's is drawn last, so that the global generator then goes on (batches, dropout)
+    as in a run of that seed alone."""
+    one = dataclasses.replace(model_cfg, members=1)
+    drawn = {}
+    for i in reversed(range(model_cfg.members)):
+        torch.manual_seed(seed + i)
+        drawn[i] = build_model(one)
+    return Ensemble.of([drawn[i] for i in range(model_cfg.members)], model_cfg)
+
+
+def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
+               amp_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A train batch's loss: the model's pass (under autocast to amp_dtype when given; with static_width, T slot
+    columns: pad_slots), then training_loss in float32."""
+    with torch.autocast(batch.locations.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        out = model(*batch.inputs(), pad_slots=bool(cfg.static_width))
+    return training_loss(out, batch, model_cfg, cfg)
+
+
+def c_compiler() -> str | None:
+    """The C compiler on PATH (cc, gcc or clang), which torch.compile builds its kernels with; None without one."""
+    return next((found for found in map(shutil.which, ("cc", "gcc", "clang")) if found), None)
+
+
+def check_compile_toolchain(device: torch.device | str | None = None) -> None:
+    """ValueError unless torch.compile can build kernels here (compile_model): a C compiler on PATH (inductor's
+    CPU code and Triton's launchers are compiled with it) and, for CUDA, Triton."""
+    if c_compiler() is None:
+        raise ValueError("compile_model: torch.compile builds its kernels with a C compiler, and none (cc, gcc, clang) "
+                         "is on PATH; install one, or train without --compile-model")
+    cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
+    if cuda and importlib.util.find_spec("triton") is None:
+        raise ValueError("compile_model: torch.compile on CUDA needs Triton, which is not installed; install the "
+                         "triton that matches torch, or train without --compile-model")
+
+
+def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable:
+    """torch.compile of a training step's pass and loss (TrainConfig.compile_model): static_width gives the batches
+    a few fixed shapes and pad_slots the output one width per shape, so each compiles once (dynamic=False) into one
+    graph with no host sync; on CUDA, mode reduce-overhead replays it as a CUDA graph, each call marked as a new
+    step (the last one's graph outputs are done with). The model is the one trained: checkpoints, validation and
+    test use it as it is."""
+    import torch._dynamo.config
+
+    check_compile_toolchain(device)
+    shapes = -(-(cfg.network.max_len + cfg.network.memory_places) // cfg.static_width)  # the widths static_width gives
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
+    if device.type != "cuda" or cfg.capture_step:  # capture_step captures the whole step, compiled kernels and all
+        return torch.compile(step, mode="default", dynamic=False)
+    graphed = torch.compile(step, mode="reduce-overhead", dynamic=False)
+
+    def new_step(*args, **kwargs):
+        torch.compiler.cudagraph_mark_step_begin()
+        return graphed(*args, **kwargs)
+
+    return new_step
+
+
+def eager_steps(state: TrainState) -> tuple[torch.Tensor, int]:
+    """An epoch's steps, each launched op by op: (the summed loss, on the device; the samples seen)."""
+    cfg, worker = state.cfg, state.worker
+    loss_sum, seen = torch.zeros((), device=worker.device), 0
+    for batch in state.loader:
+        batch = batch.to(worker.device, non_blocking=True)
+        loss = state.batch_loss(state.ddp_model, batch, state.model_cfg, cfg, state.amp_dtype)
+        state.optimizer.zero_grad(set_to_none=True)
+        state.scaler.scale(loss).backward()
+        state.scaler.unscale_(state.optimizer)
+        for network in networks(state.model):  # an ensemble's members are clipped apart, as if trained apart
+            torch.nn.utils.clip_grad_norm_(network.parameters(), cfg.grad_clip)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        if state.averaged is not None:
+            average_weights(state.averaged, state.model, cfg.weight_average)
+        loss_sum += loss.detach() * len(batch.targets) / state.model_cfg.members  # a member's mean loss
+        seen += len(batch.targets)
+    return loss_sum, seen
+
+
+def whole_steps(state: TrainState) -> tuple[torch.Tensor, int]:
+    """An epoch's steps as whole units (capture_step): (the summed loss, on the device; the samples seen)."""
+    step, seen = state.whole_step, 0
+    step.loss_sum.zero_()
+    for idx, width in state.loader.indices():
+        step(idx, width)
+        seen += len(idx)
+    return step.loss_sum, seen
+
+
+def train_epoch(state: TrainState, epoch: int) -> dict:
+    """One epoch: train on every batch, validate, keep the best weights; the epoch's row of the history."""
+    cfg, worker = state.cfg, state.worker
+    (state.loader if state.streamed else state.loader.batch_sampler).set_epoch(epoch)
+    state.ddp_model.train()
+    began = time.perf_counter()
+    # the same step either way: one unit per batch, captured on CUDA (capture_step), or launched op by op
+    loss_sum, seen = whole_steps(state) if state.whole_step is not None else eager_steps(state)
+    train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)  # reads the loss: the epoch's kernels are done
+    seconds = time.perf_counter() - began
+    lr = float(state.optimizer.param_groups[0]["lr"])
+    state.scheduler.step()
+    if state.seeds is None:
+        validation = evaluate(model_scores(state.evaluated), state.splits["validation"], cfg.eval_batch_size,
+                              worker.device, state.validation_loss(), worker)
+        for key, value in selection(state.best_metric, state.bad_epochs, state.evaluated, epoch, validation,
+                                    cfg).items():
+            setattr(state, key, value)
+        seed_rows = None
+    else:  # fused seeds: each network scored and selected apart; the row shows their mean
+        each = [evaluate(model_scores(net), state.splits["validation"], cfg.eval_batch_size, worker.device,
+                         state.validation_loss(), worker) for net in networks(state.evaluated)]
+        for net, mine, validation in zip(networks(state.evaluated), state.seeds, each):
+            mine.update(selection(mine["best_metric"], mine["bad_epochs"], net, epoch, validation, cfg))
+        state.best_epoch = max(mine["best_epoch"] for mine in state.seeds)
+        state.bad_epochs = min(mine["bad_epochs"] for mine in state.seeds)  # stops once every seed would
+        validation = mean_metrics(each)
+        seed_rows = [{"seed": cfg.seed + i, "validation_strict_acc@1": v["strict"]["acc@1"],
+                      "validation_acc@1": v["acc@1"], "best_epoch": mine["best_epoch"]}
+                     for i, (v, mine) in enumerate(zip(each, state.seeds))]
+    stop = epoch + 1 >= cfg.stop_after_epochs if cfg.stop_after_epochs else \
+        epoch + 1 >= cfg.min_epochs and state.bad_epochs >= cfg.patience
+    row = {"epoch": epoch, "train_loss": train_loss, "lr": lr, "seconds": seconds, "samples": seen,
+           "samples_per_second": seen / seconds, "validation": validation, "best_epoch": state.best_epoch,
+           "stop": stop, "learned_from_validation": cfg.train_on != "train"}
+    if seed_rows is not None:
+        row["seeds"] = seed_rows
+    if worker.world_size > 1:
+        row["replicas_in_sync"] = _replicas_in_sync(state.model, worker.device)
+    state.history.append(row)
+    return row
+
+
+def selection(best_metric: float, bad_epochs: int, evaluated: torch.nn.Module, epoch: int, validation: dict,
+              cfg: TrainConfig) -> dict:
+    """What an epoch changes of a selection (best_metric, best_epoch, bad_epochs, best_state): its weights when its
+    validation score is the best so far, else one more bad epoch."""
+    # stop_after_epochs: the last epoch is the one kept (validation may be in the training data)
+    score = epoch if cfg.stop_after_epochs else selection_score(validation, cfg.select_on)
+    if score > best_metric:
+        return {"best_metric": score, "best_epoch": epoch, "bad_epochs": 0,
+                "best_state": {k: v.detach().clone() for k, v in evaluated.state_dict().items()}}
+    return {"bad_epochs": bad_epochs + 1}
+
+
+def mean_metrics(each: list[dict]) -> dict:
+    """The mean of several metric dicts of one shape (numbers averaged, nested dicts in turn; anything else the
+    first's)."""
+    first = each[0]
+    mean = {}
+    for key, value in first.items():
+        if isinstance(value, dict):
+            mean[key] = mean_metrics([e[key] for e in each])
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            mean[key] = sum(e[key] for e in each) / len(each)
+        else:
+            mean[key] = value
+    return mean
+
+
+def finish(state: TrainState) -> dict:
+    """The best epoch's weights scored on validation (and test), best.pt and metrics.json written by rank 0
+    (and logged to MLflow): the run's result."""
+    cfg, worker = state.cfg, state.worker
+    if state.seeds is not None:
+        return finish_fused(state)
+    state.model.load_state_dict(state.best_state)
+    scores = model_scores(state.model)
+    result = {
+        "model": cfg.model,
+        "test": evaluate(scores, state.splits["test"], cfg.eval_batch_size, worker.device, state.validation_loss(),
+                         worker) if cfg.evaluate_test else None,
+        "validation": evaluate(scores, state.splits["validation"], cfg.eval_batch_size, worker.device,
+                               state.validation_loss(), worker),
+        # the inputs a live prediction has: recency from the last visit's day, the target's day unknown
+        # (a refit's validation ones are its selection run's, set below)
+        "deployment": {split: evaluate(scores, state.splits[split].anchored_at_last_visit(), cfg.eval_batch_size,
+                                       worker.device, worker=worker)
+                       for split in ("validation", "test")
+                       if (split == "validation" and state.held_out is None) or (split == "test" and cfg.evaluate_test)},
+        **run_summary(state),
+    }
+    if state.held_out is not None:  # a refit learned from validation: its held-out figures are the selection run's
+        learned = result["validation"]
+        result["validation"] = state.held_out["validation"]
+        result["deployment"] = {"validation": state.held_out["deployment_validation"], **result["deployment"]}
+        result["refit"] = {**{k: v for k, v in state.held_out.items() if "validation" not in k},
+                           "trained_on": cfg.train_on, "epochs": cfg.stop_after_epochs,
+                           "epochs_rule": cfg.refit_epochs,
+                           "validation_learned_from": {"acc@1": learned["acc@1"],
+                                                       "strict_acc@1": learned["strict"]["acc@1"]}}
+    if worker.is_chief:
+        out_dir = Path(cfg.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_torch_file({"model": state.best_state, "model_config": dataclasses.asdict(state.model_cfg),
+                          "config": cfg.to_dict(), "best_epoch": state.best_epoch}, out_dir / "best.pt")
+        write_json(out_dir / "metrics.json", result)
+        if state.tracking is not None:
+            model_uri = log_result(state.tracking, result, out_dir, Path(cfg.data_dir))
+            result["mlflow"] = {"tracking_uri": state.tracking.tracking_uri, "run_id": state.tracking.run_id,
+                                "model_uri": model_uri}
+            write_json(out_dir / "metrics.json", result)
+    return result
+
+
+def run_summary(state: TrainState) -> dict:
+    """What metrics.json says of a run beside its scores: selection, epochs, speed, size, resumptions, the epochs'
+    history and the configs."""
+    cfg, history = state.cfg, state.history
+    train_seconds = sum(row["seconds"] for row in history)
+    samples_seen = sum(row["samples"] for row in history)
+    return {
+        "select_on": cfg.select_on,
+        "best_epoch": state.best_epoch + 1,  # 1-based, as epochs_run
+        "epochs_run": len(history),
+        "early_stopped": state.early_stopped,
+        "workers": state.worker.world_size,
+        "train_seconds": round(train_seconds, 3),
+        "samples_per_second": round(samples_seen / train_seconds, 1) if train_seconds else 0.0,
+        "parameters": state.parameters,
+        "resumed_at_epochs": [e + 1 for e in state.resumed_at],  # 1-based epochs a resumption started with
+        "history": [{k: v for k, v in row.items() if k != "validation"}
+                    | {"validation_acc@1": row["validation"]["acc@1"],
+                       "validation_strict_acc@1": row["validation"]["strict"]["acc@1"]} for row in history],
+        "config": cfg.to_dict(),
+        "model_config": dataclasses.asdict(state.model_cfg),
+    }
+
+
+def finish_fused(state: TrainState) -> dict:
+    """fused_seeds: each seed's network at its own best epoch, scored on validation (and test) and with the inputs
+    serving has; metrics.json lists them under `seeds`, and its figures are their mean. No best.pt: the run is
+    several seeds' evidence, not one model to serve."""
+    cfg, worker = state.cfg, state.worker
+    nets = networks(state.model)
+    seeds = []
+    for i, (net, mine) in enumerate(zip(nets, state.seeds)):
+        net.load_state_dict(mine["best_state"])
+        scores = model_scores(net)
+        scored = {"seed": cfg.seed + i, "best_epoch": mine["best_epoch"] + 1,
+                  "validation": evaluate(scores, state.splits["validation"], cfg.eval_batch_size, worker.device,
+                                         state.validation_loss(), worker),
+                  "test": evaluate(scores, state.splits["test"], cfg.eval_batch_size, worker.device,
+                                   state.validation_loss(), worker) if cfg.evaluate_test else None,
+                  "deployment": {split: evaluate(scores, state.splits[split].anchored_at_last_visit(),
+                                                 cfg.eval_batch_size, worker.device, worker=worker)
+                                 for split in ("validation", "test") if split == "validation" or cfg.evaluate_test}}
+        seeds.append(scored)
+    result = {
+        "model": cfg.model,
+        "fused_seeds": cfg.fused_seeds,
+        "seeds": seeds,
+        "validation": mean_metrics([s["validation"] for s in seeds]),
+        "test": mean_metrics([s["test"] for s in seeds]) if cfg.evaluate_test else None,
+        "deployment": {split: mean_metrics([s["deployment"][split] for s in seeds]) for split in seeds[0]["deployment"]},
+        **run_summary(state),  # its best_epoch: the latest of the seeds' best epochs
+    }
+    if worker.is_chief:
+        out_dir = Path(cfg.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(out_dir / "metrics.json", result)
+        if state.tracking is not None:
+            log_result(state.tracking, result, out_dir, Path(cfg.data_dir))
+            result["mlflow"] = {"tracking_uri": state.tracking.tracking_uri, "run_id": state.tracking.run_id,
+                                "model_uri": None}
+            write_json(out_dir / "metrics.json", result)
+    return result
+
+
+def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=None) -> dict:
+    """Train one model: setup, one epoch at a time, finish. `config` is TrainConfig as a dict (the Ray
+    boundary), plus optionally "tracking": a TrackingConfig dict whose run rank 0 logs into. Rank 0 alone
+    writes the checkpoints and logs to MLflow; `on_epoch(row, checkpoint_dir)` is called on every worker
+    after each epoch (Ray reports there). Returns the final metrics."""
+    state = setup(config, worker or local_worker())
+    with system_metrics(state.tracking):  # rank 0 samples CPU, memory and GPU into the run while it trains
+        return _train_epochs(state, on_epoch)
+
+
+def _train_epochs(state: TrainState, on_epoch) -> dict:
+    for epoch in state.epochs():
+        row = train_epoch(state, epoch)
+        checkpoint_dir, staging = None, None
+        if state.worker.is_chief:  # under Ray Train, a staging folder that Ray copies into its storage
+            staging = Path(tempfile.mkdtemp(prefix="pgt-checkpoint-")) if state.worker.ray_owned else None
+            checkpoint_dir = save_checkpoint(state.checkpoint(epoch), staging or Path(state.cfg.out_dir), epoch,
+                                             state.cfg.keep_checkpoints)
+        # MLflow gets the epoch once the checkpoint that holds it is kept: under Ray Train after Ray committed
+        # it (a restarted group redoes any epoch Ray had not), else after rank 0 wrote it
+        if state.epoch_logger is not None and not state.worker.ray_owned:
+            state.epoch_logger(row)
+        try:
+            if on_epoch is not None:
+                on_epoch(row, checkpoint_dir)
+        finally:
+            if staging is not None:  # reported: the one copy is Ray's
+                shutil.rmtree(staging, ignore_errors=True)
+        if state.epoch_logger is not None and state.worker.ray_owned:
+            state.epoch_logger(row)
+        if row["stop"]:
+            state.early_stopped = True
+            break
+    return finish(state)
+
+
+def evaluate_baseline(config: dict) -> dict:
+    """Fit a non-neural baseline on train and write metrics.json in the same shape as the neural models."""
+    cfg = TrainConfig.from_dict(config)
+    vocab = Vocab.from_manifest(cfg.data_dir)
+    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab)
+    began = time.perf_counter()
+    markov = MarkovChain.from_data_dir(cfg.data_dir) if cfg.model == "markov" else None
+    fit_seconds = time.perf_counter() - began
+
+    most_frequent = MostFrequent()
+
+    def score(batch: Batch) -> Scores:
+        if markov:  # the chain knows no place unseen in train: the slots rank last
+            protocol = markov.scores(batch)
+            width = extended_ids(batch.locations, batch.slots, vocab.locations)[1]
+            return Scores(F.pad(protocol, (0, width - vocab.locations), value=-math.inf), protocol)
+        return Scores(most_frequent.scores(batch, vocab.locations, use_slots=True),
+                      most_frequent.scores(batch, vocab.locations))
+
+    def run(dataset: SequenceDataset) -> dict:
+        return evaluate(score, dataset, cfg.eval_batch_size, torch.device("cpu"))
+
+    result = {"model": cfg.model, "test": run(splits["test"]), "validation": run(splits["validation"]),
+              "deployment": {split: run(splits[split].anchored_at_last_visit()) for split in ("validation", "test")},
+              "best_epoch": 0, "epochs_run": 0, "early_stopped": False, "workers": 1,
+              "train_seconds": round(fit_seconds, 3), "samples_per_second": 0.0, "parameters": 0,
+              "history": [], "config": cfg.to_dict()}
+    write_json(Path(cfg.out_dir) / "metrics.json", result)
+    return result
+
+
+def _all_reduce_mean(loss_sum: torch.Tensor, seen: int, worker: Worker) -> tuple[float, int]:
+    if worker.world_size > 1:
+        packed = torch.stack([loss_sum.float(), torch.tensor(float(seen), device=loss_sum.device)])
+        dist.all_reduce(packed)
+        return float(packed[0] / packed[1]), int(packed[1])
+    return float(loss_sum) / max(seen, 1), seen
+
+
+def _wrap_ddp(model: torch.nn.Module, worker: Worker) -> torch.nn.Module:
+    ids = [worker.device.index] if worker.device.type == "cuda" else None
+    # the one-sided variants leave the gate (and the pointer variant the generator) out of the graph
+    unused = getattr(model, "cfg", None) is not None and model.cfg.variant in ("mhsa", "pointer")
+    # broadcast_buffers off: the only buffer is the constant positional encoding, no need to sync it every step
+    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused, broadcast_buffers=False,
+                                   gradient_as_bucket_view=True)
+
+
+def _replicas_in_sync(model: torch.nn.Module, device: torch.device) -> bool:
+    """Whether every rank holds bit-identical parameters (a digest of their bytes, all-gathered as tensors)."""
+    digest = hashlib.sha256()
+    for p in model.parameters():
+        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
+    mine = torch.tensor(list(digest.digest()), dtype=torch.int64, device=device)  # (32,)
+    digests = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(digests, mine)
+    return all(torch.equal(d, digests[0]) for d in digests)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Atomically, through a uniquely named temporary file (two writers never share one)."""
+    write_json_atomically(path, data, indent=2, default=float)
+

@@ -1,0 +1,263 @@
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from pgt.config import VARIANTS, ModelConfig
+from pgt.network.model import Ensemble, FastDropout, build_model, networks, positions_from_end
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_probabilities_sum_to_one(tiny_batch, tiny_config, variant):
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(tiny_config, variant=variant)).eval()
+    out = model(*tiny_batch.inputs())
+    assert out.log_probs.shape == (3, 10)
+    assert torch.allclose(out.log_probs.exp().sum(dim=1), torch.ones(3), atol=1e-5)
+    assert ((out.gate > 0) & (out.gate < 1)).all() if variant in ("pgt", "lstm-pg") else True
+
+
+def test_gate_is_fixed_in_one_sided_variants(tiny_batch, tiny_config):
+    torch.manual_seed(0)
+    mhsa = build_model(dataclasses.replace(tiny_config, variant="mhsa")).eval()
+    pointer = build_model(dataclasses.replace(tiny_config, variant="pointer")).eval()
+    assert (mhsa(*tiny_batch.inputs()).gate == 0).all()
+    out = pointer(*tiny_batch.inputs())
+    assert (out.gate == 1).all()
+    # pointer only: all mass on history locations, a repeated location accumulates its attention
+    probs = out.log_probs.exp()
+    a = out.attention
+    assert torch.allclose(probs[0, 5], a[0, 0] + a[0, 2], atol=1e-6)
+    assert torch.allclose(probs[0, 3], a[0, 1], atol=1e-6) and torch.allclose(probs[0, 7], a[0, 3], atol=1e-6)
+    outside = torch.ones(10, dtype=torch.bool)
+    outside[[5, 3, 7]] = False
+    assert probs[0, outside].max() < 1e-8
+    assert torch.allclose(probs[2, 9], torch.tensor(1.0), atol=1e-6)  # a one-visit history
+
+
+@pytest.mark.parametrize("variant", ["pgt", "lstm-pg"])
+def test_padding_gets_no_attention_and_does_not_matter(tiny_batch, tiny_config, variant):
+    torch.manual_seed(0)
+    model = build_model(dataclasses.replace(tiny_config, variant=variant)).eval()
+    out = model(*tiny_batch.inputs())
+    assert (out.attention[1, 2:] == 0).all() and (out.attention[2, 1:] == 0).all()
+    assert torch.allclose(out.attention.sum(dim=1), torch.ones(3))
+    # the same histories with more padding give the same output
+    padded = [torch.nn.functional.pad(t, (0, 3)) if t.dim() == 2 else t for t in tiny_batch.inputs()]
+    assert torch.allclose(model(*padded).log_probs, out.log_probs, atol=1e-5)
+
+
+def test_gate_mixes_the_two_distributions(tiny_batch, tiny_config):
+    torch.manual_seed(0)
+    model = build_model(tiny_config).eval()
+    out = model(*tiny_batch.inputs())
+    # location 8 is in no history: its probability comes from the generator alone, scaled by 1 - g
+    model.cfg.variant = "mhsa"
+    gen_only = model(*tiny_batch.inputs()).log_probs.exp()
+    assert torch.allclose(out.log_probs.exp()[:, 8], (1 - out.gate) * gen_only[:, 8], atol=1e-6)
+
+
+def test_positions_from_end():
+    lengths, pos = positions_from_end(torch.tensor([[4, 5, 6], [7, 0, 0]]))
+    assert lengths.tolist() == [3, 1] and pos.tolist() == [[3, 2, 1], [1, 0, 0]]
+
+
+def test_config_checks():
+    with pytest.raises(ValueError, match="divisible"):
+        ModelConfig(num_locations=10, num_users=3, d_model=30, nhead=4)
+    with pytest.raises(ValueError, match="variant"):
+        ModelConfig(num_locations=10, num_users=3, variant="gpt")
+
+
+def test_fast_dropout_keeps_the_expected_share():
+    torch.manual_seed(0)
+    d = FastDropout(0.15)
+    y = d(torch.ones(200, 1000))
+    assert abs((y == 0).float().mean().item() - 0.15) < 0.005
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.85))
+    assert torch.equal(d.eval()(torch.ones(3)), torch.ones(3))
+
+
+def test_a_pointer_at_a_slot_is_a_strict_and_a_protocol_hit(tiny_config):
+    """History: known 5, unseen place A, unseen place B, A again (slots 0, 1, 2, 1); the target is place A.
+    A pointer-only model whose attention goes to the last visit names slot 1 (column V) first."""
+    from pgt.training.data import Batch
+    from pgt.training.metrics import target_ranks
+    from pgt.training.scoring import model_scores
+
+    cfg = dataclasses.replace(tiny_config, variant="pointer", unseen_slots=True, slot_identity=False)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        model.position_bias[1] = 50.0  # position from end 1: the last visit takes the attention
+    locations = torch.tensor([[5, 1, 1, 1]])
+    batch = Batch(locations=locations, users=torch.tensor([1]), times=torch.ones_like(locations),
+                  weekdays=torch.ones_like(locations), recency=torch.ones_like(locations),
+                  durations=torch.ones_like(locations), targets=torch.tensor([1]), slots=torch.tensor([[0, 1, 2, 1]]),
+                  target_slots=torch.tensor([1]))
+    scores = model_scores(model)(batch)
+    assert scores.extended.shape == (1, 12) and scores.protocol.shape == (1, 10)  # V + 2 slots; V
+    assert torch.allclose(scores.extended.exp().sum(), torch.tensor(1.0), atol=1e-5)
+
+    assert target_ranks(scores.extended, batch.strict_targets(10)).tolist() == [1]  # slot 1 is column 10
+    assert target_ranks(scores.protocol, batch.targets).tolist() == [1]  # the slot counts as id 1
+    # without slots the same model puts the mass on id 1: a protocol hit, never a strict one
+    plain = build_model(dataclasses.replace(cfg, unseen_slots=False)).eval()
+    plain.load_state_dict(model.state_dict())
+    scores = model_scores(plain)(batch)
+    assert scores.extended.shape == (1, 10)
+    assert target_ranks(scores.extended, batch.strict_targets(10)).tolist() == [0]
+    assert target_ranks(scores.protocol, batch.targets).tolist() == [1]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_slots_move_the_unseen_mass_without_changing_the_protocols_probabilities(tiny_config, variant):
+    from pgt.network.vocabulary import merge_slots
+
+    torch.manual_seed(0)
+    locations = torch.tensor([[5, 1, 1, 1], [1, 2, 0, 0]])
+    inputs = (locations, torch.tensor([1, 2]), *(torch.where(locations > 0, 3, 0) for _ in range(4)))
+    slots = torch.tensor([[0, 1, 2, 1], [1, 0, 0, 0]])
+    # the pointer's routing alone (slot_identity would also change the inputs' embeddings)
+    model = build_model(dataclasses.replace(tiny_config, variant=variant, unseen_slots=True, slot_identity=False)).eval()
+    with_slots = model(*inputs, slots).log_probs
+    model.cfg.unseen_slots = False
+    without = model(*inputs, slots).log_probs
+    assert with_slots.shape == (2, 12) and without.shape == (2, 10)
+    assert torch.allclose(merge_slots(with_slots, 10).exp(), without.exp(), atol=1e-6)
+
+
+def test_slot_identity_tells_unseen_visits_apart(tiny_config):
+    """Two histories of unseen visits that differ only in which visits are the same place: without the slot
+    embedding the model cannot tell them apart, with it their encodings differ."""
+    torch.manual_seed(0)
+    locations = torch.tensor([[1, 1, 1], [1, 1, 1]])
+    features = [torch.ones_like(locations)] * 4
+    slots = torch.tensor([[1, 2, 1], [1, 2, 2]])  # A B A against A B B
+    for identity in (False, True):
+        cfg = dataclasses.replace(tiny_config, variant="mhsa", unseen_slots=True, slot_identity=identity)
+        out = build_model(cfg).eval()(locations, torch.tensor([1, 1]), *features, slots).log_probs
+        assert torch.allclose(out[0, :10], out[1, :10]) != identity
+
+
+def test_previous_location_reaches_the_next_visits_embedding(tiny_config):
+    """Per-visit embeddings see only their own visit, unless previous_location adds the visit before."""
+    from pgt.network.model import VisitEmbedding
+
+    torch.manual_seed(0)
+    ones = torch.ones(2, 3, dtype=torch.long)
+    locations = torch.tensor([[2, 5, 6], [3, 5, 6]])  # only the first visit differs
+    pos = torch.tensor([[3, 2, 1], [3, 2, 1]])
+    for previous in (False, True):
+        embed = VisitEmbedding(dataclasses.replace(tiny_config, previous_location=previous)).eval()
+        x = embed(locations, torch.tensor([1, 1]), ones, ones, ones, ones, pos)  # (2, 3, d)
+        assert not torch.allclose(x[0, 0], x[1, 0])
+        assert torch.allclose(x[0, 1], x[1, 1]) != previous  # visit 2 sees visit 1's location only with the option
+        assert torch.allclose(x[0, 2], x[1, 2])  # two visits back: never
+
+
+def test_visit_relations_on_a_hand_built_history(tiny_config):
+    """Relations to the last visit and the clock buckets, computed by hand (values stored + 1, 0 = padding)."""
+    from pgt.network.model import visit_relations
+
+    cfg = dataclasses.replace(tiny_config, unseen_slots=True, time_slots=96, weekdays=7, duration_buckets=96)
+    locations = torch.tensor([[2, 3, 2, 4, 2, 0], [1, 1, 5, 1, 0, 0]])
+    slots = torch.tensor([[0, 0, 0, 0, 0, 0], [1, 2, 0, 1, 0, 0]])  # row 1: unseen places A, B, then A again
+    times = torch.tensor([[33, 41, 65, 1, 33, 0], [1, 5, 9, 13, 0, 0]])  # 8:00, 10:00, 16:00, 0:00, 8:00
+    weekdays = torch.tensor([[1, 1, 2, 3, 3, 0], [1, 1, 1, 1, 0, 0]])
+    recency = torch.tensor([[3, 3, 2, 1, 1, 0], [2, 2, 2, 2, 0, 0]])  # row 0 ends on the target's day
+    durations = torch.tensor([[2, 2, 2, 2, 5, 0], [1, 1, 1, 1, 0, 0]])  # row 0's last visit: 4 buckets = 2 h
+    lengths, _ = positions_from_end(locations)
+    relation, clock = visit_relations(locations, slots, times, weekdays, recency, durations, lengths, cfg)
+    # 2 * (the visit before was at the current place) + (it is the current place)
+    assert relation[0, :5].tolist() == [1, 2, 1, 2, 1]  # current place 2, followed by 3 and 4
+    assert relation[1, :4].tolist() == [1, 2, 0, 1]  # current place: slot A; B followed A; 5 followed B
+    # now = 8:00 + 2 h = 10:00 in row 0: hours from now 22, 0, 6, 14, 22; the target's weekday is stored 3
+    assert (clock[0, :5] // 2).tolist() == [22, 0, 6, 14, 22]
+    assert (clock[0, :5] % 2).tolist() == [0, 0, 0, 1, 1]
+    # row 1: now = 3:00 (slot 12, no duration); the target is a day later, so no visit shares its weekday
+    assert (clock[1, :4] // 2).tolist() == [21, 22, 23, 0] and (clock[1, :4] % 2).tolist() == [0, 0, 0, 0]
+    without = dataclasses.replace(cfg, unseen_slots=False)  # every unseen visit is then the one place id 1
+    assert visit_relations(locations, slots, times, weekdays, recency, durations, lengths, without)[0][1, :4].tolist() \
+        == [1, 3, 2, 1]
+
+
+def test_visit_relations_start_neutral_and_move_the_pointer(tiny_batch, tiny_config):
+    """The relation biases start at zero (the model's output is that of the plain pointer) and shift attention."""
+    torch.manual_seed(0)
+    plain = build_model(tiny_config).eval()
+    related = build_model(dataclasses.replace(tiny_config, visit_relations=True)).eval()
+    related.load_state_dict(plain.state_dict(), strict=False)
+    assert torch.allclose(plain(*tiny_batch.inputs()).log_probs, related(*tiny_batch.inputs()).log_probs)
+    with torch.no_grad():
+        related.relation_bias[1] = 5.0  # favour visits at the current place
+    a0, a1 = plain(*tiny_batch.inputs()).attention, related(*tiny_batch.inputs()).attention
+    assert not torch.allclose(a0, a1)
+
+
+def test_second_order_relations_mark_what_followed_the_last_two_places(tiny_config):
+    from pgt.network.model import visit_relations
+
+    cfg = dataclasses.replace(tiny_config, visit_relations=True, relation_order=2)
+    locations = torch.tensor([[3, 2, 4, 3, 2, 5, 4, 2, 0]])  # the last two places: 4, then 2
+    ones = torch.ones_like(locations)
+    lengths, _ = positions_from_end(locations)
+    relation, _ = visit_relations(locations, None, ones, ones, ones, ones, lengths, cfg)
+    # 4 and 5 followed the current place 2, but after 3, not after 4: no second-order match
+    assert relation[0, :8].tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+    locations = torch.tensor([[3, 2, 4, 3, 2, 5, 3, 2]])  # now the last two are 3, 2: visits 2 and 5 followed them
+    lengths, _ = positions_from_end(locations)
+    relation, _ = visit_relations(locations, None, ones[:, :8], ones[:, :8], ones[:, :8], ones[:, :8], lengths, cfg)
+    assert relation[0].tolist() == [0, 1, 6, 0, 1, 6, 0, 1]
+    first = dataclasses.replace(cfg, relation_order=1)
+    assert visit_relations(locations, None, ones[:, :8], ones[:, :8], ones[:, :8], ones[:, :8], lengths, first)[0][0] \
+        .tolist() == [0, 1, 2, 0, 1, 2, 0, 1]
+
+
+def test_relation_inputs_reach_the_encoder(tiny_batch, tiny_config):
+    """With relation_inputs the context depends on the relations: the same history under another clock differs."""
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, visit_relations=True, relation_inputs=True)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        model.relation_bias.zero_()
+        model.clock_bias.zero_()
+        base = model(*tiny_batch.inputs()).log_probs
+        # every tiny visit starts at 2:15 (slot 9) and lasts 90 min (bucket 3): now is 3:45, so each visit starts
+        # 22 hours after now, on weekday 1 while the target's is 3: clock 2 * 22 + 0
+        model.relation_inputs[1].weight[44].add_(1.0)
+        moved = model(*tiny_batch.inputs()).log_probs
+    assert not torch.allclose(base, moved)
+    with pytest.raises(ValueError, match="needs visit_relations"):
+        dataclasses.replace(tiny_config, relation_inputs=True)
+    with pytest.raises(ValueError, match="variant 'pgt' or 'pointer'"):
+        dataclasses.replace(tiny_config, variant="lstm-pg", visit_relations=True)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_an_ensemble_predicts_the_mean_of_its_members_probabilities(tiny_batch, tiny_config, variant):
+    """members 3: three networks with their own initial weights; the prediction is the mean of their
+    probabilities, and Output.members holds each one's log-probabilities as that network alone gives them."""
+    torch.manual_seed(0)
+    ensemble = build_model(dataclasses.replace(tiny_config, variant=variant, members=3)).eval()
+    members = networks(ensemble)
+    assert len(members) == 3 and all(m.cfg.members == 1 for m in members)
+    first = [p for p in members[0].parameters() if p.dim() > 1][0]
+    assert not torch.equal(first, [p for p in members[1].parameters() if p.dim() > 1][0])  # own initial weights
+    out = ensemble(*tiny_batch.inputs())
+    alone = torch.stack([m(*tiny_batch.inputs()).log_probs for m in members])  # (3, B, V)
+    assert torch.allclose(out.members, alone)
+    assert torch.allclose(out.log_probs.exp(), alone.exp().mean(0), atol=1e-6)
+    assert torch.allclose(out.log_probs.exp().sum(dim=1), torch.ones(3), atol=1e-5)
+    assert out.gate.shape == (3,) and out.attention.shape == tiny_batch.locations.shape
+
+
+def test_one_member_is_the_plain_network(tiny_config):
+    """members 1 (the default) builds the network itself: its state_dict, and every checkpoint of it, is unchanged."""
+    model = build_model(tiny_config)
+    assert not isinstance(model, Ensemble) and networks(model) == [model]
+    torch.manual_seed(0)
+    two = build_model(dataclasses.replace(tiny_config, members=2))
+    assert sorted({key.split(".")[1] for key in two.state_dict()}) == ["0", "1"]
