@@ -25,10 +25,11 @@ import pyarrow.parquet as pq
 
 from infra.errors import InputError
 from infra.output import clean_stale_temporaries, temporary_sibling
-from preprocessing import readers
+from preprocessing import geolife, readers
 from preprocessing.config import FORMATS, PreprocessConfig
 from preprocessing.engine import serial_map
 from preprocessing.quality import tracking_days
+from preprocessing.rows import TimeWindow, user_id_cast
 from preprocessing.staypoints import flag_activity, generate_staypoints
 
 PARTITION_ROWS = 4_000_000  # auto partitions: about this many input rows each (~0.5 GiB of parsed fixes)
@@ -42,7 +43,7 @@ class PartitionTask:
 
     input_format: str
     config: PreprocessConfig
-    window: readers.TimeWindow  # resolved once for all partitions
+    window: TimeWindow  # resolved once for all partitions
     source: readers.TableInput | None = None  # a Parquet/CSV input; its part files below
     parts: tuple[Path, ...] = ()  # this partition's rows of `source` (split_table); none: all of `source`
     folder: Path | None = None  # a GeoLife folder; its files below
@@ -78,7 +79,7 @@ def auto_partitions(input_path: Path, input_format: str) -> int:
     """One partition per PARTITION_ROWS input rows (Parquet: its metadata; CSV and .plt: estimated from bytes)."""
     path = Path(input_path)
     if input_format == "geolife-plt":
-        rows = sum(f.stat().st_size for f in readers.find_plt_files(path)) / PLT_BYTES_PER_ROW
+        rows = sum(f.stat().st_size for f in geolife.find_plt_files(path)) / PLT_BYTES_PER_ROW
     else:
         rows = _table_rows_estimate(path)
     return max(1, math.ceil(rows / PARTITION_ROWS))
@@ -97,10 +98,10 @@ def _table_rows_estimate(path: Path) -> float:
     return path.stat().st_size / 40  # a CSV row of a fix: about 40 bytes
 
 
-def resolved_window(config: PreprocessConfig) -> readers.TimeWindow:
+def resolved_window(config: PreprocessConfig) -> TimeWindow:
     """The config's plausible time window with its end fixed now (None means one day after the run)."""
-    earliest, latest = readers.TimeWindow(*config.time_window()).bounds()
-    return readers.TimeWindow(earliest, latest)
+    earliest, latest = TimeWindow(*config.time_window()).bounds()
+    return TimeWindow(earliest, latest)
 
 
 def plan_partitions(input_path: Path | pl.DataFrame, input_format: str, config: PreprocessConfig, partitions: int,
@@ -109,7 +110,7 @@ def plan_partitions(input_path: Path | pl.DataFrame, input_format: str, config: 
     table in memory (called `name` in messages) is one partition."""
     window = resolved_window(config)
     if input_format == "geolife-plt":
-        files = readers.find_plt_files(input_path)
+        files = geolife.find_plt_files(input_path)
         users = sorted({f.parent.parent.name for f in files})
         part_of = {u: i % partitions for i, u in enumerate(users)}  # round robin over sorted user folders
         groups = [tuple(f for f in files if part_of[f.parent.parent.name] == k) for k in range(partitions)]
@@ -137,7 +138,7 @@ def staypoints_of_partition(task: PartitionTask) -> PartitionResult:
     """Read, validate, find staypoints, tracked days and the activity flag of one partition."""
     config, window = task.config, task.window
     if task.input_format == "geolife-plt":
-        read = readers.read_geolife_plt(task.folder, window, files=list(task.plt_files))
+        read = geolife.read_geolife_plt(task.folder, window, files=list(task.plt_files))
         good, quarantine, rows_read, notes = read.table, read.quarantine, read.rows_read, read.notes
     else:
         parse = readers.parse_staypoints if task.input_format == "staypoints" else readers.parse_positionfixes
@@ -174,7 +175,7 @@ def combine_partitions(tasks: list[PartitionTask], results: list[PartitionResult
     staypoints = staypoints.sort("user_id", "started_at", maintain_order=True)
     tracking = None if results[0].tracking is None else pl.concat([r.tracking for r in results])
     users = results[0].users if one else pl.concat([r.users for r in results])
-    cast = readers.user_id_cast(users, source.schema["user_id"]) if source else None
+    cast = user_id_cast(users, source.schema["user_id"]) if source else None
     if cast is not None:
         staypoints = staypoints.with_columns(cast)
         tracking = tracking.with_columns(cast) if tracking is not None else None

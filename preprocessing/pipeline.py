@@ -19,7 +19,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from infra.errors import InputError
 from infra.output import output_lock, write_folder
-from preprocessing import readers
+from preprocessing import geolife
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import EngineConfig, RayMap, mapper, serial_map
 from preprocessing.fitted import APPLIED_FILES, FittedPreprocessing, apply_fitted, fitted_summary
@@ -57,7 +57,7 @@ def input_sha256(path: Path, input_format: str) -> str:
     digest = hashlib.sha256()
     if input_format == "geolife-plt":
         root = Path(path)
-        for f in readers.find_plt_files(root):
+        for f in geolife.find_plt_files(root):
             digest.update(str(f.relative_to(root)).encode() + b"\0")
             digest.update(f.read_bytes())
     else:

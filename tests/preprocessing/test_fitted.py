@@ -12,7 +12,8 @@ import pytest
 
 from infra.errors import InputError
 from preprocessing.config import PreprocessConfig, SynthConfig
-from preprocessing.fitted import UNKNOWN_USER, FittedPreprocessing, apply_fitted, encode_applied, join_fitted_places
+from preprocessing.fitted import UNKNOWN_USER, FittedPreprocessing, apply_fitted, encode_applied
+from preprocessing.fitted_places import join_fitted_places
 from preprocessing.pipeline import preprocess, preprocess_fitted
 from preprocessing.synthetic import generate_positionfixes
 from tests.conftest import place_agreement, split_days

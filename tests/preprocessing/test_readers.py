@@ -8,7 +8,9 @@ import polars as pl
 import pytest
 
 from infra.errors import InputError
-from preprocessing.readers import TimeWindow, _staypoint_rules, read_geolife_plt, read_positionfixes, read_staypoints
+from preprocessing.geolife import read_geolife_plt
+from preprocessing.readers import _staypoint_rules, read_positionfixes, read_staypoints
+from preprocessing.rows import TimeWindow
 
 UTC = timezone.utc
 

@@ -120,7 +120,8 @@ def test_the_quality_window_holds_stays_wholly_inside_and_its_mean_must_exceed_t
 
 def test_the_plausible_time_window_includes_its_ends():
     """Times outside [earliest, latest] are quarantined: both ends are inside, 1 ms beyond either is not."""
-    from preprocessing.readers import TimeWindow, read_positionfixes
+    from preprocessing.readers import read_positionfixes
+    from preprocessing.rows import TimeWindow
 
     earliest, latest = datetime(2008, 1, 1, tzinfo=timezone.utc), datetime(2009, 1, 1, tzinfo=timezone.utc)
     times = [earliest - MS, earliest, latest, latest + MS]
