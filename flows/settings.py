@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 from pydantic.fields import FieldInfo
 
+from infra.errors import SettingsError
 from infra.settings import help_of, settings_of
 from infra.state import state_dir as default_state_dir
 from pgt.config import RECIPES, LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings, recipe_label
@@ -86,9 +87,9 @@ class FlowSettings:
         """The flow's parameters (its locals() on entry) checked and resolved, once, before anything runs: each
         setting by the config it builds (TrainConfig or SweepConfig, LaunchConfig), with that config's message."""
         if parameters["input_format"] not in FORMATS:
-            raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
+            raise SettingsError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
         if parameters["input_path"] is None and parameters["input_format"] != "positionfixes":
-            raise ValueError("the synthetic default input is positionfixes; give input_path for other formats")
+            raise SettingsError("the synthetic default input is positionfixes; give input_path for other formats")
         state = _absolute(parameters["state_dir"]) or default_state_dir()
         settings = cls(**{**parameters, "input_path": _absolute(parameters["input_path"]), "state_dir": state,
                           "config_file": _absolute(parameters["config_file"]),
@@ -185,10 +186,10 @@ class PredictSettings:
     def resolve(cls, parameters: dict) -> PredictSettings:
         """The predict flow's parameters (its locals() on entry) checked and resolved, once."""
         if parameters["input_format"] not in FORMATS:
-            raise ValueError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
+            raise SettingsError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
         PredictConfig(top_k=parameters["top_k"], at=parameters["at"])
         if not parameters["recent_days"] > 0:
-            raise ValueError(f"recent_days must be > 0, got {parameters['recent_days']}")
+            raise SettingsError(f"recent_days must be > 0, got {parameters['recent_days']}")
         state = _absolute(parameters["state_dir"]) or default_state_dir()
         return cls(**{**parameters, "input_path": _absolute(parameters["input_path"]), "state_dir": state,
                       "at": prediction_time(parameters["at"], "at"),

@@ -11,10 +11,11 @@ import os
 import sys
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import typer
 
+from infra.errors import SettingsError
 from pgt.config import (
     BASELINES,
     RECIPES,
@@ -26,7 +27,7 @@ from pgt.config import (
     base_settings,
     recipe_label,
 )
-from pgt.options import Typed, fail, option_for, settings_options, typed_from
+from pgt.options import USER_ERRORS, Typed, fail, one_line_errors, option_for, settings_options, typed_from
 from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
 from preprocessing.engine import EngineConfig
 
@@ -42,12 +43,17 @@ app = typer.Typer(
 )
 
 
+def command(**kwargs: Any):
+    """app.command, the function's user errors ending it in one line (one_line_errors)."""
+    return lambda function: app.command(**kwargs)(one_line_errors(function))
+
+
 InputFormat = Literal[FORMATS]
 Recipe = Literal[tuple(RECIPES)]
 ScoredSplit = Literal[(*SPLITS, APPLIED_SPLIT)]
 
 
-@app.command()
+@command()
 @settings_options(EngineConfig)
 def preprocess(
     input: Path = typer.Option(..., "--input", help="A GeoLife folder, or a Parquet/CSV file of GPS points or staypoints."),
@@ -74,25 +80,22 @@ def preprocess(
     engine = typed.of(EngineConfig)
     if engine.get("engine") != "ray":  # $RAY_ADDRESS is for Ray's engine only
         engine.pop("address", None)
-    try:
-        check_apart(out, {"--input": input, "--fitted": fitted, "--config": config})  # --work-dir is scratch space
-        work_dir = engine.get("work_dir")
-        if work_dir is not None and work_dir.exists() and not work_dir.is_dir():
-            raise InputError(work_dir, "--work-dir is a file; it names a folder for the input's partitions")
-        if fitted is not None:
-            if config is not None:
-                raise InputError(config, "--config cannot be combined with --fitted: the fitted run's settings apply")
-            if engine.get("engine", "local") != "local" or engine.get("partitions") or "tile_deg" in engine:
-                raise InputError(fitted, "--engine, --partitions and --tile-deg apply to a full run, not to --fitted "
-                                         "(new data is scored in memory)")
-            result = preprocess_fitted(input, format, fitted, out, force=force, progress=progress)
-        else:
-            engine = EngineConfig(**engine)
-            if engine.engine == "ray":
-                check_ray_address(engine.address)
-            result = run(input, format, out, load_config(config), force=force, progress=progress, engine=engine)
-    except (InputError, ValueError) as exc:
-        fail(str(exc))
+    check_apart(out, {"--input": input, "--fitted": fitted, "--config": config})  # --work-dir is scratch space
+    work_dir = engine.get("work_dir")
+    if work_dir is not None and work_dir.exists() and not work_dir.is_dir():
+        raise InputError(work_dir, "--work-dir is a file; it names a folder for the input's partitions")
+    if fitted is not None:
+        if config is not None:
+            raise InputError(config, "--config cannot be combined with --fitted: the fitted run's settings apply")
+        if engine.get("engine", "local") != "local" or engine.get("partitions") or "tile_deg" in engine:
+            raise InputError(fitted, "--engine, --partitions and --tile-deg apply to a full run, not to --fitted "
+                                     "(new data is scored in memory)")
+        result = preprocess_fitted(input, format, fitted, out, force=force, progress=progress)
+    else:
+        engine = EngineConfig(**engine)
+        if engine.engine == "ray":
+            check_ray_address(engine.address)
+        result = run(input, format, out, load_config(config), force=force, progress=progress, engine=engine)
     counts = result.manifest["counts"]
     if fitted is not None:
         samples = counts["samples"]
@@ -117,7 +120,7 @@ def preprocess(
     )
 
 
-@app.command()
+@command()
 @settings_options(SynthConfig)
 def synth(
     out: Path = typer.Option(..., "--out", help="Parquet file of GPS points (user_id, tracked_at, latitude, longitude)."),
@@ -128,18 +131,11 @@ def synth(
     A city k times larger: k times --users and --public-places, sqrt(k) times --city-radius-m."""
     import pyarrow.parquet as pq
 
-    from infra.errors import InputError
     from infra.output import check_output_file
     from preprocessing.synthetic import SYNTHESISER, write_positionfixes
 
-    try:
-        check_output_file(out, SYNTHESISER, (".parquet",))
-    except InputError as exc:
-        fail(str(exc))
-    try:
-        cfg = SynthConfig(**typed.of(SynthConfig))
-    except ValueError as exc:
-        fail(str(exc))
+    check_output_file(out, SYNTHESISER, (".parquet",))
+    cfg = SynthConfig(**typed.of(SynthConfig))
     write_positionfixes(cfg, out, progress=progress)
     typer.echo(f"wrote {out}: {pq.read_metadata(out).num_rows:,} GPS points of {cfg.users} users over {cfg.days} days")
 
@@ -157,7 +153,7 @@ def launch_config(params: dict) -> LaunchConfig:
     return LaunchConfig(**typed_from(params, LaunchConfig).values)
 
 
-@app.command()
+@command()
 @settings_options(TrainConfig, LaunchConfig, TrackingConfig, flags={"num_layers": ("--num-layers", "--layers")})
 def train(
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
@@ -172,7 +168,6 @@ def train(
     typed: Typed = None,
 ) -> None:
     """Train a model (by default with the paper's settings, as published), log it to MLflow, write --out/metrics.json."""
-    from infra.errors import InputError
     from infra.output import check_apart, check_output_entries
     from infra.ray_session import check_ray_address
     from pgt.tracking.registry import champion_verdict
@@ -182,29 +177,27 @@ def train(
     from pgt.training.report import EpochPrinter, print_metrics
     from pgt.training.train import OUTPUTS, check_compile_toolchain
 
-    try:  # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
-        Vocab.from_manifest(data)  # what --data is comes first, then where --out may go
-        check_apart(out, {"--data": data})
-        check_output_entries(out, "pgt train", OUTPUTS)
-        params = {**typed.values, "recipe": recipe, "recipe_file": recipe_file, "data": data, "out": out}
-        cfg, launch = train_config(params), launch_config(params)
-        tracking = TrackingConfig(**{**typed.of(TrackingConfig),
-                                     "tracking_uri": resolve_tracking_uri(typed.values.get("tracking_uri"))},
-                                  source="pgt train", tags={RECIPE_TAG: recipe_label(recipe, recipe_file)})
-        register = tracking.register
-        if register and cfg.model in BASELINES:
-            raise ValueError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
-        if register and cfg.fused_seeds > 1:
-            raise ValueError("--register needs one model; --fused-seeds trains several seeds' networks for their "
-                             "evidence and writes no best.pt: register a run of one seed")
-        check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
-        if launch.workers:
-            check_ray_address(launch.address or os.environ.get("RAY_ADDRESS"))
-        if cfg.compile_model:
-            check_compile_toolchain()  # before any data is read: the run would fail at its first step
-        result = run_training(cfg, launch, tracking, on_epoch=EpochPrinter())
-    except (ValueError, FileNotFoundError, InputError) as exc:
-        fail(str(exc))
+    # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
+    Vocab.from_manifest(data)  # what --data is comes first, then where --out may go
+    check_apart(out, {"--data": data})
+    check_output_entries(out, "pgt train", OUTPUTS)
+    params = {**typed.values, "recipe": recipe, "recipe_file": recipe_file, "data": data, "out": out}
+    cfg, launch = train_config(params), launch_config(params)
+    tracking = TrackingConfig(**{**typed.of(TrackingConfig),
+                                 "tracking_uri": resolve_tracking_uri(typed.values.get("tracking_uri"))},
+                              source="pgt train", tags={RECIPE_TAG: recipe_label(recipe, recipe_file)})
+    register = tracking.register
+    if register and cfg.model in BASELINES:
+        raise ValueError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
+    if register and cfg.fused_seeds > 1:
+        raise ValueError("--register needs one model; --fused-seeds trains several seeds' networks for their "
+                         "evidence and writes no best.pt: register a run of one seed")
+    check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
+    if launch.workers:
+        check_ray_address(launch.address or os.environ.get("RAY_ADDRESS"))
+    if cfg.compile_model:
+        check_compile_toolchain()  # before any data is read: the run would fail at its first step
+    result = run_training(cfg, launch, tracking, on_epoch=EpochPrinter())
     print_metrics(result)
     typer.echo(f"wrote {out / 'metrics.json'}")
     typer.echo(f"mlflow: {run_url(result['mlflow']['tracking_uri'], result['mlflow']['run_id'])}")
@@ -214,7 +207,7 @@ def train(
                    f"(strict validation acc@1 {registered['validation_strict_acc@1']:.2f}): {champion_verdict(registered)}")
 
 
-@app.command()
+@command()
 def evaluate(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` folder (its test split is scored)."),
@@ -227,15 +220,15 @@ def evaluate(
 
     try:
         metrics = evaluate_model(model, data, split, tracking_uri)
-    except (ValueError, FileNotFoundError) as exc:
-        fail(str(exc))
+    except USER_ERRORS:
+        raise  # one line, by one_line_errors
     except Exception as exc:  # MLflow's errors (unknown model, alias, run) in one line
         fail(f"{model}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     json.dump(metrics, sys.stdout, indent=2)
     typer.echo()
 
 
-@app.command()
+@command()
 @settings_options(PredictConfig)
 def predict(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
@@ -251,7 +244,6 @@ def predict(
     typed: Typed = None,
 ) -> None:
     """Where each person goes next: the top-k next places, with coordinates and probabilities."""
-    from infra.errors import InputError
     from infra.process import disk_problem
     from pgt.serving.inference import prediction_time
     from pgt.serving.predict import predict_file, predict_raw, predict_summary
@@ -260,7 +252,7 @@ def predict(
         wanted = PredictConfig(**typed.of(PredictConfig))
         top_k, at = wanted.top_k, wanted.at
         if at is not None and format is None:
-            raise ValueError("--at applies to raw GPS points or staypoints (--format); sequences carry their own recency")
+            raise SettingsError("--at applies to raw GPS points or staypoints (--format); sequences carry their own recency")
         if format is not None:
             result = predict_raw(model, input, format, out, top_k, tracking_uri, prediction_time(at))
             if result.model_uri != model:  # an alias: the version that answered, also in the output's metadata
@@ -274,8 +266,8 @@ def predict(
         rows, answered = predict_file(model, input, out, top_k, tracking_uri)
         if answered != model:
             typer.echo(f"{model} is {answered}")
-    except (ValueError, FileNotFoundError, InputError) as exc:
-        fail(str(exc))
+    except USER_ERRORS:
+        raise  # one line, by one_line_errors
     except Exception as exc:  # a full or read-only disk is the output's problem, not the model's
         if disk_problem(exc, str(out)) is not None:
             raise
@@ -283,7 +275,7 @@ def predict(
     typer.echo(f"wrote {out}: top-{top_k} locations for {rows:,} sequences")
 
 
-@app.command()
+@command()
 @settings_options(ServeConfig)
 def serve(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
@@ -295,16 +287,13 @@ def serve(
     from pgt.serving.server import serve as run
     from pgt.tracking.runs import check_model_uri
 
-    try:
-        config = ServeConfig(model_uri=model, **typed.of(ServeConfig))
-        check_port_free(config.host, config.port)
-        check_model_uri(config.model_uri, config.tracking_uri)
-    except ValueError as exc:
-        fail(str(exc))
+    config = ServeConfig(model_uri=model, **typed.of(ServeConfig))
+    check_port_free(config.host, config.port)
+    check_model_uri(config.model_uri, config.tracking_uri)
     run(config)
 
 
-@app.command()
+@command()
 def explain(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="best.pt or checkpoints/epoch_NNN/checkpoint.pt."),
     data: Path = typer.Option(..., "--data", help="The `pgt preprocess` folder the model was trained on."),
@@ -312,27 +301,19 @@ def explain(
     samples: int = typer.Option(6, "--samples", min=1, help="Test samples in the attention plot."),
 ) -> None:
     """Plots of a trained model: pointer attention, gate, position bias, attention entropy."""
-    from infra.errors import InputError
     from pgt.serving.explain import explain as run
 
-    try:
-        written = run(checkpoint, data, out, samples=samples)
-    except (ValueError, FileNotFoundError, InputError) as exc:
-        fail(str(exc))
+    written = run(checkpoint, data, out, samples=samples)
     for path in written:
         typer.echo(f"wrote {path}")
 
 
-@app.command()
+@command()
 def manifest(folder: Path = typer.Argument(..., help="A `pgt preprocess` output folder.")) -> None:
     """Print the counts and vocabulary sizes of a preprocessed folder."""
-    from infra.errors import InputError
     from preprocessing.output import is_own_manifest, read_manifest
 
-    try:
-        data = read_manifest(folder)
-    except InputError as exc:
-        fail(str(exc))
+    data = read_manifest(folder)
     if data is None:
         fail(f"{folder}: no manifest.json; expected a `pgt preprocess` output folder")
     if not is_own_manifest(data) or not isinstance(data.get("counts"), dict) or not isinstance(data.get("vocab"), dict):
@@ -344,7 +325,7 @@ def manifest(folder: Path = typer.Argument(..., help="A `pgt preprocess` output 
 def _add_commands_of_installed_packages() -> None:
     """Commands that packages above pgt register under the entry-point group "pgt.commands" (`pgt tune`)."""
     for command in entry_points(group="pgt.commands"):
-        app.command(name=command.name)(command.load())
+        app.command(name=command.name)(one_line_errors(command.load()))
 
 
 _add_commands_of_installed_packages()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
+from infra.errors import SettingsError
 from infra.process import listed, load_yaml, read_small_file, shorten
 from infra.settings import check_settings, flat_settings, nested, setting, unflatten
 from preprocessing.config import ANCHORS
@@ -79,9 +80,9 @@ class ModelSettings:
     def __post_init__(self) -> None:
         check_settings(self)
         if self.d_model % self.nhead or self.d_model % 4:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
+            raise SettingsError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
         if self.relation_inputs and not self.visit_relations:
-            raise ValueError("relation_inputs embeds the visit relations: it needs visit_relations")
+            raise SettingsError("relation_inputs embeds the visit relations: it needs visit_relations")
 
 
 @dataclass
@@ -99,18 +100,18 @@ class ModelConfig(ModelSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
+            raise SettingsError(f"variant must be one of {', '.join(VARIANTS)}, got {self.variant!r}")
         if self.num_locations < 3 or self.num_users < 2:
-            raise ValueError(f"vocabularies too small: {self.num_locations} locations, {self.num_users} users")
+            raise SettingsError(f"vocabularies too small: {self.num_locations} locations, {self.num_users} users")
         if self.visit_relations and self.variant not in ("pgt", "pointer"):
-            raise ValueError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
+            raise SettingsError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
                              f"got {self.variant!r}")
         if self.memory_places and self.variant != "pgt":
-            raise ValueError(f"memory_places gives the transformer's gate a memory to point at: variant 'pgt', "
+            raise SettingsError(f"memory_places gives the transformer's gate a memory to point at: variant 'pgt', "
                              f"got {self.variant!r}")
         small = [name for name in ("time_slots", "weekdays", "recency_days", "duration_buckets") if getattr(self, name) < 1]
         if small:
-            raise ValueError(f"feature tables need at least one value: {', '.join(small)}")
+            raise SettingsError(f"feature tables need at least one value: {', '.join(small)}")
 
     @property
     def recency_rows(self) -> int:
@@ -173,7 +174,7 @@ def selection_score(validation: dict, select_on: str) -> float:
 def recipe_settings(recipe: str) -> dict:
     """The TrainConfig fields a named recipe sets; ValueError for a name not in RECIPES."""
     if recipe not in RECIPES:
-        raise ValueError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
+        raise SettingsError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
     return dict(RECIPES[recipe])
 
 
@@ -190,21 +191,21 @@ def load_recipe_file(path) -> dict:
     path = Path(path)
     settings = load_yaml(read_small_file(path, "recipe file"), path)
     if not isinstance(settings, dict):
-        raise ValueError(f"{path}: a recipe file maps TrainConfig fields to values; found {type(settings).__name__}")
+        raise SettingsError(f"{path}: a recipe file maps TrainConfig fields to values; found {type(settings).__name__}")
     if "train" in settings:  # a sweep's winner nests them under `train`
         settings = settings["train"]
         if not isinstance(settings, dict):
-            raise ValueError(f"{path}: `train:` maps TrainConfig fields to values; found {type(settings).__name__}")
+            raise SettingsError(f"{path}: `train:` maps TrainConfig fields to values; found {type(settings).__name__}")
     odd = [key for key in settings if not isinstance(key, str)]
     if odd:
-        raise ValueError(f"{path}: keys are TrainConfig field names; found {listed(repr(k) for k in odd)}")
+        raise SettingsError(f"{path}: keys are TrainConfig field names; found {listed(repr(k) for k in odd)}")
     fixed = sorted(set(settings) & set(RECIPE_FREE))
     if fixed:
-        raise ValueError(f"{path}: {', '.join(fixed)} belong to a run, not to a recipe")
+        raise SettingsError(f"{path}: {', '.join(fixed)} belong to a run, not to a recipe")
     try:
         TrainConfig.from_dict({**settings, "data_dir": ".", "out_dir": "."})
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"{path}: {shorten(exc)}") from None
+        raise SettingsError(f"{path}: {shorten(exc)}") from None
     return settings
 
 
@@ -218,7 +219,7 @@ def base_settings(recipe: str | None = None, recipe_file=None) -> dict:
     """The TrainConfig fields a run starts from: a recipe file's, else a named recipe's (paper by default)."""
     if recipe_file is not None:
         if recipe not in (None, "paper"):
-            raise ValueError("--recipe and --recipe-file name two bases; give one")
+            raise SettingsError("--recipe and --recipe-file name two bases; give one")
         return load_recipe_file(recipe_file)
     return recipe_settings(recipe or "paper")
 
@@ -305,30 +306,30 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_settings(self)  # types, bounds and choices, from each field's one definition
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr must be at most lr, got min_lr={self.min_lr!r}, lr={self.lr!r}")
+            raise SettingsError(f"min_lr must be at most lr, got min_lr={self.min_lr!r}, lr={self.lr!r}")
         if self.static_width and not self.resident_data:
-            raise ValueError("static_width pads the batches of resident_data: set resident_data too, or static_width 0")
+            raise SettingsError("static_width pads the batches of resident_data: set resident_data too, or static_width 0")
         if self.compile_model and not self.static_width:
-            raise ValueError("compile_model compiles one graph per batch shape: set static_width (and resident_data) "
+            raise SettingsError("compile_model compiles one graph per batch shape: set static_width (and resident_data) "
                              "too, or compile_model off")
         if self.capture_step and not self.static_width:
-            raise ValueError("capture_step captures one graph per batch shape: set static_width (and resident_data) "
+            raise SettingsError("capture_step captures one graph per batch shape: set static_width (and resident_data) "
                              "too, or capture_step off")
         if self.fused_seeds > 1 and (self.refit or self.network.members > 1):
-            raise ValueError("fused_seeds trains seeds side by side, each choosing its own best epoch: not with refit "
+            raise SettingsError("fused_seeds trains seeds side by side, each choosing its own best epoch: not with refit "
                              "(each seed would refit for its own epochs) or members > 1; set refit false and members 1")
         if self.fused_seeds > 1 and self.model not in NEURAL_MODELS:
-            raise ValueError(f"fused_seeds trains networks side by side; {self.model} is not a neural model")
+            raise SettingsError(f"fused_seeds trains networks side by side; {self.model} is not a neural model")
         if self.train_on != "train" and not self.stop_after_epochs:
-            raise ValueError(f"train_on {self.train_on!r} learns from validation, so validation cannot choose the "
+            raise SettingsError(f"train_on {self.train_on!r} learns from validation, so validation cannot choose the "
                              "epoch: set stop_after_epochs (refit does)")
         if self.stop_after_epochs > self.epochs:
-            raise ValueError(f"stop_after_epochs ({self.stop_after_epochs}) must be at most epochs ({self.epochs})")
+            raise SettingsError(f"stop_after_epochs ({self.stop_after_epochs}) must be at most epochs ({self.epochs})")
         if self.refit and (self.train_on != "train" or self.stop_after_epochs):
-            raise ValueError("refit chooses the epoch on validation and then sets train_on and stop_after_epochs "
+            raise SettingsError("refit chooses the epoch on validation and then sets train_on and stop_after_epochs "
                              "itself: leave them at their defaults")
         if self.known_fraction_min > self.known_fraction_max:
-            raise ValueError("known_fraction_min must be at most known_fraction_max, got "
+            raise SettingsError("known_fraction_min must be at most known_fraction_max, got "
                              f"{self.known_fraction_min} and {self.known_fraction_max}")
         if self.model in NEURAL_MODELS:  # the model's own checks (d_model by nhead, the relation switches), now
             self.model_config(SMALLEST_VOCAB)
@@ -373,7 +374,7 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         check_settings(self)
         if self.data_engine == "ray" and self.workers < 1:
-            raise ValueError("data_engine 'ray' streams shards to Ray Train workers: it needs workers >= 1")
+            raise SettingsError("data_engine 'ray' streams shards to Ray Train workers: it needs workers >= 1")
 
 
 @dataclass
@@ -445,7 +446,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         check_settings(self)
         if self.max_buffered_mb < self.max_request_mb:
-            raise ValueError(f"max_buffered_mb ({self.max_buffered_mb:g}) is below max_request_mb "
+            raise SettingsError(f"max_buffered_mb ({self.max_buffered_mb:g}) is below max_request_mb "
                              f"({self.max_request_mb:g}): a request of the largest size could never be read")
 
     @property

@@ -20,6 +20,7 @@ from typing import Any, Literal, NoReturn, Union
 
 import typer
 
+from infra.errors import InputError
 from infra.settings import CHOICES, ENV, bounds_text, help_of, setting_types, settings_of
 
 MAX_ERROR_CHARS = 800  # an error line quotes values; a value of megabytes is cut in the middle
@@ -34,6 +35,25 @@ def fail(message: str) -> NoReturn:
         message = f"{message[:MAX_ERROR_CHARS // 2]} ...({cut:,} characters cut)... {message[-MAX_ERROR_CHARS // 2:]}"
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code=2)
+
+
+# what a user's mistake raises, in any package: a bad input (InputError), settings that do not go together or out of
+# their bounds (SettingsError, a ValueError, as are the value checks of the libraries below), a missing file
+USER_ERRORS = (InputError, ValueError, FileNotFoundError)
+
+
+def one_line_errors(command: Callable) -> Callable:
+    """A command whose USER_ERRORS end it with one line on stderr and exit code 2 (fail): caught here, once for every
+    command, not in each."""
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except USER_ERRORS as exc:
+            fail(str(exc))
+
+    run.one_line_errors = True  # what tests/infra/test_errors.py looks for on every command
+    return run
 
 
 def default_of(config: type, name: str) -> str:

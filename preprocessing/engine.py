@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.errors import InputError
+from infra.errors import InputError, SettingsError
 from infra.ray_session import ray_session
 from infra.settings import check_settings, setting
 
@@ -38,7 +38,7 @@ class EngineConfig:
         if self.address and self.engine != "ray":
             problems.append("address is for engine 'ray' only")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise SettingsError("; ".join(problems))
 
     def tiles_for(self, staypoints: int) -> float:
         """The tile size for DBSCAN over this many staypoints (0: whole-data)."""

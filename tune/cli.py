@@ -10,6 +10,7 @@ from typing import Literal
 
 import typer
 
+from infra.errors import InputError, SettingsError
 from infra.process import listed
 from pgt.config import RECIPES, LaunchConfig, TrackingConfig, base_settings, recipe_label
 from pgt.options import Typed, fail, flag_of, option_for, settings_options, typed_from
@@ -42,8 +43,8 @@ def saved_sweep(path: Path) -> tuple[SweepConfig, TrackingConfig | None, str | N
             raise TypeError(f"register is {type(register).__name__}")
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError, ValueError) as exc:
         problem = shorten(" ".join(str(exc).split()), 160) or type(exc).__name__
-        raise ValueError(f"{path}: damaged sweep record ({type(exc).__name__}: {problem}); it is written by "
-                         "`pgt tune`: restore it or start a new sweep in another --out") from None
+        raise InputError(path, f"damaged sweep record ({type(exc).__name__}: {problem}); it is written by "
+                               "`pgt tune`: restore it or start a new sweep in another --out") from None
     return spec, tracking, register
 
 
@@ -62,7 +63,6 @@ def tune(
 ) -> None:
     """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE), confirm the
     best few and the base recipe on fresh seeds, and train the winner's recipe as `pgt train` would."""
-    from infra.errors import InputError
     from infra.output import check_apart, check_output_entries
     from infra.ray_session import check_ray_address
     from pgt.tracking.registry import champion_verdict
@@ -79,14 +79,14 @@ def tune(
                               (("data", data), ("out", out), ("recipe", recipe), ("recipe_file", recipe_file))
                               if value is not None)})
             if changed:  # Tune restores the experiment it saved: its search space, trial count and scheduler
-                raise ValueError(f"--resume continues {resume} as it was started; "
+                raise SettingsError(f"--resume continues {resume} as it was started; "
                                  f"{listed(flag_of(name) for name in changed)} cannot change a started "
                                  "sweep: drop them, or start a new sweep in another --out")
             spec, tracking, saved_register = saved_sweep(saved)
             register = typed.values.get("register") or saved_register
         else:
             if data is None or out is None:
-                raise ValueError("--data and --out are required (or --resume DIR)")
+                raise SettingsError("--data and --out are required (or --resume DIR)")
             check_apart(out, {"--data": data})
             check_output_entries(out, "pgt tune", OUTPUTS)
             spec = sweep_config({**typed.values, "data": data, "out": out, "recipe": recipe, "recipe_file": recipe_file})
@@ -104,7 +104,7 @@ def tune(
     except SweepInterrupted as exc:
         typer.echo(f"interrupted: {exc}", err=True)
         raise typer.Exit(code=130)
-    except (ValueError, FileNotFoundError, RuntimeError, InputError) as exc:
+    except RuntimeError as exc:  # Ray's own, about the cluster
         fail(str(exc))
     print_sweep(result)
     typer.echo(f"wrote {Path(spec.out_dir) / 'tune.json'}")
