@@ -55,7 +55,8 @@ def machine() -> dict:
 
 def run_benchmark(checkout: Path, script: str, args: list[str], results: Path) -> dict:
     """benchmarks/<script> of `checkout`, its own code first on the path; its JSON."""
-    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    # this interpreter's environment for both (the scripts' servers too): only the project's code differs
+    env = {**os.environ, "PYTHONPATH": str(checkout), "PGT_VENV_BIN": str(Path(sys.executable).parent)}
     done = subprocess.run([sys.executable, str(checkout / "benchmarks" / script), *args, "--results", str(results)],
                           cwd=checkout, env=env, capture_output=True, text=True)
     if done.returncode != 0:
