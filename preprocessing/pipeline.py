@@ -6,6 +6,7 @@ raw GPS points -> staypoints -> activity staypoints -> user filter -> locations 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -26,17 +27,16 @@ from preprocessing.fitted import APPLIED_FILES, FittedPreprocessing, apply_fitte
 from preprocessing.output import PRODUCER, check_output_folder, is_own_manifest, read_manifest
 from preprocessing.stages import (
     STAGES,
+    OutputTables,
     Stage,
     StageLog,
     check_format,
-    no_progress,
     stage_locations,
     stage_sequences,
     stage_staypoints,
 )
 
-OUTPUT_FILES = ("train.parquet", "validation.parquet", "test.parquet", "quarantine.parquet", "staypoints.parquet",
-                "locations.parquet", "users.parquet", "places.parquet", "location_staypoints.parquet", "manifest.json")
+OUTPUT_FILES = (*(f"{f.name}.parquet" for f in dataclasses.fields(OutputTables)), "manifest.json")
 OWN_FILES = (*OUTPUT_FILES, "evaluation.parquet", "latest.parquet")  # a full run's files and those of --fitted
 
 
@@ -125,30 +125,62 @@ def _hide_all(bar) -> None:
         bar.update(task, visible=False)
 
 
+class StageBar:
+    """The runner's progress: a bar over the stages (STAGES), moved on as each step of the table ends, and while the
+    staypoints step runs, one over its partitions. The stages themselves know nothing of it."""
+
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
+        self.stages = bar.add_task(STAGES[0], total=len(STAGES))
+        self.partitions = None
+
+    def started(self, step: Step) -> None:
+        self.bar.update(self.stages, description=step.shows[0])
+
+    def finished(self, step: Step) -> None:
+        self.bar.advance(self.stages, len(step.shows))
+        if self.partitions is not None:
+            self.bar.remove_task(self.partitions)
+            self.partitions = None
+
+    def planned(self, partitions: int) -> None:
+        self.partitions = self.bar.add_task("partitions", total=partitions)
+
+    def done(self) -> None:
+        self.bar.advance(self.partitions)
+
+    def hashed(self) -> None:
+        self.bar.advance(self.stages)
+
+    def reused(self) -> None:
+        self.bar.update(self.stages, completed=len(STAGES), description="reused")
+
+    def writing(self) -> None:
+        self.bar.update(self.stages, description="write")
+
+    def written(self) -> None:
+        self.bar.advance(self.stages)
+
+
 def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, config: PreprocessConfig, force: bool,
                        progress: bool, engine: EngineConfig) -> PreprocessResult:
     with _progress(progress) as bar:
-        task = bar.add_task(STAGES[0], total=len(STAGES))
-
-        def advance(name: str | None = None) -> None:
-            bar.advance(task)
-            if name:
-                bar.update(task, description=name)
-
+        shown = StageBar(bar)
         try:
             stage = stage_input(input_path, input_format)
             sha = stage.details["input_sha256"]
             if not force and (manifest := reusable_manifest(out_dir, sha, input_format, config)) is not None:
-                bar.update(task, completed=len(STAGES), description="reused")
+                shown.reused()
                 return PreprocessResult(manifest, out_dir, reused=True)
-            advance(STAGES[1])
+            shown.hashed()
             with mapper(engine) as map_fn:
-                run = StageRun(input_path, input_format, config, engine, map_fn, advance, bar)
+                run = StageRun(input_path, input_format, config, engine, map_fn, shown)
                 for step in STEPS:
                     stage = run_step(step, run, stage)
             manifest = output_manifest(stage, run)
-            _write_atomically(out_dir, manifest, stage.tables, StageLog(stages=list(stage.stages)))
-            advance()
+            shown.writing()
+            _write_atomically(out_dir, manifest, stage.tables.files(), StageLog(stages=list(stage.stages)))
+            shown.written()
         except BaseException:
             _hide_all(bar)  # the error is the one line left on stderr
             raise
@@ -192,8 +224,7 @@ class StageRun:
     config: PreprocessConfig
     engine: EngineConfig = field(default_factory=EngineConfig)
     map_fn: Callable = serial_map  # the engine's map (preprocessing.engine.mapper)
-    advance: Callable = no_progress  # moves the stage bar on
-    bar: object | None = None  # a rich Progress for the bar over partitions
+    progress: StageBar | None = None  # the runner's bars; None: none shown (the flow's tasks)
 
 
 @dataclass(frozen=True)
@@ -203,14 +234,22 @@ class Step:
     name: str  # the flow's task and its cache folder (work_dir/NAME-KEY)
     run: Callable[[StageRun, Stage, StageLog], Stage]  # the previous stage's output -> this stage's
     cached: bool  # the flow keeps the result in a folder, so that a rerun continues after it
+    shows: tuple[str, ...]  # the STAGES it covers on the progress bar
+
+
+def _partition_hooks(run: StageRun) -> dict:
+    """The staypoints step's progress over partitions, when the runner shows progress."""
+    return {} if run.progress is None else {"on_planned": run.progress.planned, "on_done": run.progress.done}
 
 
 STEPS = (
     Step("staypoints", lambda run, previous, log: stage_staypoints(
-        run.input_path, run.input_format, run.config, run.engine, run.map_fn, log, run.advance, run.bar), cached=True),
-    Step("locations", lambda run, previous, log: stage_locations(
-        previous, run.config, log, run.advance, run.engine, run.map_fn), cached=True),
-    Step("sequences", lambda run, previous, log: stage_sequences(previous, run.config, log, run.advance), cached=False),
+        run.input_path, run.input_format, run.config, run.engine, run.map_fn, log, **_partition_hooks(run)),
+        cached=True, shows=("read and validate", "staypoints", "activity")),
+    Step("locations", lambda run, previous, log: stage_locations(previous, run.config, log, run.engine, run.map_fn),
+         cached=True, shows=("user filter", "locations", "merge")),
+    Step("sequences", lambda run, previous, log: stage_sequences(previous, run.config, log), cached=False,
+         shows=("split and samples",)),
 )
 
 
@@ -221,7 +260,7 @@ def stage_input(input_path: Path, input_format: str) -> Stage:
     log = StageLog()
     with log.stage("hash input"):
         sha = input_sha256(Path(input_path), input_format)
-    return Stage({}, {}, {"input_sha256": sha}, log.stages)
+    return Stage(None, {}, {"input_sha256": sha}, log.stages)
 
 
 def run_step(step: Step, run: StageRun, previous: Stage) -> Stage:
@@ -229,7 +268,11 @@ def run_step(step: Step, run: StageRun, previous: Stage) -> Stage:
     on each node added to details["ray_tasks_per_node"]."""
     log = StageLog(stages=list(previous.stages))
     nodes_before = dict(getattr(run.map_fn, "nodes", {}))
+    if run.progress is not None:
+        run.progress.started(step)
     stage = step.run(run, previous, log)
+    if run.progress is not None:
+        run.progress.finished(step)
     stage.stages = log.stages
     if isinstance(run.map_fn, RayMap):
         ran = dict(previous.details.get("ray_tasks_per_node", {}))
@@ -256,7 +299,7 @@ def write_stages(out_dir: Path, final: Stage, run: StageRun) -> dict:
     """The output folder from the last stage, written atomically (refused if out_dir holds anything `pgt
     preprocess` did not write); returns its manifest."""
     manifest = output_manifest(final, run)
-    write_output(out_dir, manifest, final.tables, StageLog(stages=list(final.stages)))
+    write_output(out_dir, manifest, final.tables.files(), StageLog(stages=list(final.stages)))
     return manifest
 
 

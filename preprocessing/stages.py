@@ -9,10 +9,12 @@ times each stage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,10 +90,52 @@ class StageLog:
 
 
 @dataclass
-class Stage:
-    """What one stage hands the next: its tables, and the counts and details gathered so far."""
+class FoundTables:
+    """What the staypoints stage hands on."""
 
-    tables: dict[str, pl.DataFrame]
+    staypoints: pl.DataFrame  # with is_activity, sorted by user_id, started_at
+    tracking: pl.DataFrame  # each user's tracked days (the user filter's input)
+    quarantine: pl.DataFrame  # the input's rows set aside, with their reasons
+
+
+@dataclass
+class LocatedTables:
+    """What the locations stage hands on."""
+
+    merged: pl.DataFrame  # the kept users' activity staypoints at places, repeated visits merged
+    locations: pl.DataFrame  # every DBSCAN location: location_id, latitude, longitude
+    clustered: pl.DataFrame  # the staypoints DBSCAN clustered (location_id null for noise): what new data joins
+    quarantine: pl.DataFrame
+
+
+@dataclass
+class OutputTables:
+    """The output folder's tables (the sequences stage's), each written as <field>.parquet."""
+
+    train: pl.DataFrame
+    validation: pl.DataFrame
+    test: pl.DataFrame
+    quarantine: pl.DataFrame
+    staypoints: pl.DataFrame  # the visits of the users with samples (what a model's memory remembers)
+    locations: pl.DataFrame  # the vocabulary's locations with their coordinates
+    users: pl.DataFrame
+    places: pl.DataFrame  # every DBSCAN location: its vocabulary id (1 when unseen in train), coordinates
+    location_staypoints: pl.DataFrame  # the staypoints DBSCAN clustered: what new staypoints join (fitted.py)
+
+    def files(self) -> dict[str, pl.DataFrame]:
+        """File name -> table, as the output folder holds them."""
+        return {f"{f.name}.parquet": getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+TABLES = {kind.__name__: kind for kind in (FoundTables, LocatedTables, OutputTables)}  # what a saved stage may hold
+
+
+@dataclass
+class Stage:
+    """What one stage hands the next: its tables (None for the input's hash), and the counts and details gathered
+    so far."""
+
+    tables: FoundTables | LocatedTables | OutputTables | None
     counts: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
     stages: list[dict] = field(default_factory=list)  # the StageLog entries of the run so far (the manifest's "stages")
@@ -103,11 +147,12 @@ class Stage:
         clean_stale_temporaries(folder)
         tmp = temporary_sibling(folder)
         tmp.mkdir()
-        for name, table in self.tables.items():
-            table.write_parquet(tmp / f"{name}.parquet", compression="zstd")
-        (tmp / "stage.json").write_text(json.dumps({"counts": self.counts, "details": self.details,
-                                                     "tables": sorted(self.tables), "stages": self.stages},
-                                                    default=str) + "\n")
+        names = [f.name for f in dataclasses.fields(self.tables)] if self.tables is not None else []
+        for name in names:
+            getattr(self.tables, name).write_parquet(tmp / f"{name}.parquet", compression="zstd")
+        kind = type(self.tables).__name__ if self.tables is not None else None
+        (tmp / "stage.json").write_text(json.dumps({"counts": self.counts, "details": self.details, "kind": kind,
+                                                     "tables": names, "stages": self.stages}, default=str) + "\n")
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
         return folder
@@ -115,47 +160,36 @@ class Stage:
     @classmethod
     def load(cls, folder: Path) -> Stage:
         meta = json.loads((Path(folder) / "stage.json").read_text())
-        tables = {name: pl.read_parquet(Path(folder) / f"{name}.parquet") for name in meta["tables"]}
+        kind = TABLES[meta["kind"]] if meta.get("kind") else None
+        tables = kind(**{name: pl.read_parquet(Path(folder) / f"{name}.parquet") for name in meta["tables"]}) \
+            if kind else None
         return cls(tables, meta["counts"], meta["details"], meta.get("stages", []))
 
 
 
-def no_progress(name: str | None = None) -> None:
-    return None
-
-
-
 def stage_staypoints(input_path: Path, input_format: str, config: PreprocessConfig, engine: EngineConfig,
-                     map_partitions=serial_map, log: StageLog | None = None, advance=no_progress, bar=None) -> Stage:
+                     map_partitions=serial_map, log: StageLog | None = None,
+                     on_planned: Callable[[int], None] | None = None, on_done: Callable[[], None] | None = None
+                     ) -> Stage:
     """Read, validate, staypoints, the activity flag and tracked days, partition by partition
     (preprocessing.partitions.staypoints_of_input): memory bounded by the largest partition. details["partitions"]:
-    how many. `bar`: a rich Progress to which a bar over the partitions is added."""
+    how many. on_planned(n) once the n partitions are planned, on_done() after each (the runner's progress)."""
     log = log or StageLog()
     partitions = engine.partitions or auto_partitions(input_path, input_format)
-    task = bar.add_task("partitions", total=None) if bar is not None else None
-    planned = (lambda n: bar.update(task, total=n)) if bar is not None else None
-    done = (lambda: bar.advance(task)) if bar is not None else None
-    try:
-        with log.stage(f"read, validate, staypoints ({partitions} partition{'s' if partitions > 1 else ''})"):
-            found = staypoints_of_input(input_path, input_format, config, partitions, map_partitions, engine.work_dir,
-                                        planned, done)
-    finally:
-        if bar is not None:
-            bar.remove_task(task)
-    advance("staypoints")
-    advance("activity")
-    advance("user filter")
-    return Stage({"staypoints": found.staypoints, "tracking": found.tracking, "quarantine": found.quarantine},
+    with log.stage(f"read, validate, staypoints ({partitions} partition{'s' if partitions > 1 else ''})"):
+        found = staypoints_of_input(input_path, input_format, config, partitions, map_partitions, engine.work_dir,
+                                    on_planned, on_done)
+    return Stage(FoundTables(found.staypoints, found.tracking, found.quarantine),
                  found.counts, {**found.details, "partitions": partitions})
 
 
 
-def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=no_progress,
+def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None = None,
                     engine: EngineConfig | None = None, map_tiles=serial_map) -> Stage:
     """The user filter, DBSCAN locations over the kept users' activities (by tiles as `engine` says), and
     the merge of repeated visits."""
     log = log or StageLog()
-    staypoints, tracking = found.tables["staypoints"], found.tables["tracking"]
+    staypoints, tracking = found.tables.staypoints, found.tables.tracking
     counts, details = dict(found.counts), dict(found.details)
     with log.stage("user filter"):
         users = filter_users(tracking, staypoints, config.min_tracking_days, config.min_mean_window_quality,
@@ -165,7 +199,6 @@ def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None
         activities = staypoints.filter(pl.col("is_activity") & pl.col("user_id").is_in(users.implode()))
         activities = activities.sort("user_id", "started_at", maintain_order=True)
         details["activity_staypoints_of_kept_users"] = activities.height
-    advance("locations")
     with log.stage("locations"):
         tile_deg = (engine or EngineConfig()).tiles_for(activities.height)
         details["location_tile_deg"] = tile_deg
@@ -175,21 +208,19 @@ def stage_locations(found: Stage, config: PreprocessConfig, log: StageLog | None
         located = labelled.filter(pl.col("location_id").is_not_null())
         details["staypoints_noise"] = labelled.height - located.height
         clustered = labelled.select("location_id", "latitude", "longitude", "is_core")
-    advance("merge")
     with log.stage("merge"):
         merged = merge_staypoints(located, config.merge_max_gap_min)
         counts["staypoints_merged"] = merged.height
-    advance("split and samples")
-    return Stage({"merged": merged, "locations": locations, "clustered": clustered, "quarantine": found.tables["quarantine"]},
+    return Stage(LocatedTables(merged, locations, clustered, found.tables.quarantine),
                  counts, details)
 
 
 
-def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | None = None, advance=no_progress) -> Stage:
+def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | None = None) -> Stage:
     """Time features, the per-user day split, samples and vocabularies: the output tables, the counts, and in
     details["vocab"] the manifest's table sizes."""
     log = log or StageLog()
-    merged, locations = located.tables["merged"], located.tables["locations"]
+    merged, locations = located.tables.merged, located.tables.locations
     counts, details = dict(located.counts), dict(located.details)
     with log.stage("split and samples"):
         featured = add_time_features(merged, config.timezone, config.time_slot_min, config.duration_cap_min,
@@ -203,21 +234,13 @@ def stage_sequences(located: Stage, config: PreprocessConfig, log: StageLog | No
         details["history_length_max"] = max(
             (int(s["locations"].list.len().max() or 0) for s in samples.values()), default=0)
         details["memory"] = memory_description(samples, config)
-    advance("write")
     located_vocab = vocab.locations.join(locations, left_on="source_location_id", right_on="location_id", how="left",
                                          maintain_order="left")
     places = locations.join(vocab.locations, left_on="location_id", right_on="source_location_id", how="left",
                             maintain_order="left").with_columns(pl.col("location").fill_null(UNSEEN))
-    tables = {
-        **{f"{split}.parquet": samples[split] for split in SPLITS},
-        "quarantine.parquet": located.tables["quarantine"],
-        "staypoints.parquet": kept.drop("history_start", "is_activity", strict=False),
-        "locations.parquet": located_vocab,
-        "users.parquet": vocab.users,
-        "places.parquet": places,  # every DBSCAN location: its vocabulary id (1 when unseen in train), coordinates
-        # the staypoints DBSCAN clustered (location_id null for noise): what new staypoints join (fitted.py)
-        "location_staypoints.parquet": located.tables["clustered"],
-    }
+    tables = OutputTables(**{split: samples[split] for split in SPLITS}, quarantine=located.tables.quarantine,
+                          staypoints=kept.drop("history_start", "is_activity", strict=False), locations=located_vocab,
+                          users=vocab.users, places=places, location_staypoints=located.tables.clustered)
     details["vocab"] = feature_vocab(vocab.location_size, vocab.user_size, config, details["history_length_max"])
     return Stage(tables, counts, details)
 

@@ -244,3 +244,16 @@ def test_the_manifest_records_every_feature_table_size(tmp_path):
         "time_slots": 144, "weekdays": 7, "recency": 6, "durations": 48}
     train = pl.read_parquet(tmp_path / "out" / "train.parquet")
     assert train["time_slots"].explode().max() < 144 and train["recency"].explode().max() <= 5
+
+
+def test_the_runner_s_bar_covers_every_stage_once():
+    """The runner owns progress: the steps of the table cover the bar's stages between hashing and writing, in
+    order, each once; the stages themselves take no progress argument."""
+    import inspect
+
+    from preprocessing.pipeline import STEPS
+    from preprocessing.stages import STAGES, stage_locations, stage_sequences, stage_staypoints
+
+    assert [name for step in STEPS for name in step.shows] == list(STAGES[1:-1])
+    for stage in (stage_staypoints, stage_locations, stage_sequences):
+        assert not {"advance", "bar"} & set(inspect.signature(stage).parameters), stage.__name__
