@@ -6,38 +6,18 @@ next places with coordinates -> a table, a map and an MLflow run. The flow only 
 
 from __future__ import annotations
 
-from pathlib import Path  # noqa: F401 - Prefect resolves the flow's string annotations at run time
-
-from prefect import flow
-
 from flows import tasks
-from flows.settings import InputFormat, PredictSettings, described, from_setting
-from pgt.config import PredictConfig, TrackingConfig
-from preprocessing.config import SynthConfig
+from flows.settings import PredictNextPlacesParameters, PredictSettings, parameters_flow
 
 
-@flow(name="predict-next-places", log_prints=True)
-def predict_next_places(
-    *,
-    model_name: str = described("pgt-demo", "The registered model to score with."),
-    alias: str = described("champion", "The alias of the version to score with: champion, the best so far."),
-    input_path: str | None = described(None, "New GPS points or staypoints: a GeoLife folder, or a Parquet or CSV "
-                                              "file. Empty: the last recent_days of the synthetic default."),
-    input_format: InputFormat = described("positionfixes", "What input_path holds."),
-    top_k: int = from_setting(PredictConfig, "top_k"),
-    at: str | None = from_setting(PredictConfig, "at"),
-    recent_days: float = described(14.0, "With no input_path: the days of the synthetic default to score."),
-    tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri"),
-    state_dir: str | None = described(None, "The folder every output goes to. Empty: $PGT_STATE_DIR, else .state."),
-    synthetic_users: int = from_setting(SynthConfig, "users"),
-    synthetic_days: int = from_setting(SynthConfig, "days"),
-) -> dict:
+@parameters_flow(PredictNextPlacesParameters, name="predict-next-places", log_prints=True)
+def predict_next_places(parameters: PredictNextPlacesParameters) -> dict:
     """Score new GPS data with models:/model_name@alias and publish each user's next places.
 
     input_path None takes the last recent_days days of the synthetic default (synthetic_users people over
     synthetic_days days, as the demo deployment trains on). The predictions
     (Parquet), the map (PNG) and a summary are logged to an MLflow run in the experiment pgt-predictions."""
-    s = PredictSettings.resolve(locals())  # first: the parameters, as the signature defines them
+    s = PredictSettings.resolve(parameters)  # first: every parameter checked before anything runs
     source = s.input_path
     if source is None:
         synthetic = tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)

@@ -6,48 +6,20 @@
 
 from __future__ import annotations
 
-from pathlib import Path  # noqa: F401 - Prefect resolves the flow's string annotations at run time
-
-from prefect import flow, get_run_logger
+from prefect import get_run_logger
 
 from flows import tasks
-from flows.settings import FlowSettings, InputFormat, Recipe, described, from_setting
-from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
-from preprocessing.config import SynthConfig
-from tune.config import SweepConfig
+from flows.settings import FlowSettings, PreprocessAndTrainParameters, parameters_flow
 
 
-@flow(name="preprocess-and-train", log_prints=True)
-def preprocess_and_train(
-    *,
-    input_path: str | None = described(None, "GPS points or staypoints: a GeoLife folder, or a Parquet or CSV file. "
-                                              "Empty: the synthetic default city."),
-    input_format: InputFormat = described("positionfixes", "What input_path holds."),
-    config_file: str | None = described(None, "A YAML, JSON or TOML file of PreprocessConfig settings. Empty: the "
-                                              "reference protocol."),
-    workers: int = from_setting(LaunchConfig, "workers", 2),
-    gpu: bool | None = from_setting(LaunchConfig, "gpu"),
-    tune: bool = described(False, "A Ray Tune sweep of `trials` trials instead of one training run."),
-    trials: int | None = from_setting(SweepConfig, "trials", None, "Empty: the sweep config's default."),
-    epochs: int | None = from_setting(TrainConfig, "epochs", None, "Empty: the recipe's, or the sweep's."),
-    tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri"),
-    address: str | None = from_setting(LaunchConfig, "address"),
-    model_name: str = described("pgt", "The registered model; its alias champion moves to the new version only "
-                                       "when its strict validation Acc@1 is better."),
-    state_dir: str | None = described(None, "The folder every output goes to. Empty: $PGT_STATE_DIR, else .state."),
-    synthetic_users: int = from_setting(SynthConfig, "users"),
-    synthetic_days: int = from_setting(SynthConfig, "days"),
-    recipe: Recipe = described("paper", "The training recipe: paper (the published settings), tuned (ours for GeoLife) or "
-                                        "ensemble (tuned, several networks side by side)."),
-    recipe_file: str | None = described(None, "A YAML file of training settings (a sweep's winner) instead of "
-                                              "recipe; it sets any training setting."),
-) -> dict:
+@parameters_flow(PreprocessAndTrainParameters, name="preprocess-and-train", log_prints=True)
+def preprocess_and_train(parameters: PreprocessAndTrainParameters) -> dict:
     """Preprocess (reusing cached stages), train or tune, evaluate the logged model, register it.
 
     Each parameter's description says what it does (the Prefect UI shows it beside the field); those that are
     settings of a config take its help and bounds from there. A sweep's trials each train the recipe with only
     the searched settings replaced."""
-    s = FlowSettings.resolve(locals())  # first: the parameters, as the signature defines them
+    s = FlowSettings.resolve(parameters)  # first: every parameter checked before anything runs
     log = get_run_logger()
     source = s.input_path or tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
     hashed = tasks.hash_input(source, s.input_format)

@@ -1,18 +1,25 @@
-"""The flow's parameters resolved once into paths and the typed configs of each package.
+"""Each flow's parameters as one pydantic model, and those parameters resolved once into paths and the typed
+configs of each package.
 
-The flows' choices are Literals built from the packages' registries, so the Prefect UI offers them as a
-dropdown; every default not set by a flow lives in its config dataclass."""
+A flow's parameter model (PreprocessAndTrainParameters, PredictNextPlacesParameters) defines every parameter
+once: its type, default and description, the settings' help taken from their config's one definition. The flow's
+signature is generated from the model (`parameters_flow`), so the Prefect UI shows the fields as a form and a
+deployment's parameters stay flat. Choices are Literals built from the packages' registries (a dropdown); every
+default not set by a flow lives in its config dataclass."""
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field
+from prefect import flow
+from prefect.utilities.hashing import file_hash
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from infra.errors import SettingsError
@@ -23,7 +30,7 @@ from pgt.serving.inference import prediction_time
 from pgt.tracking.registry import champion_verdict
 from pgt.tracking.runs import RECIPE_TAG, resolve_tracking_uri, run_url
 from pgt.training.report import metrics_markdown
-from preprocessing.config import FORMATS, load_config
+from preprocessing.config import FORMATS, SynthConfig, load_config
 from preprocessing.engine import EngineConfig
 from preprocessing.pipeline import stage_key
 from tune.config import SweepConfig
@@ -58,43 +65,149 @@ def _absolute(path: str | Path | None) -> Path | None:
     return Path(path).resolve() if path else None
 
 
-@dataclass
-class FlowSettings:
-    """The parameters of `preprocess-and-train` resolved: paths made absolute, the tracking URI and the state folder
-    chosen. The flow's signature defines the parameters and their defaults; these fields are the same names
-    (tests/flows/test_parameters.py holds the two together)."""
+STATE_DIR_HELP = "The folder every output goes to. Empty: $PGT_STATE_DIR, else .state."
+INPUT_FORMAT_HELP = "What input_path holds."
 
+
+class FlowParameters(BaseModel):
+    """A flow's parameters: one field each, with its type, default and description. Unknown names are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def checked(cls, values: FlowParameters | dict) -> FlowParameters:
+        """The parameters from a run's values, every problem in one SettingsError (the CLI's words for them)."""
+        if isinstance(values, cls):
+            return values
+        try:
+            return cls(**values)
+        except ValidationError as error:
+            raise SettingsError("; ".join(cls._problem(e) for e in error.errors())) from None
+
+    @classmethod
+    def _problem(cls, error: dict) -> str:
+        name = ".".join(str(part) for part in error["loc"])
+        if error["type"] == "extra_forbidden":
+            return f"unknown parameter {name} (known: {', '.join(cls.model_fields)})"
+        if error["type"] == "literal_error":
+            choices = get_args(cls.model_fields[name].annotation)
+            return f"{name} must be one of {', '.join(map(str, choices))}, got {error['input']!r}"
+        return f"{name}: {error['msg'][0].lower()}{error['msg'][1:]}, got {error['input']!r}"
+
+
+class PreprocessAndTrainParameters(FlowParameters):
+    """The parameters of `preprocess-and-train`."""
+
+    input_path: str | None = described(None, "GPS points or staypoints: a GeoLife folder, or a Parquet or CSV file. "
+                                             "Empty: the synthetic default city.")
+    input_format: InputFormat = described("positionfixes", INPUT_FORMAT_HELP)
+    config_file: str | None = described(None, "A YAML, JSON or TOML file of PreprocessConfig settings. Empty: the "
+                                              "reference protocol.")
+    workers: int = from_setting(LaunchConfig, "workers", 2)
+    gpu: bool | None = from_setting(LaunchConfig, "gpu")
+    tune: bool = described(False, "A Ray Tune sweep of `trials` trials instead of one training run.")
+    trials: int | None = from_setting(SweepConfig, "trials", None, "Empty: the sweep config's default.")
+    epochs: int | None = from_setting(TrainConfig, "epochs", None, "Empty: the recipe's, or the sweep's.")
+    tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri")
+    address: str | None = from_setting(LaunchConfig, "address")
+    model_name: str = described("pgt", "The registered model; its alias champion moves to the new version only "
+                                       "when its strict validation Acc@1 is better.")
+    state_dir: str | None = described(None, STATE_DIR_HELP)
+    synthetic_users: int = from_setting(SynthConfig, "users")
+    synthetic_days: int = from_setting(SynthConfig, "days")
+    recipe: Recipe = described("paper", "The training recipe: paper (the published settings), tuned (ours for "
+                                        "GeoLife) or ensemble (tuned, several networks side by side).")
+    recipe_file: str | None = described(None, "A YAML file of training settings (a sweep's winner) instead of "
+                                              "recipe; it sets any training setting.")
+
+
+class PredictNextPlacesParameters(FlowParameters):
+    """The parameters of `predict-next-places`."""
+
+    model_name: str = described("pgt-demo", "The registered model to score with.")
+    alias: str = described("champion", "The alias of the version to score with: champion, the best so far.")
+    input_path: str | None = described(None, "New GPS points or staypoints: a GeoLife folder, or a Parquet or CSV "
+                                             "file. Empty: the last recent_days of the synthetic default.")
+    input_format: InputFormat = described("positionfixes", INPUT_FORMAT_HELP)
+    top_k: int = from_setting(PredictConfig, "top_k")
+    at: str | None = from_setting(PredictConfig, "at")
+    recent_days: float = described(14.0, "With no input_path: the days of the synthetic default to score.")
+    tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri")
+    state_dir: str | None = described(None, STATE_DIR_HELP)
+    synthetic_users: int = from_setting(SynthConfig, "users")
+    synthetic_days: int = from_setting(SynthConfig, "days")
+
+
+def flow_signature(model: type[FlowParameters], returns: Any = dict) -> inspect.Signature:
+    """A flat, keyword-only signature of the model's fields, each default carrying its description: what Prefect
+    reads to build a deployment's parameter schema (the UI's form) and to validate a run's parameters."""
+    return inspect.Signature(
+        [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=Field(field.default, description=field.description),
+                           annotation=field.annotation) for name, field in model.model_fields.items()],
+        return_annotation=returns)
+
+
+def parameters_flow(model: type[FlowParameters], **flow_options) -> Callable:
+    """A Prefect flow whose parameters are the model's fields and whose function receives them as one model.
+
+        @parameters_flow(PredictNextPlacesParameters, name="predict-next-places")
+        def predict_next_places(parameters: PredictNextPlacesParameters) -> dict: ...
+    """
+    def decorate(fn: Callable[[Any], Any]):
+        signature = flow_signature(model, inspect.signature(fn).return_annotation)
+
+        def run(**values):
+            return fn(model.checked(values))
+
+        run.__name__, run.__qualname__, run.__doc__, run.__module__ = fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__
+        run.__signature__ = signature
+        run.__annotations__ = {name: p.annotation for name, p in signature.parameters.items()} | {"return": dict}
+        run.parameters_model = model
+        # the flow's version is its own file's, as Prefect gives a flow defined in place (run's code is here)
+        return flow(**{"version": file_hash(inspect.getsourcefile(fn)), **flow_options})(run)
+
+    return decorate
+
+
+@dataclass(frozen=True)
+class ResolvedParameters:
+    """A flow's parameters with their paths made absolute, the state folder and the tracking URI chosen. Every
+    other parameter reads through to the model, by the same name."""
+
+    parameters: FlowParameters
     input_path: Path | None  # None: the synthetic default
-    input_format: str
-    config_file: Path | None  # PreprocessConfig settings; None: the reference protocol
-    workers: int
-    gpu: bool | None
-    tune: bool
-    trials: int | None  # None: SweepConfig's
-    epochs: int | None  # None: TrainConfig's (or SweepConfig's)
-    tracking_uri: str
-    address: str | None  # the Ray cluster of training, a sweep and preprocessing's engine
-    model_name: str
     state_dir: Path  # every output lives here
-    synthetic_users: int
-    synthetic_days: int
-    recipe: str
-    recipe_file: Path | None
+    tracking_uri: str
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "parameters":  # not set yet (copying, unpickling): no parameter to read through to
+            raise AttributeError(name)
+        return getattr(self.parameters, name)
+
+    @staticmethod
+    def _paths(parameters: FlowParameters) -> dict[str, Any]:
+        if parameters.input_path is None and parameters.input_format != "positionfixes":
+            raise SettingsError("the synthetic default input is positionfixes; give input_path for other formats")
+        state = _absolute(parameters.state_dir) or default_state_dir()
+        return {"parameters": parameters, "input_path": _absolute(parameters.input_path), "state_dir": state,
+                "tracking_uri": resolve_tracking_uri(parameters.tracking_uri, state)}
+
+
+@dataclass(frozen=True)
+class FlowSettings(ResolvedParameters):
+    """The parameters of `preprocess-and-train` resolved (PreprocessAndTrainParameters defines them)."""
+
+    config_file: Path | None = None  # PreprocessConfig settings; None: the reference protocol
+    recipe_file: Path | None = None
     synthetic_seed: int = 0  # not a parameter: the synthetic default is one city
 
     @classmethod
-    def resolve(cls, parameters: dict) -> FlowSettings:
-        """The flow's parameters (its locals() on entry) checked and resolved, once, before anything runs: each
-        setting by the config it builds (TrainConfig or SweepConfig, LaunchConfig), with that config's message."""
-        if parameters["input_format"] not in FORMATS:
-            raise SettingsError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
-        if parameters["input_path"] is None and parameters["input_format"] != "positionfixes":
-            raise SettingsError("the synthetic default input is positionfixes; give input_path for other formats")
-        state = _absolute(parameters["state_dir"]) or default_state_dir()
-        settings = cls(**{**parameters, "input_path": _absolute(parameters["input_path"]), "state_dir": state,
-                          "config_file": _absolute(parameters["config_file"]),
-                          "recipe_file": _absolute(parameters["recipe_file"]),
-                          "tracking_uri": resolve_tracking_uri(parameters["tracking_uri"], state)})
+    def resolve(cls, parameters: PreprocessAndTrainParameters | dict) -> FlowSettings:
+        """The flow's parameters checked and resolved, once, before anything runs: each setting by the config it
+        builds (TrainConfig or SweepConfig, LaunchConfig), with that config's message."""
+        checked = PreprocessAndTrainParameters.checked(parameters)
+        settings = cls(**cls._paths(checked), config_file=_absolute(checked.config_file),
+                       recipe_file=_absolute(checked.recipe_file))
         settings.sweep_config() if settings.tune else settings.train_config()
         settings.launch_config()
         return settings
@@ -165,35 +278,21 @@ class FlowSettings:
         return metrics_markdown(test, validation, f"preprocess-and-train: {self.run_name}, {what}", links)
 
 
-@dataclass
-class PredictSettings:
-    """The parameters of `predict-next-places` resolved into paths (the flow's signature defines them)."""
+@dataclass(frozen=True)
+class PredictSettings(ResolvedParameters):
+    """The parameters of `predict-next-places` resolved (PredictNextPlacesParameters defines them)."""
 
-    model_name: str
-    alias: str
-    input_path: Path | None  # None: the last recent_days of the synthetic default
-    input_format: str
-    top_k: int
-    at: datetime | None  # the moment predicted for; None: each user's last visit's end
-    recent_days: float
-    tracking_uri: str
-    state_dir: Path
-    synthetic_users: int  # the demo's synthetic default
-    synthetic_days: int
+    at: datetime | None = None  # the moment predicted for; None: each user's last visit's end
     synthetic_seed: int = 0  # not a parameter
 
     @classmethod
-    def resolve(cls, parameters: dict) -> PredictSettings:
-        """The predict flow's parameters (its locals() on entry) checked and resolved, once."""
-        if parameters["input_format"] not in FORMATS:
-            raise SettingsError(f"input_format must be one of {', '.join(FORMATS)}, got {parameters['input_format']!r}")
-        PredictConfig(top_k=parameters["top_k"], at=parameters["at"])
-        if not parameters["recent_days"] > 0:
-            raise SettingsError(f"recent_days must be > 0, got {parameters['recent_days']}")
-        state = _absolute(parameters["state_dir"]) or default_state_dir()
-        return cls(**{**parameters, "input_path": _absolute(parameters["input_path"]), "state_dir": state,
-                      "at": prediction_time(parameters["at"], "at"),
-                      "tracking_uri": resolve_tracking_uri(parameters["tracking_uri"], state)})
+    def resolve(cls, parameters: PredictNextPlacesParameters | dict) -> PredictSettings:
+        """The predict flow's parameters checked and resolved, once."""
+        checked = PredictNextPlacesParameters.checked(parameters)
+        PredictConfig(top_k=checked.top_k, at=checked.at)
+        if not checked.recent_days > 0:
+            raise SettingsError(f"recent_days must be > 0, got {checked.recent_days}")
+        return cls(**cls._paths(checked), at=prediction_time(checked.at, "at"))
 
     @property
     def model_uri(self) -> str:

@@ -3,7 +3,6 @@ keyword-only, and their defaults those of the config dataclasses."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 
 import pytest
@@ -45,16 +44,27 @@ def test_epochs_and_trials_left_empty_take_the_configs_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("flow", [preprocess_and_train, predict_next_places])
-def test_the_settings_hold_the_flow_s_parameters_by_the_same_names(flow, tmp_path):
-    """The signature defines a parameter once; its resolved settings carry the same name (nothing added or lost)."""
+def test_a_flow_s_parameters_are_its_model_s_fields(flow, tmp_path):
+    """The parameter model defines each parameter once: the flow's signature (what Prefect builds its form and
+    validation from) is the model's fields, by name, type, default and description; the function receives the
+    model; an unknown name is refused with the known ones."""
+    model = flow.fn.parameters_model
+    signature = inspect.signature(flow.fn).parameters
+    assert list(signature) == list(model.model_fields)
+    for name, field in model.model_fields.items():
+        assert signature[name].annotation == field.annotation, name
+        assert flow_defaults(flow.fn)[name] == field.default, name
+    schema = parameter_schema(flow.fn).model_dump()["properties"]
+    assert {n: p["description"] for n, p in schema.items()} == {n: f.description for n, f in model.model_fields.items()}
+
     from flows.settings import FlowSettings, PredictSettings
 
     settings = FlowSettings if flow is preprocess_and_train else PredictSettings
-    fields = {f.name for f in dataclasses.fields(settings) if f.default is dataclasses.MISSING}
-    assert fields == set(inspect.signature(flow.fn).parameters)
     resolved = settings.resolve(parameters(flow, state_dir=str(tmp_path)))
+    assert isinstance(resolved.parameters, model)
     assert resolved.state_dir == tmp_path.resolve() and resolved.tracking_uri.startswith("sqlite:")
-    with pytest.raises(TypeError):
+    assert resolved.synthetic_users == model.model_fields["synthetic_users"].default  # read through to the model
+    with pytest.raises(ValueError, match="unknown parameter unknown"):
         settings.resolve(parameters(flow, state_dir=str(tmp_path), unknown=1))
 
 
@@ -64,6 +74,8 @@ def test_the_settings_hold_the_flow_s_parameters_by_the_same_names(flow, tmp_pat
     ({"tune": True, "trials": 0}, "trials must be in [1, 1048576], got 0"),
     ({"recipe": "fast"}, "recipe must be one of paper, tuned, ensemble, got 'fast'"),
     ({"input_format": "staypoints"}, "the synthetic default input is positionfixes"),
+    ({"input_format": "gpx"}, "input_format must be one of geolife-plt, positionfixes, staypoints, got 'gpx'"),
+    ({"synthetic_users": "many"}, "synthetic_users: input should be a valid integer"),
 ])
 def test_a_bad_parameter_fails_before_anything_runs_with_its_config_s_message(given, message, tmp_path):
     from flows.settings import FlowSettings
