@@ -28,15 +28,15 @@ def preprocess_and_train(parameters: PreprocessAndTrainParameters) -> dict:
         key, stage = s.stage_key(hashed), hashed
         for step in tasks.cached_steps():
             stage = tasks.preprocess_stage.with_options(name=step)(step, stage, source, s.input_format, s.config_file,
-                                                                   s.engine_config(), s.work_dir, key)
-        manifest = tasks.sequences(stage, source, s.input_format, s.config_file, s.engine_config(), s.sequences_dir)
+                                                                   s.engine_config, s.work_dir, key)
+        manifest = tasks.sequences(stage, source, s.input_format, s.config_file, s.engine_config, s.sequences_dir)
     else:
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
     if s.tune:  # the sweep's model is its winner's recipe trained, registered on the winner's evidence
-        result = tasks.tune(s.sweep_config(), s.tracking_config(), s.address)
+        result = tasks.tune(s.sweep_config, s.tracking_config, s.address)
         validation = result["final"]["validation"]
     else:
-        result = tasks.train(s.train_config(), s.launch_config(), s.tracking_config())
+        result = tasks.train(s.train_config, s.launch_config, s.tracking_config)
         validation = result["validation"]
     logged = result["mlflow"]
     evaluated = tasks.evaluate(logged["model_uri"], s.sequences_dir, s.tracking_uri)

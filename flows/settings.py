@@ -14,6 +14,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -208,8 +209,8 @@ class FlowSettings(ResolvedParameters):
         checked = PreprocessAndTrainParameters.checked(parameters)
         settings = cls(**cls._paths(checked), config_file=_absolute(checked.config_file),
                        recipe_file=_absolute(checked.recipe_file))
-        settings.sweep_config() if settings.tune else settings.train_config()
-        settings.launch_config()
+        for config in ("sweep_config" if settings.tune else "train_config", "launch_config", "tracking_config"):
+            getattr(settings, config)  # each built once, now: a bad setting fails the run before any task
         return settings
 
     @property
@@ -239,36 +240,38 @@ class FlowSettings(ResolvedParameters):
     def work_dir(self) -> Path:
         return self.state_dir / "stages"
 
-    def engine_config(self) -> dict:
+    @cached_property
+    def engine_config(self) -> EngineConfig:
         """Preprocessing's engine: Ray tasks on the cluster when address is set, else local partitions."""
         engine = "ray" if self.address else "local"
-        return EngineConfig(engine, address=self.address, work_dir=self.work_dir / "partitions").to_dict()
+        return EngineConfig(engine, address=self.address, work_dir=self.work_dir / "partitions")
 
     def stage_key(self, hashed) -> str:
         """The cache key of the stages of this input (the first stage's Stage: its hash) under this config."""
         return stage_key(hashed.details["input_sha256"], self.input_format, load_config(self.config_file))
 
-    def train_config(self) -> dict:
-        return self._train_config().to_dict()
-
-    def _train_config(self):
+    @cached_property
+    def train_config(self) -> TrainConfig:
         epochs = {"epochs": self.epochs} if self.epochs is not None else {}
         return TrainConfig.from_recipe(base_settings(self.recipe, self.recipe_file), data_dir=str(self.sequences_dir),
                                        out_dir=str(self.runs_dir),
                                        **epochs)
 
-    def launch_config(self) -> dict:
-        return dataclasses.asdict(LaunchConfig(workers=self.workers, gpu=self.gpu, address=self.address))
+    @cached_property
+    def launch_config(self) -> LaunchConfig:
+        return LaunchConfig(workers=self.workers, gpu=self.gpu, address=self.address)
 
-    def tracking_config(self) -> dict:
+    @cached_property
+    def tracking_config(self) -> TrackingConfig:
         return TrackingConfig(self.tracking_uri, experiment="pgt", source="preprocess-and-train flow",
-                              tags={RECIPE_TAG: recipe_label(self.recipe, self.recipe_file)}).to_dict()
+                              tags={RECIPE_TAG: recipe_label(self.recipe, self.recipe_file)})
 
-    def sweep_config(self) -> dict:
+    @cached_property
+    def sweep_config(self) -> SweepConfig:
         given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs)) if value is not None}
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
                            recipe=base_settings(self.recipe, self.recipe_file),
-                           recipe_name=recipe_label(self.recipe, self.recipe_file), **given).to_dict()
+                           recipe_name=recipe_label(self.recipe, self.recipe_file), **given)
 
     def report(self, test: dict, validation: dict, logged: dict, registered: dict) -> str:
         links = {"MLflow run": run_url(logged["tracking_uri"], logged["run_id"]),

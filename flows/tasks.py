@@ -1,5 +1,7 @@
 """Prefect tasks of the pipeline: thin, typed, each calling one function of preprocessing/, pgt/ or tune/.
 
+Configs reach the tasks typed (they run in the flow's process); they become dicts only at Ray's and MLflow's doors.
+
 Only tasks doing I/O that can fail transiently retry (reading the input, publishing the artifact), and only
 on OSError; bad input fails at once with its one-line message.
 """
@@ -64,31 +66,31 @@ def cached_steps() -> list[str]:
     return [step.name for step in STEPS if step.cached]
 
 
-def _stage_run(input_path: Path, input_format: str, config_file: Path | None, engine: dict, map_fn):
-    return StageRun(input_path, input_format, load_config(config_file), EngineConfig.from_dict(engine), map_fn)
+def _stage_run(input_path: Path, input_format: str, config_file: Path | None, engine: EngineConfig, map_fn):
+    return StageRun(input_path, input_format, load_config(config_file), engine, map_fn)
 
 
 @task(name="preprocess stage", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
 def preprocess_stage(step_name: str, previous: Stage | Path, input_path: Path, input_format: str,
-                     config_file: Path | None, engine: dict, work_dir: Path, key: str) -> Path:
+                     config_file: Path | None, engine: EngineConfig, work_dir: Path, key: str) -> Path:
     """One cached stage of the table (preprocessing.pipeline.STEPS), locally or as Ray tasks: its folder
     under work_dir, reused when complete, so that a rerun continues after the last finished stage."""
     step = next(step for step in STEPS if step.name == step_name)
 
     def compute():
         before = Stage.load(previous) if isinstance(previous, Path) else previous
-        with mapper(EngineConfig.from_dict(engine)) as map_fn:
+        with mapper(engine) as map_fn:
             return run_step(step, _stage_run(input_path, input_format, config_file, engine, map_fn), before)
 
     return cached_stage(work_dir, step.name, key, compute)
 
 
 @task(name="sequences", cache_policy=NO_CACHE)
-def sequences(previous: Path, input_path: Path, input_format: str, config_file: Path | None, engine: dict,
+def sequences(previous: Path, input_path: Path, input_format: str, config_file: Path | None, engine: EngineConfig,
               out_dir: Path) -> dict:
     """The stages of the table the flow does not keep, then the output folder, written atomically: its manifest."""
     stage = Stage.load(previous)
-    with mapper(EngineConfig.from_dict(engine)) as map_fn:
+    with mapper(engine) as map_fn:
         run = _stage_run(input_path, input_format, config_file, engine, map_fn)
         for step in STEPS:
             if not step.cached:
@@ -98,19 +100,16 @@ def sequences(previous: Path, input_path: Path, input_format: str, config_file: 
 
 
 @task(name="train", cache_policy=NO_CACHE)
-def train(train_config: dict, launch_config: dict, tracking_config: dict) -> dict:
+def train(train_config: TrainConfig, launch_config: LaunchConfig, tracking_config: TrackingConfig) -> dict:
     """Ray Train (or one process with workers=0); the run is logged to MLflow, not registered yet."""
-    return run_training(TrainConfig.from_dict(train_config), LaunchConfig(**launch_config),
-                        TrackingConfig.from_dict(tracking_config))
+    return run_training(train_config, launch_config, tracking_config)
 
 
 @task(name="tune", cache_policy=NO_CACHE)
-def tune(sweep_config: dict, tracking_config: dict, address: str | None) -> dict:
+def tune(sweep_config: SweepConfig, tracking_config: TrackingConfig, address: str | None) -> dict:
     """A Ray Tune sweep; its best trial's model is logged to the sweep's MLflow run, not registered yet."""
-    out = Path(sweep_config["out_dir"])
-    resume = (out / "sweep.json").is_file()  # a rerun continues an interrupted sweep
-    return run_sweep(SweepConfig.from_dict(sweep_config), TrackingConfig.from_dict(tracking_config),
-                     address=address, resume=resume)
+    resume = (Path(sweep_config.out_dir) / "sweep.json").is_file()  # a rerun continues an interrupted sweep
+    return run_sweep(sweep_config, tracking_config, address=address, resume=resume)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)

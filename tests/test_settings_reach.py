@@ -91,7 +91,7 @@ def test_each_setting_reaches_a_run_from_the_cli_the_flow_and_a_sweep(tmp_path, 
     assert train_config(parse("--data", "d", "--out", "o", "--recipe-file", str(path))).to_dict()[name] == value
     # the flow: its recipe_file parameter
     assert "recipe_file" in inspect.signature(preprocess_and_train.fn).parameters
-    assert resolve_flow(tmp_path, recipe_file=str(path)).train_config()[name] == value
+    assert resolve_flow(tmp_path, recipe_file=str(path)).train_config.to_dict()[name] == value
     # a sweep: every trial starts from the recipe; the few settings a sweep sets itself are its own fields
     sweep = SweepConfig(data_dir="d", out_dir="o", recipe=load_recipe_file(path), recipe_name=str(path))
     trial = sweep.train_config({}, tmp_path / "trial")
@@ -120,7 +120,7 @@ def test_one_default_everywhere(tmp_path):
         assert options[name].help.startswith(help_of(TrainConfig, name)), name
         assert options[name].show_default == str(defaults[name]), name
     # the flow, with the paper's recipe
-    flow = resolve_flow(tmp_path).train_config()
+    flow = resolve_flow(tmp_path).train_config.to_dict()
     assert {name: flow[name] for name in SETTINGS} == defaults
     # a sweep's trial: the defaults but for the sweep's own settings
     trial = SweepConfig(data_dir="d", out_dir="o").train_config({}, tmp_path / "trial")

@@ -38,9 +38,10 @@ def test_epochs_and_trials_left_empty_take_the_configs_defaults(tmp_path):
     from tune.config import SweepConfig
 
     s = FlowSettings.resolve(parameters(preprocess_and_train, workers=0, state_dir=str(tmp_path)))
-    assert s.train_config()["epochs"] == TrainConfig.epochs
-    sweep = s.sweep_config()
-    assert (sweep["epochs"], sweep["trials"]) == (SweepConfig.epochs, SweepConfig.trials)
+    assert isinstance(s.train_config, TrainConfig) and s.train_config is s.train_config  # typed, built once
+    assert s.train_config.epochs == TrainConfig.epochs
+    sweep = s.sweep_config
+    assert (sweep.epochs, sweep.trials) == (SweepConfig.epochs, SweepConfig.trials)
 
 
 @pytest.mark.parametrize("flow", [preprocess_and_train, predict_next_places])
