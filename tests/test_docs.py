@@ -54,3 +54,15 @@ def test_every_documented_command_and_option_exists():
 def test_every_linked_page_exists():
     links = re.findall(r"\]\(((?:docs/)?[\w.-]+\.md)\)", (PROJECT_ROOT / "README.md").read_text())
     assert len(links) >= 9 and all((PROJECT_ROOT / link).is_file() for link in links), links
+
+
+def test_the_architecture_map_names_every_module_and_only_modules_that_exist():
+    """ARCHITECTURE.md is the newcomer's map: each module of the packages appears on it by file name, and each
+    file name it gives is a module of the project."""
+    text = (PROJECT_ROOT / "ARCHITECTURE.md").read_text()
+    packages = ("infra", "preprocessing", "pgt", "tune", "flows")
+    modules = [p for package in packages for p in (PROJECT_ROOT / package).rglob("*.py") if p.name != "__init__.py"]
+    assert len(modules) > 40
+    assert [str(p.relative_to(PROJECT_ROOT)) for p in modules if p.name not in text] == []
+    existing = {p.name for p in PROJECT_ROOT.rglob("*.py") if ".venv" not in p.parts}
+    assert sorted(set(re.findall(r"\b[a-z_]+\.py\b", text)) - existing) == []
