@@ -52,7 +52,7 @@ VARIANTS = {"default": None, "published": ROOT / "benchmarks" / "configs" / "pub
 METRICS = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1")
 STRICT = ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10")
 NEW_PLACE = ("rate", "predicted", "precision", "recall")
-PUBLISHED = {  # the published protocol figures and TARGETS.md (strict, from the run's released per-sample results)
+PUBLISHED = {  # the published protocol figures (strict: recomputed from the run's released per-sample results)
     "Pointer Generator Transformer (best published run)": {
         "acc@1": 53.97, "acc@5": 81.10, "acc@10": 84.38, "mrr": 65.82, "ndcg@10": 70.23,
         "strict": {"acc@1": 42.23, "acc@5": 61.88}},
@@ -60,7 +60,7 @@ PUBLISHED = {  # the published protocol figures and TARGETS.md (strict, from the
     "first-order Markov": {"acc@1": 24.18, "acc@5": 37.87, "mrr": 30.34, "ndcg@10": 32.38},
     "LLM-Mob (GPT-3.5)": {"acc@1": 45.13, "strict": {"acc@1": 37.87}},
 }
-REFERENCE_RUN = {  # TARGETS.md: next_loc_clean_v2 on a machine like ours
+REFERENCE_RUN = {  # the reference code (next_loc_clean_v2) run on a 2-core, 24 GiB machine
     "PGT (reference code, this machine)": {"acc@1": 52.97, "acc@5": 81.89, "acc@10": 84.74, "mrr": 65.73, "ndcg@10": 70.31,
                                            "samples_per_second": 725.0},
     "MHSA (reference code, this machine)": {"acc@1": 28.63, "acc@5": 55.46, "acc@10": 60.80, "mrr": 40.50, "ndcg@10": 45.18,
