@@ -2,7 +2,7 @@
 
     python benchmarks/profile_gpu.py --data-dir DIR [--recipe tuned] [--resident-data] [--static-width 16]
                                      [--compile-model] [--capture-step] [--device cuda|cpu]
-                                     [--results benchmarks/results/profile_gpu.json]
+                                     [--one-hot-rows N] [--results benchmarks/results/profile_gpu.json]
 
 It times the epoch's training loop and its validation pass apart, counts the kernels launched and the
 optimizer steps, and sums the time the device spent in kernels. Then it times the test split's forward pass: the
@@ -10,13 +10,15 @@ model alone on batches already on the device (FORWARD_BATCHES; with --compile-mo
 evaluation pass as training runs it (batches gathered on the host, ranks and metrics). Where the kernels' sum is
 a small part of the loop's wall time, the loop is bound by launches and Python, not by arithmetic: the profile says so in
 `device_busy_fraction`. The JSON holds the ops that took the most time on the host and on the device, and the
-table printed shows the same.
+table printed shows the same. `--one-hot-rows 0` looks every table up as an embedding (pgt.network.model.lookup):
+the baseline of the one-hot lookup, on the same card in the same call.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -32,6 +34,7 @@ DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "profile_gpu.json"
 TOP = 15  # ops listed per table
 FORWARD_BATCHES = (1024, 4096)  # batch sizes of the forward-only timing
 REPEATS = 10  # timed passes over the test split per batch size (the median counts)
+UNPROFILED_EPOCHS = 3  # epochs timed without the profiler after the profiled one (the median counts)
 
 
 def top_ops(averages, key: str, n: int = TOP) -> list[dict]:
@@ -105,11 +108,13 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
             row = train_epoch(state, 1)
             sync()
             epoch_wall = time.perf_counter() - began
-        sync()
-        began = time.perf_counter()  # the next epoch's loop without the profiler's own cost
-        unprofiled = train_epoch(state, 2)
-        sync()
-        unprofiled_wall = time.perf_counter() - began
+        loops, walls = [], []
+        for epoch in range(2, 2 + UNPROFILED_EPOCHS):  # the next epochs without the profiler's own cost
+            sync()
+            began = time.perf_counter()
+            loops.append(train_epoch(state, epoch)["seconds"])
+            sync()
+            walls.append(time.perf_counter() - began)
         began = time.perf_counter()
         evaluate(model_scores(state.evaluated), state.splits["validation"], config.eval_batch_size,
                  torch.device(device), state.validation_loss(), state.worker)
@@ -127,7 +132,8 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
         "recipe": recipe, "device": device, "options": options,
         "samples": row["samples"], "steps": steps,
         "loop_s": round(row["seconds"], 4), "epoch_with_validation_s": round(epoch_wall, 4),
-        "unprofiled_loop_s": round(unprofiled["seconds"], 4), "unprofiled_epoch_with_validation_s": round(unprofiled_wall, 4),
+        "unprofiled_loop_s": round(statistics.median(loops), 4),
+        "unprofiled_epoch_with_validation_s": round(statistics.median(walls), 4),
         "validation_s": round(validation_s, 4),
         # steps whose forward ran as compiled graphs (compile_model; 0 for the eager model)
         "compiled_steps": sum(1 for e in events if e.name.startswith("Torch-Compiled Region")),
@@ -153,9 +159,16 @@ def main() -> None:
     parser.add_argument("--compile-model", action="store_true", help="TrainConfig.compile_model (the warm-up epoch compiles)")
     parser.add_argument("--capture-step", action="store_true",
                         help="TrainConfig.capture_step (the warm-up epoch captures each width's whole step)")
+    parser.add_argument("--one-hot-rows", type=int, default=None,
+                        help="pgt.network.model.ONE_HOT_ROWS for this run (0: every table an embedding lookup)")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
-    options = harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)  # a CPU dry run names its file, and so on
+    options = harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)
+    from pgt.network import model as network
+    if args.one_hot_rows is not None:
+        if args.one_hot_rows < 0:
+            raise SystemExit(f"error: --one-hot-rows {args.one_hot_rows}: expected 0 or more")
+        network.ONE_HOT_ROWS = args.one_hot_rows  # a CPU dry run names its file, and so on
     if not (args.data_dir / "manifest.json").is_file():
         raise SystemExit(f"error: {args.data_dir}: no manifest.json; expected a `pgt preprocess` output")
     if args.device == "cuda":
@@ -164,7 +177,7 @@ def main() -> None:
             raise SystemExit("error: --device cuda but torch sees no CUDA device")
     result = profile_epoch(args.data_dir, args.recipe, args.device, options)
     record = {"benchmark": "profile-gpu", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-              "machine": gpu_machine(args.device), **result}
+              "machine": gpu_machine(args.device), "one_hot_rows": network.ONE_HOT_ROWS, **result}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(record, indent=2) + "\n")
 

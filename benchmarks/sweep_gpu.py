@@ -9,8 +9,10 @@ the search, `--finalists` of the best trials and the base recipe are trained on 
 Writes benchmarks/results/sweep_gpu.json in a fixed form: `trials`, `finished`, `wall_s` (the whole sweep),
 `search_wall_s`, `trials_per_hour` (the search's), `seeds_per_trial`, `finalists`, `gpus` (the GPUs the sweep ran
 on and each trial's fraction), the best trial's validation strict Acc@1 and config, the confirmation's table and
-winner, the final run's test figures, and the machine (GPU, CUDA, torch, Ray). The CPU sweep's trials per hour
-(benchmarks/results/sweep.json) is set beside it.
+winner, the final run's test figures, the machine (GPU, CUDA, torch, Ray), and where the search's time went
+(`time_breakdown`: the trials' training loops, the rest of the trials' own time, and the slots' time outside any
+trial, from Tune's per-trial results). The CPU sweep's trials per hour (benchmarks/results/sweep.json) is set
+beside it.
 
 `--device cpu` runs the same harness without a GPU (no GPU reserved) into a `--results` file of its own.
 
@@ -49,6 +51,34 @@ def cpu_trials_per_hour() -> dict | None:
             "trials_per_hour": round(sweep["trials"] / sweep["minutes"] * 60, 1), "machine": cpu["machine"]}
 
 
+def time_breakdown(experiment: Path, concurrent: int, search_wall_s: float) -> dict:
+    """Where the search's slot-seconds (concurrent x search_wall_s) went, from each trial's result.json in the Tune
+    experiment folder (one JSON line per reported epoch): `train_loop_s`, the epochs' training loops (steps on the
+    shared GPU; a trial's first loop also warms up and captures); `in_trial_other_s`, the rest of the trials' own
+    time (time_total_s: the split and the model set up, validation, checkpoints and reports); `outside_trials_s`, the
+    slots' time in no trial (Ray starting or reusing a trial's actor, Tune's scheduling, slots left empty as the
+    search ends). Also the epochs reported and, per trial, the mean time to its first report and per later epoch."""
+    rows = []
+    for result_file in sorted(experiment.glob("trial_*/result.json")):
+        reports = [json.loads(line) for line in result_file.read_text().splitlines() if line.strip()]
+        if reports:
+            rows.append(reports)
+    if not rows:
+        return {}
+    slots = concurrent * search_wall_s
+    loops = sum(r.get("seconds", 0.0) for reports in rows for r in reports)
+    own = sum(reports[-1]["time_total_s"] for reports in rows)
+    later = [r["time_this_iter_s"] for reports in rows for r in reports[1:]]
+    return {
+        "trials": len(rows), "epochs": sum(len(reports) for reports in rows), "slot_s": round(slots, 1),
+        "train_loop_s": round(loops, 1), "in_trial_other_s": round(own - loops, 1),
+        "outside_trials_s": round(slots - own, 1),
+        "first_report_s_mean": round(sum(reports[0]["time_this_iter_s"] for reports in rows) / len(rows), 2),
+        "later_epoch_s_mean": round(sum(later) / len(later), 3) if later else None,
+        "train_loop_s_mean": round(loops / sum(len(reports) for reports in rows), 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, required=True, help="a `pgt preprocess` output (the published variant)")
@@ -83,7 +113,7 @@ def main() -> None:
 
     from pgt.config import recipe_settings
     from tune.config import SweepConfig
-    from tune.sweep import run_sweep
+    from tune.sweep import EXPERIMENT_NAME, run_sweep
 
     fraction = round(1.0 / args.concurrent, 4) if args.device == "cuda" else 0.0
     out = args.work / "tune" / f"sweep-gpu-{args.device}-{args.recipe}"
@@ -116,6 +146,7 @@ def main() -> None:
         "meets_target": {"trials_per_hour": len(trials) / sweep["search_wall_s"] * 3600 >= TARGET["trials_per_hour"],
                          "confirmed_sweep": len(trials) >= TARGET["trials"] and wall <= TARGET["wall_s"]},
         "cpu": cpu_trials_per_hour(),
+        "time_breakdown": time_breakdown(out / "ray" / EXPERIMENT_NAME, args.concurrent, sweep["search_wall_s"]),
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2, default=float) + "\n")
@@ -143,6 +174,12 @@ def print_table(result: dict) -> None:
                       f"[dim]{cpu['epochs_max']}", f"[dim]{cpu['minutes'] * 60:.0f}", "", f"[dim]{cpu['trials_per_hour']:.0f}",
                       "", "", "")
     Console(width=160).print(table)
+    if result.get("time_breakdown"):
+        b = result["time_breakdown"]
+        print(f"the search's {b['slot_s']:.0f} slot-seconds: training loops {b['train_loop_s']:.0f} s "
+              f"({b['epochs']} epochs, {b['train_loop_s_mean']:.3f} s each), the rest of the trials' own time "
+              f"{b['in_trial_other_s']:.0f} s (first report after {b['first_report_s_mean']:.1f} s a trial, "
+              f"later epochs {b['later_epoch_s_mean']} s), outside any trial {b['outside_trials_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@
 #
 # Stages (in the order given; default: profile train sweep):
 #   unpack    only unpack what has come
-#   check     the GPU's own tests: tests/pgt/test_step.py (the captured step trains the uncaptured one's weights)
-#   profile   benchmarks/profile_gpu.py: one epoch of $RECIPE (tuned) under torch.profiler (needs polars, not Ray)
+#   check     the GPU's own tests: tests/pgt/training/test_step.py (the captured step trains the uncaptured one's
+#             weights) and tests/pgt/network/test_model.py (the one-hot lookup trains what the embedding lookup does)
+#   profile   benchmarks/profile_gpu.py: one epoch of $RECIPE (tuned) under torch.profiler (needs polars, not Ray),
+#             first with every table an embedding lookup (--one-hot-rows 0: the baseline, *_embedding.json), then
+#             as training runs (small tables as one-hot products)
 #   fused     benchmarks/fused_seeds.py: 1, 3 and 5 seeds of $RECIPE fused in one run, $FUSED_EPOCHS epochs each
 #   train     benchmarks/train.py --gpu --engine ray-train, the recipes $MODELS (pgt:tuned), seeds $SEEDS
 #   sweep     benchmarks/sweep_gpu.py: $TRIALS trials of at most $SWEEP_EPOCHS epochs, $CONCURRENT at once, then
@@ -70,12 +73,15 @@ for s in $stages; do
         unpack) ;;
         check)
             stage "check${suffix//_/-}" "${CHECK_LIMIT_S:-180}" "$python" -m pytest -q -p no:cacheprovider \
-                tests/pgt/test_step.py ;;
+                tests/pgt/training/test_step.py tests/pgt/network/test_model.py ;;
         fused)
             stage "fused${suffix//_/-}" "${FUSED_LIMIT_S:-240}" "$python" benchmarks/fused_seeds.py --data-dir "$data" \
                 --recipe "${RECIPE:-tuned}" --counts 1 3 5 --epochs "${FUSED_EPOCHS:-12}" "${shape[@]}" \
                 --device "$device" --results "$results/fused_seeds_gpu$suffix.json" ;;
         profile)
+            stage "profile${suffix//_/-}-embedding" "$profile_limit" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
+                --recipe "${RECIPE:-tuned}" "${shape[@]}" --device "$device" --one-hot-rows 0 \
+                --results "$results/profile_gpu${suffix}_embedding.json"
             stage "profile${suffix//_/-}" "$profile_limit" "$python" benchmarks/profile_gpu.py --data-dir "$data" \
                 --recipe "${RECIPE:-tuned}" "${shape[@]}" --device "$device" --results "$results/profile_gpu$suffix.json" ;;
         train)

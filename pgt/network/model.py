@@ -40,6 +40,36 @@ from pgt.config import MEMORY_VISIT_EDGES, ModelConfig
 from pgt.network.vocabulary import extended_ids, visit_ids
 
 EPS = 1e-10
+# Tables of at most this many rows are looked up as a one-hot product while training on these devices (lookup).
+# A CUDA embedding's backward sorts the batch's indices and adds their duplicates one after another: the small
+# tables (7 weekdays, 96 time slots, position and relation biases) get thousands of duplicates a batch, and their
+# backward took a third of a captured tuned step's kernel time. The product's backward is one matrix product.
+ONE_HOT_ROWS = 256
+ONE_HOT_DEVICES = ("cuda",)
+
+
+def lookup(weight: torch.Tensor, idx: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """weight[idx] ((*idx.shape, *weight.shape[1:])), with nn.Embedding's gradient: none for the padding row.
+    While training a small table on ONE_HOT_DEVICES, as one_hot_lookup; else as an embedding lookup."""
+    if (weight.shape[0] <= ONE_HOT_ROWS and idx.device.type in ONE_HOT_DEVICES and weight.requires_grad
+            and torch.is_grad_enabled()):
+        return one_hot_lookup(weight, idx, padding_idx)
+    if weight.dim() == 1:  # a bias per row: plain indexing (it has no padding row)
+        return weight[idx]
+    return F.embedding(idx, weight, padding_idx)  # nn.Embedding's own forward
+
+
+def one_hot_lookup(weight: torch.Tensor, idx: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """weight[idx] as one_hot(idx) @ weight in float32, outside autocast: the same values (a one-hot row picks its
+    row exactly), the same gradients up to the order of a sum, and no host synchronisation (CUDA graphs capture it).
+    The padding row enters detached, so it learns nothing, as nn.Embedding's."""
+    if padding_idx is not None:
+        weight = torch.cat([weight[:padding_idx], weight[padding_idx:padding_idx + 1].detach(),
+                            weight[padding_idx + 1:]])
+    rows = torch.arange(weight.shape[0], device=idx.device)
+    with torch.autocast(idx.device.type, enabled=False):
+        one_hot = (idx.unsqueeze(-1) == rows).to(weight.dtype)  # (*idx.shape, rows)
+        return one_hot @ weight.float()  # (*idx.shape, *weight.shape[1:])
 
 
 class Output(NamedTuple):
@@ -74,14 +104,14 @@ class VisitEmbedding(nn.Module):
 
     def forward(self, locations, users, times, weekdays, recency, durations, pos_from_end, slots=None, memory=None):
         T = locations.shape[1]
-        location = self.location(locations)  # (B, T, d)
+        location = embed(self.location, locations)  # (B, T, d)
         if self.slot is not None and slots is not None:
-            location = location + self.slot(slots.clamp_max(self.slot.num_embeddings - 1))  # slot 0 adds nothing
+            location = location + embed(self.slot, slots.clamp_max(self.slot.num_embeddings - 1))  # slot 0 adds 0
         parts = [
             location,
-            self.user(users).unsqueeze(1).expand(-1, T, -1),  # (B, T, d)
-            self.time(times), self.weekday(weekdays), self.recency(recency), self.duration(durations),
-            self.pos_from_end(pos_from_end),  # (B, T, d/4) each
+            embed(self.user, users).unsqueeze(1).expand(-1, T, -1),  # (B, T, d)
+            embed(self.time, times), embed(self.weekday, weekdays), embed(self.recency, recency),
+            embed(self.duration, durations), embed(self.pos_from_end, pos_from_end),  # (B, T, d/4) each
         ]
         if self.previous:
             previous = F.pad(location[:, :-1], (0, 0, 1, 0))  # (B, T, d) the location before each visit
@@ -89,6 +119,11 @@ class VisitEmbedding(nn.Module):
                 previous = previous.masked_fill(F.pad(memory[:, :-1], (1, 0)).unsqueeze(-1), 0.0)
             parts.append(previous)
         return self.norm(self.proj(torch.cat(parts, dim=-1)))  # (B, T, d)
+
+
+def embed(table: nn.Embedding, idx: torch.Tensor) -> torch.Tensor:
+    """table(idx), by lookup: small tables as a one-hot product while training on CUDA."""
+    return lookup(table.weight, idx, table.padding_idx)
 
 
 class FastDropout(nn.Module):
@@ -172,7 +207,7 @@ class PointerGeneratorTransformer(nn.Module):
         if self.relation_bias is not None:
             relation, clock = visit_relations(locations, slots, times, weekdays, recency, durations, lengths, self.cfg)
             if self.relation_inputs is not None:
-                x = x + self.relation_inputs[0](relation) + self.relation_inputs[1](clock)  # (B, T, d)
+                x = x + embed(self.relation_inputs[0], relation) + embed(self.relation_inputs[1], clock)  # (B, T, d)
         h = self.encoder(x + self.pe[:T], src_key_padding_mask=pad)  # (B, T, d)
         c = h[torch.arange(B, device=h.device), lengths - 1]  # (B, d) context at the last valid visit
 
@@ -184,9 +219,9 @@ class PointerGeneratorTransformer(nn.Module):
             gate = torch.sigmoid(self.gate(c)).squeeze(-1)  # (B,)
 
         scores = torch.einsum("bd,btd->bt", self.query(c), self.key(h)) / math.sqrt(self.cfg.d_model)
-        scores = scores + self.position_bias[pos_end]  # (B, T)
+        scores = scores + lookup(self.position_bias, pos_end)  # (B, T)
         if self.relation_bias is not None:
-            scores = scores + self.relation_bias[relation] + self.clock_bias[clock]  # (B, T)
+            scores = scores + lookup(self.relation_bias, relation) + lookup(self.clock_bias, clock)  # (B, T)
         if memory is None or not self.cfg.memory_gate:  # one pointer (over the remembered places too, if any)
             attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)  # (B, T)
         else:

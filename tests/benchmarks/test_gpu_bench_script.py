@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -50,6 +51,19 @@ def test_the_profile_stage_writes_its_json_and_log(tiny_sequences, tmp_path):
     profile = json.loads((tmp_path / "results" / "profile_gpu.json").read_text())
     assert profile["device"] == "cpu" and profile["options"] == {"resident_data": True, "static_width": 16}
     assert "top ops by self time on the host" in (tmp_path / "results" / "profile.log").read_text()
+    # its baseline first, in the same call: every table an embedding lookup
+    baseline = json.loads((tmp_path / "results" / "profile_gpu_embedding.json").read_text())
+    assert (baseline["one_hot_rows"], profile["one_hot_rows"]) == (0, 256)
+    assert baseline["options"] == profile["options"]
+    assert "top ops by self time on the host" in (tmp_path / "results" / "profile-embedding.log").read_text()
+
+
+def test_the_check_stage_runs_test_files_that_exist():
+    """The GPU's own tests, named in the script, are files of the suite (a moved test file breaks the GPU check)."""
+    script = (PROJECT_ROOT / "scripts" / "gpu_bench.sh").read_text()
+    named = set(re.findall(r"tests/[\w/]+\.py", script))
+    assert named >= {"tests/pgt/training/test_step.py", "tests/pgt/network/test_model.py"}
+    assert [path for path in sorted(named) if not (PROJECT_ROOT / path).is_file()] == []
 
 
 @pytest.mark.slow
@@ -60,8 +74,9 @@ def test_compile_profiles_the_compiled_model_into_files_of_its_own(tiny_sequence
     done = bench(tmp_path, str(tiny_sequences), str(tmp_path / "results"), "profile", COMPILE="1",
                  STATIC_WIDTH="64", RECIPE="paper", PROFILE_LIMIT_S="400")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == ["profile-compiled.log",
-                                                                        "profile_gpu_compiled.json"]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "profile-compiled-embedding.log", "profile-compiled.log", "profile_gpu_compiled.json",
+        "profile_gpu_compiled_embedding.json"]
     profile = json.loads((tmp_path / "results" / "profile_gpu_compiled.json").read_text())
     assert profile["options"] == {"resident_data": True, "static_width": 64, "compile_model": True}
     assert profile["recipe"] == "paper"

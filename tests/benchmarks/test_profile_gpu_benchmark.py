@@ -27,6 +27,7 @@ def test_one_epoch_is_profiled_on_the_cpu(tiny_sequences, tmp_path):
     assert profile["steps"] == math.ceil(train_rows / 128) and profile["samples"] == 128 * profile["steps"]
     assert profile["compiled_steps"] == profile["cuda_graph_launches"] == 0  # the eager model, on a CPU
     assert profile["options"] == {"resident_data": True, "static_width": 8} and profile["device"] == "cpu"
+    assert profile["one_hot_rows"] == 256  # pgt.network.model.ONE_HOT_ROWS, unless --one-hot-rows says otherwise
     assert profile["loop_s"] > 0 and profile["validation_s"] > 0 and profile["host_ms_per_step"] > 0
     assert profile["kernels"] == 0 and profile["device_busy_fraction"] is None  # no CUDA activity on a CPU
     test_rows = json.loads((tiny_sequences / "manifest.json").read_text())["counts"]["samples"]["test"]
@@ -44,6 +45,13 @@ def test_a_cpu_dry_run_must_name_its_results(tiny_sequences):
     assert done.returncode != 0
     assert done.stderr.strip() == ("error: --device cpu is a dry run of the GPU harness: name its --results file "
                                    "(it never writes benchmarks/results/profile_gpu.json)")
+
+
+def test_a_negative_one_hot_row_count_is_refused(tiny_sequences, tmp_path):
+    done = run("--data-dir", str(tiny_sequences), "--device", "cpu", "--one-hot-rows", "-1", "--results",
+               str(tmp_path / "p.json"))
+    assert done.returncode != 0 and done.stderr.strip() == "error: --one-hot-rows -1: expected 0 or more"
+    assert not (tmp_path / "p.json").exists()
 
 
 def test_a_folder_without_a_manifest_is_refused(tmp_path):

@@ -261,3 +261,62 @@ def test_one_member_is_the_plain_network(tiny_config):
     torch.manual_seed(0)
     two = build_model(dataclasses.replace(tiny_config, members=2))
     assert sorted({key.split(".")[1] for key in two.state_dict()}) == ["0", "1"]
+
+
+def test_a_one_hot_lookup_gives_the_tables_rows_and_their_gradients():
+    """Stated values: rows 2, 0 and 2 of a 3-row table; the gradient sums row 2's twice and gives the padding row
+    (0) nothing, as nn.Embedding(padding_idx=0) does; a bias vector (1-D) likewise."""
+    from pgt.network.model import one_hot_lookup
+
+    table = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], requires_grad=True)
+    idx = torch.tensor([[2, 0, 2]])
+    out = one_hot_lookup(table, idx, padding_idx=0)
+    assert out.tolist() == [[[5.0, 6.0], [1.0, 2.0], [5.0, 6.0]]]
+    out.sum().backward()
+    assert table.grad.tolist() == [[0.0, 0.0], [0.0, 0.0], [2.0, 2.0]]
+    bias = torch.tensor([0.5, -1.0, 2.0], requires_grad=True)
+    picked = one_hot_lookup(bias, idx)
+    assert picked.tolist() == [[2.0, 0.5, 2.0]]
+    (picked * torch.tensor([[1.0, 3.0, 1.0]])).sum().backward()
+    assert bias.grad.tolist() == [3.0, 0.0, 2.0]
+
+
+@pytest.mark.parametrize("members", [1, 2])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the one-hot lookup's own device: CUDA; none here"))])
+def test_the_one_hot_lookup_trains_what_the_embedding_lookup_trains(tiny_batch, tiny_config, monkeypatch, members,
+                                                                    device):
+    """The tuned model's switches (slots, relations as biases and inputs), one network and an ensemble: the loss,
+    and every parameter's gradient, are the embedding lookup's whether the small tables are looked up as one-hot
+    products (as CUDA training does; forced on the CPU) or not (ONE_HOT_ROWS 0); the location table (more rows
+    than ONE_HOT_ROWS allows) stays an embedding either way, and evaluation never takes the product."""
+    from pgt.network import model as network
+
+    cfg = dataclasses.replace(tiny_config, unseen_slots=True, visit_relations=True, relation_inputs=True, members=members)
+    torch.manual_seed(0)
+    model = build_model(cfg).to(device).train()
+    inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in tiny_batch.inputs()]
+    calls = []
+
+    def gradients() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss = -model(*inputs).log_probs[:, 5].sum()
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    monkeypatch.setattr(network, "ONE_HOT_ROWS", 0)
+    plain_loss, plain = gradients()
+    original = network.one_hot_lookup
+    monkeypatch.setattr(network, "ONE_HOT_DEVICES", (device,))
+    monkeypatch.setattr(network, "ONE_HOT_ROWS", 9)  # the 10-row location table stays an embedding
+    monkeypatch.setattr(network, "one_hot_lookup", lambda w, i, p=None: calls.append(w.shape[0]) or original(w, i, p))
+    one_hot_loss, one_hot = gradients()
+    assert calls and 10 not in calls and max(calls) <= 9
+    assert torch.allclose(one_hot_loss, plain_loss, atol=1e-5)
+    assert one_hot.keys() == plain.keys()
+    for name in plain:
+        assert torch.allclose(one_hot[name], plain[name], atol=1e-5, rtol=1e-4), name
+    calls.clear()
+    with torch.no_grad():
+        model.eval()(*inputs)
+    assert calls == []
