@@ -24,6 +24,8 @@ class SweepConfig:
     epochs: int = setting(30, "At most this many epochs per trial (ASHA's max_t; it may stop a trial sooner).",
                           low=1, high=1 << 20)
     max_concurrent: int = setting(2, "Trials at once.", low=1, high=4096)
+    reuse_actors: bool = setting(True, "Start a trial in the process of a finished one (Tune's reuse_actors): no new "
+                                       "Python, imports or CUDA context per trial. Off: a fresh process per trial.")
     workers_per_trial: int = setting(1, "1 trains in the trial's process; W > 1 runs a TorchTrainer of W workers per "
                                         "trial.", low=1, high=4096)
     cpus_per_trial: float = setting(1.0, "Ray CPUs a one-worker trial reserves (its torch threads).",

@@ -125,7 +125,8 @@ def stage_tuner(name: str, trainable, spec: SweepConfig, tracking, resume: bool,
     if resume and tune.Tuner.can_restore(str(experiment)):
         return tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
     return tune.Tuner(trainable, param_space=param_space,
-                      tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent),
+                      tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent,
+                                                  reuse_actors=spec.reuse_actors),
                       run_config=tune.RunConfig(name=name, storage_path=str(experiment.parent), verbose=1,
                                                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                                                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
@@ -265,6 +266,7 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
                     tune_config=tune.TuneConfig(metric=spec.metric, mode="max", scheduler=scheduler,
                                                 search_alg=_searcher(spec), num_samples=spec.trials,
                                                 max_concurrent_trials=spec.max_concurrent,
+                                                reuse_actors=spec.reuse_actors,
                                                 time_budget_s=spec.time_budget_s, trial_dirname_creator=trial_dirname),
                     run_config=tune.RunConfig(name=EXPERIMENT_NAME, storage_path=str(out / "ray"), verbose=1,
                                               failure_config=tune.FailureConfig(max_failures=spec.max_failures),

@@ -83,3 +83,35 @@ def test_the_compiled_profile_ran_every_step_as_cuda_graphs():
     assert compiled["kernels_per_step"] < eager["kernels_per_step"]
     assert compiled["machine"]["gpu"] == eager["machine"]["gpu"]  # compared on the same card
     assert set(compiled["compiled_forward_samples_per_s"]) <= set(compiled["forward_samples_per_s"])
+
+
+def test_the_one_hot_lookup_beside_its_embedding_baseline_on_one_card():
+    """profile_gpu_h200_captured.json beside profile_gpu_h200_captured_embedding.json (one card, one call): the small
+    tables as one-hot products leave the embeddings' backward (its sort of the ids and serial adds) out of the
+    step, and the step's kernels take less time."""
+    embedding = json.loads((RESULTS / "profile_gpu_h200_captured_embedding.json").read_text())
+    one_hot = json.loads((RESULTS / "profile_gpu_h200_captured.json").read_text())
+    assert one_hot["machine"]["gpu"] == embedding["machine"]["gpu"] and one_hot["options"] == embedding["options"]
+    assert (embedding["one_hot_rows"], one_hot["one_hot_rows"]) == (0, 256)
+
+    def embedding_backward_ms(profile: dict, names: tuple[str, ...]) -> float:
+        return sum(op["self_ms"] for op in profile["top_device_ops"] if any(name in op["op"] for name in names))
+
+    sort_and_serial_adds = ("indexing_backward", "RadixSort")  # the small tables' backward
+    assert embedding_backward_ms(embedding, sort_and_serial_adds) > 20
+    assert embedding_backward_ms(one_hot, sort_and_serial_adds) == 0
+    # what remains is the location table's (more rows than ONE_HOT_ROWS): a tenth of the tables' backward before
+    assert embedding_backward_ms(one_hot, ("embedding_backward",)) < 0.1 * embedding_backward_ms(
+        embedding, ("embedding_backward", *sort_and_serial_adds))
+    assert one_hot["kernel_s"] < embedding["kernel_s"] and one_hot["unprofiled_loop_s"] < embedding["unprofiled_loop_s"]
+
+
+def test_the_sweeps_slot_time_reconciles():
+    """sweep_gpu.json's time_breakdown: the search's slot-seconds are the trials' training loops, the rest of their
+    own time and the time outside any trial, and every trial and epoch is counted."""
+    sweep = json.loads((RESULTS / "sweep_gpu.json").read_text())
+    times = sweep["time_breakdown"]
+    assert times["trials"] == sweep["trials"] and times["epochs"] >= sweep["trials"]
+    assert times["slot_s"] == pytest.approx(sweep["concurrent"] * sweep["search_wall_s"], abs=0.1)
+    assert times["train_loop_s"] + times["in_trial_other_s"] + times["outside_trials_s"] == pytest.approx(
+        times["slot_s"], abs=0.3)

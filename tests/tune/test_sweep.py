@@ -74,6 +74,9 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     # two trials ran at the same time: some pair's [start, last report] intervals overlap
     spans = sorted((row["started_at"], row["last_report_at"]) for row in rows)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+    # reuse_actors (the default): the later trials ran in the processes of the earlier ones, not in new ones
+    pids = {json.loads((out / "trials" / row["trial_id"] / "node.json").read_text())["pid"] for row in rows}
+    assert len(pids) < 4
     assert "trials;" in r.stdout and "val strict@1" in r.stdout  # the printed table
 
     from mlflow.tracking import MlflowClient
