@@ -94,6 +94,8 @@ def main() -> None:
     parser.add_argument("--capture-step", action="store_true", help="TrainConfig.capture_step in every trial")
     parser.add_argument("--finalists", type=int, default=3, help="SweepConfig.finalists: confirmed after the search")
     parser.add_argument("--confirm-seeds", type=int, default=3, help="SweepConfig.confirm_seeds")
+    parser.add_argument("--reuse-actors", action=argparse.BooleanOptionalAction, default=True,
+                        help="SweepConfig.reuse_actors: a trial starts in the process of a finished one")
     parser.add_argument("--search", choices=["random", "optuna"], default="random",
                         help="random needs no optuna (a GPU machine without PyPI lacks it)")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda",
@@ -121,6 +123,7 @@ def main() -> None:
     spec = SweepConfig(data_dir=str(args.data_dir), out_dir=str(out), recipe=recipe_settings(args.recipe) | options,
                        recipe_name=args.recipe, trials=args.trials, epochs=args.epochs, max_concurrent=args.concurrent,
                        cpus_per_trial=args.cpus_per_trial, gpus_per_worker=fraction, time_budget_s=args.budget_s,
+                       reuse_actors=args.reuse_actors,
                        search=args.search, seed=0, finalists=args.finalists, confirm_seeds=args.confirm_seeds)
     began = time.perf_counter()
     sweep = run_sweep(spec)
@@ -130,7 +133,8 @@ def main() -> None:
         "benchmark": "sweep-gpu", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": gpu_machine(args.device), "data": shown_path(args.data_dir), "recipe": args.recipe, "options": options,
         "trials": len(trials), "finished": sum(r["status"] == "finished" for r in trials),
-        "epochs_max": args.epochs, "concurrent": args.concurrent, "wall_s": round(wall, 1),
+        "epochs_max": args.epochs, "concurrent": args.concurrent, "reuse_actors": args.reuse_actors,
+        "wall_s": round(wall, 1),
         "search_wall_s": sweep["search_wall_s"],
         "trials_per_hour": round(len(trials) / sweep["search_wall_s"] * 3600, 1),
         "seeds_per_trial": 1,

@@ -15,7 +15,8 @@
 #   fused     benchmarks/fused_seeds.py: 1, 3 and 5 seeds of $RECIPE fused in one run, $FUSED_EPOCHS epochs each
 #   train     benchmarks/train.py --gpu --engine ray-train, the recipes $MODELS (pgt:tuned), seeds $SEEDS
 #   sweep     benchmarks/sweep_gpu.py: $TRIALS trials of at most $SWEEP_EPOCHS epochs, $CONCURRENT at once, then
-#             $FINALISTS finalists on $CONFIRM_SEEDS fresh seeds and the winner's final run
+#             $FINALISTS finalists on $CONFIRM_SEEDS fresh seeds and the winner's final run; REUSE_ACTORS=0 starts
+#             a fresh process per trial (the baseline of reused ones: sweep_gpu*_fresh_processes.json)
 # Every stage trains with --resident-data --static-width $STATIC_WIDTH (16); COMPILE=1 adds --compile-model
 # (torch.compile; CUDA graphs of the pass unless the step is captured) and CAPTURE=1 adds --capture-step (the whole
 # step as one CUDA graph per width): the profile, fused and sweep stages then write *_compiled.json,
@@ -94,11 +95,13 @@ for s in $stages; do
                 --data-dir "$data" --models $models --seeds ${SEEDS:-0 1 2} --engine ray-train "${shape[@]}" \
                 --device "$device" --results "$results/train_gpu.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
         sweep)
-            stage "sweep${suffix//_/-}" "${SWEEP_LIMIT_S:-240}" "$python" benchmarks/sweep_gpu.py --data-dir "$data" \
+            reuse=(--reuse-actors) fresh=""
+            [ "${REUSE_ACTORS:-1}" = 0 ] && reuse=(--no-reuse-actors) fresh=_fresh_processes
+            stage "sweep${suffix//_/-}${fresh//_/-}" "${SWEEP_LIMIT_S:-240}" "$python" benchmarks/sweep_gpu.py --data-dir "$data" \
                 --trials "${TRIALS:-32}" --epochs "${SWEEP_EPOCHS:-10}" --concurrent "${CONCURRENT:-8}" \
                 --budget-s "${SWEEP_BUDGET_S:-180}" --finalists "${FINALISTS:-3}" --confirm-seeds "${CONFIRM_SEEDS:-3}" \
-                "${shape[@]}" \
-                --device "$device" --results "$results/sweep_gpu$suffix.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
+                "${shape[@]}" "${reuse[@]}" \
+                --device "$device" --results "$results/sweep_gpu$suffix$fresh.json" --work "${WORK_DIR:-/tmp/pgt-work}" ;;
         *) echo "error: unknown stage '$s' (expected unpack, check, profile, fused, train or sweep)" >&2; exit 2 ;;
     esac
 done
