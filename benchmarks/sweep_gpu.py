@@ -51,31 +51,43 @@ def cpu_trials_per_hour() -> dict | None:
             "trials_per_hour": round(sweep["trials"] / sweep["minutes"] * 60, 1), "machine": cpu["machine"]}
 
 
-def time_breakdown(experiment: Path, concurrent: int, search_wall_s: float) -> dict:
-    """Where the search's slot-seconds (concurrent x search_wall_s) went, from each trial's result.json in the Tune
-    experiment folder (one JSON line per reported epoch): `train_loop_s`, the epochs' training loops (steps on the
-    shared GPU; a trial's first loop also warms up and captures); `in_trial_other_s`, the rest of the trials' own
-    time (time_total_s: the split and the model set up, validation, checkpoints and reports); `outside_trials_s`, the
-    slots' time in no trial (Ray starting or reusing a trial's actor, Tune's scheduling, slots left empty as the
-    search ends). Also the epochs reported and, per trial, the mean time to its first report and per later epoch."""
+def time_breakdown(sweep_dir: Path, concurrent: int, search_wall_s: float) -> dict:
+    """Where the search's slot-seconds (concurrent x search_wall_s) went, per trial from its start (trials/<id>/
+    node.json, written as the trial function begins), its reports (result.json in the Tune experiment, one JSON line
+    per epoch) and its end (trials/<id>/metrics.json, written once a trial that ran every epoch has scored test;
+    else its last report): `train_loop_s`, the epochs' training loops (steps on the shared GPU; a trial's first loop
+    also warms up and captures); `in_trial_other_s`, the rest up to its last report (the split and the model set up,
+    validation, checkpoints and reports); `after_last_report_s`, from its last report to its end (a finished trial's
+    best weights scored on test, its files); `outside_trials_s`, the slots' time in no trial (Ray starting or reusing
+    a trial's process, Tune's scheduling and stopping of trials, slots left empty as the search ends). Also the
+    epochs reported and the mean time to a trial's first report and per later epoch."""
+    from tune.sweep import EXPERIMENT_NAME
+
     rows = []
-    for result_file in sorted(experiment.glob("trial_*/result.json")):
+    for result_file in sorted((sweep_dir / "ray" / EXPERIMENT_NAME).glob("trial_*/result.json")):
         reports = [json.loads(line) for line in result_file.read_text().splitlines() if line.strip()]
-        if reports:
-            rows.append(reports)
+        trial = sweep_dir / "trials" / result_file.parent.name.removeprefix("trial_")
+        if not reports or not (trial / "node.json").is_file():
+            continue
+        start = json.loads((trial / "node.json").read_text())["started_at"]
+        last = start + reports[-1]["time_total_s"]
+        end = max(last, (trial / "metrics.json").stat().st_mtime) if (trial / "metrics.json").is_file() else last
+        rows.append((reports, last - start, end - last))
     if not rows:
         return {}
     slots = concurrent * search_wall_s
-    loops = sum(r.get("seconds", 0.0) for reports in rows for r in reports)
-    own = sum(reports[-1]["time_total_s"] for reports in rows)
-    later = [r["time_this_iter_s"] for reports in rows for r in reports[1:]]
+    epochs = sum(len(reports) for reports, _, _ in rows)
+    loops = sum(r.get("seconds", 0.0) for reports, _, _ in rows for r in reports)
+    reported = sum(span for _, span, _ in rows)
+    after = sum(tail for _, _, tail in rows)
+    later = [r["time_this_iter_s"] for reports, _, _ in rows for r in reports[1:]]
     return {
-        "trials": len(rows), "epochs": sum(len(reports) for reports in rows), "slot_s": round(slots, 1),
-        "train_loop_s": round(loops, 1), "in_trial_other_s": round(own - loops, 1),
-        "outside_trials_s": round(slots - own, 1),
-        "first_report_s_mean": round(sum(reports[0]["time_this_iter_s"] for reports in rows) / len(rows), 2),
+        "trials": len(rows), "epochs": epochs, "slot_s": round(slots, 1), "train_loop_s": round(loops, 1),
+        "in_trial_other_s": round(reported - loops, 1), "after_last_report_s": round(after, 1),
+        "outside_trials_s": round(slots - reported - after, 1),
+        "first_report_s_mean": round(sum(reports[0]["time_this_iter_s"] for reports, _, _ in rows) / len(rows), 2),
         "later_epoch_s_mean": round(sum(later) / len(later), 3) if later else None,
-        "train_loop_s_mean": round(loops / sum(len(reports) for reports in rows), 3),
+        "train_loop_s_mean": round(loops / epochs, 3),
     }
 
 
@@ -115,7 +127,7 @@ def main() -> None:
 
     from pgt.config import recipe_settings
     from tune.config import SweepConfig
-    from tune.sweep import EXPERIMENT_NAME, run_sweep
+    from tune.sweep import run_sweep
 
     fraction = round(1.0 / args.concurrent, 4) if args.device == "cuda" else 0.0
     out = args.work / "tune" / f"sweep-gpu-{args.device}-{args.recipe}"
@@ -150,7 +162,7 @@ def main() -> None:
         "meets_target": {"trials_per_hour": len(trials) / sweep["search_wall_s"] * 3600 >= TARGET["trials_per_hour"],
                          "confirmed_sweep": len(trials) >= TARGET["trials"] and wall <= TARGET["wall_s"]},
         "cpu": cpu_trials_per_hour(),
-        "time_breakdown": time_breakdown(out / "ray" / EXPERIMENT_NAME, args.concurrent, sweep["search_wall_s"]),
+        "time_breakdown": time_breakdown(out, args.concurrent, sweep["search_wall_s"]),
     }
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2, default=float) + "\n")
@@ -183,7 +195,8 @@ def print_table(result: dict) -> None:
         print(f"the search's {b['slot_s']:.0f} slot-seconds: training loops {b['train_loop_s']:.0f} s "
               f"({b['epochs']} epochs, {b['train_loop_s_mean']:.3f} s each), the rest of the trials' own time "
               f"{b['in_trial_other_s']:.0f} s (first report after {b['first_report_s_mean']:.1f} s a trial, "
-              f"later epochs {b['later_epoch_s_mean']} s), outside any trial {b['outside_trials_s']:.0f} s")
+              f"later epochs {b['later_epoch_s_mean']} s), after the last report {b['after_last_report_s']:.0f} s, "
+              f"outside any trial {b['outside_trials_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -1,27 +1,16 @@
-"""Ray Tune sweeps with real Ray and MLflow: 4 trials 2 at a time, resumption, a crashed trial, a 2-node Ray cluster,
-trials of the tuned recipe as TorchTrainers of two workers, and a time budget."""
+"""Ray Tune sweeps with real Ray and MLflow: 4 trials 2 at a time, trials of the tuned recipe as TorchTrainers of two
+workers, and a time budget (resumption and a crashed trial: test_sweep_resume.py; a 2-node cluster:
+test_sweep_cluster.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import ray_cluster
-from tune.sweep import read_trial_events
+from tests.tune.commands import tune_cli
 
 pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
-PGT = [sys.executable, "-m", "pgt.cli"]
-
-
-def tune_cli(*args, **kwargs):
-    return subprocess.run([*PGT, "tune", *map(str, args)], capture_output=True, text=True, timeout=900, **kwargs)
 
 
 def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
@@ -100,113 +89,6 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     assert champion.version == "1" and champion.tags["champion_decision"] == "promoted"
     assert json.loads(champion.tags["pgt.evidence_seeds"]) == winner["seeds"] == [1, 2]
     assert json.loads(champion.tags["pgt.evidence_scores"]) == pytest.approx(winner["validation_strict_acc@1"], abs=1e-4)
-
-
-@pytest.mark.parametrize(("search", "stop", "status"), [("optuna", signal.SIGINT, 130), ("random", signal.SIGTERM, 143),
-                                                        ("optuna", signal.SIGKILL, -signal.SIGKILL)],
-                         ids=["optuna-ctrl-c", "random-sigterm", "optuna-sigkill"])
-def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path, search, stop, status):
-    """Ctrl+C, or SIGTERM (handled as Ctrl+C), after the first trial: the sweep stops, says how to resume, and
-    `--resume` runs the rest without training the finished trial again, whatever the search."""
-    out = tmp_path / "sweep"
-    proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "2",
-                             "--epochs", "2", "--max-concurrent", "1", "--grace-period", "2", "--finalists", "0",
-                             "--search", search],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 300
-    # Tune's own record that it has ended the first trial (its driver's event, after the trial returned)
-    while not any(e["event"] == "completed" for trial in (out / "trials").glob("*") for e in read_trial_events(trial)):
-        assert proc.poll() is None, proc.stdout.read()[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
-    proc.send_signal(stop)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == status, output[-3000:]
-    if stop != signal.SIGKILL:  # a killed sweep says nothing; its lock and Tune's saved state are enough to resume
-        assert "resume it with `pgt tune --resume" in output
-    done_before = {p.parent.name: p.stat().st_mtime_ns for p in (out / "trials").glob("*/metrics.json")}
-    assert len(done_before) == 1
-
-    r = tune_cli("--resume", out)
-    assert r.returncode == 0, r.stderr[-4000:]
-    result = json.loads((out / "tune.json").read_text())
-    assert len(result["trials"]) == 2 and {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
-    assert set(done_before) <= {row["trial_id"] for row in result["trials"] if row["status"] == "finished"}
-    for trial_id, mtime in done_before.items():  # finished trials were not trained again
-        assert (out / "trials" / trial_id / "metrics.json").stat().st_mtime_ns == mtime
-
-
-def _registered_epochs(trial_dir: Path) -> list[int]:
-    """The 0-based epochs whose checkpoints Tune's driver has registered, in order (its own record of them)."""
-    return [e["epoch"] for e in read_trial_events(trial_dir) if e["event"] == "checkpoint"]
-
-
-def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, tmp_path):
-    """SIGKILL the trial's process once Tune has registered the checkpoint of its second epoch: Tune's FailureConfig
-    restarts the trial from the last checkpoint it registered, the trial loses at most the one epoch it was
-    training, and it finishes every epoch."""
-    out, epochs = tmp_path / "sweep", 4
-    proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "1",
-                             "--epochs", str(epochs), "--grace-period", str(epochs), "--search", "random",
-                             "--finalists", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        # trigger on what Tune has committed (its driver's record, written after it registered the checkpoint),
-        # never on a checkpoint folder's appearance: a folder exists before its report is registered
-        trial_dir = _only_trial(out)
-        while max(_registered_epochs(trial_dir), default=-1) < 1:
-            assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "Tune registered no checkpoint of the second epoch within 300 s"
-            time.sleep(0.2)
-            trial_dir = _only_trial(out)
-        node = json.loads((trial_dir / "node.json").read_text())
-        registered_at_kill = _registered_epochs(trial_dir)[-1]
-        os.kill(node["pid"], signal.SIGKILL)
-        output, _ = proc.communicate(timeout=400)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, output[-3000:]
-    result = json.loads((out / "tune.json").read_text())
-    assert [(row["status"], row["restarts"]) for row in result["trials"]] == [("finished", 1)]
-    events = read_trial_events(trial_dir)
-    restarts = [e for e in events if e["event"] == "restarted"]
-    assert len(restarts) == 1 and not any(e["event"] == "failed" for e in events)
-    restored = restarts[0]["epoch"]  # the checkpoint Tune registered last before the restart: what it restores
-    # the trial blocks in its report until the driver has taken it, so it ran at most one epoch past that
-    assert registered_at_kill <= restored <= registered_at_kill + 1
-    m = json.loads((trial_dir / "metrics.json").read_text())
-    assert m["resumed_at_epochs"] == [restored + 2]  # 1-based: the epoch right after the restored one
-    assert m["epochs_run"] == epochs and [row["epoch"] for row in m["history"]] == list(range(epochs))
-    assert json.loads((trial_dir / "node.json").read_text())["pid"] != node["pid"]  # a new process took over
-    assert _registered_epochs(trial_dir)[-1] == epochs - 1  # and Tune registered every later epoch
-
-
-def _only_trial(out: Path) -> Path:
-    """The one trial's folder under out/trials (out/trials/none until it exists)."""
-    found = sorted((out / "trials").glob("*/node.json"))
-    return found[0].parent if found else out / "trials" / "none"
-
-
-@pytest.fixture
-def two_node_cluster():
-    """A head and a worker node on 127.0.0.1, each with 1 CPU and its own custom resource; stopped afterwards."""
-    with ray_cluster('{"node_a": 1}', '{"node_b": 1}') as cluster:
-        yield cluster
-
-
-def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two_node_cluster):
-    address, env = two_node_cluster
-    out = tmp_path / "sweep"
-    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
-                 "--grace-period", 2, "--address", address, "--finalists", 0, env=env)
-    assert r.returncode == 0, r.stderr[-4000:]
-    result = json.loads((out / "tune.json").read_text())
-    nodes = {row["node_id"] for row in result["trials"]}
-    assert len(nodes) == 2 and None not in nodes  # one trial on each node (1 CPU each, 1 CPU per trial)
-    assert all(row["epochs"] >= 1 for row in result["trials"])
-    assert {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
 
 
 def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_sequences, tmp_path, mlflow_server):

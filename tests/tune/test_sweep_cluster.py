@@ -1,0 +1,32 @@
+"""A sweep over a two-node Ray cluster (`ray start` nodes on 127.0.0.1): each node runs a trial."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import ray_cluster
+from tests.tune.commands import tune_cli
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def two_node_cluster():
+    """A head and a worker node on 127.0.0.1, each with 1 CPU and its own custom resource; stopped afterwards."""
+    with ray_cluster('{"node_a": 1}', '{"node_b": 1}') as cluster:
+        yield cluster
+
+
+def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two_node_cluster):
+    address, env = two_node_cluster
+    out = tmp_path / "sweep"
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
+                 "--grace-period", 2, "--address", address, "--finalists", 0, env=env)
+    assert r.returncode == 0, r.stderr[-4000:]
+    result = json.loads((out / "tune.json").read_text())
+    nodes = {row["node_id"] for row in result["trials"]}
+    assert len(nodes) == 2 and None not in nodes  # one trial on each node (1 CPU each, 1 CPU per trial)
+    assert all(row["epochs"] >= 1 for row in result["trials"])
+    assert {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
