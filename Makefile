@@ -1,5 +1,7 @@
 # make test: create .venv, install the project with its pinned stack, run the whole test suite (in TEST_WORKERS
 #            processes, 2 by default).
+# make test-fast: the fast tier, every test that starts no subprocess, Ray, server or flow and is not slow
+#            (the heavy marker, set by tests/conftest.py), in about a minute on 2 cores.
 # make lint: ruff over the project (its settings in pyproject.toml).
 # make demo: start the local stack (MLflow server, Prefect server and worker), deploy prefect.yaml, run the
 #            demo deployment on the synthetic default, print its metrics and the UI addresses.
@@ -14,7 +16,7 @@ PYTEST_ARGS ?=
 # pytest-xdist processes of `make test`; each test file runs whole in one of them (0: in this process)
 TEST_WORKERS ?= 2
 
-.PHONY: install lint test demo stop bench clean
+.PHONY: install lint test test-fast demo stop bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +31,9 @@ lint: install
 
 test: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+test-fast: install
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not heavy" $(PYTEST_ARGS)
 
 demo: install
 	PGT_VENV_BIN=$(abspath $(VENV))/bin scripts/demo.sh

@@ -295,8 +295,8 @@ class TrainConfig:
                                   "seeds' evidence for about one run's cost on a GPU; writes no best.pt. Not with refit "
                                   "or members.", low=1, high=64)
     amp: bool = setting(True, "Mixed precision (bfloat16/float16 autocast) when training on CUDA.")
-    threads: int = setting(0, "torch CPU threads per worker; 0 = the cores / workers (the reserved CPUs under Ray).",
-                           low=0, high=4096)
+    threads: int = setting(0, "torch CPU threads per worker; 0 = $OMP_NUM_THREADS where set (under Ray: the reserved "
+                              "CPUs), else the cores this process may use / workers.", low=0, high=4096)
     resume: bool = setting(True, "Continue from the latest checkpoint in the output folder.")
     keep_checkpoints: int = setting(2, "Epoch checkpoints kept on disk (the best model is kept apart).",
                                     low=1, high=1 << 20)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+# Each test worker process (pytest-xdist) gets its share of the cores as its torch threads, before torch is first
+# imported; its subprocesses inherit it. Two processes of two threads each on two cores leave each parallel op
+# waiting for a descheduled thread: a CPU training step took 7 times as long (pgt.training.train.default_threads).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0))
+                                                     // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
@@ -32,12 +40,31 @@ def _require(path: Path) -> Path:
 REAL_DATA_FIXTURES = {"geolife_parquet", "plt_sample", "trackintel_staypoints", "geolife_few_users", "geolife_sequences"}
 
 
+# what makes a test heavy: a server, a Ray, or a process of its own (the fast tier, `make test-fast`, leaves them out)
+HEAVY_FIXTURES = {"mlflow_server", "training_sequences"}
+HEAVY_SOURCE = re.compile(r"\bsubprocess\b|\bray_session\b|\bray\.init\b|\bray_cluster\b|\bmlflow_server\b|"
+                          r"\bprefect\b|\bTorchTrainer\b|\bworkers=[2-9]|\bLaunchConfig\(workers=[1-9]|\buvicorn\b|"
+                          r"\brun_sweep\b|\bdata_engine=\"ray\"|\bengine=\"ray\"")
+
+
+def heavy_modules(items) -> set[Path]:
+    """The test modules whose source starts a subprocess, a Ray, a server or a flow (by what it names)."""
+    paths = {Path(str(item.fspath)) for item in items}
+    return {path for path in paths if HEAVY_SOURCE.search(path.read_text())}
+
+
 def pytest_collection_modifyitems(config, items):
     """Every test that takes a real-data fixture (directly or through another fixture) carries the real_data
-    marker, so `-m real_data` / `-m "not real_data"` select by what a test needs, not by a hand-kept list."""
+    marker, so `-m real_data` / `-m "not real_data"` select by what a test needs, not by a hand-kept list. Every
+    test that is slow, takes a heavy fixture or sits in a module that starts a subprocess, a Ray, a server or a flow
+    carries the heavy marker: `-m "not heavy"` is the fast tier."""
+    heavy = heavy_modules(items)
     for item in items:
-        if REAL_DATA_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if REAL_DATA_FIXTURES & fixtures:
             item.add_marker(pytest.mark.real_data)
+        if item.get_closest_marker("slow") or HEAVY_FIXTURES & fixtures or Path(str(item.fspath)) in heavy:
+            item.add_marker(pytest.mark.heavy)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -97,6 +97,17 @@ def seed_everything(seed: int, deterministic: bool = True) -> None:
     torch.utils.deterministic.fill_uninitialized_memory = False
 
 
+def default_threads(world_size: int) -> int:
+    """A worker's torch threads when TrainConfig.threads is 0: $OMP_NUM_THREADS where it is set (Ray sets it to a
+    task's CPUs; a test runner or a shared machine sets it to this process's share), else the cores this process may
+    run on, shared by the workers. More threads than cores leaves a parallel op waiting at its barrier for a thread
+    the OS has descheduled: on 2 cores beside another busy process, a CPU step took 7 times as long with 2 threads."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return max(1, len(os.sched_getaffinity(0)) // world_size)
+
+
 def check_streamable(cfg: TrainConfig) -> None:
     """ValueError unless the train split can be streamed (--data-engine ray) under these settings."""
     if cfg.resident_data:
@@ -305,7 +316,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
     out_dir = Path(cfg.out_dir)
     seed_everything(cfg.seed, deterministic=worker.device.type == "cpu")
     if worker.device.type == "cpu":
-        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // worker.world_size))
+        torch.set_num_threads(cfg.threads or default_threads(worker.world_size))
     vocab = Vocab.from_manifest(cfg.data_dir)
     streamed = worker.train_shard is not None
     if streamed:

@@ -350,3 +350,20 @@ def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     best = max(saved["sizes"], key=lambda r: r["protocol_validation_strict_acc@1"]["mean"])
     assert RECIPES["ensemble"] == {**RECIPES["tuned"], "members": best["members"]}
     assert TrainConfig.from_recipe("ensemble", data_dir=".", out_dir=".").network.members == best["members"]
+
+
+def test_default_threads_follow_omp_num_threads_else_the_usable_cores(monkeypatch):
+    """TrainConfig.threads 0: $OMP_NUM_THREADS where it is a positive number, else the cores this process may run on,
+    shared by the workers (at least one each)."""
+    import os
+
+    from pgt.training.train import default_threads
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert default_threads(1) == 3 and default_threads(4) == 3
+    cores = len(os.sched_getaffinity(0))
+    for unusable in ("0", "two", ""):
+        monkeypatch.setenv("OMP_NUM_THREADS", unusable)
+        assert default_threads(1) == cores and default_threads(cores + 1) == 1
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert default_threads(1) == cores
