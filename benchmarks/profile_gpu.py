@@ -163,18 +163,19 @@ def main() -> None:
                         help="pgt.network.model.ONE_HOT_ROWS for this run (0: every table an embedding lookup)")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
-    options = harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)
-    from pgt.network import model as network
-    if args.one_hot_rows is not None:
-        if args.one_hot_rows < 0:
-            raise SystemExit(f"error: --one-hot-rows {args.one_hot_rows}: expected 0 or more")
-        network.ONE_HOT_ROWS = args.one_hot_rows  # a CPU dry run names its file, and so on
+    options = harness_options(args, DEFAULT_RESULTS, DEFAULT_RESULTS)  # a CPU dry run names its file, and so on
+    if args.one_hot_rows is not None and args.one_hot_rows < 0:
+        raise SystemExit(f"error: --one-hot-rows {args.one_hot_rows}: expected 0 or more")
     if not (args.data_dir / "manifest.json").is_file():
         raise SystemExit(f"error: {args.data_dir}: no manifest.json; expected a `pgt preprocess` output")
     if args.device == "cuda":
         import torch
         if not torch.cuda.is_available():
             raise SystemExit("error: --device cuda but torch sees no CUDA device")
+    from pgt.network import model as network
+
+    if args.one_hot_rows is not None:
+        network.ONE_HOT_ROWS = args.one_hot_rows
     result = profile_epoch(args.data_dir, args.recipe, args.device, options)
     record = {"benchmark": "profile-gpu", "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "machine": gpu_machine(args.device), "one_hot_rows": network.ONE_HOT_ROWS, **result}
