@@ -3,6 +3,7 @@
 - `handled_signals()`: SIGTERM and SIGHUP (what Prefect's cancel, systemd and `kill` send, and a closed terminal)
   are handled as Ctrl+C is, so the code that keeps a checkpoint consistent, closes an MLflow run as KILLED and
   stops Ray runs for them too; the command then exits 128 + the signal's number (130, 143, 129).
+- `uninterrupted()`: a short write that a signal must not cut in half takes the signal as it ends.
 - `disk_problem(exc)`: a full, read-only or forbidden path as one line naming the path.
 - `read_small_file(path)`: a user's settings file, read only when it is a regular file of at most a few MiB.
 - `load_yaml(text, source)`: YAML whose aliases cannot multiply a value.
@@ -67,6 +68,30 @@ def handled_signals() -> Iterator[Signals]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+@contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A short write that a signal must not cut in half (an MLflow write into a SQLite store, a checkpoint and the
+    pruning of older ones): SIGINT, SIGTERM and SIGHUP that come meanwhile are held and take effect, through the
+    handlers they had, as it ends. A KeyboardInterrupt raised inside SQLAlchemy's commit leaves the store locked by
+    a connection nobody closes, and the run's next write fails on it instead of the command stopping. Only in the
+    main thread, where Python runs signal handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    # a handler set outside Python (getsignal gives None) cannot be put back: such a signal is left alone
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *HANDLED)}
+    previous = {s: signal.signal(s, lambda signum, frame: held.append(signum))
+                for s, handler in previous.items() if handler is not None}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(held):  # each signal once, in the order they came
+            signal.raise_signal(s)
 
 
 DISK_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",

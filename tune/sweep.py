@@ -23,6 +23,7 @@ import torch
 import yaml
 
 from infra.output import output_lock, write_file_atomically, write_json_atomically
+from infra.process import uninterrupted
 from infra.ray_session import prepare_ray_env, ray_session
 from pgt.config import EVAL_BATCH_SIZE, RECIPE_FREE, LaunchConfig, TrackingConfig, TrainConfig, load_recipe_file, selection_score
 from pgt.network.checkpoint import load_checkpoint, read_checkpoint
@@ -602,8 +603,9 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) 
                                                "best_validation_strict_acc_at_1": result["best_validation_strict_acc@1"],
                                                "trials_finished": sum(r["status"] == "finished" for r in result["trials"]),
                                                "trials": len(result["trials"])}
-    client.log_batch(tracking.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
-                     params=[Param(f"best.{k}", str(v)) for k, v in result["best_config"].items()])
+    with uninterrupted():
+        client.log_batch(tracking.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                         params=[Param(f"best.{k}", str(v)) for k, v in result["best_config"].items()])
     out = Path(spec.out_dir)
     plot = plot_trials(result["trials"], out / "trials.png", spec.space, spec.objective)
     client.log_artifact(tracking.run_id, str(plot))
@@ -626,7 +628,8 @@ def _close_trial_runs(tracking, out: Path) -> None:
     for record in (out / "trials").glob("*/mlflow_run.json"):
         run_id = json.loads(record.read_text())["run_id"]
         if client.get_run(run_id).info.status == "RUNNING":
-            client.set_terminated(run_id, status="KILLED")
+            with uninterrupted():
+                client.set_terminated(run_id, status="KILLED")
 
 
 def plot_trials(rows: list[dict], path: Path, space: SearchSpace, objective: str = "strict_acc@1") -> Path:

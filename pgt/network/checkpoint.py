@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from infra.output import write_file_atomically
+from infra.process import uninterrupted
 from pgt.config import ModelConfig, TrainConfig
 from pgt.network.model import build_model
 
@@ -79,18 +80,20 @@ def write_torch_file(state: dict, path: Path) -> Path:
 
 
 def save_checkpoint(state: dict, out_dir: Path, epoch: int, keep: int) -> Path:
-    """Write checkpoints/epoch_NNN/checkpoint.pt atomically and prune older ones."""
+    """Write checkpoints/epoch_NNN/checkpoint.pt atomically and prune older ones (a signal meanwhile takes
+    effect after both, so that no epoch's folder is left half pruned)."""
     folder = out_dir / "checkpoints" / f"epoch_{epoch:03d}"
-    try:
-        write_torch_file(state, folder / "checkpoint.pt")
-    except BaseException:
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # the epoch's folder, when it holds nothing
-        raise
-    for old in sorted((out_dir / "checkpoints").glob("epoch_*"))[:-keep]:
-        for f in old.iterdir():
-            f.unlink()
-        old.rmdir()
+    with uninterrupted():
+        try:
+            write_torch_file(state, folder / "checkpoint.pt")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # the epoch's folder, when it holds nothing
+            raise
+        for old in sorted((out_dir / "checkpoints").glob("epoch_*"))[:-keep]:
+            for f in old.iterdir():
+                f.unlink()
+            old.rmdir()
     return folder
 
 

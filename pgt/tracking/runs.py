@@ -38,6 +38,7 @@ import torch
 import infra
 import pgt
 import preprocessing
+from infra.process import shorten, uninterrupted
 from infra.state import state_dir
 from pgt.config import TOP_K, TrackingConfig
 from pgt.network.checkpoint import load_checkpoint
@@ -264,6 +265,7 @@ class SystemMetrics:
     def __init__(self, tracking_uri: str, run_id: str, interval_s: float):
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
+        self.run_id = run_id
         self.monitor = SystemMetricsMonitor(run_id, sampling_interval=interval_s, resume_logging=True,
                                             tracking_uri=tracking_uri)
 
@@ -271,12 +273,23 @@ class SystemMetrics:
         self.monitor.start()
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, kind, error, traceback) -> None:
+        from mlflow.exceptions import MlflowException
+
         self.monitor.finish()
         last = self.monitor.aggregate_metrics()  # the samples of the last, shorter window (or of a short run)
-        if last:
-            self.monitor.publish_metrics(last)
-            self.monitor.mlflow_logger.flush()
+        if not last:
+            return
+        try:
+            with uninterrupted():
+                self.monitor.publish_metrics(last)
+                self.monitor.mlflow_logger.flush()
+        except MlflowException as exc:
+            if kind is None:
+                raise
+            # what stopped the training is the news (a signal, a server gone): the last samples are said lost
+            warnings.warn(f"the last system metrics of run {self.run_id} were not logged: "
+                          f"{shorten(' '.join(str(exc).split()), 200)}", stacklevel=2)
 
 
 def system_metrics(tracking: TrackingConfig | None):
@@ -338,12 +351,14 @@ def close_abandoned_run(tracking_uri: str, run_id: str) -> bool:
     new run replaces: marked FAILED. True if it was closed."""
     if run_status(tracking_uri, run_id) != "RUNNING":
         return False
-    mlflow_client(tracking_uri).set_terminated(run_id, status="FAILED")
+    with uninterrupted():
+        mlflow_client(tracking_uri).set_terminated(run_id, status="FAILED")
     return True
 
 
 def end_run(tracking: TrackingConfig, status: str = "FINISHED") -> None:
-    mlflow_client(tracking.tracking_uri).set_terminated(tracking.run_id, status=status)
+    with uninterrupted():
+        mlflow_client(tracking.tracking_uri).set_terminated(tracking.run_id, status=status)
 
 
 def server_answers(tracking_uri: str, timeout_s: float = 3.0) -> bool:
@@ -397,9 +412,10 @@ class EpochLogger:
         prefix = "validation_learned_from" if row.get("learned_from_validation") else "validation"
         values |= {k: v for k, v in metrics_of(prefix, row["validation"]).items() if "history" not in k}
         now = int(time.time() * 1000)
-        self.client.log_batch(self.tracking.run_id,
-                              metrics=[Metric(k, float(v), now, row["epoch"]) for k, v in values.items()])
-        self.logged.add(row["epoch"])
+        with uninterrupted():  # a signal takes effect once the epoch is logged and known to be
+            self.client.log_batch(self.tracking.run_id,
+                                  metrics=[Metric(k, float(v), now, row["epoch"]) for k, v in values.items()])
+            self.logged.add(row["epoch"])
 
 
 def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: Path) -> str | None:
@@ -419,7 +435,8 @@ def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: 
         final |= {k: v for k, v in metrics_of(f"deployment_{split}", metrics).items() if "history" not in k}
     final |= {"best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"],
               "train_seconds": result["train_seconds"], "parameters": result["parameters"]}
-    client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in final.items()])
+    with uninterrupted():
+        client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in final.items()])
     client.log_artifact(run_id, str(out_dir / "metrics.json"))
     client.log_artifact(run_id, str(Path(data_dir) / "manifest.json"), artifact_path="data")
     if not tracking.log_model or not (out_dir / "best.pt").is_file():
