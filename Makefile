@@ -2,6 +2,8 @@
 #            processes, 2 by default).
 # make test-fast: the fast tier, every test that starts no subprocess, Ray, server or flow and is not slow
 #            (the heavy marker, set by tests/conftest.py), in about a minute on 2 cores.
+# make test-durations: the whole suite, writing each module's seconds to tests/module_seconds.json, from which
+#            `make test` gives out the longest modules first (commit it when modules come or grow).
 # make lint: ruff over the project (its settings in pyproject.toml).
 # make demo: start the local stack (MLflow server, Prefect server and worker), deploy prefect.yaml, run the
 #            demo deployment on the synthetic default, print its metrics and the UI addresses.
@@ -16,7 +18,7 @@ PYTEST_ARGS ?=
 # pytest-xdist processes of `make test`; each test file runs whole in one of them (0: in this process)
 TEST_WORKERS ?= 2
 
-.PHONY: install lint test test-fast demo stop bench clean
+.PHONY: install lint test test-fast test-durations demo stop bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,10 +32,13 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not heavy" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not heavy" $(PYTEST_ARGS)
+
+test-durations: install
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --module-seconds tests/module_seconds.json $(PYTEST_ARGS)
 
 demo: install
 	PGT_VENV_BIN=$(abspath $(VENV))/bin scripts/demo.sh

@@ -41,7 +41,7 @@ REAL_DATA_FIXTURES = {"geolife_parquet", "plt_sample", "trackintel_staypoints", 
 
 
 # what makes a test heavy: a server, a Ray, or a process of its own (the fast tier, `make test-fast`, leaves them out)
-HEAVY_FIXTURES = {"mlflow_server", "training_sequences"}
+HEAVY_FIXTURES = {"mlflow_server", "training_sequences", "shared_ray"}
 HEAVY_SOURCE = re.compile(r"\bsubprocess\b|\bray_session\b|\bray\.init\b|\bray_cluster\b|\bmlflow_server\b|"
                           r"\bprefect\b|\bTorchTrainer\b|\bworkers=[2-9]|\bLaunchConfig\(workers=[1-9]|\buvicorn\b|"
                           r"\brun_sweep\b|\bdata_engine=\"ray\"|\bengine=\"ray\"")
@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(config, items):
     """Every test that takes a real-data fixture (directly or through another fixture) carries the real_data
     marker, so `-m real_data` / `-m "not real_data"` select by what a test needs, not by a hand-kept list. Every
     test that is slow, takes a heavy fixture or sits in a module that starts a subprocess, a Ray, a server or a flow
-    carries the heavy marker: `-m "not heavy"` is the fast tier."""
+    carries the heavy marker: `-m "not heavy"` is the fast tier. The modules run longest first (`module_order`)."""
     heavy = heavy_modules(items)
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -65,6 +65,51 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.real_data)
         if item.get_closest_marker("slow") or HEAVY_FIXTURES & fixtures or Path(str(item.fspath)) in heavy:
             item.add_marker(pytest.mark.heavy)
+    items[:] = module_order(items, load_module_seconds(MODULE_SECONDS))
+
+
+# Each test module's seconds in the last whole run (`make test-durations` writes it). `make test` hands whole modules
+# to its workers in collection order (--dist loadfile --no-loadscope-reorder): the longest first, so that the last
+# module given out is a short one and no worker waits minutes at the end for the other.
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+
+
+def load_module_seconds(path: Path) -> dict[str, float]:
+    import json
+
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def module_order(items: list, seconds: dict[str, float]) -> list:
+    """The items, module by module, longest module first; a module not in `seconds` (new) counts as longest, so
+    that a new slow module is never the one left for the end. Within a module the order stays as written."""
+    modules = list(dict.fromkeys(item.nodeid.split("::")[0] for item in items))
+    rank = {module: (-seconds.get(module, float("inf")), i) for i, module in enumerate(modules)}
+    return sorted(items, key=lambda item: rank[item.nodeid.split("::")[0]])
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """--module-seconds PATH: each module's seconds (setup, call and teardown of its tests) written as JSON."""
+    target = config.getoption("module_seconds")
+    if not target:
+        return
+    import json
+
+    totals: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            if getattr(report, "when", None) in ("setup", "call", "teardown"):
+                module = report.nodeid.split("::")[0]
+                totals[module] = totals.get(module, 0.0) + report.duration
+    ordered = dict(sorted(((m, round(t, 1)) for m, t in totals.items()), key=lambda kv: -kv[1]))
+    Path(target).write_text(json.dumps(ordered, indent=1) + "\n")
+    terminalreporter.write_line(f"module seconds of {len(ordered)} modules written to {target}")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--module-seconds", metavar="PATH", default=None,
+                     help="write each test module's seconds in this run as JSON (tests/module_seconds.json orders "
+                          "the modules of later runs, longest first)")
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -216,9 +261,12 @@ def _die_with_parent() -> None:
 
 
 @contextlib.contextmanager
-def ray_cluster(*node_resources: str, timeout_s: float = 120) -> Iterator[tuple[str, dict]]:
+def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
+                dashboard: bool = False) -> Iterator[tuple[str, dict]]:
     """A Ray cluster on 127.0.0.1: one `ray start --block` node per entry of `node_resources` (a JSON string
-    of custom resources; 1 CPU each), the first the head. Yields (head address, environment to reach it).
+    of custom resources; `num_cpus` CPUs each), the first the head, with its dashboard (the State API that Ray
+    Train polls) if `dashboard`. Yields (head address, environment to reach it). Every port the head listens on
+    is a free one, so that two test processes' clusters never meet on a default port.
 
     The cluster has its own temp dir ($RAY_TMPDIR), so it never becomes the machine's "current cluster"
     that a bare ray.init() would join. Stopping it terminates its own `ray start` processes, whose Ray
@@ -226,14 +274,21 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120) -> Iterator[tuple[
     A killed test run leaves nothing behind either (the nodes die with this process)."""
     tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(tmp)}
-    env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)  # the single-node switch of a local Ray (prepare_ray_env)
+    # Ray's single-node switch (as prepare_ray_env sets it for a local Ray) binds a lone head's every port to
+    # 127.0.0.1; nodes that join a head need it off, and Ray then listens on the machine's address too
+    if len(node_resources) == 1:
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    else:
+        env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
     port = free_port()
     ray = str(Path(sys.executable).with_name("ray"))
-    common = ["--block", "--num-cpus", "1", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+    common = ["--block", "--num-cpus", str(num_cpus), "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+    shown = (["--dashboard-host", "127.0.0.1", "--dashboard-port", str(free_port()), "--dashboard-agent-listen-port",
+              str(free_port())] if dashboard else ["--include-dashboard", "false"])
     nodes: list[subprocess.Popen] = []
     try:
         for i, resources in enumerate(node_resources):
-            head = ["--head", "--port", str(port), "--include-dashboard", "false"]
+            head = ["--head", "--port", str(port), "--ray-client-server-port", str(free_port()), *shown]
             role = head if i == 0 else ["--address", f"127.0.0.1:{port}"]
             log = tmp / f"node{i}.log"
             with log.open("w") as fh:
@@ -248,12 +303,48 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120) -> Iterator[tuple[
     finally:
         for node in reversed(nodes):
             node.terminate()
+        deadline = time.monotonic() + 10  # a node that ran jobs took 30 s to stop its idle workers one by one
         for node in nodes:
             try:
-                node.wait(60)
+                node.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 node.kill()
+                node.wait()
+        kill_processes_naming(tmp)  # what the nodes started and left behind: each process names the cluster's dir
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kill_processes_naming(folder: Path) -> None:
+    """SIGKILL every process whose command line names `folder` (a Ray cluster's own temp dir: its raylet, GCS,
+    dashboard and workers), nothing else."""
+    import signal
+
+    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
+    for line in ps.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if str(folder) in args and int(pid) != os.getpid():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def shared_ray() -> Iterator[str]:
+    """One Ray per test process, started the first time a test asks for it: a head node on 127.0.0.1 with 3 CPUs
+    (two trials or two training workers, and one for Ray Data's reads) and its dashboard. Its address."""
+    with ray_cluster("{}", num_cpus=3, dashboard=True) as (address, _env):
+        yield address
+
+
+@pytest.fixture
+def on_shared_ray(shared_ray: str, monkeypatch) -> str:
+    """$RAY_ADDRESS names the shared Ray for the test: the commands it starts in subprocesses join it instead of
+    starting a Ray of their own (about 10 s each on 2 busy cores). For the tests that need "a Ray" in a command
+    they run; those about starting or joining one start their own. A process joins a single-node head only with
+    the same switch set before it imports ray (Ray reads it once, at import): so never this process, which may
+    have imported ray already."""
+    monkeypatch.setenv("RAY_ADDRESS", shared_ray)
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    return shared_ray
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,5 @@
-"""The `pgt` command as users run it: real subprocesses, exit codes, one-line errors."""
+"""The `pgt` command as users run it: real subprocesses, exit codes, one-line errors (the refusals of a file or
+folder in this process, tests/in_process.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.in_process import pgt_here
 
 PGT = [sys.executable, "-m", "pgt.cli"]
 
@@ -23,6 +26,16 @@ def test_help_is_fast_and_imports_no_torch():
     assert out.returncode == 0 and "preprocess" in out.stdout and "synth" in out.stdout
     imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
     assert not imported & {"torch", "ray", "mlflow", "prefect", "polars", "sklearn"}
+
+
+def test_training_and_scoring_import_no_scikit_learn(tmp_path):
+    """Every `pgt` command that trains or scores, every Ray Train worker and every Tune trial imports the scoring; it
+    leaves scikit-learn (2 s an import on 2 busy cores) to the preprocessing that clusters places."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "pgt.cli", "train", "--data", tmp_path, "--out",
+                          tmp_path / "run"], capture_output=True, text=True)
+    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    assert out.returncode == 2 and "no manifest.json" in out.stderr  # the command ran as far as its first check
+    assert {"torch", "pgt"} <= imported and "sklearn" not in imported
 
 
 def test_synth_then_preprocess_then_reuse(tmp_path):
@@ -49,11 +62,11 @@ def test_synth_then_preprocess_then_reuse(tmp_path):
 
 
 def test_manifest_of_a_folder_that_is_not_a_preprocess_output(tmp_path):
-    _single_error_line(run("manifest", tmp_path), f"{tmp_path}: no manifest.json; expected a `pgt preprocess` output folder")
+    _single_error_line(pgt_here("manifest", tmp_path), f"{tmp_path}: no manifest.json; expected a `pgt preprocess` output folder")
     (tmp_path / "manifest.json").write_text("{not json")
-    _single_error_line(run("manifest", tmp_path), f"{tmp_path / 'manifest.json'}: corrupt manifest, not JSON")
+    _single_error_line(pgt_here("manifest", tmp_path), f"{tmp_path / 'manifest.json'}: corrupt manifest, not JSON")
     (tmp_path / "manifest.json").write_text('{"name": "someone else\'s"}')
-    _single_error_line(run("manifest", tmp_path), "not the manifest of a `pgt preprocess` output")
+    _single_error_line(pgt_here("manifest", tmp_path), "not the manifest of a `pgt preprocess` output")
 
 
 def _single_error_line(r: subprocess.CompletedProcess, *needles: str) -> str:
@@ -79,7 +92,7 @@ def test_whole_file_problems(tmp_path, fmt, make, needle):
         path.write_bytes(make)
     elif make is not None:
         path.write_text(make)
-    r = run("preprocess", "--input", path, "--format", fmt, "--out", tmp_path / "out")
+    r = pgt_here("preprocess", "--input", path, "--format", fmt, "--out", tmp_path / "out")
     _single_error_line(r, str(path), needle)
     assert not (tmp_path / "out").exists()
 
@@ -87,16 +100,16 @@ def test_whole_file_problems(tmp_path, fmt, make, needle):
 def test_not_parquet_and_not_geolife(tmp_path):
     fake = tmp_path / "points.parquet"
     fake.write_text("user_id,tracked_at\n")
-    _single_error_line(run("preprocess", "--input", fake, "--format", "positionfixes", "--out", tmp_path / "o"),
+    _single_error_line(pgt_here("preprocess", "--input", fake, "--format", "positionfixes", "--out", tmp_path / "o"),
                        str(fake), "not a Parquet file")
     folder = tmp_path / "folder"
     folder.mkdir()
     (folder / "readme.txt").write_text("hello")
-    _single_error_line(run("preprocess", "--input", folder, "--format", "geolife-plt", "--out", tmp_path / "o"),
+    _single_error_line(pgt_here("preprocess", "--input", folder, "--format", "geolife-plt", "--out", tmp_path / "o"),
                        str(folder), "not the GeoLife layout")
     bad_config = tmp_path / "c.yaml"
     bad_config.write_text("dist_threshold: 100\n")
-    _single_error_line(run("preprocess", "--input", fake, "--format", "positionfixes", "--out", tmp_path / "o",
+    _single_error_line(pgt_here("preprocess", "--input", fake, "--format", "positionfixes", "--out", tmp_path / "o",
                            "--config", bad_config), str(bad_config), "unknown setting")
 
 

@@ -1,6 +1,7 @@
 """Faults beyond bad input, as an operator meets them: a second run into the same --out, SIGTERM, a tracking server
 that dies mid-run, full and read-only disks, settings files that are not what they seem, a damaged sweep record.
-Each runs the real command in a subprocess."""
+Each runs the real command in a subprocess, but for the refusals of a settings file or a sweep record (in this
+process, tests/in_process.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import PROJECT_ROOT, free_port
+from tests.in_process import pgt_here
 
 PGT = [sys.executable, "-m", "pgt.cli"]
 LONG = ("--epochs", "80", "--patience", "80")  # a run that lasts until it is stopped
@@ -224,7 +226,7 @@ def test_settings_files_are_read_bounded_and_only_when_regular(training_sequence
     expected = {bomb: "aliases", Path("/dev/zero"): "not a regular file", fifo: "not a regular file",
                 null_train: "`train:` maps", odd: "keys are TrainConfig field names"}
     for path, problem in expected.items():
-        r = pgt("train", "--data", training_sequences, "--out", tmp_path / "run", "--recipe-file", path, timeout=60)
+        r = pgt_here("train", "--data", training_sequences, "--out", tmp_path / "run", "--recipe-file", path)
         assert r.returncode == 2, (path, r.stderr[-2000:])
         line = one_line(r.stderr)
         assert str(path) in line and problem in line and len(line) < 400, line
@@ -235,13 +237,13 @@ def test_a_sweep_resume_refuses_new_settings_and_names_a_damaged_record(tmp_path
     folder = tmp_path / "sweep"
     folder.mkdir()
     (folder / "sweep.json").write_text('{"sweep": {"data_dir": 3')
-    damaged = pgt("tune", "--resume", folder, timeout=120)
+    damaged = pgt_here("tune", "--resume", folder)
     assert damaged.returncode == 2
     assert str(folder / "sweep.json") in one_line(damaged.stderr) and "damaged sweep record" in damaged.stderr
     (folder / "sweep.json").write_text('{"sweep": [1, 2]}')
-    assert "damaged sweep record" in one_line(pgt("tune", "--resume", folder, timeout=120).stderr)
+    assert "damaged sweep record" in one_line(pgt_here("tune", "--resume", folder).stderr)
 
-    typed = pgt("tune", "--resume", folder, "--trials", 50, "--epochs", 3, timeout=120)
+    typed = pgt_here("tune", "--resume", folder, "--trials", 50, "--epochs", 3)
     assert typed.returncode == 2
     line = one_line(typed.stderr)
     assert "--trials" in line and "--epochs" in line and "cannot change a started sweep" in line

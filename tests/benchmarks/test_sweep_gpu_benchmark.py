@@ -30,7 +30,7 @@ def test_refusals_are_one_line(tiny_sequences, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_dry_run_on_the_cpu_writes_the_fixed_form(tiny_sequences, tmp_path):
+def test_a_dry_run_on_the_cpu_writes_the_fixed_form(tiny_sequences, tmp_path, on_shared_ray):
     """2 trials of 1 epoch, 2 at once, resident data and the whole step in every trial, then 1 finalist and the base
     recipe on 2 fresh seeds and the winner's final run: trials, wall_s (the whole sweep), search_wall_s,
     trials_per_hour (the search's), seeds_per_trial, finalists, gpus (none here) and the best trial's validation

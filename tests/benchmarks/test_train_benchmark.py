@@ -107,8 +107,8 @@ def test_the_gpu_harness_writes_each_configuration_in_the_fixed_form(tiny_sequen
 
 
 @pytest.mark.slow
-def test_the_gpu_harness_trains_under_ray_train(tiny_sequences, tmp_path):
-    """--engine ray-train: one TorchTrainer worker on a local Ray; its entry says so."""
+def test_the_gpu_harness_trains_under_ray_train(tiny_sequences, tmp_path, on_shared_ray):
+    """--engine ray-train: one TorchTrainer worker (on the Ray that $RAY_ADDRESS names); its entry says so."""
     results = tmp_path / "gpu.json"
     done = harness(tiny_sequences, results, tmp_path / "work", "--engine", "ray-train", "--resident-data")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,5 +1,6 @@
 """Every command that writes leaves its inputs and other people's files alone, and fails in seconds on a service
-that does not answer: exit 2, one line naming the path or address, nothing created or changed."""
+that does not answer: exit 2, one line naming the path or address, nothing created or changed. The refusals run
+in this process (tests/in_process.py); the data is made, and a PATH without a compiler tried, by subprocesses."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import free_port
+from tests.in_process import pgt_here
 
 PGT = [sys.executable, "-m", "pgt.cli"]
 
@@ -50,15 +52,15 @@ def data(tmp_path_factory):
 
 def test_synth_replaces_its_own_file_and_nothing_else(tmp_path):
     out = tmp_path / "points.parquet"
-    assert pgt("synth", "--out", out, "--users", 1, "--days", 2, "--no-progress").returncode == 0
+    assert pgt_here("synth", "--out", out, "--users", 1, "--days", 2, "--no-progress").returncode == 0
     first = out.read_bytes()
-    assert pgt("synth", "--out", out, "--users", 1, "--days", 2, "--no-progress").returncode == 0  # its own: rewritten
+    assert pgt_here("synth", "--out", out, "--users", 1, "--days", 2, "--no-progress").returncode == 0  # its own: rewritten
     assert out.read_bytes() == first  # the same config writes the same bytes
     foreign = tmp_path / "mine.parquet"
     foreign.write_bytes(b"PAR1 a file of someone else's")
-    assert refused(pgt("synth", "--out", foreign, "--no-progress"), str(foreign), "not written by `pgt synth`")
+    assert refused(pgt_here("synth", "--out", foreign, "--no-progress"), str(foreign), "not written by `pgt synth`")
     assert foreign.read_bytes() == b"PAR1 a file of someone else's"
-    assert refused(pgt("synth", "--out", tmp_path / "points.csv"), "must end in .parquet")
+    assert refused(pgt_here("synth", "--out", tmp_path / "points.csv"), "must end in .parquet")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.parquet", "points.parquet"]
 
 
@@ -79,7 +81,7 @@ def test_preprocess_never_writes_over_or_into_its_inputs(data, tmp_path):
                                   tmp_path / "o", "--work-dir", data / "points.parquet"], "--work-dir is a file"),
     }
     for name, (args, words) in cases.items():
-        assert refused(pgt("preprocess", *args, "--no-progress"), words), name
+        assert refused(pgt_here("preprocess", *args, "--no-progress"), words), name
     assert {name: digest(data / name) for name in before} == before
     assert list(tmp_path.iterdir()) == []
 
@@ -89,10 +91,10 @@ def test_train_tune_and_explain_refuse_folders_of_other_files(data, tmp_path):
     (theirs / "checkpoints").mkdir(parents=True)  # a folder `pgt train` would otherwise clear
     (theirs / "notes.txt").write_text("mine")
     before = digest(theirs)
-    assert refused(pgt("train", "--data", data / "seq", "--out", theirs, "--epochs", 1), "notes.txt", "did not write")
-    assert refused(pgt("train", "--data", data / "seq", "--out", data / "seq", "--epochs", 1), "is --data itself")
-    assert refused(pgt("tune", "--data", data / "seq", "--out", theirs, "--trials", 1), "notes.txt", "`pgt tune`")
-    assert refused(pgt("explain", "--checkpoint", data / "points.parquet", "--data", data / "seq", "--out", theirs),
+    assert refused(pgt_here("train", "--data", data / "seq", "--out", theirs, "--epochs", 1), "notes.txt", "did not write")
+    assert refused(pgt_here("train", "--data", data / "seq", "--out", data / "seq", "--epochs", 1), "is --data itself")
+    assert refused(pgt_here("tune", "--data", data / "seq", "--out", theirs, "--trials", 1), "notes.txt", "`pgt tune`")
+    assert refused(pgt_here("explain", "--checkpoint", data / "points.parquet", "--data", data / "seq", "--out", theirs),
                    "notes.txt", "`pgt explain`")
     assert digest(theirs) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["theirs"]  # no MLflow run, no --out, nothing
@@ -103,10 +105,10 @@ def test_predict_refuses_an_output_it_did_not_write_before_loading_the_model(dat
     foreign.write_bytes(b"someone's")
     common = ["--model", "models:/none@champion", "--input", data / "points.parquet", "--format", "positionfixes",
               "--tracking-uri", f"sqlite:///{tmp_path / 'none.db'}"]
-    assert refused(pgt("predict", *common, "--out", foreign), "not written by `pgt predict`")
-    assert refused(pgt("predict", *common, "--out", tmp_path), "is a folder")
-    assert refused(pgt("predict", *common, "--out", tmp_path / "pred.txt"), "must end in .parquet or .csv")
-    assert refused(pgt("predict", *common, "--out", data / "points.parquet"), "not written by `pgt predict`")
+    assert refused(pgt_here("predict", *common, "--out", foreign), "not written by `pgt predict`")
+    assert refused(pgt_here("predict", *common, "--out", tmp_path), "is a folder")
+    assert refused(pgt_here("predict", *common, "--out", tmp_path / "pred.txt"), "must end in .parquet or .csv")
+    assert refused(pgt_here("predict", *common, "--out", data / "points.parquet"), "not written by `pgt predict`")
     assert foreign.read_bytes() == b"someone's" and not (tmp_path / "none.db").exists()
 
 
@@ -117,7 +119,7 @@ def test_a_file_tracking_store_is_refused_in_one_line_before_any_work(data, tmp_
     for args in (["train", "--data", data / "seq", "--out", tmp_path / "run", "--tracking-uri", tmp_path / "mlruns"],
                  ["tune", "--data", data / "seq", "--out", tmp_path / "sweep", "--tracking-uri",
                   (tmp_path / "mlruns").as_uri()]):
-        r = pgt(*args, timeout=60)
+        r = pgt_here(*args)
         assert refused(r, (tmp_path / "mlruns").as_uri(), "a file store", "sqlite:///"), r.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []  # nothing made before the check
 
@@ -138,7 +140,7 @@ def test_a_tracking_store_mlflow_cannot_open_is_refused_in_one_line(data, tmp_pa
     """An unknown scheme, or a database whose driver is not installed: one line naming the URI and MLflow's reason."""
     for uri, reason in (("ftp://nowhere/x", "UnsupportedModelRegistryStoreURIException"),
                         ("mssql://user@127.0.0.1:1/db", "ModuleNotFoundError")):
-        r = pgt("train", "--data", data / "seq", "--out", tmp_path / "run", "--tracking-uri", uri, timeout=60)
+        r = pgt_here("train", "--data", data / "seq", "--out", tmp_path / "run", "--tracking-uri", uri)
         assert refused(r, f"MLflow tracking store {uri} cannot be opened", reason), r.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
 
@@ -169,7 +171,7 @@ def test_an_unreachable_tracking_server_or_ray_cluster_fails_in_seconds(data, tm
           "--engine", "ray", "--address", nobody], (nobody, "not reachable")),
     ):
         began = time.monotonic()
-        r = pgt(*args, timeout=60)
+        r = pgt_here(*args)
         assert refused(r, *words), (args[0], r.stderr[-2000:])
         assert time.monotonic() - began < 30, args[0]
     assert list(tmp_path.iterdir()) == []  # nothing made before the check

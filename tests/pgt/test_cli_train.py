@@ -1,4 +1,5 @@
-"""`pgt train` and `pgt explain` as users run them."""
+"""`pgt train` and `pgt explain` as users run them: what trains in a subprocess, what is refused in this process
+(tests/in_process.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+
+from tests.in_process import pgt_here
 
 PGT = [sys.executable, "-m", "pgt.cli"]
 
@@ -51,13 +54,13 @@ def test_train_then_explain(synthetic_sequences, tmp_path):
 ])
 def test_a_model_that_cannot_be_built_is_refused_before_anything_exists(synthetic_sequences, tmp_path, options, words):
     """Checked when the config is built: before the data is read, an MLflow run exists or --out is made."""
-    r = run("train", "--data", synthetic_sequences, "--out", tmp_path / "run", *options)
+    r = pgt_here("train", "--data", synthetic_sequences, "--out", tmp_path / "run", *options)
     assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
 def test_train_refuses_a_folder_without_manifest(tmp_path):
-    r = run("train", "--data", tmp_path, "--out", tmp_path / "o")
+    r = pgt_here("train", "--data", tmp_path, "--out", tmp_path / "o")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0 and "no manifest.json" in r.stderr
 
 
@@ -73,7 +76,7 @@ def test_recipe_sets_what_the_command_line_leaves(synthetic_sequences, tmp_path)
     assert (config["visit_relations"], config["relation_inputs"]) == (True, True)
     assert (config["d_model"], config["dim_feedforward"], config["patience"]) == (32, 64, 9)  # given on the command line
     assert config["nhead"] == 4 and config["epochs"] == 1  # the default; the command line
-    r = run("train", "--data", synthetic_sequences, "--recipe", "fast", "--out", tmp_path / "x")
+    r = pgt_here("train", "--data", synthetic_sequences, "--recipe", "fast", "--out", tmp_path / "x")
     assert r.returncode == 2 and "fast" in r.stderr
 
 
@@ -119,7 +122,7 @@ def test_slot_options_reach_the_config(synthetic_sequences, tmp_path):
     assert [m["model_config"][k] for k in ("visit_relations", "relation_inputs", "relation_order")] == [True, True, 2]
     assert config["select_on"] == "strict_acc@1" and m["model_config"]["unseen_slots"] is True
     assert "strict" in r.stdout and "new places:" in r.stdout  # the printed tables lead with strict
-    r = run("train", "--data", synthetic_sequences, "--epochs", "1", "--out", tmp_path / "x", "--select-on", "f1")
+    r = pgt_here("train", "--data", synthetic_sequences, "--epochs", "1", "--out", tmp_path / "x", "--select-on", "f1")
     assert r.returncode == 2 and "f1" in r.stderr
 
 
@@ -154,16 +157,17 @@ def test_corrupt_or_foreign_files_are_named_in_one_line(synthetic_sequences, tmp
     data = tmp_path / "seq"
     shutil.copytree(synthetic_sequences, data)
     (data / "manifest.json").write_text("{oops")
-    _one_line(run("train", "--data", data, "--out", tmp_path / "a"), str(data / "manifest.json"), "corrupt manifest")
+    _one_line(pgt_here("train", "--data", data, "--out", tmp_path / "a"), str(data / "manifest.json"), "corrupt manifest")
     (data / "manifest.json").write_text('{"vocab": {"locations": 30}}')
-    _one_line(run("train", "--data", data, "--out", tmp_path / "a"), "manifest.json", "vocab.users must be a positive integer")
+    _one_line(pgt_here("train", "--data", data, "--out", tmp_path / "a"), "manifest.json",
+              "vocab.users must be a positive integer")
     shutil.copy(synthetic_sequences / "manifest.json", data / "manifest.json")
     (data / "test.parquet").write_bytes((synthetic_sequences / "test.parquet").read_bytes()[:2000])
-    _one_line(run("train", "--data", data, "--out", tmp_path / "a"), str(data / "test.parquet"), "unreadable Parquet")
+    _one_line(pgt_here("train", "--data", data, "--out", tmp_path / "a"), str(data / "test.parquet"), "unreadable Parquet")
     pl.read_parquet(synthetic_sequences / "test.parquet").with_columns(pl.col("target").cast(pl.String)).write_parquet(
         data / "test.parquet")
-    _one_line(run("train", "--data", data, "--out", tmp_path / "a"), "test.parquet", "column target has type")
+    _one_line(pgt_here("train", "--data", data, "--out", tmp_path / "a"), "test.parquet", "column target has type")
     shutil.copy(synthetic_sequences / "test.parquet", data / "test.parquet")
     (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint")
-    _one_line(run("explain", "--checkpoint", tmp_path / "garbage.pt", "--data", data, "--out", tmp_path / "p"),
+    _one_line(pgt_here("explain", "--checkpoint", tmp_path / "garbage.pt", "--data", data, "--out", tmp_path / "p"),
               str(tmp_path / "garbage.pt"), "unreadable checkpoint")

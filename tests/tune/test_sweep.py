@@ -10,7 +10,8 @@ import pytest
 
 from tests.tune.commands import tune_cli
 
-pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
+# on GeoLife where ../shared/data is, else synthetic (training_sequences); on the test process's shared Ray
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("on_shared_ray")]
 
 
 def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
@@ -99,8 +100,8 @@ def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / "sweep"
-    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 1, "--epochs", 2, "--max-concurrent", 1,
-                 "--grace-period", 2, "--workers-per-trial", 2, "--cpus-per-worker", 0.5, "--recipe", "tuned",
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 1, "--epochs", 1, "--max-concurrent", 1,
+                 "--grace-period", 1, "--workers-per-trial", 2, "--cpus-per-worker", 0.5, "--recipe", "tuned",
                  "--search", "random", "--finalists", 0, "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())

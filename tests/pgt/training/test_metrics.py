@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pgt.network.vocabulary import merge_slots
-from pgt.training.metrics import Scored, compute_all, compute_metrics, target_ranks, top1
+from pgt.training.metrics import Scored, compute_all, compute_metrics, target_ranks, top1, weighted_f1
 
 
 def test_ranks_with_ties_broken_by_id():
@@ -26,6 +26,20 @@ def test_hand_computed_metrics():
     assert m["ndcg@10"] == pytest.approx(100 * (1 + 1 / math.log2(3) + 1 / math.log2(7) + 0) / 4)
     # weighted F1 of the top-1: class 7 has F1 1 (weight 1/4); 8 and 9 have 0 -> 25
     assert m["f1"] == pytest.approx(25.0)
+
+
+@pytest.mark.parametrize("places, n, seed", [(3, 10, 0), (50, 400, 1), (400, 300, 2), (1, 5, 3)])
+def test_weighted_f1_is_scikit_learns(places, n, seed):
+    """The same figure as sklearn's f1_score(average="weighted", zero_division=0), which the scoring no longer
+    imports: places predicted but never the target, targets never predicted, and one place only."""
+    from sklearn.metrics import f1_score
+
+    rng = np.random.default_rng(seed)
+    targets = rng.integers(0, places, n)
+    predictions = np.where(rng.random(n) < 0.5, targets, rng.integers(0, places + 5, n))
+    assert weighted_f1(targets, predictions) == pytest.approx(
+        f1_score(targets, predictions, average="weighted", zero_division=0), abs=1e-12)
+    assert weighted_f1(targets, targets) == 1.0 and weighted_f1(targets, targets + places + 5) == 0.0
 
 
 def scored(**fields) -> Scored:
