@@ -82,9 +82,8 @@ def uninterrupted() -> Iterator[None]:
         return
     held: list[int] = []
     # a handler set outside Python (getsignal gives None) cannot be put back: such a signal is left alone
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, *HANDLED)}
     previous = {s: signal.signal(s, lambda signum, frame: held.append(signum))
-                for s, handler in previous.items() if handler is not None}
+                for s in (signal.SIGINT, *HANDLED) if signal.getsignal(s) is not None}
     try:
         yield
     finally:

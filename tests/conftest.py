@@ -238,18 +238,26 @@ def free_port() -> int:
 def descendant_processes(pid: int) -> dict[int, str]:
     """{pid: command line} of every process below `pid` in the process tree (children, their children, ...):
     what a test started, and nothing of another run on the machine."""
-    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
     children: dict[int, list[tuple[int, str]]] = {}
-    for line in ps.splitlines():
-        fields = line.split(None, 2)
-        if len(fields) >= 2:
-            children.setdefault(int(fields[1]), []).append((int(fields[0]), fields[2] if len(fields) == 3 else ""))
+    for pid, parent, args in processes():
+        children.setdefault(parent, []).append((pid, args))
     found, todo = {}, [pid]
     while todo:
         for child, args in children.get(todo.pop(), []):
             found[child] = args
             todo.append(child)
     return found
+
+
+def processes() -> list[tuple[int, int, str]]:
+    """(pid, parent pid, command line) of every process on the machine, as `ps` lists them."""
+    ps = subprocess.run(["ps", "-eo", "pid=,ppid=,args="], capture_output=True, text=True, check=True).stdout
+    listed = []
+    for line in ps.splitlines():
+        fields = line.split(None, 2)
+        if len(fields) >= 2:
+            listed.append((int(fields[0]), int(fields[1]), fields[2] if len(fields) == 3 else ""))
+    return listed
 
 
 def _die_with_parent() -> None:
@@ -319,12 +327,10 @@ def kill_processes_naming(folder: Path) -> None:
     dashboard and workers), nothing else."""
     import signal
 
-    ps = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, check=True).stdout
-    for line in ps.splitlines():
-        pid, _, args = line.strip().partition(" ")
-        if str(folder) in args and int(pid) != os.getpid():
+    for pid, _, args in processes():
+        if str(folder) in args and pid != os.getpid():
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(int(pid), signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")

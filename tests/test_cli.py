@@ -21,19 +21,23 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           env={**os.environ, "COLUMNS": "200"})
 
 
+def imported_packages(*args) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """`pgt ARGS` under -X importtime: its outcome, and the top-level packages it imported."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "pgt.cli", *map(str, args)], capture_output=True,
+                         text=True)
+    return out, {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+
+
 def test_help_is_fast_and_imports_no_torch():
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "pgt.cli", "--help"], capture_output=True, text=True)
+    out, imported = imported_packages("--help")
     assert out.returncode == 0 and "preprocess" in out.stdout and "synth" in out.stdout
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
     assert not imported & {"torch", "ray", "mlflow", "prefect", "polars", "sklearn"}
 
 
 def test_training_and_scoring_import_no_scikit_learn(tmp_path):
     """Every `pgt` command that trains or scores, every Ray Train worker and every Tune trial imports the scoring; it
     leaves scikit-learn (2 s an import on 2 busy cores) to the preprocessing that clusters places."""
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "pgt.cli", "train", "--data", tmp_path, "--out",
-                          tmp_path / "run"], capture_output=True, text=True)
-    imported = {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    out, imported = imported_packages("train", "--data", tmp_path, "--out", tmp_path / "run")
     assert out.returncode == 2 and "no manifest.json" in out.stderr  # the command ran as far as its first check
     assert {"torch", "pgt"} <= imported and "sklearn" not in imported
 

@@ -38,6 +38,7 @@ from pgt.tracking.runs import (
     source_tags,
     start_run,
     system_metrics,
+    terminate_run,
     use_tracking_uri,
 )
 from pgt.training.data import MemoryLayout, load_splits
@@ -628,8 +629,7 @@ def _close_trial_runs(tracking, out: Path) -> None:
     for record in (out / "trials").glob("*/mlflow_run.json"):
         run_id = json.loads(record.read_text())["run_id"]
         if client.get_run(run_id).info.status == "RUNNING":
-            with uninterrupted():
-                client.set_terminated(run_id, status="KILLED")
+            terminate_run(tracking.tracking_uri, run_id, "KILLED")
 
 
 def plot_trials(rows: list[dict], path: Path, space: SearchSpace, objective: str = "strict_acc@1") -> Path:

@@ -351,14 +351,18 @@ def close_abandoned_run(tracking_uri: str, run_id: str) -> bool:
     new run replaces: marked FAILED. True if it was closed."""
     if run_status(tracking_uri, run_id) != "RUNNING":
         return False
-    with uninterrupted():
-        mlflow_client(tracking_uri).set_terminated(run_id, status="FAILED")
+    terminate_run(tracking_uri, run_id, "FAILED")
     return True
 
 
 def end_run(tracking: TrackingConfig, status: str = "FINISHED") -> None:
+    terminate_run(tracking.tracking_uri, tracking.run_id, status)
+
+
+def terminate_run(tracking_uri: str, run_id: str, status: str) -> None:
+    """The run closed with `status` (FINISHED, FAILED, KILLED), a signal meanwhile taking effect after the write."""
     with uninterrupted():
-        mlflow_client(tracking.tracking_uri).set_terminated(tracking.run_id, status=status)
+        mlflow_client(tracking_uri).set_terminated(run_id, status=status)
 
 
 def server_answers(tracking_uri: str, timeout_s: float = 3.0) -> bool:

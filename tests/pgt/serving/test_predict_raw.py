@@ -422,6 +422,14 @@ def test_a_request_of_very_many_columns_is_a_short_400_in_milliseconds(served):
     assert status == 400 and "50,001 columns" in answer["message"], answer
 
 
+def large_request(root: Path) -> bytes:
+    """A JSON body of the later period's first 7,000 GPS points (several hundred KB), as a client sends them."""
+    points = pl.read_parquet(root / "late.parquet").sort("user_id", "tracked_at")
+    records = points.head(7_000).select("user_id", pl.col("tracked_at").dt.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                                        pl.col("latitude", "longitude").cast(pl.Float64)).to_dicts()
+    return json.dumps({"dataframe_records": records}).encode()
+
+
 def test_ping_answers_while_a_large_request_is_answered(served):
     """Over the real server's socket: /ping keeps answering while a large request is answered, and a small one
     after it (where each is answered is the next test's subject)."""
@@ -431,10 +439,7 @@ def test_ping_answers_while_a_large_request_is_answered(served):
     from pgt.serving.server import INLINE_BYTES
 
     url, root, _ = served
-    points = pl.read_parquet(root / "late.parquet").sort("user_id", "tracked_at")
-    records = points.head(7_000).select("user_id", pl.col("tracked_at").dt.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                        pl.col("latitude", "longitude").cast(pl.Float64)).to_dicts()
-    body = json.dumps({"dataframe_records": records}).encode()
+    body = large_request(root)
     assert 4 * INLINE_BYTES < len(body) < 2**20  # above the inline size, under the test server's 1 MB limit
     large = {}
 
@@ -481,9 +486,7 @@ def test_a_large_body_is_parsed_and_scored_off_the_event_loop(trained, monkeypat
     monkeypatch.setattr(server, "parse_body", parse_body)
     app = server.create_app(ServeConfig(model_uri="models:/raw@champion", tracking_uri=tracking, port=free_port()))
     small = json.dumps({"dataframe_records": one_user_staypoints(root).to_dicts()}).encode()
-    points = pl.read_parquet(root / "late.parquet").head(7_000)
-    large = json.dumps({"dataframe_records": points.select(
-        "user_id", pl.col("tracked_at").dt.strftime("%Y-%m-%dT%H:%M:%S%z"), "latitude", "longitude").to_dicts()}).encode()
+    large = large_request(root)
     assert len(small) <= server.INLINE_BYTES < len(large)
     with TestClient(app) as client:
         for body in (small, large, small):
