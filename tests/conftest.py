@@ -239,8 +239,8 @@ def descendant_processes(pid: int) -> dict[int, str]:
     """{pid: command line} of every process below `pid` in the process tree (children, their children, ...):
     what a test started, and nothing of another run on the machine."""
     children: dict[int, list[tuple[int, str]]] = {}
-    for pid, parent, args in processes():
-        children.setdefault(parent, []).append((pid, args))
+    for child, parent, args in processes():
+        children.setdefault(parent, []).append((child, args))
     found, todo = {}, [pid]
     while todo:
         for child, args in children.get(todo.pop(), []):
