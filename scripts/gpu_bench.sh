@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_bench.sh DATA_DIR RESULTS_DIR [STAGE...]
 #
-# Stages (in the order given; default: profile train sweep):
+# Stages (in the order given; default: check profile train sweep, the GPU's own tests first):
 #   unpack    only unpack what has come
 #   check     the GPU's own tests: tests/pgt/training/test_step.py (the captured step trains the uncaptured one's
 #             weights) and tests/pgt/network/test_model.py (the one-hot lookup trains what the embedding lookup does)
@@ -26,12 +26,12 @@
 set -uo pipefail
 
 if [ $# -lt 2 ]; then
-    echo "usage: scripts/gpu_bench.sh DATA_DIR RESULTS_DIR [unpack|profile|train|sweep]..." >&2
+    echo "usage: scripts/gpu_bench.sh DATA_DIR RESULTS_DIR [unpack|check|profile|fused|train|sweep]..." >&2
     exit 2
 fi
 data=$1 results=$2
 shift 2
-stages=${*:-profile train sweep}
+stages=${*:-check profile train sweep}
 deps=${PGT_DEPS:-/tmp/pgt-deps}   # where the parts are unpacked (put on PYTHONPATH)
 parts=${GPU_DEPS:-.gpu-deps}       # where scripts/pack_gpu_deps.py put them
 mkdir -p "$deps" "$results"

@@ -58,9 +58,12 @@ def test_the_profile_stage_writes_its_json_and_log(tiny_sequences, tmp_path):
     assert "top ops by self time on the host" in (tmp_path / "results" / "profile-embedding.log").read_text()
 
 
-def test_the_check_stage_runs_test_files_that_exist():
-    """The GPU's own tests, named in the script, are files of the suite (a moved test file breaks the GPU check)."""
+def test_the_check_stage_runs_first_and_names_test_files_that_exist():
+    """With no stage named, the GPU's own tests run before any benchmark; they are files of the suite (a moved test
+    file breaks the GPU check)."""
     script = (PROJECT_ROOT / "scripts" / "gpu_bench.sh").read_text()
+    default = re.search(r"^stages=\$\{\*:-([a-z ]+)\}$", script, re.MULTILINE)
+    assert default is not None and default.group(1).split() == ["check", "profile", "train", "sweep"]
     named = set(re.findall(r"tests/[\w/]+\.py", script))
     assert named >= {"tests/pgt/training/test_step.py", "tests/pgt/network/test_model.py"}
     assert [path for path in sorted(named) if not (PROJECT_ROOT / path).is_file()] == []
