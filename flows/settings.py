@@ -108,6 +108,8 @@ class PreprocessAndTrainParameters(FlowParameters):
     gpu: bool | None = from_setting(LaunchConfig, "gpu")
     tune: bool = described(False, "A Ray Tune sweep of `trials` trials instead of one training run.")
     trials: int | None = from_setting(SweepConfig, "trials", None, "Empty: the sweep config's default.")
+    finalists: int | None = from_setting(SweepConfig, "finalists", None, "Empty: the sweep config's default.")
+    confirm_seeds: int | None = from_setting(SweepConfig, "confirm_seeds", None, "Empty: the sweep config's default.")
     epochs: int | None = from_setting(TrainConfig, "epochs", None, "Empty: the recipe's, or the sweep's.")
     tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri")
     address: str | None = from_setting(LaunchConfig, "address")
@@ -268,7 +270,9 @@ class FlowSettings(ResolvedParameters):
 
     @cached_property
     def sweep_config(self) -> SweepConfig:
-        given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs)) if value is not None}
+        given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs),
+                                                 ("finalists", self.finalists), ("confirm_seeds", self.confirm_seeds))
+                 if value is not None}
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
                            recipe=base_settings(self.recipe, self.recipe_file),
                            recipe_name=recipe_label(self.recipe, self.recipe_file), **given)

@@ -40,6 +40,12 @@ def test_training_and_scoring_import_no_scikit_learn(tmp_path):
     out, imported = imported_packages("train", "--data", tmp_path, "--out", tmp_path / "run")
     assert out.returncode == 2 and "no manifest.json" in out.stderr  # the command ran as far as its first check
     assert {"torch", "pgt"} <= imported and "sklearn" not in imported
+    # a tracked run logs its model through the served model's module: raw GPS's place search stays unimported
+    logged = subprocess.run([sys.executable, "-X", "importtime", "-c", "import pgt.tracking.mlflow_model"],
+                            capture_output=True, text=True)
+    assert logged.returncode == 0 and "pgt.tracking.mlflow_model" in logged.stderr
+    modules = {line.split("|")[-1].strip() for line in logged.stderr.splitlines() if "|" in line}
+    assert not {"sklearn", "preprocessing.fitted"} & modules
 
 
 def test_synth_then_preprocess_then_reuse(tmp_path):

@@ -137,12 +137,14 @@ def test_a_tracking_server_that_dies_fails_the_run_in_seconds_and_a_rerun_comple
         assert kept
 
         server("start")
+        last = int(kept[-1].parent.name.removeprefix("epoch_"))  # 0-based: two epochs are left to train after it
         resumed = pgt("train", "--data", training_sequences, "--out", out, "--tracking-uri", uri, "--resume",
-                      "--epochs", len(kept) + 12, "--patience", 80)
+                      "--epochs", last + 3, "--patience", 80)
         assert resumed.returncode == 0, resumed.stderr[-3000:]
         from pgt.network.checkpoint import read_checkpoint
 
         epochs = read_checkpoint(checkpoints(out)[-1])["epoch"] + 1
+        assert epochs == last + 3  # it went on from the last checkpoint kept to the end
         client, run_id, finished = run_of(out, uri)
         assert finished.info.status == "FINISHED"
         assert logged_epochs(client, run_id) == list(range(epochs))

@@ -26,6 +26,7 @@ LAZY_KINDS = {
     "matplotlib": {"matplotlib", "PIL", "pgt.serving.explain"},
     "web server": {"fastapi", "starlette", "uvicorn"},
     "torch.compile": {"torch._dynamo"},
+    "scikit-learn": {"sklearn", "preprocessing.fitted", "preprocessing.stages"},
 }
 LAZY = set().union(*LAZY_KINDS.values())
 CLI_MODULES = {"pgt.cli", "tune.cli"}  # the command line loads what a command needs when it runs

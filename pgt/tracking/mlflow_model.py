@@ -57,8 +57,6 @@ from pgt.serving.inference import (
     top_k_predictions,
 )
 from pgt.training.data import MemoryLayout, SequenceDataset
-from preprocessing.fitted import VISIT_COLUMNS, FittedPreprocessing, apply_fitted
-from preprocessing.stages import StageLog
 
 WEIGHTS, CONFIG = "weights", "model_config"  # artifact keys: the model itself
 LOCATIONS, USERS, MANIFEST = "locations", "users", "manifest"  # the data it was trained on: tables and preprocessing
@@ -112,6 +110,10 @@ class PGTModel(PythonModel):
     def fitted(self, source: str = "the model"):
         """The fitted preprocessing of the training data (built once): raw GPS -> the model's ids."""
         if self._fitted is None:
+            # here, not at the top: logging a model imports this module, and the fitted preprocessing's place
+            # search (scikit-learn, SciPy) is a second of every training run's start that only raw GPS needs
+            from preprocessing.fitted import VISIT_COLUMNS, FittedPreprocessing
+
             missing = [DATA_FILES[k] for k in (MANIFEST, PLACES, CLUSTERED, USERS) if k not in self.data_files]
             if missing:
                 raise ValueError(f"{source}: carries no {', '.join(missing)} (logged before models carried their "
@@ -207,6 +209,9 @@ class PGTModel(PythonModel):
             result = place_predictions(top_k_predictions(self.packed, dataset, top_k), samples, places, "request")
             quarantined, not_scored = QUARANTINED, NOT_SCORED  # a sequence is scored or refused
         else:
+            from preprocessing.fitted import apply_fitted  # see fitted()
+            from preprocessing.stages import StageLog
+
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
             applied = apply_fitted(frame, input_format, self.fitted(), StageLog(sample_memory=False),
                                    evaluation=False, at=at, name="request", users_table=False,

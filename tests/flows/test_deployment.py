@@ -159,7 +159,8 @@ def test_sweep_deployment_tunes_and_registers_the_best_trial(stack):
     from mlflow.tracking import MlflowClient
 
     state, env = stack
-    run_deployment(env, "preprocess-and-train/sweep", *SMALL, "--param", "trials=2")
+    run_deployment(env, "preprocess-and-train/sweep", *SMALL, "--param", "trials=2", "--param", "finalists=1",
+                   "--param", "confirm_seeds=2")
     shown = subprocess.run([sys.executable, SCRIPTS / "show_run.py", "preprocess-and-train/sweep"], env=env,
                            capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and ": Completed" in shown.stdout and "sweep" in shown.stdout, shown.stdout

@@ -164,8 +164,8 @@ def test_the_sweep_branch_tunes_registers_its_best_trial_and_a_rerun_resumes_it(
     from flows.preprocess_and_train import preprocess_and_train
 
     state = tmp_path / "state"
-    params = dict(tune=True, trials=2, epochs=2, state_dir=str(state), synthetic_users=8, synthetic_days=70,
-                  model_name="sweepflow", tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
+    params = dict(tune=True, trials=2, epochs=2, finalists=1, confirm_seeds=2, state_dir=str(state), synthetic_users=8,
+                  synthetic_days=70, model_name="sweepflow", tracking_uri=f"sqlite:///{state / 'mlflow.db'}")
     first = preprocess_and_train(**params)
     sweep = state / "sweeps" / "synthetic"
     trials = json.loads((sweep / "tune.json").read_text())["trials"]
@@ -178,7 +178,8 @@ def test_the_sweep_branch_tunes_registers_its_best_trial_and_a_rerun_resumes_it(
     assert version.tags["recipe"] == "paper" and version.tags["sweep_run_id"] == first["mlflow"]["run_id"]
     # the same registry door as `pgt train --register`: the confirmed winner's evidence on its fresh seeds
     result = json.loads((sweep / "tune.json").read_text())
-    assert json.loads(version.tags["pgt.evidence_seeds"]) == result["evidence"]["seeds"] == [1, 2, 3]
+    assert json.loads(version.tags["pgt.evidence_seeds"]) == result["evidence"]["seeds"] == [1, 2]
+    assert [f["name"] == "base" for f in result["confirmation"]["finalists"]].count(False) <= 1  # finalists=1
     assert json.loads(version.tags["pgt.evidence_scores"]) == pytest.approx(result["evidence"]["scores"], abs=1e-4)
     assert version.tags["champion_decision"] == "promoted" and version.tags["pgt.data_digest"] != "unknown"
     trained = {p.relative_to(sweep): p.stat().st_mtime_ns

@@ -73,6 +73,7 @@ def test_a_flow_s_parameters_are_its_model_s_fields(flow, tmp_path):
     ({"workers": -1}, "workers must be in [0, 4096], got -1"),
     ({"epochs": 0}, "epochs must be in [1, 1048576], got 0"),
     ({"tune": True, "trials": 0}, "trials must be in [1, 1048576], got 0"),
+    ({"tune": True, "finalists": -1}, "finalists must be in [0, 64], got -1"),
     ({"recipe": "fast"}, "recipe must be one of paper, tuned, ensemble, got 'fast'"),
     ({"input_format": "staypoints"}, "the synthetic default input is positionfixes"),
     ({"input_format": "gpx"}, "input_format must be one of geolife-plt, positionfixes, staypoints, got 'gpx'"),
@@ -105,7 +106,8 @@ def test_deployments_set_only_what_differs_from_the_flow_s_defaults():
         assert set(given) <= set(defaults), deployment["name"]
         config = SweepConfig if given.get("tune") else TrainConfig
         for name, value in given.items():
-            fallback = getattr(config, name, None) if defaults[name] is None and name in ("epochs", "trials") else None
+            sweep_or_run = ("epochs", "trials", "finalists", "confirm_seeds")  # None: the config's own default
+            fallback = getattr(config, name, None) if defaults[name] is None and name in sweep_or_run else None
             if value == defaults[name] or value == fallback:
                 same.append(f"{deployment['name']}: {name}")
     assert same == []
@@ -124,6 +126,7 @@ def test_every_parameter_is_described_and_a_setting_s_description_is_its_help(fl
                                                                      if not p.get("description")]
     settings = {"workers": (LaunchConfig, "workers"), "gpu": (LaunchConfig, "gpu"),
                 "address": (LaunchConfig, "address"), "trials": (SweepConfig, "trials"),
+                "finalists": (SweepConfig, "finalists"), "confirm_seeds": (SweepConfig, "confirm_seeds"),
                 "epochs": (TrainConfig, "epochs"), "synthetic_users": (SynthConfig, "users"),
                 "synthetic_days": (SynthConfig, "days")}
     for name, (config, setting) in settings.items():
