@@ -5,6 +5,7 @@ the one line it prints: no interpreter to start and no torch, polars and MLflow 
 from __future__ import annotations
 
 import subprocess
+import sys
 import traceback
 
 
@@ -17,7 +18,15 @@ def pgt_here(*args) -> subprocess.CompletedProcess:
     from pgt.cli import app
 
     argv = [str(a) for a in args]
-    result = CliRunner().invoke(app, argv, catch_exceptions=True)
+    torch = sys.modules.get("torch")  # a command that trains sets torch's threads and deterministic mode: put back
+    before = (torch.get_num_threads(), torch.are_deterministic_algorithms_enabled(),
+              torch.is_deterministic_algorithms_warn_only_enabled()) if torch else None
+    try:
+        result = CliRunner().invoke(app, argv, catch_exceptions=True)
+    finally:
+        if before is not None:
+            torch.set_num_threads(before[0])
+            torch.use_deterministic_algorithms(before[1], warn_only=before[2])
     stderr = result.stderr
     code = result.exit_code
     if result.exception is not None and not isinstance(result.exception, SystemExit):

@@ -1,4 +1,5 @@
-"""A directory of inputs real users produce, each run through `pgt preprocess` as a subprocess.
+"""A directory of inputs real users produce, each run through `pgt preprocess` (in this process: the refusal and its
+one line are the subject, not the interpreter).
 
 Every case states its outcome: either "exit 2, one line on stderr that names the file and the problem, no
 traceback", or "exit 0, and the counts reconcile": rows read = rows kept + rows quarantined, the
@@ -8,11 +9,7 @@ quarantine file holds exactly the quarantined rows, and the case's own expectati
 from __future__ import annotations
 
 import json
-import os
 import struct
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-PGT = [sys.executable, "-m", "pgt.cli"]
+from tests.in_process import pgt_here
+
 PLT_HEADER = "Geolife trajectory\nWGS 84\nAltitude is in Feet\nReserved 3\n0,2,255,My Track,0,0,2,8421376\n0\n"
 
 
@@ -221,16 +219,11 @@ def bad_inputs(tmp_path_factory) -> tuple[Path, list[Case]]:
     return root, make_bad_inputs(root)
 
 
-def test_every_bad_input_is_refused_in_one_line_or_reconciled(bad_inputs, tmp_path):
+def test_every_bad_input_is_refused_in_one_line_or_reconciled(bad_inputs, tmp_path, monkeypatch):
     root, cases = bad_inputs
-
-    def preprocess(i: int) -> subprocess.CompletedProcess:
-        return subprocess.run([*PGT, "preprocess", "--input", str(root / cases[i].name), "--format", cases[i].format,
-                               "--out", str(tmp_path / f"out-{i}"), "--no-progress"], capture_output=True, text=True,
-                              timeout=300, env={**os.environ, "COLUMNS": "250"})
-
-    with ThreadPoolExecutor(max_workers=2) as pool:  # two commands at a time: each is a process of its own
-        runs = list(pool.map(preprocess, range(len(cases))))
+    monkeypatch.setenv("COLUMNS", "250")  # a line is never wrapped by the terminal's width
+    runs = [pgt_here("preprocess", "--input", root / case.name, "--format", case.format, "--out", tmp_path / f"out-{i}",
+                     "--no-progress") for i, case in enumerate(cases)]
     failures = []
     for i, (case, r) in enumerate(zip(cases, runs)):
         path = root / case.name

@@ -1,26 +1,18 @@
-"""`pgt train` and `pgt explain` as users run them: what trains in a subprocess, what is refused in this process
-(tests/in_process.py)."""
+"""`pgt train` and `pgt explain` as users run them, in this process (tests/in_process.py): what reaches the config,
+what is written and what is refused; runs with signals, Ray or a tracking server are in their own modules."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from tests.in_process import pgt_here
 
-PGT = [sys.executable, "-m", "pgt.cli"]
-
-
-def run(*args):
-    return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, timeout=600)
-
 
 @pytest.mark.parametrize("model", ["markov", "most-frequent"])
 def test_baselines(synthetic_sequences, tmp_path, model):
-    r = run("train", "--data", synthetic_sequences, "--model", model, "--out", tmp_path)
+    r = pgt_here("train", "--data", synthetic_sequences, "--model", model, "--out", tmp_path)
     assert r.returncode == 0, r.stderr
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["model"] == model and 0 < m["test"]["acc@1"] <= 100 and m["test"]["n"] > 0
@@ -31,13 +23,13 @@ def test_baselines(synthetic_sequences, tmp_path, model):
 
 def test_train_then_explain(synthetic_sequences, tmp_path):
     out = tmp_path / "run"
-    r = run("train", "--data", synthetic_sequences, "--model", "pgt", "--epochs", "2", "--out", out)
+    r = pgt_here("train", "--data", synthetic_sequences, "--model", "pgt", "--epochs", "2", "--out", out)
     assert r.returncode == 0, r.stderr
     assert "val strict@1" in r.stdout and "best epoch" in r.stdout
     m = json.loads((out / "metrics.json").read_text())
     assert m["epochs_run"] == 2 and m["samples_per_second"] > 0
     plots = tmp_path / "plots"
-    r = run("explain", "--checkpoint", out / "best.pt", "--data", synthetic_sequences, "--out", plots)
+    r = pgt_here("explain", "--checkpoint", out / "best.pt", "--data", synthetic_sequences, "--out", plots)
     assert r.returncode == 0, r.stderr
     names = sorted(p.name for p in plots.iterdir())
     assert names == ["attention_entropy.png", "gate.png", "pointer_attention.png", "position_bias.png"]
@@ -66,7 +58,7 @@ def test_train_refuses_a_folder_without_manifest(tmp_path):
 
 def test_recipe_sets_what_the_command_line_leaves(synthetic_sequences, tmp_path):
     out = tmp_path / "tuned"
-    r = run("train", "--data", synthetic_sequences, "--recipe", "tuned", "--d-model", "32", "--dim-feedforward", "64",
+    r = pgt_here("train", "--data", synthetic_sequences, "--recipe", "tuned", "--d-model", "32", "--dim-feedforward", "64",
             "--epochs", "1", "--patience", "9", "--out", out)
     assert r.returncode == 0, r.stderr
     config = json.loads((out / "metrics.json").read_text())["config"]
@@ -110,7 +102,7 @@ def test_the_command_offers_every_selection_score_and_sweep_objective():
 
 def test_slot_options_reach_the_config(synthetic_sequences, tmp_path):
     out = tmp_path / "slots"
-    r = run("train", "--data", synthetic_sequences, "--epochs", "1", "--out", out, "--unseen-slots", "--simulate-unseen",
+    r = pgt_here("train", "--data", synthetic_sequences, "--epochs", "1", "--out", out, "--unseen-slots", "--simulate-unseen",
             "--new-place-weight", "0.25", "--no-slot-identity", "--select-on", "strict_acc@1", "--previous-location",
             "--weight-average", "0.9", "--visit-relations", "--relation-inputs", "--relation-order", "2")
     assert r.returncode == 0, r.stderr
@@ -136,7 +128,8 @@ def test_any_valid_preprocessing_config_trains(tmp_path):
     generate_positionfixes(SynthConfig(users=4, days=60, seed=3)).write_parquet(tmp_path / "fixes.parquet")
     config = PreprocessConfig(time_slot_min=10, history_days=3, duration_bucket_min=60)
     vocab = preprocess(tmp_path / "fixes.parquet", "positionfixes", tmp_path / "seq", config, progress=False).manifest["vocab"]
-    r = run("train", "--data", tmp_path / "seq", "--epochs", "1", "--d-model", "16", "--nhead", "2", "--out", tmp_path / "run")
+    r = pgt_here("train", "--data", tmp_path / "seq", "--epochs", "1", "--d-model", "16", "--nhead", "2",
+                 "--out", tmp_path / "run")
     assert r.returncode == 0, r.stderr[-2000:]
     model_config = json.loads((tmp_path / "run" / "metrics.json").read_text())["model_config"]
     assert (model_config["time_slots"], model_config["recency_days"], model_config["duration_buckets"]) == (
