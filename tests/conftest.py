@@ -309,6 +309,9 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
                 time.sleep(0.5)
         yield f"127.0.0.1:{port}", env
     finally:
+        # every process of the nodes, as they are now: the raylet's agents rename themselves (ray::DashboardAgent),
+        # so the temp dir no longer names them, and they outlive a raylet that died before them
+        started = {pid: args for node in nodes for pid, args in descendant_processes(node.pid).items()}
         for node in reversed(nodes):
             node.terminate()
         deadline = time.monotonic() + 10  # a node that ran jobs took 30 s to stop its idle workers one by one
@@ -319,7 +322,18 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
                 node.kill()
                 node.wait()
         kill_processes_naming(tmp)  # what the nodes started and left behind: each process names the cluster's dir
+        kill_processes(started)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def kill_processes(started: dict[int, str]) -> None:
+    """SIGKILL those of `started` ({pid: command line}) that still run with the same command line."""
+    import signal
+
+    for pid, _, args in processes():
+        if started.get(pid) == args and pid != os.getpid():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def kill_processes_naming(folder: Path) -> None:
