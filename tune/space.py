@@ -7,18 +7,20 @@ feed-forward width keeps the recipe's ratio to d_model (the paper's 2 * d_model)
 
 Optuna's TPE gets a define-by-run space: nhead is drawn from the divisors of the drawn d_model, under a name
 per d_model (`nhead_d96`), as Optuna wants conditional parameters. Random search draws the same space with Ray
-Tune's own samplers.
+Tune's own samplers, nhead as a uniform number (`nhead_draw`) that picks among the divisors of the drawn d_model:
+a `tune.sample_from` function would be left in a trial that Tune created but had not started when the sweep was
+interrupted, as Ray's placeholder `("__fn_ph", id)`, and the resumed sweep would train and summarise it with that.
 """
 
 from __future__ import annotations
 
 import functools
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
 KINDS = ("choice", "int", "uniform", "log")  # a set of values, an integer range, a range, a log-scale range
 HEADS = (1, 2, 4, 8)  # the head counts a trial may draw (those dividing its d_model)
+NHEAD_DRAW = "nhead_draw"  # random search's draw in [0, 1) of nhead among the heads dividing d_model
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class SearchSpace:
                     "uniform": lambda d: tune.uniform(*d.values), "log": lambda d: tune.loguniform(*d.values)}
         space = {d.name: samplers[d.kind](d) for d in self.dimensions if d.name != "nhead"}
         if self.dimension("nhead") is not None:
-            space["nhead"] = tune.sample_from(lambda spec: random.choice(self.heads_for(spec.config["d_model"])))
+            space[NHEAD_DRAW] = tune.uniform(0.0, 1.0)  # which of the drawn d_model's heads: resolve() picks it
         return space
 
     def resolve(self, config: dict) -> dict:
@@ -124,6 +126,9 @@ class SearchSpace:
             hyper["dim_feedforward"] = max(1, round(self.feedforward_ratio * d))
             if self.dimension("nhead") is not None:
                 nhead = config.get("nhead", config.get(f"nhead_d{d}"))
+                if nhead is None and NHEAD_DRAW in config:  # random search: a uniform pick of the dividing heads
+                    heads = self.heads_for(d)
+                    nhead = heads[min(int(float(config[NHEAD_DRAW]) * len(heads)), len(heads) - 1)] if heads else None
                 if nhead is None or d % int(nhead):
                     raise ValueError(f"trial config {config} has no nhead dividing d_model {d}")
                 hyper["nhead"] = int(nhead)

@@ -3,6 +3,7 @@ divide d_model; a trial's draw becomes TrainConfig settings."""
 
 from __future__ import annotations
 
+import numpy as np
 import optuna
 import pytest
 
@@ -87,3 +88,23 @@ def test_a_recipe_that_remembers_searches_fewer_more_or_no_remembered_places():
     assert SearchSpace.around(base).dimension("memory_places").values == (0, 4, 8, 16)
     plain = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o").to_dict()
     assert SearchSpace.around(plain).dimension("memory_places") is None  # a recipe without memory keeps none
+
+
+def test_random_search_draws_only_heads_that_divide_d_model_from_plain_numbers():
+    """Random search's space holds Ray samplers of plain values only (a `sample_from` function is left as Ray's
+    placeholder in a trial restored before it started); its nhead draw picks among the heads dividing d_model."""
+    from ray.tune.search.sample import Domain, Function
+
+    space = space_of(d_model=(12, 32, 48), nhead=(1, 3, 4, 8), dropout=(0.0, 0.4))
+    samplers = space.random_space()
+    assert all(isinstance(d, Domain) and not isinstance(d, Function) for d in samplers.values())
+    rng = np.random.default_rng(0)
+    seen = set()
+    for _ in range(200):
+        config = {name: domain.sample(random_state=rng) for name, domain in samplers.items()}
+        hyper = space.resolve(config)
+        assert hyper["d_model"] % hyper["nhead"] == 0
+        seen.add((hyper["d_model"], hyper["nhead"]))
+    assert seen == {(12, 1), (12, 3), (12, 4), (32, 1), (32, 4), (32, 8), (48, 1), (48, 3), (48, 4), (48, 8)}
+    assert space.resolve({"d_model": 48, "dropout": 0.1, "nhead_draw": 0.999999})["nhead"] == 8
+    assert space.resolve({"d_model": 48, "dropout": 0.1, "nhead_draw": 0.0})["nhead"] == 1
