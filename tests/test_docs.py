@@ -66,3 +66,15 @@ def test_the_architecture_map_names_every_module_and_only_modules_that_exist():
     assert [str(p.relative_to(PROJECT_ROOT)) for p in modules if p.name not in text] == []
     existing = {p.name for p in PROJECT_ROOT.rglob("*.py") if ".venv" not in p.parts}
     assert sorted(set(re.findall(r"\b[a-z_]+\.py\b", text)) - existing) == []
+
+
+def test_every_test_file_the_pages_code_and_scripts_name_exists():
+    """A test file named in the README, docs/, ARCHITECTURE.md or a module's or script's text is a file of the suite
+    (a moved test file left the GPU check running nothing)."""
+    sources = [*PAGES, PROJECT_ROOT / "ARCHITECTURE.md",
+               *(p for folder in ("pgt", "preprocessing", "tune", "flows", "infra", "benchmarks", "scripts")
+                 for p in (PROJECT_ROOT / folder).rglob("*") if p.suffix in (".py", ".sh"))]
+    named = {(source.relative_to(PROJECT_ROOT), path) for source in sources
+             for path in re.findall(r"tests/[\w/]+\.py", source.read_text())}
+    assert len(named) >= 5
+    assert sorted(f"{source}: {path}" for source, path in named if not (PROJECT_ROOT / path).is_file()) == []

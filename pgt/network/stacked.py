@@ -1,7 +1,7 @@
 """Inference of a transformer model or ensemble in one batched pass: every member's weights stacked along a leading
 K axis, so that each step is one op over (K, B, ...) where running the members one by one takes K ops, and none
 of nn.TransformerEncoder's per-call checks. It computes what PointerGeneratorTransformer.forward computes in eval
-mode (no dropout), member by member; tests/pgt/test_stacked.py holds the two equal for every switch of the model.
+mode (no dropout), member by member; tests/pgt/network/test_stacked.py holds the two equal for every switch of the model.
 
     StackedTransformer.of(model)  # a PointerGeneratorTransformer or an Ensemble of them; None for lstm-pg
     for_inference(model)          # what serving and `pgt predict` run: transformers stacked, the LSTM model as it is
