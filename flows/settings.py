@@ -114,7 +114,8 @@ class PreprocessAndTrainParameters(FlowParameters):
     tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri")
     address: str | None = from_setting(LaunchConfig, "address")
     model_name: str = described("pgt", "The registered model; its alias champion moves to the new version only "
-                                       "when its strict validation Acc@1 is better.")
+                                       "when its mean strict validation Acc@1 over its seeds beats the champion's "
+                                       "by more than seed noise, on the same data.")
     state_dir: str | None = described(None, STATE_DIR_HELP)
     synthetic_users: int = from_setting(SynthConfig, "users")
     synthetic_days: int = from_setting(SynthConfig, "days")

@@ -384,7 +384,8 @@ class TrackingConfig:
                                              "store under the state folder.", env="MLFLOW_TRACKING_URI")
     experiment: str = setting("pgt", "The MLflow experiment the runs go to.")
     register: str | None = setting(None, "Register the best checkpoint under this model name; its alias champion "
-                                         "moves to the new version only when its strict validation Acc@1 is better.")
+                                         "moves to the new version only when its mean strict validation Acc@1 over "
+                                         "its seeds beats the champion's by more than seed noise, on the same data.")
     run_name: str | None = setting(None, "The new MLflow run's name; None: <model>-<out folder>.")
     log_model: bool = setting(True, "Log the best checkpoint as an MLflow model (and the explain PNGs).")
     system_metrics_interval_s: float = setting(5.0, "How often a training run samples CPU, memory and GPU, seconds; "
