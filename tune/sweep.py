@@ -42,7 +42,7 @@ from pgt.tracking.runs import (
     use_tracking_uri,
 )
 from pgt.training.data import MemoryLayout, load_splits
-from pgt.training.distributed import flat_metrics, run_training
+from pgt.training.distributed import check_splits, flat_metrics, run_training
 from pgt.training.scoring import evaluate, model_scores
 from tune.config import TRIAL_FIXED, SweepConfig
 from tune.space import SearchSpace
@@ -230,6 +230,8 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
     writes a folder at a time: a second one is refused, naming the first's process."""
     out = Path(spec.out_dir).resolve()
     spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
+    # before any run, folder or Ray starts: an empty split would fail every trial max_failures + 1 times
+    check_splits(Path(spec.data_dir))
     with output_lock(out, wait=False, command="pgt tune"):
         return _run_sweep(spec, tracking, address, resume, register)
 

@@ -44,3 +44,24 @@ def test_confirmation_seeds_follow_the_search_and_group_by_what_can_be_fused():
     ensemble = SweepConfig(data_dir=".", out_dir=".", recipe=recipe_settings("ensemble"), seed=4, confirm_seeds=3)
     assert ensemble.confirmation_seeds() == [[5], [6], [7]]
     assert ensemble.confirmation_config({}, Path("f"), [6]).fused_seeds == 1
+
+
+def test_a_sweep_on_an_empty_split_is_refused_before_anything_starts(tmp_path):
+    """`pgt tune` on sequences whose train split is empty (a preprocess that kept no one): one line naming the split,
+    before the sweep's folder, a tracking run or Ray starts, instead of every trial failing max_failures + 1 times."""
+    import polars as pl
+    import pytest
+
+    from preprocessing.config import SynthConfig
+    from preprocessing.pipeline import preprocess
+    from preprocessing.synthetic import generate_positionfixes
+    from tune.sweep import run_sweep
+
+    generate_positionfixes(SynthConfig(users=3, days=40, seed=2)).write_parquet(tmp_path / "fixes.parquet")
+    data = tmp_path / "seq"
+    preprocess(tmp_path / "fixes.parquet", "positionfixes", data, progress=False)
+    pl.read_parquet(data / "train.parquet").head(0).write_parquet(data / "train.parquet")
+    out = tmp_path / "sweep"
+    with pytest.raises(ValueError, match=r"train\.parquet: the train split has no samples; nothing to train on"):
+        run_sweep(SweepConfig(data_dir=str(data), out_dir=str(out), trials=2, epochs=1))
+    assert not out.exists()
