@@ -271,9 +271,8 @@ class FlowSettings(ResolvedParameters):
 
     @cached_property
     def sweep_config(self) -> SweepConfig:
-        given = {name: value for name, value in (("trials", self.trials), ("epochs", self.epochs),
-                                                 ("finalists", self.finalists), ("confirm_seeds", self.confirm_seeds))
-                 if value is not None}
+        given = {name: getattr(self, name) for name in ("trials", "epochs", "finalists", "confirm_seeds")
+                 if getattr(self, name) is not None}
         return SweepConfig(data_dir=str(self.sequences_dir), out_dir=str(self.state_dir / "sweeps" / self.run_name),
                            recipe=base_settings(self.recipe, self.recipe_file),
                            recipe_name=recipe_label(self.recipe, self.recipe_file), **given)

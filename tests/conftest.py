@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -328,21 +328,21 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
 
 def kill_processes(started: dict[int, str]) -> None:
     """SIGKILL those of `started` ({pid: command line}) that still run with the same command line."""
-    import signal
-
-    for pid, _, args in processes():
-        if started.get(pid) == args and pid != os.getpid():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    _kill_where(lambda pid, args: started.get(pid) == args)
 
 
 def kill_processes_naming(folder: Path) -> None:
     """SIGKILL every process whose command line names `folder` (a Ray cluster's own temp dir: its raylet, GCS,
     dashboard and workers), nothing else."""
+    _kill_where(lambda pid, args: str(folder) in args)
+
+
+def _kill_where(chosen: Callable[[int, str], bool]) -> None:
+    """SIGKILL every process but this one for which chosen(pid, command line) holds."""
     import signal
 
     for pid, _, args in processes():
-        if str(folder) in args and pid != os.getpid():
+        if chosen(pid, args) and pid != os.getpid():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
 

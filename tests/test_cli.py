@@ -21,11 +21,16 @@ def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           env={**os.environ, "COLUMNS": "200"})
 
 
+def imported_modules(*python_args) -> tuple[subprocess.CompletedProcess, set[str]]:
+    """`python -X importtime ARGS`: its outcome, and every module it imported."""
+    out = subprocess.run([sys.executable, "-X", "importtime", *map(str, python_args)], capture_output=True, text=True)
+    return out, {line.split("|")[-1].strip() for line in out.stderr.splitlines() if "|" in line}
+
+
 def imported_packages(*args) -> tuple[subprocess.CompletedProcess, set[str]]:
     """`pgt ARGS` under -X importtime: its outcome, and the top-level packages it imported."""
-    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "pgt.cli", *map(str, args)], capture_output=True,
-                         text=True)
-    return out, {line.split("|")[-1].strip().split(".")[0] for line in out.stderr.splitlines() if "|" in line}
+    out, modules = imported_modules("-m", "pgt.cli", *args)
+    return out, {module.split(".")[0] for module in modules}
 
 
 def test_help_is_fast_and_imports_no_torch():
@@ -41,10 +46,8 @@ def test_training_and_scoring_import_no_scikit_learn(tmp_path):
     assert out.returncode == 2 and "no manifest.json" in out.stderr  # the command ran as far as its first check
     assert {"torch", "pgt"} <= imported and "sklearn" not in imported
     # a tracked run logs its model through the served model's module: raw GPS's place search stays unimported
-    logged = subprocess.run([sys.executable, "-X", "importtime", "-c", "import pgt.tracking.mlflow_model"],
-                            capture_output=True, text=True)
-    assert logged.returncode == 0 and "pgt.tracking.mlflow_model" in logged.stderr
-    modules = {line.split("|")[-1].strip() for line in logged.stderr.splitlines() if "|" in line}
+    logged, modules = imported_modules("-c", "import pgt.tracking.mlflow_model")
+    assert logged.returncode == 0 and "pgt.tracking.mlflow_model" in modules
     assert not {"sklearn", "preprocessing.fitted"} & modules
 
 
