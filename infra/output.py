@@ -214,6 +214,18 @@ def check_output_entries(out: Path, producer: str, own: tuple[str, ...]) -> None
                               "choose another --out")
 
 
+PARQUET_ROW_GROUP_ROWS = 512 ** 2  # polars' own default, kept when the writer is pyarrow's
+
+
+def write_parquet(table, path: Path, compression: str = "zstd") -> Path:
+    """Write a polars frame (or a pyarrow table) as Parquet with pyarrow's writer, which raises an OSError with its
+    errno (ENOSPC: "no space left") where polars' writer can say "Invalid thrift: transport error" for a disk that
+    fills while it writes the footer."""
+    table = table.to_arrow() if hasattr(table, "to_arrow") else table
+    pq.write_table(table, path, compression=compression, row_group_size=PARQUET_ROW_GROUP_ROWS)
+    return Path(path)
+
+
 def write_parquet_marked(path: Path, table, producer: str, metadata: dict[str, str] | None = None) -> Path:
     """Write a pyarrow table (or a polars frame) as Parquet atomically, marked as `producer`'s (written_by), with
     `metadata` as more key-value pairs of its schema."""

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from infra.errors import InputError
-from infra.output import output_lock, write_folder
+from infra.output import output_lock, write_folder, write_parquet
 from preprocessing import geolife
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import EngineConfig, RayMap, mapper, serial_map
@@ -318,7 +318,7 @@ def _write_atomically(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFr
     def write(tmp: Path) -> None:
         with log.stage("write"):
             for name, table in tables.items():
-                table.write_parquet(tmp / name, compression="zstd")
+                write_parquet(table, tmp / name)
         manifest["stages"] = log.stages
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2, default=str) + "\n")
 

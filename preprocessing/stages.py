@@ -22,7 +22,7 @@ from pathlib import Path
 import polars as pl
 
 from infra.errors import InputError
-from infra.output import clean_stale_temporaries, temporary_sibling
+from infra.output import clean_stale_temporaries, temporary_sibling, write_parquet
 from preprocessing.config import FORMATS, SPLITS, PreprocessConfig
 from preprocessing.engine import EngineConfig, serial_map
 from preprocessing.locations import generate_locations, merge_staypoints
@@ -149,7 +149,7 @@ class Stage:
         tmp.mkdir()
         names = [f.name for f in dataclasses.fields(self.tables)] if self.tables is not None else []
         for name in names:
-            getattr(self.tables, name).write_parquet(tmp / f"{name}.parquet", compression="zstd")
+            write_parquet(getattr(self.tables, name), tmp / f"{name}.parquet")
         kind = type(self.tables).__name__ if self.tables is not None else None
         (tmp / "stage.json").write_text(json.dumps({"counts": self.counts, "details": self.details, "kind": kind,
                                                      "tables": names, "stages": self.stages}, default=str) + "\n")

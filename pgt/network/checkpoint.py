@@ -102,11 +102,12 @@ RESUMABLE_CHANGES = {"out_dir", "epochs", "resume", "threads", "keep_checkpoints
                      "compile_model", "capture_step"}
 
 
-def check_resumable(saved: dict, cfg: TrainConfig, path: Path) -> None:
-    """ValueError unless the checkpoint was trained with these settings (a setting it predates counts as its default)."""
+def check_resumable(saved: dict, cfg: TrainConfig, path: Path, ignore: frozenset = frozenset()) -> None:
+    """ValueError unless the checkpoint was trained with these settings (a setting it predates counts as its
+    default); `ignore`: settings the caller knows may differ as well."""
     current = cfg.to_dict()
     saved = {**TrainConfig.from_dict({"data_dir": ".", "out_dir": "."}).to_dict(), **saved}
-    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES and saved.get(k) != current[k])
+    changed = sorted(k for k in current if k not in RESUMABLE_CHANGES | ignore and saved.get(k) != current[k])
     if changed:
         raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); "
                          "use --no-resume or another --out")

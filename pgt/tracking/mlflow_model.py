@@ -101,10 +101,14 @@ class PGTModel(PythonModel):
                              "log the model again") from None
         self.packed = PackedModel(for_inference(model)).eval()  # stacked: one batched pass, the embedding folded
         artifacts = context.artifacts
-        self.locations = pq.read_table(artifacts[LOCATIONS]) if LOCATIONS in artifacts else None
-        self.users = pq.read_table(artifacts[USERS]) if USERS in artifacts else None
-        self.manifest = _read_json(artifacts[MANIFEST], "manifest.json") if MANIFEST in artifacts else None
         self.data_files = {key: Path(artifacts[key]) for key in DATA_FILES if key in artifacts}
+        for key, path in self.data_files.items():  # a folder with a table deleted: which, not a bare path, at load
+            if not path.is_file():
+                raise ValueError(f"the model's {DATA_FILES[key]} is missing (expected at {path}); download or "
+                                 "log the model again")
+        self.locations = _read_table(artifacts[LOCATIONS], DATA_FILES[LOCATIONS]) if LOCATIONS in artifacts else None
+        self.users = _read_table(artifacts[USERS], DATA_FILES[USERS]) if USERS in artifacts else None
+        self.manifest = _read_json(artifacts[MANIFEST], "manifest.json") if MANIFEST in artifacts else None
         self._fitted = None
 
     def fitted(self, source: str = "the model"):
@@ -294,15 +298,27 @@ def _series(name: str, column: pd.Series) -> pl.Series:
     return pl.from_pandas(column)
 
 
+def _read_table(path: str, name: str):
+    """A table the model carries (pyarrow), or ValueError naming it (a truncated or hand-edited file)."""
+    import pyarrow as pa
+
+    try:
+        return pq.read_table(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ValueError(f"the model's {name} is unreadable ({' '.join(str(exc).split())[:120]}); download "
+                         "or log the model again") from None
+
+
 def _read_json(path: str, name: str) -> dict:
     """A JSON object the model carries, or ValueError naming it (a corrupt or hand-edited model)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"the model's {name} is unreadable ({' '.join(str(exc).split())[:120]}); log the model "
-                         "again") from None
+        raise ValueError(f"the model's {name} is unreadable ({' '.join(str(exc).split())[:120]}); download "
+                         "or log the model again") from None
     if not isinstance(data, dict):
-        raise ValueError(f"the model's {name} holds a {type(data).__name__}, expected a JSON object; log the model again")
+        raise ValueError(f"the model's {name} holds a {type(data).__name__}, expected a JSON object; download "
+                         "or log the model again")
     return data
 
 

@@ -16,6 +16,7 @@ MLflow names allow no "@", so metric keys read `validation_acc_at_1`, `test_ndcg
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 import fcntl
@@ -27,6 +28,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import warnings
 from importlib import metadata
@@ -109,6 +111,7 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
     try:
         with urllib.request.urlopen(f"{tracking_uri.rstrip('/')}/health", timeout=timeout_s) as response:
             if response.status == 200:
+                check_tracking_api(tracking_uri, timeout_s)
                 return
             problem = f"HTTP {response.status}"
     except urllib.error.HTTPError as exc:
@@ -119,6 +122,48 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
     raise ValueError(f"MLflow tracking server {tracking_uri} is not reachable ({problem}); start it with "
                      "scripts/start-mlflow.sh (or `make demo`), or choose another --tracking-uri / "
                      "MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
+
+
+# the likely fix of each refusal of a tracking server's API (its /health answers without any of these checks)
+API_REFUSALS = {
+    401: "it wants credentials: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)",
+    403: "the credentials it was given lack the permission: ask its administrator for it, or use another user",
+}
+HOST_REFUSAL = ("it accepts only the Host headers of its --allowed-hosts: reach it by one of them, or restart it "
+                "allowing {host} (scripts/start-mlflow.sh: MLFLOW_ALLOWED_HOSTS)")  # MLflow's DNS-rebinding guard
+
+
+def check_tracking_api(tracking_uri: str, timeout_s: float = 3.0) -> None:
+    """ValueError, within `timeout_s`, when a tracking server whose /health answers refuses its API (401, 403, 5xx:
+    MLflow's host check and auth exempt /health): one line naming the server, the status, its words and the likely
+    fix, instead of MLflow's traceback from the first call of a run (and minutes of its retries for a 5xx)."""
+    base = tracking_uri.rstrip("/")
+    request = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search?max_results=1")
+    if os.environ.get("MLFLOW_TRACKING_TOKEN"):
+        request.add_header("Authorization", f"Bearer {os.environ['MLFLOW_TRACKING_TOKEN']}")
+    elif os.environ.get("MLFLOW_TRACKING_USERNAME"):
+        pair = f"{os.environ['MLFLOW_TRACKING_USERNAME']}:{os.environ.get('MLFLOW_TRACKING_PASSWORD', '')}"
+        request.add_header("Authorization", "Basic " + base64.b64encode(pair.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+        try:
+            said = " ".join(exc.read(300).decode("utf-8", "replace").split())
+        except OSError:
+            said = ""
+    except (urllib.error.URLError, OSError):
+        return  # it answered /health a moment ago: the run's own calls say what went wrong, if anything
+    if status < 500 and status not in API_REFUSALS:
+        return  # a client error of this probe alone (an old server's API, a proxy's path rule): the run's calls decide
+    fix = API_REFUSALS.get(status, "the server failed: its log says why; rerun once it answers again (--resume "
+                                   "continues a run)")
+    if status == 403 and "host header" in said.lower():
+        fix = HOST_REFUSAL
+    words = f": {shorten(said, 100)}" if said else ""
+    raise ValueError(f"MLflow tracking server {tracking_uri} refused its API (HTTP {status}{words}); "
+                     f"{fix.format(host=urllib.parse.urlsplit(base).netloc)}")
 
 
 def open_sqlite_store(tracking_uri: str) -> None:

@@ -29,6 +29,7 @@ from pgt.config import (
     LaunchConfig,
     TrainConfig,
 )
+from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint
 from pgt.tracking.registry import Evidence, register_model
 from pgt.tracking.runs import (
     close_abandoned_run,
@@ -162,7 +163,24 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
     out_dir = Path(cfg.out_dir).resolve()
     cfg = dataclasses.replace(cfg, out_dir=str(out_dir), data_dir=str(Path(cfg.data_dir).resolve()))
     with output_lock(out_dir, wait=False, command="pgt train"):  # one writer: a second run is refused, naming the first
+        check_resume_settings(cfg, out_dir)
         return _run_training(cfg, launch, tracking, out_dir, on_epoch, callbacks)
+
+
+# what a refit's own two runs set from the user's settings (train.py's selection and refit configs)
+REFIT_DERIVED = frozenset({"refit", "train_on", "stop_after_epochs"})
+
+
+def check_resume_settings(cfg: TrainConfig, out_dir: Path) -> None:
+    """ValueError, before an MLflow run or Ray starts, when a resumption would pick up a checkpoint of out_dir (or of
+    its refit's selection run) trained with other settings: a refused rerun creates no run and changes none. The
+    loop checks every setting again when it resumes."""
+    if not cfg.resume:
+        return
+    for folder in (out_dir, out_dir / SELECTION_DIR):
+        found = latest_checkpoint(folder)
+        if found is not None:
+            check_resumable(read_checkpoint(found, "cpu", ("config",))["config"], cfg, found, ignore=REFIT_DERIVED)
 
 
 def _run_training(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Path, on_epoch: Callable | None,

@@ -173,7 +173,8 @@ def test_model_doors_name_what_is_missing_and_a_model_folder_works_with_any_stor
 
 
 def test_a_corrupt_model_is_named_in_one_line(trained, tmp_path):
-    """A downloaded model whose model_config.json or manifest.json was damaged: one line naming the file."""
+    """A downloaded model whose model_config.json, manifest.json or users.parquet was damaged, or whose
+    users.parquet or locations.parquet was deleted: one line naming the file and what is wrong with it."""
     import shutil
 
     import mlflow
@@ -181,15 +182,21 @@ def test_a_corrupt_model_is_named_in_one_line(trained, tmp_path):
     root, server = trained
     mlflow.set_tracking_uri(server)
     original = Path(mlflow.artifacts.download_artifacts("models:/raw@champion", dst_path=str(tmp_path / "model")))
-    for name, damage in (("model_config.json", "{not json"), ("manifest.json", "[1, 2]")):
-        broken = tmp_path / f"broken-{name}"
+    cases = (("model_config.json", "{not json", "is unreadable"), ("manifest.json", "[1, 2]", "holds a list"),
+             ("users.parquet", "PAR1", "is unreadable"), ("users.parquet", None, "is missing"),
+             ("locations.parquet", None, "is missing"))
+    for i, (name, damage, words) in enumerate(cases):
+        broken = tmp_path / f"broken-{i}-{name}"
         shutil.copytree(original, broken)
         found = next(broken.rglob(name))
-        found.write_text(damage)
+        if damage is None:
+            found.unlink()
+        else:
+            found.write_text(damage)
         r = pgt_here("evaluate", "--model", broken, "--data", root / "early", "--tracking-uri", server)
         error = r.stderr.strip().splitlines()[-1]
-        assert r.returncode == 2 and error.startswith("error: ") and name in error and "Traceback" not in r.stderr, \
-            r.stderr[-2000:]
+        assert r.returncode == 2 and error.startswith("error: ") and f"{name} {words}" in error, r.stderr[-2000:]
+        assert "Traceback" not in r.stderr and "download or log the model again" in error
 
 
 def test_training_refuses_an_empty_split_before_ray_starts(trained, tmp_path):

@@ -281,3 +281,21 @@ def test_a_refit_is_registered_on_its_held_out_validation(synthetic_sequences, t
     assert "validation_learned_from_acc_at_1" in metrics and "validation_acc_at_1" not in metrics
     version = client.get_model_version("refit", result["mlflow"]["registered"]["version"])
     assert version.tags[SCORE_TAG] == repr(selection["validation"]["strict"]["acc@1"])
+
+    # the same command again passes the resumption's door (a refit's own runs differ from it only where the refit
+    # sets them); with another setting it is refused there: no MLflow run made, the finished one left FINISHED
+    from pgt.cli import train_config
+    from pgt.training.distributed import check_resume_settings
+    from tests.in_process import pgt_here
+    from tests.pgt.test_options import parse
+
+    args = ["--data", str(synthetic_sequences), "--out", str(out), "--recipe", "tuned", "--refit-epochs", "scaled",
+            "--epochs", "3", "--d-model", "16", "--dim-feedforward", "32", "--nhead", "2"]
+    check_resume_settings(train_config(parse("train", *args)), out)
+    record = (out / "mlflow_run.json").read_text()
+    runs_before = len(client.search_runs([child.info.experiment_id]))
+    changed = [a if a != "16" else "32" for a in args]
+    r = pgt_here("train", *changed, "--tracking-uri", mlflow_server, "--experiment", "refit-test", "--register", "refit")
+    assert r.returncode == 2 and "was trained with other settings (d_model=16)" in r.stderr, r.stderr[-2000:]
+    assert len(client.search_runs([child.info.experiment_id])) == runs_before
+    assert client.get_run(run_id).info.status == "FINISHED" and (out / "mlflow_run.json").read_text() == record
