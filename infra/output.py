@@ -3,8 +3,8 @@
 - `check_apart(out, inputs)`: an output is never one of the command's inputs, nor inside or around one.
 - `check_output_file` / `check_output_entries`: an existing output is replaced only when this program wrote it
   (the producer mark in Parquet metadata, PNG text, a CSV header or a manifest).
-- `output_lock(out_dir)` holds an exclusive lock on `.<name>.lock` beside the folder (removed after): a second
-  run into the same folder waits for the first (and then usually reuses its result).
+- `output_lock(out_dir, command)` holds an exclusive lock on `.<name>.lock` beside the folder (removed after): a
+  second writer of the same output, whatever the command, is refused in one line naming the holder's process.
 - `write_folder(out_dir, files)` writes into a hidden temporary sibling, then swaps it into place; temporary
   folders left by killed runs (their process is gone) are removed by the next run.
 """
@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -83,9 +82,10 @@ def write_json_atomically(path: Path, data, **dump_kwargs) -> Path:
 
 
 @contextmanager
-def output_lock(out_dir: Path, wait: bool = True, command: str = "pgt preprocess") -> Iterator[Path]:
+def output_lock(out_dir: Path, command: str) -> Iterator[Path]:
     """An exclusive lock on `.<name>.lock` beside out_dir for the whole run, removed after it. Another run
-    holding it is waited for (a line on stderr says so), or refused with InputError when `wait` is False."""
+    holding it is refused with InputError naming the holder: one rule for every command (a wait could last a
+    whole training)."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     lock_path = out_dir.parent / f".{out_dir.name}.lock"
@@ -95,13 +95,10 @@ def output_lock(out_dir: Path, wait: bool = True, command: str = "pgt preprocess
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             fh.seek(0)
-            holder = fh.read().strip() or "another process"
-            if not wait:
-                fh.close()
-                raise InputError(out_dir, f"another `{command}` ({holder}) is writing this output; "
-                                          f"wait for it or choose another --out (lock: {lock_path})") from None
-            print(f"waiting: another `{command}` ({holder}) is writing {out_dir}", file=sys.stderr, flush=True)
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            holder = fh.read().strip() or "process"  # what the holder wrote: its command and pid
+            fh.close()
+            raise InputError(out_dir, f"another {holder} is writing this output; wait for it to end or choose "
+                                      f"another --out (lock: {lock_path})") from None
         try:
             same = os.fstat(fh.fileno()).st_ino == os.stat(lock_path).st_ino
         except FileNotFoundError:
@@ -112,7 +109,7 @@ def output_lock(out_dir: Path, wait: bool = True, command: str = "pgt preprocess
     try:
         fh.seek(0)
         fh.truncate()
-        fh.write(f"pid {os.getpid()}\n")
+        fh.write(f"`{command}` (pid {os.getpid()})\n")
         fh.flush()
         yield lock_path
     finally:

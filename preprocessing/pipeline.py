@@ -107,15 +107,15 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
     same for every engine, so it is no part of what a rerun compares.
 
     A rerun with the same input, format, config and code reuses out_dir unless `force`. Only a folder that
-    `pgt preprocess` wrote, holding nothing else, is ever replaced; a second run into the same out_dir waits
-    for the first.
+    `pgt preprocess` wrote, holding nothing else, is ever replaced; a second run into the same out_dir while
+    the first writes it is refused, naming the first.
     """
     config = config or PreprocessConfig()
     check_format(input_path, input_format)
     input_path, out_dir = Path(input_path), Path(out_dir)
     check_output_folder(out_dir, OWN_FILES)
-    with output_lock(out_dir):
-        check_output_folder(out_dir, OWN_FILES)  # what the run we waited for left there
+    with output_lock(out_dir, command="pgt preprocess"):
+        check_output_folder(out_dir, OWN_FILES)  # what a run that ended meanwhile left there
         return _preprocess_locked(input_path, input_format, out_dir, config, force, progress, engine or EngineConfig())
 
 
@@ -307,7 +307,7 @@ def write_output(out_dir: Path, manifest: dict, tables: dict[str, pl.DataFrame],
     """The final output folder, written atomically; refused if out_dir holds anything `pgt preprocess` did not write."""
     out_dir = Path(out_dir)
     check_output_folder(out_dir, OWN_FILES)
-    with output_lock(out_dir):
+    with output_lock(out_dir, command="pgt preprocess"):
         check_output_folder(out_dir, OWN_FILES)
         _write_atomically(out_dir, manifest, tables, log or StageLog())
 
@@ -334,7 +334,7 @@ def preprocess_fitted(input_path: Path | str, input_format: str, fitted_dir: Pat
     input_path, out_dir = Path(input_path), Path(out_dir)
     check_format(input_path, input_format)
     check_output_folder(out_dir, OWN_FILES)
-    with output_lock(out_dir):
+    with output_lock(out_dir, command="pgt preprocess"):
         check_output_folder(out_dir, OWN_FILES)
         log = StageLog()
         with _progress(progress) as bar:

@@ -20,6 +20,9 @@ fi
 if ! prefect work-pool inspect "$PGT_WORK_POOL" >/dev/null 2>&1; then
     prefect work-pool create "$PGT_WORK_POOL" --type process >/dev/null
 fi
+# every deployment's runs share the state folder (sequences, stage cache, runs): one flow run at a time in the pool,
+# the others queued, as each command refuses a second writer of its output
+prefect work-pool set-concurrency-limit "$PGT_WORK_POOL" 1 >/dev/null
 if running "$WORKER_PID"; then
     echo "prefect worker: already running (pid $(cat "$WORKER_PID"))"
 else

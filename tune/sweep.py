@@ -232,7 +232,7 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
     spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
     # before any run, folder or Ray starts: an empty split would fail every trial max_failures + 1 times
     check_splits(Path(spec.data_dir))
-    with output_lock(out, wait=False, command="pgt tune"):
+    with output_lock(out, command="pgt tune"):
         return _run_sweep(spec, tracking, address, resume, register)
 
 

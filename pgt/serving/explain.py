@@ -63,7 +63,7 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
         raise ValueError(f"{Path(data_dir) / 'test.parquet'}: no samples to explain")
     check_vocabulary(cfg, dataset, Path(data_dir) / "test.parquet")  # another run's ids would index past the tables
     out_dir = Path(out_dir)
-    with output_lock(out_dir, wait=False, command=EXPLAINER):  # one writer: a second is refused, naming the first
+    with output_lock(out_dir, command=EXPLAINER):  # one writer: a second is refused, naming the first
         out_dir.mkdir(parents=True, exist_ok=True)
         c = collect(model, dataset)
         title = f"{cfg.variant}, d={cfg.d_model}" + (f", {cfg.members} members" if cfg.members > 1 else "")

@@ -81,24 +81,29 @@ def predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: P
     for side in side_files(out_path).values():
         check_output_file(side, PREDICTOR, (".parquet",))
     check_apart(out_path, {"--input": input_path})
+    with output_lock(out_path, command=PREDICTOR):  # one writer, from before the model loads: a second is refused
+        return _predict_raw(model_uri, input_path, input_format, out_path, top_k, tracking_uri, at)
+
+
+def _predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: Path, top_k: int,
+                 tracking_uri: str | None, at: datetime | None) -> RawPrediction:
     model_uri = answering_model(model_uri, tracking_uri)  # after the checks: nothing is asked of MLflow before
     wrapper = load_pgt_model(model_uri, tracking_uri)
     applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri), at=at,
                            memory=bool(wrapper.packed.cfg.memory_places))
     frame = predict_applied(wrapper.packed, applied, top_k)
     files = {"predictions": out_path}
-    with output_lock(out_path, command=PREDICTOR):
-        check_output_file(out_path, PREDICTOR, (".parquet", ".csv"), PREDICTION_COLUMNS)
-        if out_path.suffix == ".csv":
-            write_file_atomically(out_path, frame.write_csv)
-        else:
-            write_parquet_marked(out_path, frame, PREDICTOR, {MODEL_KEY: model_uri})
-        for kind, table in (("quarantine", applied.quarantine), ("unscored", applied.unscored)):
-            side = side_files(out_path)[kind]
-            if table is not None and table.height:
-                files[kind] = write_parquet_marked(side, table, PREDICTOR)
-            elif side.exists():  # ours (checked above): an earlier run's, which would mislead
-                side.unlink()
+    check_output_file(out_path, PREDICTOR, (".parquet", ".csv"), PREDICTION_COLUMNS)
+    if out_path.suffix == ".csv":
+        write_file_atomically(out_path, frame.write_csv)
+    else:
+        write_parquet_marked(out_path, frame, PREDICTOR, {MODEL_KEY: model_uri})
+    for kind, table in (("quarantine", applied.quarantine), ("unscored", applied.unscored)):
+        side = side_files(out_path)[kind]
+        if table is not None and table.height:
+            files[kind] = write_parquet_marked(side, table, PREDICTOR)
+        elif side.exists():  # ours (checked above): an earlier run's, which would mislead
+            side.unlink()
     return RawPrediction(frame, applied.counts, applied.unscored, files, model_uri)
 
 
@@ -117,6 +122,11 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     check_output_file(Path(out_path), PREDICTOR, (".parquet",))  # before the model's download
     check_apart(Path(out_path), {"--input": input_path})
     SequenceDataset.check_columns(input_path, require_target=False)
+    with output_lock(Path(out_path), command=PREDICTOR):  # one writer, from before the model loads
+        return _predict_file(model_uri, input_path, Path(out_path), top_k, tracking_uri)
+
+
+def _predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int, tracking_uri: str | None) -> tuple[int, str]:
     model_uri = answering_model(model_uri, tracking_uri)
     model, trained_on = load_model_and_manifest(model_uri, tracking_uri)
     check_lineage(trained_on, Path(input_path).parent, model_uri)  # where the sequences sit in a preprocess folder
@@ -136,9 +146,8 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     if "target" in pq.read_schema(input_path).names:
         columns["target"] = pa.array(dataset.targets.numpy())
         columns["target_place"] = pa.array(dataset.target_places.numpy())
-    with output_lock(Path(out_path), command=PREDICTOR):
-        check_output_file(Path(out_path), PREDICTOR, (".parquet",))
-        write_parquet_marked(Path(out_path), pa.table(columns), PREDICTOR, {MODEL_KEY: model_uri})
+    check_output_file(out_path, PREDICTOR, (".parquet",))
+    write_parquet_marked(out_path, pa.table(columns), PREDICTOR, {MODEL_KEY: model_uri})
     return len(dataset), model_uri
 
 

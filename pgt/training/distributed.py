@@ -162,7 +162,7 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
     check_splits(Path(cfg.data_dir))
     out_dir = Path(cfg.out_dir).resolve()
     cfg = dataclasses.replace(cfg, out_dir=str(out_dir), data_dir=str(Path(cfg.data_dir).resolve()))
-    with output_lock(out_dir, wait=False, command="pgt train"):  # one writer: a second run is refused, naming the first
+    with output_lock(out_dir, command="pgt train"):  # one writer: a second run is refused, naming the first
         check_resume_settings(cfg, out_dir)
         return _run_training(cfg, launch, tracking, out_dir, on_epoch, callbacks)
 
@@ -178,9 +178,10 @@ def check_resume_settings(cfg: TrainConfig, out_dir: Path) -> None:
     if not cfg.resume:
         return
     for folder in (out_dir, out_dir / SELECTION_DIR):
-        found = latest_checkpoint(folder)
-        if found is not None:
-            check_resumable(read_checkpoint(found, "cpu", ("config",))["config"], cfg, found, ignore=REFIT_DERIVED)
+        in_ray = sorted((folder / "ray" / RUN_NAME).glob("epoch_*/checkpoint.pt"))  # a run under Ray Train's storage
+        for found in (latest_checkpoint(folder), in_ray[-1] if in_ray else None):
+            if found is not None:
+                check_resumable(read_checkpoint(found, "cpu", ("config",))["config"], cfg, found, ignore=REFIT_DERIVED)
 
 
 def _run_training(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Path, on_epoch: Callable | None,

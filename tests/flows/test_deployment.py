@@ -173,7 +173,8 @@ def test_sweep_deployment_tunes_and_registers_the_best_trial(stack):
 
 
 def test_every_deployment_runs_one_at_a_time(stack):
-    """prefect.yaml's concurrency_limit reached the server: runs that share the state folder queue up."""
+    """prefect.yaml's concurrency_limit reached the server, and start-prefect.sh's limit of the work pool: runs
+    that share the state folder queue up, whatever their deployment."""
     _, env = stack
     code = """
 import asyncio
@@ -186,9 +187,10 @@ async def main():
             d = await client.read_deployment_by_name(name)
             limit = d.global_concurrency_limit.limit if d.global_concurrency_limit else d.concurrency_limit
             print(name.split("/")[1], limit)
+        print("pool", (await client.read_work_pool("pgt-process")).concurrency_limit)
 
 asyncio.run(main())
 """
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
-    assert r.stdout.split() == ["demo", "1", "geolife", "1", "sweep", "1", "predict", "1"]
+    assert r.stdout.split() == ["demo", "1", "geolife", "1", "sweep", "1", "predict", "1", "pool", "1"]

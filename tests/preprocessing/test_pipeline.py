@@ -119,21 +119,21 @@ def test_a_crash_leaves_no_half_output(tmp_path, monkeypatch):
     out = tmp_path / "out"
     calls = []
 
-    def failing_write(self, path, **kwargs):
+    def failing_write(table, path, **kwargs):
         calls.append(path)
         if len(calls) == 3:
             raise OSError("disk full")
-        return original(self, path, **kwargs)
+        return original(table, path, **kwargs)
 
-    original = pl.DataFrame.write_parquet
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", failing_write)
+    original = pipeline.write_parquet  # the writer of the final tables
+    monkeypatch.setattr(pipeline, "write_parquet", failing_write)
     with pytest.raises(OSError, match="disk full"):
         preprocess(src, "positionfixes", out, progress=False)
     assert not out.exists() and list(tmp_path.iterdir()) == [src]
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", original)
+    monkeypatch.setattr(pipeline, "write_parquet", original)
     good = preprocess(src, "positionfixes", out, progress=False)
     calls.clear()
-    monkeypatch.setattr(pl.DataFrame, "write_parquet", failing_write)
+    monkeypatch.setattr(pipeline, "write_parquet", failing_write)
     with pytest.raises(OSError):
         preprocess(src, "positionfixes", out, force=True, progress=False)
     assert json.loads((out / "manifest.json").read_text()) == good.manifest  # the previous output is intact
@@ -216,23 +216,27 @@ def test_stale_temporaries_of_killed_runs_are_removed(tmp_path):
     assert not stale.exists() and live.exists()
 
 
-def test_a_second_run_waits_for_the_first_and_reuses_its_output(tmp_path):
-    """Two `pgt preprocess` into one --out at once: the lock makes the second wait, then reuse."""
-    import subprocess
-    import sys
+def test_a_second_writer_is_refused_naming_the_first_and_a_later_run_reuses(tmp_path):
+    """While another command holds the output (its lock, here held by this test's process), `pgt preprocess` into it
+    is refused in one line naming that command and its process, writing nothing; once it ended, the run writes, and
+    the next one reuses."""
+    import os
+
+    from infra.output import output_lock
+    from tests.in_process import pgt_here
 
     src = tmp_path / "fixes.csv"
     commuter_csv(src)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "pgt.cli", "preprocess", "--input", str(src), "--format", "positionfixes",
-           "--out", str(out), "--no-progress"]
-    first = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    second = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    results = [p.communicate(timeout=120) + (p.returncode,) for p in (first, second)]
-    assert [rc for _, _, rc in results] == [0, 0], results
-    verbs = sorted(stdout.split()[0] for stdout, _, _ in results)
-    assert verbs == ["reused", "wrote"], results  # never both "wrote"
-    assert not (tmp_path / ".out.lock").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["fixes.csv", "out"]
+    args = ("preprocess", "--input", src, "--format", "positionfixes", "--out", out, "--no-progress")
+    with output_lock(out, command="pgt preprocess"):
+        r = pgt_here(*args)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"another `pgt preprocess` (pid {os.getpid()}) is writing this output" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fixes.csv"]  # nothing written, the lock gone with its holder
+    verbs = [pgt_here(*args).stdout.split()[0] for _ in range(2)]
+    assert verbs == ["wrote", "reused"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fixes.csv", "out"]
 
 
 def test_the_manifest_records_every_feature_table_size(tmp_path):

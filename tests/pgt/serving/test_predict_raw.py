@@ -78,6 +78,15 @@ def test_predict_writes_csv_and_refuses_other_suffixes(trained):
     r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
                  "positionfixes", "--out", root / "pred.txt", "--tracking-uri", server)
     assert r.returncode == 2 and "must end in .parquet or .csv" in r.stderr and r.stderr.count("\n") == 1
+    # a second writer of the same output is refused, naming the first, as every command refuses it
+    from infra.output import output_lock
+
+    before = (root / "pred.csv").read_bytes()
+    with output_lock(root / "pred.csv", command="pgt predict"):
+        r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
+                     "positionfixes", "--out", root / "pred.csv", "--tracking-uri", server)
+    assert r.returncode == 2 and f"another `pgt predict` (pid {os.getpid()}) is writing this output" in r.stderr
+    assert (root / "pred.csv").read_bytes() == before
 
 
 def test_predict_warns_when_no_user_has_a_recent_history(trained, tmp_path):

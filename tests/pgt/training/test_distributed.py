@@ -162,3 +162,6 @@ def test_ray_owns_the_checkpoints_and_a_rerun_resumes_from_its_storage(synthetic
     assert [row["epoch"] for row in second["history"]] == [0, 1, 2]
     assert sorted(p.name for p in (tmp_path / "run" / "ray" / "train").glob("epoch_*")) == ["epoch_001", "epoch_002"]
     assert not (tmp_path / "run" / "checkpoints").exists()
+    # other settings are refused before Ray Train starts, naming Ray's checkpoint
+    with pytest.raises(ValueError, match=r"ray/train/epoch_002/checkpoint.pt was trained with other settings \(d_model="):
+        run_training(TrainConfig.from_dict({**cfg.to_dict(), "epochs": 3, "d_model": 32}), LaunchConfig(workers=2))
