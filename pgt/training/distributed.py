@@ -146,8 +146,21 @@ def check_splits(data_dir: Path) -> None:
         except (pa.ArrowException, OSError) as exc:
             raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
         if rows == 0:
-            raise ValueError(f"{path}: the {split} split has no samples; nothing to train on (preprocess more people "
-                             "or more days)")
+            raise ValueError(f"{path}: the {split} split has no samples; nothing to train on (the preprocessing "
+                             f"{_preprocessing_counts(data_dir)}; preprocess more people or more days)")
+
+
+def _preprocessing_counts(data_dir: Path) -> str:
+    """What a `pgt preprocess` manifest says of its people and samples, in words (its manifest was read already)."""
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    counts, details = manifest.get("counts") or {}, manifest.get("details") or {}
+    days = (manifest.get("config") or {}).get("min_tracking_days")
+    said = [f"kept {counts.get('users_kept', '?')} users tracked more than {days} days"]
+    if "users_with_samples_in_all_splits" in details:
+        said.append(f"{details['users_with_samples_in_all_splits']} of them with samples in all splits")
+    samples = counts.get("samples") or {}
+    said.append("made samples " + ", ".join(f"{name} {n:,}" for name, n in samples.items()))
+    return ", ".join(said)
 
 
 def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=None,

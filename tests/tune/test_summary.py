@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from pgt.config import selection_score
 from tune.config import SweepConfig
 from tune.sweep import headline_metrics
@@ -62,6 +64,10 @@ def test_a_sweep_on_an_empty_split_is_refused_before_anything_starts(tmp_path):
     preprocess(tmp_path / "fixes.parquet", "positionfixes", data, progress=False)
     pl.read_parquet(data / "train.parquet").head(0).write_parquet(data / "train.parquet")
     out = tmp_path / "sweep"
-    with pytest.raises(ValueError, match=r"train\.parquet: the train split has no samples; nothing to train on"):
+    counts = json.loads((data / "manifest.json").read_text())["counts"]
+    with pytest.raises(ValueError, match=r"train\.parquet: the train split has no samples; nothing to train on") as refused:
         run_sweep(SweepConfig(data_dir=str(data), out_dir=str(out), trials=2, epochs=1))
+    # the line says what the preprocessing kept and made
+    assert f"kept {counts['users_kept']} users tracked more than" in str(refused.value)
+    assert f"made samples train {counts['samples']['train']:,}, validation" in str(refused.value)
     assert not out.exists()
