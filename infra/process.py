@@ -3,6 +3,7 @@
 - `handled_signals()`: SIGTERM and SIGHUP (what Prefect's cancel, systemd and `kill` send, and a closed terminal)
   are handled as Ctrl+C is, so the code that keeps a checkpoint consistent, closes an MLflow run as KILLED and
   stops Ray runs for them too; the command then exits 128 + the signal's number (130, 143, 129).
+- `interruptible()`: a block that waits in Ray stops on SIGTERM and SIGHUP whoever handles them (Prefect's cancel).
 - `uninterrupted()`: a short write that a signal must not cut in half takes the signal as it ends.
 - `disk_problem(exc)`: a full, read-only or forbidden path as one line naming the path.
 - `read_small_file(path)`: a user's settings file, read only when it is a regular file of at most a few MiB.
@@ -51,11 +52,9 @@ def handled_signals() -> Iterator[Signals]:
 
     def on_signal(signum, frame):
         caught.received = caught.received or signum
-        handler = signal.getsignal(signal.SIGINT)
-        if callable(handler) and handler not in (on_signal, signal.default_int_handler):
-            handler(signal.SIGINT, frame)  # a library's own Ctrl+C handling (Ray Tune's graceful stop)
-            return
-        raise KeyboardInterrupt(signal.Signals(signum).name)
+        interrupt(signum, frame)
+
+    on_signal.interrupts = True  # raises KeyboardInterrupt itself: interruptible() leaves it in place
 
     def on_interrupt(signum, frame):
         caught.received = caught.received or signum
@@ -68,6 +67,59 @@ def handled_signals() -> Iterator[Signals]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+def interrupt(signum: int, frame) -> None:
+    """What SIGTERM and SIGHUP do where work must stop as for Ctrl+C: call the SIGINT handler a library installed
+    meanwhile (Ray Tune's graceful stop of a sweep), else raise KeyboardInterrupt."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler) and handler is not signal.default_int_handler and not getattr(handler, "interrupts", False):
+        handler(signal.SIGINT, frame)
+        return
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """A block that waits in Ray (ray.get blocks the main thread in Ray's core) stops on SIGTERM and SIGHUP. Ray's
+    core runs Python's signal handlers while it waits but ends the wait only for KeyboardInterrupt or SystemExit:
+    another handler's exception (Prefect's TerminationSignal, when a flow run is cancelled) is swallowed, and the
+    process waits until it is killed, its MLflow run left RUNNING and its lock file behind. Inside the block such
+    a handler is replaced by one that raises KeyboardInterrupt; once the block has unwound (checkpoint kept,
+    MLflow run KILLED, lock gone), the handler it replaced takes the signal. Prefect's is the exception: the process
+    ends by the signal's default action instead, as Prefect itself ends it for a signal it did not ask for. Its
+    worker then marks a cancelled run Cancelled (its handler, called here, would mark it Crashed: Prefect's runner
+    is told of a cancel only while its own handler is installed). Handlers that interrupt already
+    (handled_signals') stay. Only in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    replaced = {s: signal.getsignal(s) for s in HANDLED}
+    replaced = {s: h for s, h in replaced.items()
+                if h is not None and h is not signal.SIG_IGN and not getattr(h, "interrupts", False)}
+
+    def on_signal(signum, frame):
+        received.append(signum)
+        # not a library's Ctrl+C handler (Ray Train's graceful abort): it asks the Ray head, which the same signal
+        # to the whole process group (Prefect's cancel) has stopped, and would wait for it forever
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    on_signal.interrupts = True
+    for s in replaced:
+        signal.signal(s, on_signal)
+    try:
+        yield
+    finally:
+        for s, handler in replaced.items():
+            signal.signal(s, handler)
+        if received:
+            handler = replaced[received[0]]
+            if callable(handler) and not str(getattr(handler, "__module__", "")).startswith("prefect."):
+                handler(received[0], None)
+            else:  # the default action: the process ends by the signal, as it would have
+                signal.signal(received[0], signal.SIG_DFL)
+                signal.raise_signal(received[0])
 
 
 @contextmanager

@@ -9,6 +9,8 @@ import signal
 import threading
 from collections.abc import Iterator
 
+from infra.process import interruptible
+
 
 def prepare_ray_env(address: str | None = None) -> None:
     """The environment of the Ray this process starts or joins; it must be set before `ray` is first imported.
@@ -79,7 +81,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
     import ray
 
     if ray.is_initialized():
-        yield
+        with interruptible():
+            yield
         return
     address = address or os.environ.get("RAY_ADDRESS")
     with kept_signal_handlers():
@@ -92,7 +95,8 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         else:
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
     try:
-        yield
+        with interruptible():  # a cancelled Prefect flow run's SIGTERM stops the wait in Ray
+            yield
     finally:
         ray.shutdown()
 

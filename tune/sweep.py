@@ -23,7 +23,7 @@ import torch
 import yaml
 
 from infra.output import output_lock, write_file_atomically, write_json_atomically
-from infra.process import uninterrupted
+from infra.process import interruptible, uninterrupted
 from infra.ray_session import prepare_ray_env, ray_session
 from pgt.config import EVAL_BATCH_SIZE, RECIPE_FREE, LaunchConfig, TrackingConfig, TrainConfig, load_recipe_file, selection_score
 from pgt.network.checkpoint import load_checkpoint, read_checkpoint
@@ -232,7 +232,7 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
     spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
     # before any run, folder or Ray starts: an empty split would fail every trial max_failures + 1 times
     check_splits(Path(spec.data_dir))
-    with output_lock(out, command="pgt tune"):
+    with interruptible(), output_lock(out, command="pgt tune"):  # SIGTERM as run_training takes it
         return _run_sweep(spec, tracking, address, resume, register)
 
 

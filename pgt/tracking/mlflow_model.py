@@ -38,6 +38,7 @@ import mlflow
 import numpy as np
 import pandas as pd
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 from mlflow.exceptions import MlflowException
@@ -300,8 +301,6 @@ def _series(name: str, column: pd.Series) -> pl.Series:
 
 def _read_table(path: str, name: str):
     """A table the model carries (pyarrow), or ValueError naming it (a truncated or hand-edited file)."""
-    import pyarrow as pa
-
     try:
         return pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:

@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from infra.output import output_lock
-from infra.process import shorten
+from infra.process import interruptible, shorten
 from infra.ray_session import ray_session
 from pgt.config import (
     BASELINES,
@@ -175,7 +175,9 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking=
     check_splits(Path(cfg.data_dir))
     out_dir = Path(cfg.out_dir).resolve()
     cfg = dataclasses.replace(cfg, out_dir=str(out_dir), data_dir=str(Path(cfg.data_dir).resolve()))
-    with output_lock(out_dir, command="pgt train"):  # one writer: a second run is refused, naming the first
+    # SIGTERM stops the run as Ctrl+C does whoever handles it (a Prefect flow run's cancel included), and takes
+    # its handler's effect only once the run is closed and its lock released
+    with interruptible(), output_lock(out_dir, command="pgt train"):  # one writer: a second is refused, naming the first
         check_resume_settings(cfg, out_dir)
         return _run_training(cfg, launch, tracking, out_dir, on_epoch, callbacks)
 

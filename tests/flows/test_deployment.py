@@ -194,3 +194,69 @@ asyncio.run(main())
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["demo", "1", "geolife", "1", "sweep", "1", "predict", "1", "pool", "1"]
+
+
+def test_cancelling_a_training_flow_run_stops_ray_closes_its_run_and_a_rerun_resumes(stack):
+    """`prefect flow-run cancel` while the demo trains under Ray Train (the worker sends SIGTERM to the flow run's
+    process group, Ray's head included): the run ends Cancelled, every Ray process it started is gone, its MLflow run
+    is KILLED and its lock released; the next run resumes from the last checkpoint and closes the same MLflow run."""
+    import time
+
+    from mlflow.tracking import MlflowClient
+
+    from preprocessing.config import SynthConfig
+    from preprocessing.synthetic import generate_positionfixes
+    from tests.conftest import descendant_processes
+
+    state, env = stack
+    prefect = Path(env["PGT_VENV_BIN"]) / "prefect"
+    points = state / "input" / "cancelled.parquet"  # its own input: its own sequences and run folder
+    points.parent.mkdir()
+    generate_positionfixes(SynthConfig(users=8, days=70, seed=5)).write_parquet(points)
+    given = ("--param", f"input_path={points}")
+    started = subprocess.run([prefect, "deployment", "run", "preprocess-and-train/demo", *given, "--param", "epochs=60"],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0, started.stderr[-2000:]
+    flow_run = started.stdout.split("UUID:")[1].split()[0]
+    run_dir = state / "runs" / "cancelled"
+    worker = int((state / "prefect" / "worker.pid").read_text())
+    deadline = time.monotonic() + 300
+    while len(list((run_dir / "ray" / "train").glob("epoch_*"))) < 2:  # two checkpoints: it trains under Ray
+        assert time.monotonic() < deadline, "the demo made no two checkpoints within 300 s"
+        time.sleep(0.5)
+    ray_pids = {pid for pid, args in descendant_processes(worker).items() if "ray" in args}
+    assert ray_pids
+    cancelled = subprocess.run([prefect, "flow-run", "cancel", flow_run], env=env, capture_output=True, text=True,
+                               timeout=120)
+    assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+    code = f"""
+import time
+from prefect.client.orchestration import get_client
+with get_client(sync_client=True) as client:
+    for _ in range(240):
+        state = client.read_flow_run("{flow_run}").state
+        if state.is_final():
+            break
+        time.sleep(0.5)
+    print(state.type.value)
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
+    assert r.stdout.split()[-1:] == ["CANCELLED"], r.stdout + r.stderr[-2000:]
+    deadline = time.monotonic() + 60
+    while {pid for pid in ray_pids if Path(f"/proc/{pid}").exists()} and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not {pid for pid in ray_pids if Path(f"/proc/{pid}").exists()}  # no Ray process of the run is left
+    assert not (run_dir.parent / f".{run_dir.name}.lock").exists()
+    client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
+    run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
+    assert client.get_run(run_id).info.status == "KILLED"
+    kept = max(int(p.name.removeprefix("epoch_")) for p in (run_dir / "ray" / "train").glob("epoch_*"))
+
+    run_deployment(env, "preprocess-and-train/demo", *given, "--param", f"epochs={kept + 3}")
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    # 1-based: right after the newest checkpoint kept, or the one before it if Ray had not registered the newest
+    # when the signal stopped its controller
+    assert len(metrics["resumed_at_epochs"]) == 1 and kept + 1 <= metrics["resumed_at_epochs"][0] <= kept + 2
+    assert metrics["epochs_run"] == kept + 3
+    assert json.loads((run_dir / "mlflow_run.json").read_text())["run_id"] == run_id
+    assert client.get_run(run_id).info.status == "FINISHED"
