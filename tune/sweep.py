@@ -75,7 +75,8 @@ def run_trial(config: dict, sweep: dict, tracking: dict | None) -> None:
     write_json_atomically(out_dir / "node.json", {"node_id": ray.get_runtime_context().get_node_id(),
                                                   "hostname": os.uname().nodename, "pid": os.getpid(),
                                                   "started_at": time.time()})
-    cfg = spec.train_config(spec.space.resolve(config), out_dir)
+    # a trial is chosen on validation: test is read once, by the winner's final run
+    cfg = dataclasses.replace(spec.train_config(spec.space.resolve(config), out_dir), evaluate_test=False)
     train_in_trial(spec, cfg, out_dir, tracking, f"trial-{trial_id}")
 
 
@@ -473,8 +474,8 @@ def _searcher(spec: SweepConfig):
 
 def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool = False) -> dict:
     """tune.json: a row per trial (config, status, epochs, the best validation score of the objective, its
-    strict and protocol validation Acc@1, test metrics when it finished), the best finished trial by the
-    objective and its config."""
+    strict and protocol validation Acc@1; test metrics only of a trial that read test, which trials no longer do),
+    the best finished trial by the objective and its config."""
     rows, never_started = [], 0
     stopped = "stopped (ASHA or time budget)" if out_of_time else "stopped (ASHA)"
     for result in grid:
@@ -496,7 +497,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool 
             "best_validation_acc@1": done["validation"]["acc@1"] if done else None,
             "best_validation_strict_acc@1": done["validation"]["strict"]["acc@1"] if done else None,
             "best_validation": done["validation"] if done else None,
-            "test": headline_metrics(done["test"]) if done else None,
+            "test": headline_metrics(done["test"]) if done and done["test"] else None,  # a trial's own: none
             "node_id": node.get("node_id"), "node_address": nodes.get(node.get("node_id", ""), None),
             "started_at": node.get("started_at"), "last_report_at": metrics.get("timestamp"),
             "mlflow_run_id": _trial_run_id(trial_dir),

@@ -19,7 +19,7 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     winning; then the winner's recipe file trained as `pgt train --recipe-file` trains it, which is the model logged
     and registered."""
     out = tmp_path / "sweep"
-    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 4, "--epochs", 2, "--max-concurrent", 2,
+    r = tune_cli("--data", training_sequences, "--out", out, "--trials", 4, "--epochs", 1, "--max-concurrent", 2,
                  "--grace-period", 1, "--finalists", 2, "--confirm-seeds", 2, "--tracking-uri", mlflow_server,
                  "--experiment", "sweep-test", "--register", "swept")
     assert r.returncode == 0, r.stderr[-4000:]
@@ -129,8 +129,10 @@ def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_
     best = json.loads((out / "trials" / result["best_trial"] / "metrics.json").read_text())["config"]
     again = train_config(parse("train", "--data", best["data_dir"], "--out", best["out_dir"],
                                "--recipe-file", str(out / "best_recipe.yaml"), "--threads", str(best["threads"])))
-    assert not best["refit"]  # a trial is scored on validation: it never refits; the winner refits as `tuned` does
-    assert again.to_dict() == {**best, "resume": again.resume, "refit": True}
+    # a trial is scored on validation: it never refits or reads test; the winner refits as `tuned` does
+    assert not best["refit"] and not best["evaluate_test"]
+    assert again.to_dict() == {**best, "resume": again.resume, "refit": True, "evaluate_test": True}
+    assert all(row["test"] is None for row in result["trials"])
     assert "best_recipe.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
     # lineage: the sweep and its trial name their data, source and recipe; both sampled their machine
     parent = client.get_run(parent.info.run_id)
