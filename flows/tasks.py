@@ -168,7 +168,7 @@ def log_predictions(tracking_uri: str, model_uri: str, predictions_file: Path, p
     the summary (users, strict Acc@1 on evaluation samples)."""
     summary = prediction_summary(pl.read_parquet(predictions_file))
     logged = log_prediction_run(tracking_uri, model_uri, [predictions_file, png], {"input": input_path, "top_k": top_k},
-                                summary, input_path=input_path, version=version)
+                                summary, source="predict-next-places flow", input_path=input_path, version=version)
     return {**logged, "summary": summary, "model_version": version}
 
 

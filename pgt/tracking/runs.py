@@ -696,12 +696,13 @@ def input_dataset(path: Path, context: str = "prediction"):
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
 
 
-def log_predictions(tracking_uri: str, model_uri: str, files: list[Path], params: dict, metrics: dict,
+def log_predictions(tracking_uri: str, model_uri: str, files: list[Path], params: dict, metrics: dict, source: str,
                     experiment: str = "pgt-predictions", input_path: Path | None = None,
                     version: dict | None = None) -> dict:
     """An MLflow run for one scoring of new data: the model URI, the registered version that answered (`version`,
     model_version's, resolved before the prediction; else resolved now) and the inputs as params, the input file
-    as the run's dataset, the summary as metrics, the prediction table and map as artifacts. Returns the run id,
+    as the run's dataset, the summary as metrics, the prediction table and map as artifacts; `source` (the flow or
+    command that scored) is the run's Source, not the interpreter's entry file. Returns the run id,
     its UI address and, for a tracking server, the download address of each artifact (what a Prefect image or
     link artifact can show)."""
     import mlflow
@@ -711,7 +712,8 @@ def log_predictions(tracking_uri: str, model_uri: str, files: list[Path], params
     answered = {"model_name": version["name"], "model_version": version["version"],
                 "model_version_uri": version["version_uri"]} if version else {}
     with mlflow.start_run(experiment_id=experiment_id(tracking_uri, experiment),
-                          run_name=f"predict {version['version_uri'] if version else model_uri}") as run:
+                          run_name=f"predict {version['version_uri'] if version else model_uri}",
+                          tags=source_tags(source)) as run:
         mlflow.log_params({"model_uri": model_uri, **answered, **{k: str(v) for k, v in params.items()}})
         if version:
             mlflow.set_tag("pgt.model_version", version["version_uri"])

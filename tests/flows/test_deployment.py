@@ -137,6 +137,7 @@ with get_client(sync_client=True) as client:
     assert run.data.params["model_uri"] == "models:/pgt-demo@champion" and run.data.params["model_version"] == champion
     assert run.data.tags["pgt.model_version"] == run.data.params["model_version_uri"] == f"models:/pgt-demo/{champion}"
     assert [i.tags[0].value for i in run.inputs.dataset_inputs] == ["prediction"]
+    assert run.data.tags["mlflow.source.name"] == "predict-next-places flow"  # the UI's Source, not Prefect's engine
     shown = subprocess.run([sys.executable, SCRIPTS / "show_run.py", "predict-next-places/predict",
                             "pgt-predictions-summary"], env=env, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0 and ": Completed" in shown.stdout and "users scored" in shown.stdout, shown.stdout
