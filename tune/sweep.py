@@ -19,14 +19,13 @@ import statistics
 import time
 from pathlib import Path
 
-import torch
 import yaml
 
 from infra.output import output_lock, write_file_atomically, write_json_atomically
 from infra.process import interruptible, uninterrupted
 from infra.ray_session import prepare_ray_env, ray_session
-from pgt.config import EVAL_BATCH_SIZE, RECIPE_FREE, LaunchConfig, TrackingConfig, TrainConfig, load_recipe_file, selection_score
-from pgt.network.checkpoint import load_checkpoint, read_checkpoint
+from pgt.config import RECIPE_FREE, LaunchConfig, TrackingConfig, TrainConfig, load_recipe_file, selection_score
+from pgt.network.checkpoint import read_checkpoint
 from pgt.tracking.registry import Evidence, data_digest, register_model
 from pgt.tracking.runs import (
     end_run,
@@ -41,9 +40,7 @@ from pgt.tracking.runs import (
     terminate_run,
     use_tracking_uri,
 )
-from pgt.training.data import MemoryLayout, load_splits
 from pgt.training.distributed import check_splits, flat_metrics, run_training
-from pgt.training.scoring import evaluate, model_scores
 from tune.config import TRIAL_FIXED, SweepConfig
 from tune.space import SearchSpace
 
@@ -308,7 +305,7 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
             result["best_test"] = headline_metrics(final["test"])
             result["evidence"] = sweep_evidence(spec, result)
         if tracking:
-            result["mlflow"] = _log_sweep(spec, tracking, result, register)
+            result["mlflow"] = _log_sweep(spec, tracking, result, register, final["test"])
         write_json_atomically(out / "tune.json", result, indent=2, default=float)
         status = "FINISHED"
         return result
@@ -590,18 +587,15 @@ def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
     return dataclasses.replace(tracking, run_id=run_id)
 
 
-def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None) -> dict:
-    """Parent run: best config, the best trial's test metrics (evaluated again here), the trials plot,
-    tune.json, the best checkpoint as a model; registered under the champion rule when asked."""
+def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None, test: dict) -> dict:
+    """Parent run: best config, the final run's test metrics (`test`, as that run scored its best checkpoint: test
+    is not scored again), the trials plot, tune.json, the final run's best checkpoint as a model; registered under
+    the champion rule when asked."""
 
     import mlflow
     from mlflow.entities import Metric, Param
 
     client = mlflow_client(tracking.tracking_uri)
-    model, cfg = load_checkpoint(result["best_checkpoint"])
-    test_split = load_splits(spec.data_dir, cfg.max_len, memory=MemoryLayout.of(cfg))["test"]
-    test = evaluate(model_scores(model), test_split, EVAL_BATCH_SIZE, torch.device("cpu"))
-    result["best_test"] = headline_metrics(test)
     now = int(time.time() * 1000)
     metrics = metrics_of("best_test", test) | {"best_validation_acc_at_1": result["best_validation_acc@1"],
                                                "best_validation_strict_acc_at_1": result["best_validation_strict_acc@1"],
