@@ -471,8 +471,8 @@ def _searcher(spec: SweepConfig):
 
 def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool = False) -> dict:
     """tune.json: a row per trial (config, status, epochs, the best validation score of the objective, its
-    strict and protocol validation Acc@1; test metrics only of a trial that read test, which trials no longer do),
-    the best finished trial by the objective and its config."""
+    strict and protocol validation Acc@1; test metrics only where the trial's run scored test, which a trial of
+    run_trial never does), the best finished trial by the objective and its config."""
     rows, never_started = [], 0
     stopped = "stopped (ASHA or time budget)" if out_of_time else "stopped (ASHA)"
     for result in grid:

@@ -66,8 +66,10 @@ def read_checkpoint(path: Path | str, device: torch.device | str = "cpu", requir
     return state
 
 
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    found = sorted((out_dir / "checkpoints").glob("epoch_*/checkpoint.pt"))
+def latest_checkpoint(out_dir: Path, storage: Path | str = "checkpoints") -> Path | None:
+    """The newest epoch_NNN/checkpoint.pt under out_dir/storage: the folder of runs without Ray by default, or Ray
+    Train's storage of a run under it (ray/train)."""
+    found = sorted((Path(out_dir) / storage).glob("epoch_*/checkpoint.pt"))
     return found[-1] if found else None
 
 

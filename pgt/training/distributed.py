@@ -193,8 +193,7 @@ def check_resume_settings(cfg: TrainConfig, out_dir: Path) -> None:
     if not cfg.resume:
         return
     for folder in (out_dir, out_dir / SELECTION_DIR):
-        in_ray = sorted((folder / "ray" / RUN_NAME).glob("epoch_*/checkpoint.pt"))  # a run under Ray Train's storage
-        for found in (latest_checkpoint(folder), in_ray[-1] if in_ray else None):
+        for found in (latest_checkpoint(folder), latest_checkpoint(folder, Path("ray") / RUN_NAME)):
             if found is not None:
                 check_resumable(read_checkpoint(found, "cpu", ("config",))["config"], cfg, found, ignore=REFIT_DERIVED)
 
