@@ -1,15 +1,24 @@
-"""Benchmark: `pgt serve` under a flood of large requests, with its load caps and without them, side by side.
+"""Benchmark: `pgt serve` against slow senders, bursts of large requests and a stream of small ones, side by side
+with the server of another commit.
 
 A small model is trained on synthetic GPS (`pgt synth`, `pgt preprocess`, `pgt train --register`, into a local
-SQLite store), then served twice by `scripts/start-serve.sh` with a 16 MB request limit: once with the caps set out
-of reach (`--max-in-flight 4096 --max-buffered-mb 65536`: every request is read and parsed at once, as the server
-did before it had caps) and once with their defaults. Each time CLIENTS clients POST a GPS-points body of about
-15 MB at once; meanwhile /ping is asked every 100 ms, and the server's resident memory (its process and children)
-is sampled every 50 ms. Reported: the server's peak RSS over its idle RSS, /ping's median and worst latency (and
-how many pings went unanswered within 10 s), the answers' status counts and the wall time until every client had
-its answer. Writes JSON (default benchmarks/results/serve_load.json) and prints a table.
+SQLite store) and served by this checkout's `pgt serve` and, with `--baseline-ref REF`, by the same command of
+commit REF (a git worktree): each with a 16 MB request limit and its default admission settings, but for a body
+deadline of BODY_TIMEOUT_S where the server has one. Scenarios, each server in turn (the other idle) but the first:
 
-    python benchmarks/serve_load.py [--clients 100] [--body-mb 15]
+- slow senders: SLOW connections send the headers and half the body of a small request, then wait. Meanwhile
+  /ping and a whole small request are timed ten times each; then the half-sent ones' answers are awaited (up to
+  the body deadline and 30 s more; those without an answer then are counted as such and closed);
+- bursts: CLIENTS clients (20, then 100) POST a GPS-points body of about 15 MB at once, while /ping is asked every
+  100 ms and the server's resident memory (its process and children) is sampled every 50 ms: the statuses (a 503
+  counted with and without Retry-After), peak RSS over idle, /ping's median and worst, the wall time;
+- small requests, first, on servers fresh from their start: one person's staypoints (a few KB) POSTed SMALL_ROUNDS
+  times to each server (both running), in turns whose order alternates (A B, B A, ...) so that the machine's drift
+  falls on both alike: their medians side by side.
+
+Writes JSON (default benchmarks/results/serve_load.json) and prints a table.
+
+    python benchmarks/serve_load.py [--baseline-ref REF] [--slow 500] [--bursts 20 100] [--body-mb 15]
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ import argparse
 import collections
 import json
 import os
+import selectors
+import socket
 import statistics
 import subprocess
 import sys
@@ -40,7 +51,8 @@ from benchmarks.preprocess import machine  # noqa: E402 - after sys.path gains t
 
 PGT = [sys.executable, "-m", "pgt.cli"]
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "serve_load.json"
-UNCAPPED = {"SERVE_MAX_IN_FLIGHT": "4096", "SERVE_MAX_BUFFERED_MB": "65536"}
+BODY_TIMEOUT_S = 5.0  # the body deadline the benchmark sets, where the server has one (its default is longer)
+SMALL_ROUNDS = 600
 
 
 def body_of(points: pl.DataFrame, megabytes: float) -> bytes:
@@ -52,12 +64,93 @@ def body_of(points: pl.DataFrame, megabytes: float) -> bytes:
     return json.dumps({"dataframe_records": (records * (wanted // len(records) + 1))[:wanted]}).encode()
 
 
+def small_body(points: pl.DataFrame) -> bytes:
+    """One person's staypoints of their last week, as a client sends them (a few KB)."""
+    from preprocessing.staypoints import generate_staypoints
+
+    stays = generate_staypoints(points, 200, 30, 1440).sort("started_at").tail(30)
+    stays = stays.select("user_id", *(pl.col(c).dt.strftime("%Y-%m-%dT%H:%M:%S%z") for c in ("started_at", "finished_at")),
+                         "latitude", "longitude")
+    return json.dumps({"dataframe_records": stays.to_dicts()}).encode()
+
+
 def server_rss(pid: int) -> int:
     try:
         process = psutil.Process(pid)
         return process.memory_info().rss + sum(c.memory_info().rss for c in process.children(recursive=True))
     except psutil.Error:
         return 0
+
+
+def post(url: str, body: bytes, timeout: float = 600) -> tuple[int, str | None]:
+    """(HTTP status, Retry-After) of one POST; -1 where no answer came (reset or timed out)."""
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            response.read()
+            return response.status, None
+    except urllib.error.HTTPError as exc:
+        exc.read()
+        return exc.code, exc.headers.get("Retry-After")
+    except (urllib.error.URLError, OSError):
+        return -1, None
+
+
+def timed(function, *args) -> tuple[float, object]:
+    start = time.perf_counter()
+    result = function(*args)
+    return time.perf_counter() - start, result
+
+
+def ping(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=10) as response:
+            response.read()
+            return response.status
+    except (urllib.error.URLError, OSError):
+        return -1
+
+
+def slow_senders(url: str, body: bytes, count: int, deadline_s: float) -> dict:
+    """COUNT connections that send headers and half of `body`, then wait; /ping and a whole request timed meanwhile;
+    then every half-sent one's answer awaited (up to `deadline_s` after they were sent)."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    head = (f"POST /invocations HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    sockets = []
+    for _ in range(count):
+        client = socket.create_connection((host, int(port)), timeout=10)
+        client.sendall(head + body[:len(body) // 2])
+        client.setblocking(False)
+        sockets.append(client)
+    sent = time.perf_counter()
+    time.sleep(0.5)  # the server has read their headers and begun their bodies
+    pings = [timed(ping, url) for _ in range(10)]
+    requests = [timed(post, url, body, 30) for _ in range(10)]
+    answers: dict[socket.socket, tuple[float, int]] = {}
+    selector = selectors.DefaultSelector()
+    for client in sockets:
+        selector.register(client, selectors.EVENT_READ)
+    while len(answers) < count and time.perf_counter() - sent < deadline_s:
+        for key, _ in selector.select(timeout=0.5):
+            try:
+                data = key.fileobj.recv(4096)
+            except OSError:
+                data = b""
+            status_line = data.split(b"\r\n", 1)[0].split()
+            status = int(status_line[1]) if len(status_line) > 1 and status_line[1].isdigit() else -1
+            answers[key.fileobj] = (time.perf_counter() - sent, status)
+            selector.unregister(key.fileobj)
+    for client in sockets:
+        client.close()
+    times = [t for t, _ in answers.values()]
+    return {"connections": count, "ping_statuses": dict(collections.Counter(str(s) for _, s in pings)),
+            "ping_max_ms": 1000 * max(t for t, _ in pings),
+            "request_statuses": dict(collections.Counter(str(s) for _, (s, _) in requests)),
+            "request_max_ms": 1000 * max(t for t, _ in requests),
+            "half_sent_statuses": dict(sorted(collections.Counter(str(s) for _, s in answers.values()).items())),
+            "half_sent_unanswered": count - len(answers),
+            "half_sent_answered_after_s": [round(min(times), 2), round(max(times), 2)] if times else None}
 
 
 def flood(url: str, pid: int, body: bytes, clients: int) -> dict:
@@ -71,49 +164,61 @@ def flood(url: str, pid: int, body: bytes, clients: int) -> dict:
             rss.append(server_rss(pid))
             time.sleep(0.05)
 
-    def ping() -> None:
+    def pinger() -> None:
         nonlocal missed
         while not done.is_set():
-            start = time.perf_counter()
-            try:
-                urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=10).read()
-                pings.append(time.perf_counter() - start)
-            except (urllib.error.URLError, OSError):
+            seconds, status = timed(ping, url)
+            if status == 200:
+                pings.append(seconds)
+            else:
                 missed += 1
             time.sleep(0.1)
 
-    def post(_: int) -> int:
-        request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(request, timeout=600) as response:
-                response.read()
-                return response.status
-        except urllib.error.HTTPError as exc:
-            exc.read()
-            return exc.code
-        except (urllib.error.URLError, OSError):
-            return -1  # no answer (connection reset or timed out)
-
-    watchers = [threading.Thread(target=sample), threading.Thread(target=ping)]
+    watchers = [threading.Thread(target=sample), threading.Thread(target=pinger)]
     for w in watchers:
         w.start()
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        statuses = list(pool.map(post, range(clients)))
+        answers = list(pool.map(lambda _: post(url, body), range(clients)))
     wall = time.perf_counter() - start
     done.set()
     for w in watchers:
         w.join()
-    return {"idle_rss_mb": idle / 2**20, "peak_rss_mb": max(rss) / 2**20, "peak_over_idle_mb": (max(rss) - idle) / 2**20,
+    statuses = collections.Counter("503 with Retry-After" if status == 503 and retry else str(status)
+                                   for status, retry in answers)
+    return {"clients": clients, "idle_rss_mb": idle / 2**20, "peak_rss_mb": max(rss) / 2**20,
+            "peak_over_idle_mb": (max(rss) - idle) / 2**20,
             "ping_median_ms": 1000 * statistics.median(pings) if pings else None,
             "ping_max_ms": 1000 * max(pings) if pings else None, "pings": len(pings), "pings_unanswered": missed,
-            "statuses": dict(sorted(collections.Counter(map(str, statuses)).items())), "wall_s": wall}
+            "statuses": dict(sorted(statuses.items())), "wall_s": wall}
+
+
+def start_server(checkout: Path, port: int, env: dict, log: Path, admission: bool) -> subprocess.Popen:
+    """`pgt serve` of the checkout (its own packages first on the path), once /ping answers 200."""
+    extra = ["--body-timeout-s", str(BODY_TIMEOUT_S)] if admission else []
+    process = subprocess.Popen([*PGT, "serve", "--model", "models:/load@champion", "--host", "127.0.0.1", "--port",
+                                str(port), "--max-request-mb", "16", *extra], cwd=checkout,
+                               env={**env, "PYTHONPATH": str(checkout), "POLARS_MAX_THREADS": "1"},
+                               stdout=log.open("w"), stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 180
+    while ping(f"http://127.0.0.1:{port}/invocations") != 200:
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"the server of {checkout} did not start: {log.read_text()[-2000:]}")
+        time.sleep(0.5)
+    return process
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, default=100)
+    parser.add_argument("--baseline-ref", help="a commit whose server runs beside this checkout's")
+    parser.add_argument("--slow", type=int, default=500, help="slow senders held open at once")
+    parser.add_argument("--bursts", type=int, nargs="+", default=[20, 100], help="clients of each burst")
     parser.add_argument("--body-mb", type=float, default=15.0)
+    parser.add_argument("--small-only", action="store_true", help="only the small requests, side by side")
+    parser.add_argument("--baseline-first", action="store_true",
+                        help="start the baseline's server first (the server started first answers a few percent "
+                             "slower on a 2-core machine: measure both orders)")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pgt-bench-serve-load-") as tmp:
@@ -125,29 +230,72 @@ def main() -> None:
             "--no-progress", env=env)
         run(*PGT, "train", "--data", tmp / "seq", "--out", tmp / "run", "--epochs", 2, "--register", "load", env=env)
         points = pl.read_parquet(tmp / "points.parquet")
-        body = body_of(points.filter(pl.col("user_id") == points["user_id"].min()).sort("tracked_at"), args.body_mb)
-        results = {}
-        for name, caps in (("uncapped", UNCAPPED), ("capped (defaults)", {})):
-            port = free_port()
-            serve_env = {**env, "SERVE_PORT": str(port), "SERVE_MAX_REQUEST_MB": "16", **caps}
-            run(ROOT / "scripts" / "start-serve.sh", "models:/load@champion", env=serve_env)
-            pid = int((tmp / "state" / "serve" / "server.pid").read_text())
-            try:
-                results[name] = flood(f"http://127.0.0.1:{port}/invocations", pid, body, args.clients)
-            finally:
-                subprocess.run([ROOT / "scripts" / "stop-serve.sh"], env=serve_env, capture_output=True, timeout=120)
+        person = points.filter(pl.col("user_id") == points["user_id"].min()).sort("tracked_at")
+        large, small = body_of(person, args.body_mb), small_body(person)
+        checkouts = {"this checkout": (ROOT, True)}
+        if args.baseline_ref:
+            subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", tmp / "baseline", args.baseline_ref],
+                           check=True, capture_output=True)
+            baseline = {f"baseline {args.baseline_ref}": (tmp / "baseline", False)}
+            checkouts = {**baseline, **checkouts} if args.baseline_first else {**checkouts, **baseline}
+        servers, results = {}, {}
+        try:
+            for name, (checkout, admission) in checkouts.items():
+                port = free_port()
+                servers[name] = (start_server(checkout, port, env, tmp / f"{len(servers)}.log", admission),
+                                 f"http://127.0.0.1:{port}/invocations")
+            latencies = {name: [] for name in servers}
+            names = list(servers)
+            for turn in range(SMALL_ROUNDS):
+                for name in names if turn % 2 == 0 else names[::-1]:
+                    url = servers[name][1]
+                    seconds, (status, _) = timed(post, url, small, 30)
+                    if status == 200:
+                        latencies[name].append(seconds)
+            for name, seconds in latencies.items():
+                results[name] = {"small_request": {"rounds": SMALL_ROUNDS, "answered_200": len(seconds),
+                                                  "median_ms": 1000 * statistics.median(seconds),
+                                                  "p90_ms": 1000 * statistics.quantiles(seconds, n=10)[-1]}}
+            for name, (process, url) in servers.items() if not args.small_only else ():
+                row = results[name]
+                print(f"{name}: {args.slow} slow senders", flush=True)
+                row["slow_senders"] = slow_senders(url, small, args.slow, BODY_TIMEOUT_S + 30)
+                for clients in args.bursts:
+                    print(f"{name}: {clients} clients x {args.body_mb:g} MB", flush=True)
+                    row[f"burst_{clients}"] = flood(url, process.pid, large, clients)
+        finally:
+            for process, _ in servers.values():
+                process.terminate()
+                process.wait(timeout=60)
+            if args.baseline_ref:
+                subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", tmp / "baseline"],
+                               capture_output=True)
     report = {"benchmark": "serve_load", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "clients": args.clients, "body_mb": round(len(body) / 2**20, 2),
-              "max_request_mb": 16, "runs": results}
+              "machine": machine(), "body_mb": round(len(large) / 2**20, 2), "small_body_kb": round(len(small) / 1024, 1),
+              "max_request_mb": 16, "body_timeout_s": BODY_TIMEOUT_S, "started_first": next(iter(results), None),
+              "servers": results}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"{args.clients} clients x {report['body_mb']} MB at once")
-    print(f"{'server':<18} {'peak RSS MB':>11} {'over idle':>9} {'ping med ms':>11} {'ping max ms':>11} "
-          f"{'unanswered':>10} {'wall s':>7}  statuses")
-    for name, r in results.items():
-        print(f"{name:<18} {r['peak_rss_mb']:>11.0f} {r['peak_over_idle_mb']:>9.0f} {r['ping_median_ms'] or 0:>11.1f} "
-              f"{r['ping_max_ms'] or 0:>11.1f} {r['pings_unanswered']:>10} {r['wall_s']:>7.1f}  {r['statuses']}")
+    print_table(report)
     print(f"wrote {args.results}")
+
+
+def print_table(report: dict) -> None:
+    print(f"{'server':<24} {'scenario':<22} {'statuses':<44} {'RSS +MB':>7} {'ping max ms':>11} {'wall s':>6}")
+    for name, row in report["servers"].items():
+        small = row["small_request"]
+        print(f"{name:<24} {'small request':<22} median {small['median_ms']:.2f} ms, p90 {small['p90_ms']:.2f} ms")
+        if "slow_senders" not in row:
+            continue
+        slow = row["slow_senders"]
+        print(f"{'':<24} {'slow: real requests':<22} {str(slow['request_statuses']):<44} {'':>7} "
+              f"{slow['ping_max_ms']:>11.0f} {'':>6}")
+        print(f"{'':<24} {'slow: half-sent':<22} {str(slow['half_sent_statuses']):<44} {'':>7} {'':>11} "
+              f"{(slow['half_sent_answered_after_s'] or [0, 0])[1]:>6.1f}")
+        for key, burst in row.items():
+            if key.startswith("burst_"):
+                print(f"{'':<24} {key.replace('_', ' ') + ' x 15 MB':<22} {str(burst['statuses']):<44} "
+                      f"{burst['peak_over_idle_mb']:>7.0f} {burst['ping_max_ms'] or 0:>11.0f} {burst['wall_s']:>6.1f}")
 
 
 if __name__ == "__main__":

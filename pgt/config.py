@@ -433,11 +433,22 @@ class ServeConfig:
     workers: int = setting(1, "Worker processes, each with its own copy of the model.", low=1, high=256)
     max_request_mb: float = setting(16.0, "Request bodies larger than this get HTTP 413 (a week of one person's GPS "
                                           "at 1 Hz is about 60 MB).", low=0.0, high=4096.0, low_open=True)
-    max_in_flight: int = setting(8, "Requests a worker reads or answers at once; more get HTTP 503 with Retry-After "
-                                    "before their body is read.", low=1, high=4096)
-    max_buffered_mb: float = setting(64.0, "Request bodies a worker holds at once, all requests together; a request "
-                                           "that would pass it gets HTTP 503 with Retry-After. At least "
-                                           "max_request_mb.", low=0.0, high=65536.0, low_open=True)
+    max_in_flight: int = setting(2, "Large requests (bodies over 64 KB) a worker parses and scores at once, each in "
+                                    "a thread; small ones are answered on its event loop as soon as they are read.",
+                                 low=1, high=4096)
+    max_queued: int = setting(16, "Large requests a worker admits and has not begun to score (being read, or read "
+                                  "and waiting for a slot); past it a new large request waits unread in its socket.",
+                              low=1, high=1 << 20)
+    max_buffered_mb: float = setting(64.0, "Request bodies a worker holds at once, all requests together (a body being "
+                                           "read reserves its declared size); a request that would pass it waits "
+                                           "unread in its socket. At least max_request_mb.",
+                                     low=0.0, high=65536.0, low_open=True)
+    queue_timeout_s: float = setting(30.0, "A request waits unread at most this long for room (bytes and a place in "
+                                           "the queue); past it, HTTP 503 with Retry-After.",
+                                     low=0.0, high=86400.0, low_open=True)
+    body_timeout_s: float = setting(20.0, "A request's body must arrive within this many seconds of its admission; "
+                                          "past it, HTTP 408 and the connection closes (a slow sender gives its room "
+                                          "back).", low=0.0, high=86400.0, low_open=True)
     tracking_uri: str | None = setting(None, "Where models:/ and runs:/ URIs resolve; None: $MLFLOW_TRACKING_URI.",
                                        env="MLFLOW_TRACKING_URI")
     torch_threads: int = setting(1, "Torch threads per worker. A request is a few people's sequences, which one thread "

@@ -10,7 +10,12 @@ model is the same pyfunc (pgt/tracking/mlflow_model.py). What this server adds:
 - the model is loaded and warmed up before the server answers /ping (503 until then), so the first request is
   as fast as the rest: once uvicorn listens, the server sends the model's own warm-up requests to itself over its
   socket, through every layer a client's request takes (uvicorn's protocol, the app, JSON);
-- a small request (up to INLINE_BYTES of body) is answered on the event loop, a larger one in a worker thread;
+- admission that queues (pgt/serving/admission.py): a body is read only once its bytes fit the worker's budget
+  (`max_buffered_mb`) and, for a large one, a place in the queue (`max_queued`) is free; until then the request
+  waits unread in its socket, and past `queue_timeout_s` gets 503 with Retry-After. A body must arrive within
+  `body_timeout_s` (408 past it), so a slow sender holds neither a slot nor memory for long;
+- a small request (up to INLINE_BYTES of body) is answered on the event loop as soon as it is read, a larger one in
+  a worker thread, `max_in_flight` at once; /ping never waits behind either;
 - a table request's answer holds, beside `predictions`, the rows set aside (`quarantined`) and the people not
   scored (`not_scored`), each with the reason (PGTModel.answer): nothing a request holds is dropped unsaid.
 
@@ -20,6 +25,7 @@ worker processes receive them.
 
 import asyncio
 import errno
+import gc
 import io
 import json
 import logging
@@ -34,6 +40,7 @@ import torch
 
 from infra.process import listed, shorten
 from pgt.config import ServeConfig
+from pgt.serving.admission import Admission, Busy
 from pgt.serving.inference import top_k_of
 from pgt.tracking.runs import check_model_uri, use_tracking_uri
 
@@ -44,17 +51,8 @@ INLINE_BYTES = 64 * 1024  # a body up to this size (a person's week of staypoint
 # event loop, where a hop to a worker thread would cost it about a millisecond; a larger one, which may take seconds,
 # in a worker thread, so that /ping and other connections are answered meanwhile
 MAX_COLUMNS = 256  # a request's width: the model reads a few columns; more is refused before a frame is built
-HEAVY_AT_ONCE = 2  # large requests (over INLINE_BYTES) parsed and scored at once in a worker; the rest wait their turn
 RETRY_AFTER_S = 1  # what a 503 tells a busy server's client to wait
 log = logging.getLogger("pgt.serving.server")
-
-
-class Load:
-    """A worker's requests in flight and the bytes of request bodies it holds (one event loop: no lock)."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.bytes = 0
 
 
 class BadRequest(Exception):
@@ -92,6 +90,11 @@ def parse_body(body: bytes, content_type: str, polars_records: bool = False):
         raise BadRequest("the JSON body is nested too deeply to be a request") from None
     except ValueError as exc:
         raise BadRequest(f"the body is not valid JSON ({str(exc).splitlines()[0][:200]})") from None
+    return parse_payload(payload, polars_records)
+
+
+def parse_payload(payload, polars_records: bool = False):
+    """(model input, params) of a parsed JSON body, as parse_body."""
     if not isinstance(payload, dict):
         raise BadRequest(f"the JSON body must be an object with one of dataframe_records, dataframe_split, "
                          f"instances or inputs; got a {type(payload).__name__}")
@@ -247,7 +250,7 @@ def create_app(config: "ServeConfig | None" = None):
     app = FastAPI(title=f"pgt serve {config.model_uri}", lifespan=warmed)
 
     def answer(status: int, message: str) -> Response:
-        code = {400: "BAD_REQUEST", 413: "REQUEST_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE",
+        code = {400: "BAD_REQUEST", 408: "REQUEST_TIMEOUT", 413: "REQUEST_TOO_LARGE", 415: "UNSUPPORTED_MEDIA_TYPE",
                 503: "TEMPORARILY_UNAVAILABLE"}.get(status, "INTERNAL_ERROR")
         return Response(json.dumps({"error_code": code, "message": message}), status_code=status,
                         media_type="application/json")
@@ -263,75 +266,96 @@ def create_app(config: "ServeConfig | None" = None):
     async def version():
         return Response(mlflow.__version__, status_code=200, media_type="application/json")
 
-    load = Load()  # what this worker holds: requests in flight and the bytes of their bodies
-    heavy = asyncio.Semaphore(HEAVY_AT_ONCE)
+    admission = Admission(config.max_buffered_bytes, config.max_queued, config.max_in_flight)
 
-    async def busy(request: Request, why: str, read: int = 0) -> Response:
-        """503 with Retry-After, once the rest of the body was read and dropped (held nowhere): a client that sends
-        its whole body before reading reads the answer, not a reset."""
+    async def drain(request: Request, read: int = 0) -> bool:
+        """Read the rest of a body and drop it (up to DRAIN_FACTOR limits, within the body deadline), so that a client
+        that sends its whole body before reading reads the answer, not a reset. False where it was cut short."""
         try:
-            async for chunk in request.stream():
-                read += len(chunk)
-                if read > DRAIN_FACTOR * config.max_request_bytes:
-                    break
+            async with asyncio.timeout(config.body_timeout_s):
+                async for chunk in request.stream():
+                    read += len(chunk)
+                    if read > DRAIN_FACTOR * config.max_request_bytes:
+                        return False
         except ClientDisconnect:
             pass
-        response = answer(503, f"the server is busy ({why}); retry after {RETRY_AFTER_S} s")
-        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        except TimeoutError:
+            return False
+        return True
+
+    def closing(response: Response) -> Response:
+        response.headers["Connection"] = "close"  # uvicorn closes the connection after the answer
         return response
+
+    async def too_large(request: Request, read: int = 0) -> Response:
+        drained = await drain(request, read)
+        response = answer(413, f"the request body exceeds the server's limit of {config.max_request_mb:g} MB; send "
+                               "fewer rows per request (a person's last days suffice), or start the server with a "
+                               "larger --max-request-mb")
+        return response if drained else closing(response)
+
+    async def busy(request: Request, waited_s: float) -> Response:
+        """503 with Retry-After for a request that found no room within the wait limit, once the rest of its body was
+        read and dropped (held nowhere), within the body deadline: a client that sends its whole body before reading
+        reads the answer, not a reset."""
+        drained = await drain(request)
+        response = answer(503, f"the server is busy: no room for this request within {waited_s:g} s (bodies held "
+                               f"{admission.held / 2**20:.0f} MB of {config.max_buffered_mb:g} MB, large requests "
+                               f"waiting {admission.queued} of {config.max_queued}); retry after {RETRY_AFTER_S} s")
+        response.headers["Retry-After"] = str(RETRY_AFTER_S)
+        return response if drained else closing(response)
+
+    async def read_body(request: Request, ticket) -> "bytes | Response":
+        """The whole body, within the body deadline (408 and the connection closed past it), held under the ticket's
+        reservation (413 where an undeclared length passes the limit)."""
+        chunks, size = [], 0
+        try:
+            async with asyncio.timeout(config.body_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > ticket.reserved:  # only an undeclared length can: a declared one is framed by it
+                        del chunks
+                        return await too_large(request, size)
+                    chunks.append(chunk)
+        except TimeoutError:
+            return closing(answer(408, f"the request body did not arrive within {config.body_timeout_s:g} s "
+                                       f"({size:,} bytes came); send it whole, or start the server with a larger "
+                                       "--body-timeout-s"))
+        except ClientDisconnect:  # the client hung up: nobody reads an answer; one line, no traceback
+            log.info("a client hung up after sending %d bytes of its request", size)
+            return Response(status_code=499)
+        admission.shrink(ticket, size)
+        body = b"".join(chunks)
+        del chunks
+        return body
 
     @app.post("/invocations")
     async def invocations(request: Request):
-        if load.requests >= config.max_in_flight:  # refused: its body is dropped as it comes, never held
-            return await busy(request, f"{load.requests} requests in flight, the limit is {config.max_in_flight}")
-        load.requests += 1
-        held = 0
+        declared = request.headers.get("content-length")
+        declared_bytes = int(declared) if declared is not None and declared.isdigit() else None
+        if declared_bytes is not None and declared_bytes > config.max_request_bytes:
+            return await too_large(request)  # its body is dropped as it comes, never held
+        size = config.max_request_bytes if declared_bytes is None else declared_bytes
         try:
-            limit = config.max_request_bytes
-            declared = request.headers.get("content-length")
-            too_large = (f"the request body exceeds the server's limit of {config.max_request_mb:g} MB; send fewer "
-                         "rows per request (a person's last days suffice), or start the server with a larger "
-                         "--max-request-mb")
-            chunks, size = [], 0
-            declared_bytes = int(declared) if declared is not None and declared.isdigit() else None
-            over = declared_bytes is not None and declared_bytes > limit
-            if not over and declared_bytes is not None and load.bytes + declared_bytes > config.max_buffered_bytes:
-                return await busy(request, f"{load.bytes / 2**20:.0f} MB of request bodies held, the limit is "
-                                           f"{config.max_buffered_mb:g} MB")
-            try:
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    over = over or size > limit
-                    if over and size > DRAIN_FACTOR * limit:
-                        break  # a body this large is not drained: the connection closes after the answer
-                    if not over:
-                        if load.bytes + len(chunk) > config.max_buffered_bytes:
-                            load.bytes -= held
-                            chunks, held = [], 0
-                            return await busy(request, f"request bodies held reached the limit of "
-                                                       f"{config.max_buffered_mb:g} MB", size)
-                        chunks.append(chunk)
-                        load.bytes += len(chunk)
-                        held += len(chunk)
-            except ClientDisconnect:  # the client hung up: nobody reads an answer; one line, no traceback
-                log.info("a client hung up after sending %d bytes of its request", size)
-                return Response(status_code=499)
-            if over:  # the rest of the body was read and dropped, so that the client reads the answer, not a reset
-                return answer(413, too_large)
-            body, content_type = b"".join(chunks), request.headers.get("content-type", "")
-            del chunks
-            return await respond(body, content_type)
-        finally:
-            load.requests -= 1
-            load.bytes -= held
+            async with admission.admitted(size, size > INLINE_BYTES, config.queue_timeout_s) as ticket:
+                body = await read_body(request, ticket)
+                if isinstance(body, Response):
+                    return body
+                content_type = request.headers.get("content-type", "")
+                if len(body) <= INLINE_BYTES:  # on the event loop, where a thread hop would cost a millisecond
+                    return await respond(body, content_type, in_thread=False)
+                async with admission.scoring(ticket):  # a few large requests parsed and scored at once, in threads
+                    return await respond(body, content_type, in_thread=True)
+        except Busy:
+            return await busy(request, config.queue_timeout_s)
 
-    async def respond(body: bytes, content_type: str) -> Response:
+    async def respond(body: bytes, content_type: str, in_thread: bool) -> Response:
+        """The answer: 200 with the JSON, or the one-line error of a client's request."""
         try:
-            if len(body) <= INLINE_BYTES:
-                answer_json = predict_json(body, content_type)
+            if in_thread:
+                answer_json = await asyncio.to_thread(predict_json, body, content_type)
             else:
-                async with heavy:  # large requests parse and score a few at a time: memory stays bounded
-                    answer_json = await asyncio.to_thread(predict_json, body, content_type)
+                answer_json = predict_json(body, content_type)
         except BadRequest as exc:
             return answer(exc.status, str(exc))
         except MlflowException as exc:  # the model's one-line client errors (INVALID_PARAMETER_VALUE)
@@ -351,7 +375,8 @@ def create_app(config: "ServeConfig | None" = None):
 async def warm_up_over_socket(host: str, port: int, bodies: list[bytes], ready: asyncio.Event,
                               timeout_s: float = WARM_UP_TIMEOUT_S) -> list[int]:
     """POST each JSON body WARM_UP_ROUNDS times to this server's /invocations over TCP, as a client would (uvicorn's
-    protocol, the app, JSON: every path a request takes is warm), then set `ready`. It waits for
+    protocol, the app, JSON: every path a request takes is warm), freeze what is alive then out of the cyclic
+    collector's sight (gc.freeze) and set `ready`. It waits for
     the socket to listen; failures are logged, never fatal: `ready` is set whatever happens. The HTTP statuses."""
     start, statuses = time.perf_counter(), []
     deadline = time.monotonic() + timeout_s
@@ -362,6 +387,11 @@ async def warm_up_over_socket(host: str, port: int, bodies: list[bytes], ready: 
     except (OSError, asyncio.TimeoutError, ValueError) as exc:
         log.warning("the warm-up over %s:%s failed (%s); the first requests may be slower", host, port, exc)
     finally:
+        # what is alive now (the model, the libraries: about 300,000 objects) lives as long as the server: frozen
+        # out of the cyclic collector's sight, a collection during a burst walks the requests' objects only, and
+        # /ping is not held behind a 0.4 s walk of the heap
+        gc.collect()
+        gc.freeze()
         ready.set()
     if any(status != 200 for status in statuses):
         log.warning("the warm-up requests answered HTTP %s; the first requests may be slower", statuses)

@@ -220,6 +220,7 @@ def test_training_refuses_an_empty_split_before_ray_starts(trained, tmp_path):
 
 
 SERVER_LOG: list[Path] = []  # the served fixture's server log
+BODY_TIMEOUT_S = 3  # the served fixture's body deadline
 
 
 @pytest.fixture(scope="module")
@@ -227,8 +228,8 @@ def served(trained, tmp_path_factory):
     """`mlflow models serve` of the champion, started and stopped by the project's scripts."""
     root, server = trained
     env = {**os.environ, "PGT_STATE_DIR": str(tmp_path_factory.mktemp("serve")), "SERVE_PORT": str(free_port()),
-           "MLFLOW_TRACKING_URI": server, "SERVE_MAX_REQUEST_MB": "1", "SERVE_MAX_IN_FLIGHT": "4",
-           "SERVE_MAX_BUFFERED_MB": "2"}
+           "MLFLOW_TRACKING_URI": server, "SERVE_MAX_REQUEST_MB": "1", "SERVE_MAX_IN_FLIGHT": "2",
+           "SERVE_MAX_BUFFERED_MB": "2", "SERVE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)}
     started = subprocess.run([PROJECT_ROOT / "scripts" / "start-serve.sh", "models:/raw@champion"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
@@ -393,36 +394,145 @@ def test_a_request_over_the_size_limit_gets_413(served):
     assert status == 200
 
 
-def test_under_load_requests_past_the_caps_get_503_and_clients_that_hang_up_cost_a_line(served):
-    """The test server takes 4 requests in flight and 2 MB of bodies at once. Six clients that send a header and
-    part of a body, then stall, hold their slots: the fifth gets 503 with Retry-After before its body is read,
-    /ping answers meanwhile; when they hang up, each costs at most one log line and no traceback, and the server
-    answers again."""
+def stall(port: int, declared: int, sent: bytes):
+    """A client that sends the headers of a POST declaring `declared` bytes and then only `sent`, and waits."""
     import socket
+
+    client = socket.create_connection(("127.0.0.1", port), timeout=60)
+    client.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                   + f"Content-Length: {declared}\r\n\r\n".encode() + sent)
+    return client
+
+
+def closing_status(client) -> int:
+    """The HTTP status a stalled client is answered with, read until the server closes the connection (its socket's
+    timeout bounds the wait)."""
+    answer = b""
+    while chunk := client.recv(4096):
+        answer += chunk
+    return int(answer.split(b"\r\n", 1)[0].split()[1])
+
+
+def port_of(url: str) -> int:
+    return int(url.split(":")[2].split("/")[0])
+
+
+def test_slow_senders_hold_no_slot_and_get_408_after_the_body_deadline(served):
+    """Forty clients send the headers and half the body of a request, then wait (ten times the fixture's
+    two scoring slots). /ping and a whole request are answered at once meanwhile; each half-sent one gets 408 once the
+    body deadline has passed (not before), and its connection closes. Clients that hang up mid-body cost at most a log
+    line each and no traceback."""
     import time
 
     url, root, _ = served
-    port = int(url.split(":")[2].split("/")[0])
+    body = json.dumps({"dataframe_records": one_user_staypoints(root).to_dicts()}).encode()
     log_before = SERVER_LOG[0].read_text()
-    stalled = []
-    for _ in range(4):
-        client = socket.create_connection(("127.0.0.1", port), timeout=10)
-        client.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                       b"Content-Length: 400000\r\n\r\n" + b'{"dataframe_records": [' + b" " * 1000)
-        stalled.append(client)
-    time.sleep(1.0)  # the server has read their headers
-    status, answer = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
-    assert status == 503 and "in flight" in answer["message"], answer
     start = time.monotonic()
+    stalled = [stall(port_of(url), len(body), body[:len(body) // 2]) for _ in range(40)]
     with urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=10) as response:
-        assert response.status == 200 and time.monotonic() - start < 1.0
+        assert response.status == 200
+    assert post(url, body)[0] == 200
+    assert time.monotonic() - start < BODY_TIMEOUT_S  # both answered while every slow sender still held on
+    hung_up = [stalled.pop() for _ in range(5)]
+    for client in hung_up:
+        client.close()
+    assert [closing_status(client) for client in stalled] == [408] * len(stalled)  # and closed after it
+    assert time.monotonic() - start >= BODY_TIMEOUT_S
     for client in stalled:
         client.close()
-    time.sleep(1.0)
-    status, _ = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
-    assert status == 200
+    assert post(url, body)[0] == 200
     added = SERVER_LOG[0].read_text()[len(log_before):]
-    assert "Traceback" not in added and added.count("hung up") <= len(stalled), added[-3000:]
+    assert "Traceback" not in added and added.count("hung up") <= len(hung_up), added[-3000:]
+
+
+def test_a_burst_of_large_requests_queues_and_every_one_is_answered(served):
+    """Twelve large requests at once where the fixture holds 2 MB of bodies and scores two at a time: none is
+    refused; those without room wait unread until a body is answered."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url, root, _ = served
+    body = large_request(root)
+    assert 12 * len(body) > 2 * 2**20 * 2  # more than twice what the fixture holds at once
+    with ThreadPoolExecutor(12) as pool:
+        statuses = list(pool.map(lambda _: post(url, body)[0], range(12)))
+    assert statuses == [200] * 12
+
+
+def test_a_request_waits_unread_while_stalled_bodies_hold_the_budget_and_is_answered_when_they_time_out(served):
+    """Two clients declare a 1 MB body each (the fixture's 2 MB budget whole) and send a little: a real request waits
+    unread (no answer while they hold on), and is answered 200 once their body deadline has sent them away."""
+    import threading
+    import time
+
+    url, root, _ = served
+    stalled = [stall(port_of(url), 2**20, b'{"dataframe_records": [') for _ in range(2)]
+    time.sleep(0.5)  # admitted: they hold the budget
+    answered = {}
+
+    def send():
+        answered["status"] = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})[0]
+        answered["at"] = time.monotonic()
+
+    start = time.monotonic()
+    thread = threading.Thread(target=send)
+    thread.start()
+    thread.join(timeout=BODY_TIMEOUT_S / 2)
+    assert thread.is_alive() and not answered  # waiting, not refused
+    assert [closing_status(client) for client in stalled] == [408, 408]
+    thread.join(timeout=60)
+    assert answered["status"] == 200 and answered["at"] - start >= BODY_TIMEOUT_S / 2
+    for client in stalled:
+        client.close()
+
+
+def test_a_request_that_finds_no_room_within_the_wait_limit_gets_503_with_retry_after(trained):
+    """In process, on a real socket (uvicorn in a thread): with the budget held by a stalled body and a wait limit
+    of half a second, a request is answered 503 with Retry-After after that wait, and /ping answers meanwhile."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from pgt.config import ServeConfig
+    from pgt.serving.server import create_app
+
+    root, tracking = trained
+    port = free_port()
+    config = ServeConfig(model_uri="models:/raw@champion", tracking_uri=tracking, port=port, max_request_mb=1,
+                         max_buffered_mb=1, queue_timeout_s=0.5, body_timeout_s=60)
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}/invocations"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=5) as response:
+                    if response.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            assert time.monotonic() < deadline, "the in-process server did not answer /ping"
+            time.sleep(0.2)
+        holder = stall(port, 2**20, b"{")
+        time.sleep(0.3)
+        request = urllib.request.Request(url, data=json.dumps({"dataframe_records": one_user_staypoints(root)
+                                                               .to_dicts()}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        start = time.monotonic()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert time.monotonic() - start >= 0.5
+        assert refused.value.code == 503 and refused.value.headers["Retry-After"] == "1"
+        message = json.loads(refused.value.read())["message"]
+        assert "no room for this request within 0.5 s" in message and "1 MB of 1 MB" in message, message
+        with urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=5) as response:
+            assert response.status == 200
+        holder.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 def test_a_request_of_very_many_columns_is_a_short_400_in_milliseconds(served):
