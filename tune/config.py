@@ -56,6 +56,10 @@ class SweepConfig:
                                 "confirmation (the best trial wins on its one seed).", low=0, high=64)
     confirm_seeds: int = setting(3, "Seeds each finalist is trained on (seed + 1, seed + 2, ...), side by side in one "
                                     "run (TrainConfig.fused_seeds).", low=1, high=64)
+    final: bool = setting(True, "After the search (and confirmation), train the winner's recipe once more on the "
+                                "sweep's seed, as `pgt train --recipe-file` would: the sweep's model, scored once on "
+                                "test, logged, and registered with --register. Off: the sweep ends with the winner's "
+                                "recipe file; test is not read and no model is logged.")
     space: SearchSpace | None = None  # what trials draw; None: the space of tune.space.RULES around the recipe
 
     def __post_init__(self) -> None:

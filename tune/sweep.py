@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from infra.errors import SettingsError
 from infra.output import output_lock, write_file_atomically, write_json_atomically
 from infra.process import interruptible, uninterrupted
 from infra.ray_session import prepare_ray_env, ray_session
@@ -226,6 +227,9 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
               register: str | None = None) -> dict:
     """Run (or resume) a sweep and return tune.json's content. `tracking` is a TrackingConfig or None. One sweep
     writes a folder at a time: a second one is refused, naming the first's process."""
+    if register and not spec.final:
+        raise SettingsError(f"--register {register} registers the sweep's final run, and --no-final skips it: drop "
+                            "one of them")
     out = Path(spec.out_dir).resolve()
     spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
     # before any run, folder or Ray starts: an empty split would fail every trial max_failures + 1 times
@@ -296,16 +300,21 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
                                            f"{', '.join(result['confirmation']['unfinished'])} not done; resume it "
                                            f"with `pgt tune --resume {out}`")
             result["best_recipe"] = str(write_winner_recipe(spec, result))
-            began = time.monotonic()
-            final = train_final(spec, Path(result["best_recipe"]), tracking, resume)
-            result["final"] = {"wall_s": round(time.monotonic() - began, 1), "seed": spec.seed,
-                               "validation": headline_metrics(final["validation"]), "test": headline_metrics(final["test"]),
-                               "refit": final.get("refit"), "epochs_run": final["epochs_run"]}
-            result["best_checkpoint"] = str(out / FINAL / "best.pt")
-            result["best_test"] = headline_metrics(final["test"])
-            result["evidence"] = sweep_evidence(spec, result)
+            final = None
+            if spec.final:
+                began = time.monotonic()
+                final = train_final(spec, Path(result["best_recipe"]), tracking, resume)
+                result["final"] = {"wall_s": round(time.monotonic() - began, 1), "seed": spec.seed,
+                                   "validation": headline_metrics(final["validation"]),
+                                   "test": headline_metrics(final["test"]), "refit": final.get("refit"),
+                                   "epochs_run": final["epochs_run"]}
+                result["best_checkpoint"] = str(out / FINAL / "best.pt")
+                result["best_test"] = headline_metrics(final["test"])
+                result["evidence"] = sweep_evidence(spec, result)
+            else:  # the search's winner is a recipe file only: no model, and test stays unread
+                result["final"] = result["best_checkpoint"] = result["best_test"] = None
         if tracking:
-            result["mlflow"] = _log_sweep(spec, tracking, result, register, final["test"])
+            result["mlflow"] = _log_sweep(spec, tracking, result, register, final["test"] if final else None)
         write_json_atomically(out / "tune.json", result, indent=2, default=float)
         status = "FINISHED"
         return result
@@ -587,17 +596,17 @@ def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
     return dataclasses.replace(tracking, run_id=run_id)
 
 
-def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None, test: dict) -> dict:
+def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None, test: dict | None) -> dict:
     """Parent run: best config, the final run's test metrics (`test`, as that run scored its best checkpoint: test
     is not scored again), the trials plot, tune.json, the final run's best checkpoint as a model; registered under
-    the champion rule when asked."""
+    the champion rule when asked. Without a final run (`test` None): no test metrics and no model."""
 
     import mlflow
     from mlflow.entities import Metric, Param
 
     client = mlflow_client(tracking.tracking_uri)
     now = int(time.time() * 1000)
-    metrics = metrics_of("best_test", test) | {"best_validation_acc_at_1": result["best_validation_acc@1"],
+    metrics = (metrics_of("best_test", test) if test else {}) | {"best_validation_acc_at_1": result["best_validation_acc@1"],
                                                "best_validation_strict_acc_at_1": result["best_validation_strict_acc@1"],
                                                "trials_finished": sum(r["status"] == "finished" for r in result["trials"]),
                                                "trials": len(result["trials"])}
@@ -610,10 +619,13 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None, 
     write_json_atomically(out / "tune.json", result, indent=2, default=float)
     client.log_artifact(tracking.run_id, str(out / "tune.json"))
     client.log_artifact(tracking.run_id, result["best_recipe"])
+    logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id}
+    if test is None:
+        return logged
     use_tracking_uri(tracking.tracking_uri)
     with mlflow.start_run(run_id=tracking.run_id):
         info = log_pytorch_model(Path(result["best_checkpoint"]), Path(spec.data_dir))
-    logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": info.model_uri}
+    logged["model_uri"] = info.model_uri
     if register:  # on the evidence: the confirmed winner's mean over fresh seeds, else the final run's validation
         logged["registered"] = register_model(tracking.tracking_uri, register, info.model_uri, tracking.run_id,
                                               Evidence(**result["evidence"]))

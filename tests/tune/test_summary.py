@@ -71,3 +71,20 @@ def test_a_sweep_on_an_empty_split_is_refused_before_anything_starts(tmp_path):
     assert f"kept {counts['users_kept']} users tracked more than" in str(refused.value)
     assert f"made samples train {counts['samples']['train']:,}, validation" in str(refused.value)
     assert not out.exists()
+
+
+def test_register_without_the_final_run_is_refused_at_the_door(tmp_path):
+    """--register names the sweep's final run's model: with --no-final there is none, so `pgt tune` refuses the pair in
+    one line before any folder, tracking run or Ray starts."""
+    from preprocessing.config import SynthConfig
+    from preprocessing.pipeline import preprocess
+    from preprocessing.synthetic import generate_positionfixes
+    from tests.in_process import pgt_here
+
+    generate_positionfixes(SynthConfig(users=3, days=40, seed=2)).write_parquet(tmp_path / "fixes.parquet")
+    preprocess(tmp_path / "fixes.parquet", "positionfixes", tmp_path / "seq", progress=False)
+    r = pgt_here("tune", "--data", tmp_path / "seq", "--out", tmp_path / "sweep", "--no-final", "--register", "m",
+                 "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert r.returncode == 2 and r.stderr.strip() == ("error: --register m registers the sweep's final run, and "
+                                                      "--no-final skips it: drop one of them"), r.stderr
+    assert not (tmp_path / "sweep").exists()

@@ -96,13 +96,15 @@ def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_
     """`pgt tune --recipe tuned --workers-per-trial 2`: the trial fits a TorchTrainer inside itself (0.5 CPU for the
     trial, 0.5 per worker) and trains the tuned family: its logged params are the recipe's (visit relations, relation
     inputs, the extended vocabulary, the unseen simulation) with the searched settings drawn; the parent run names
-    the recipe, and the winner is a recipe file that `pgt train --recipe-file` trains again."""
+    the recipe, and the winner is a recipe file that `pgt train --recipe-file` trains again. With --no-final the
+    sweep ends there: no final run, no model logged, test not read."""
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / "sweep"
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 1, "--epochs", 1, "--max-concurrent", 1,
                  "--grace-period", 1, "--workers-per-trial", 2, "--cpus-per-worker", 0.5, "--recipe", "tuned",
-                 "--search", "random", "--finalists", 0, "--tracking-uri", mlflow_server, "--experiment", "recipe-sweep")
+                 "--search", "random", "--finalists", 0, "--no-final", "--tracking-uri", mlflow_server,
+                 "--experiment", "recipe-sweep")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     finished = [row for row in result["trials"] if row["status"] == "finished"]
@@ -134,6 +136,11 @@ def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_
     assert again.to_dict() == {**best, "resume": again.resume, "refit": True, "evaluate_test": True}
     assert all(row["test"] is None for row in result["trials"])
     assert "best_recipe.yaml" in {a.path for a in client.list_artifacts(parent.info.run_id)}
+    # --no-final: the search's winner is its recipe file; nothing trained it again, and test was not read
+    assert result["final"] is None and result["best_test"] is None and result["best_checkpoint"] is None
+    assert not (out / "final").exists() and "model_uri" not in result["mlflow"]
+    assert not any(key.startswith("best_test") for key in parent.data.metrics)
+    assert "the winner's recipe trained" not in r.stdout
     # lineage: the sweep and its trial name their data, source and recipe; both sampled their machine
     parent = client.get_run(parent.info.run_id)
     for run in (parent, trial):
@@ -150,7 +157,7 @@ def test_a_time_budget_ends_the_sweep_with_the_trials_that_fit(training_sequence
     # one epoch a trial and 40 s: the shared Ray is up before the budget starts (60 s was needed when the budget
     # also held Ray's own start on two loaded cores)
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 200, "--epochs", 1, "--grace-period", 1,
-                 "--search", "random", "--time-budget-s", 40, "--finalists", 0)
+                 "--search", "random", "--time-budget-s", 40, "--finalists", 0, "--no-final")
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     assert result["time_budget_reached"] and 1 <= len(result["trials"]) < 200

@@ -23,7 +23,7 @@ def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two
     address, env = two_node_cluster
     out = tmp_path / "sweep"
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
-                 "--grace-period", 2, "--address", address, "--finalists", 0, env=env)
+                 "--grace-period", 2, "--address", address, "--finalists", 0, "--no-final", env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     nodes = {row["node_id"] for row in result["trials"]}

@@ -1,5 +1,6 @@
 """Interrupted sweeps resume (Ctrl+C, SIGTERM, SIGKILL of the driver) and a crashed trial restarts from its last
-registered checkpoint: real Ray, `pgt tune` in a subprocess. Apart from test_sweep.py so that the two test workers
+registered checkpoint: real Ray, `pgt tune` in a subprocess (signals and exit codes are the point), --no-final (the
+final run is test_sweep.py's subject). Apart from test_sweep.py so that the two test workers
 share the slow sweep files."""
 
 from __future__ import annotations
@@ -17,19 +18,25 @@ from tests.tune.commands import PGT, tune_cli
 from tune.sweep import read_trial_events
 
 pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
+# `pgt tune` joins the test process's shared Ray (on_shared_ray) where its own Ray is not the point: a driver that is
+# stopped or killed takes its trials with it (Ray ends a job whose driver is gone). Ctrl+C keeps a Ray of the sweep's
+# own, started in the terminal's process group, so that its trials get the SIGINT too, as a user's would.
 
 
 @pytest.mark.parametrize(("search", "stop", "status"), [("random", signal.SIGINT, 130), ("optuna", signal.SIGTERM, 143),
                                                         ("optuna", signal.SIGKILL, -signal.SIGKILL)],
                          ids=["random-ctrl-c", "optuna-sigterm", "optuna-sigkill"])
-def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path, search, stop, status):
+def test_interrupted_sweep_resumes_without_rerunning_finished_trials(training_sequences, tmp_path, search, stop, status,
+                                                                     request):
     """Ctrl+C (SIGINT to the whole process group, as a terminal sends it: the trials' processes get it too), or
     SIGTERM (handled as Ctrl+C) or SIGKILL of the driver, after the first trial: the sweep stops, says how to resume,
     and `--resume` runs the rest without training the finished trial again, whatever the search. (Random search's
     trial created but not started at Ctrl+C once came back holding Ray's placeholder for its nhead.)"""
+    if stop != signal.SIGINT:
+        request.getfixturevalue("on_shared_ray")
     out = tmp_path / "sweep"
     proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "2",
-                             "--epochs", "2", "--max-concurrent", "1", "--grace-period", "2", "--finalists", "0",
+                             "--epochs", "2", "--max-concurrent", "1", "--grace-period", "2", "--finalists", "0", "--no-final",
                              "--search", search],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=stop == signal.SIGINT)  # a group of its own, as a terminal's job
@@ -64,6 +71,7 @@ def _registered_epochs(trial_dir: Path) -> list[int]:
     return [e["epoch"] for e in read_trial_events(trial_dir) if e["event"] == "checkpoint"]
 
 
+@pytest.mark.usefixtures("on_shared_ray")
 def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, tmp_path):
     """SIGKILL the trial's process once Tune has registered the checkpoint of its second epoch: Tune's FailureConfig
     restarts the trial from the last checkpoint it registered, the trial loses at most the one epoch it was
@@ -71,7 +79,7 @@ def test_a_crashed_trial_restarts_from_its_last_checkpoint(training_sequences, t
     out, epochs = tmp_path / "sweep", 4
     proc = subprocess.Popen([*PGT, "tune", "--data", str(training_sequences), "--out", str(out), "--trials", "1",
                              "--epochs", str(epochs), "--grace-period", str(epochs), "--search", "random",
-                             "--finalists", "0"],
+                             "--finalists", "0", "--no-final"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300

@@ -40,16 +40,16 @@ def trained(tmp_path_factory, mlflow_server):
     late.write_parquet(root / "late.parquet")
     preprocess(root / "early.parquet", "positionfixes", root / "early", progress=False)
     preprocess_fitted(root / "late.parquet", "positionfixes", root / "early", root / "late", progress=False)
-    r = run("train", "--data", root / "early", "--out", root / "run", "--epochs", "3", "--unseen-slots",
-            "--tracking-uri", mlflow_server, "--experiment", "raw", "--register", "raw")
+    r = pgt_here("train", "--data", root / "early", "--out", root / "run", "--epochs", "3", "--unseen-slots",
+                 "--tracking-uri", mlflow_server, "--experiment", "raw", "--register", "raw")
     assert r.returncode == 0, r.stderr[-3000:]
     return root, mlflow_server
 
 
 def test_predict_from_raw_gps_names_places_with_coordinates(trained):
     root, server = trained
-    r = run("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format", "positionfixes",
-            "--out", root / "pred.parquet", "--top-k", "3", "--tracking-uri", server)
+    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
+                 "positionfixes", "--out", root / "pred.parquet", "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-3000:]
     pred = pl.read_parquet(root / "pred.parquet")
     latest = pred.filter(sample="latest")
@@ -63,8 +63,8 @@ def test_predict_from_raw_gps_names_places_with_coordinates(trained):
     # the strict Acc@1 of these predictions equals pgt evaluate on the same samples
     first = pred.filter(sample="evaluation", rank=1)
     strict = 100 * (first["place_id"] == first["target_place"]).fill_null(False).mean()
-    r = run("evaluate", "--model", "models:/raw@champion", "--data", root / "late", "--split", "evaluation",
-            "--tracking-uri", server)
+    r = pgt_here("evaluate", "--model", "models:/raw@champion", "--data", root / "late", "--split", "evaluation",
+                 "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-3000:]
     assert first.height == json.loads(r.stdout)["strict"]["n"] > 50
     assert strict == pytest.approx(json.loads(r.stdout)["strict"]["acc@1"], abs=1e-9)
@@ -72,8 +72,8 @@ def test_predict_from_raw_gps_names_places_with_coordinates(trained):
 
 def test_predict_writes_csv_and_refuses_other_suffixes(trained):
     root, server = trained
-    r = run("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format", "positionfixes",
-            "--out", root / "pred.csv", "--tracking-uri", server)
+    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
+                 "positionfixes", "--out", root / "pred.csv", "--tracking-uri", server)
     assert r.returncode == 0 and pl.read_csv(root / "pred.csv")["rank"].max() == 5
     r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
                  "positionfixes", "--out", root / "pred.txt", "--tracking-uri", server)
@@ -272,9 +272,8 @@ def test_the_served_model_answers_staypoints_with_the_places_of_pgt_predict(serv
     assert answer["rank"].to_list() == [1, 2, 3] and answer["sample"].unique().to_list() == ["latest"]
     # the same staypoints through pgt predict
     staypoints.write_csv(tmp_path / "staypoints.csv")
-    r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--format",
-            "staypoints", "--out", tmp_path / "pred.parquet", "--top-k", "3",
-            "--tracking-uri", server)
+    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--format",
+                 "staypoints", "--out", tmp_path / "pred.parquet", "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-2000:]
     expected = pl.read_parquet(tmp_path / "pred.parquet").filter(sample="latest")
     assert answer["place_id"].to_list() == expected["place_id"].to_list()  # integers, null for a new place
@@ -624,7 +623,8 @@ def test_a_large_body_is_parsed_and_scored_off_the_event_loop(trained, monkeypat
 def test_geolife_80_20_predict_equals_evaluate(geolife_parquet, tmp_path):
     """GeoLife's first 40 users: a model fitted on each user's first 80% of days (2 epochs, the local MLflow store)
     scores the last 20% from raw GPS; its strict Acc@1 there equals `pgt evaluate` on `pgt preprocess --fitted`'s
-    samples, and every user with a recent history gets a prediction."""
+    samples, and every user with a recent history gets a prediction. The commands run in process: their answers are
+    the subject."""
     early, late = split_days(pl.scan_parquet(geolife_parquet).filter(pl.col("user_id") < 40).collect())
     early.write_parquet(tmp_path / "early.parquet")
     late.write_parquet(tmp_path / "late.parquet")
@@ -632,18 +632,18 @@ def test_geolife_80_20_predict_equals_evaluate(geolife_parquet, tmp_path):
     preprocess(tmp_path / "early.parquet", "positionfixes", tmp_path / "early", progress=False)
     preprocess_fitted(tmp_path / "late.parquet", "positionfixes", tmp_path / "early", tmp_path / "late", progress=False)
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    r = run("train", "--data", tmp_path / "early", "--out", tmp_path / "run", "--epochs", "2", "--recipe", "tuned",
-            "--tracking-uri", tracking, "--register", "geolife-80")
+    r = pgt_here("train", "--data", tmp_path / "early", "--out", tmp_path / "run", "--epochs", "2", "--recipe", "tuned",
+                 "--tracking-uri", tracking, "--register", "geolife-80")
     assert r.returncode == 0, r.stderr[-3000:]
-    r = run("predict", "--model", "models:/geolife-80@champion", "--input", tmp_path / "late.parquet", "--format",
-            "positionfixes", "--out", tmp_path / "pred.parquet", "--tracking-uri", tracking)
+    r = pgt_here("predict", "--model", "models:/geolife-80@champion", "--input", tmp_path / "late.parquet", "--format",
+                 "positionfixes", "--out", tmp_path / "pred.parquet", "--tracking-uri", tracking)
     assert r.returncode == 0, r.stderr[-3000:]
     pred = pl.read_parquet(tmp_path / "pred.parquet")
     latest_users = pl.read_parquet(tmp_path / "late" / "latest.parquet")["source_user_id"]
     assert sorted(pred.filter(sample="latest")["source_user_id"].unique().to_list()) == sorted(latest_users.to_list())
     first = pred.filter(sample="evaluation", rank=1)
-    r = run("evaluate", "--model", "models:/geolife-80@champion", "--data", tmp_path / "late", "--split", "evaluation",
-            "--tracking-uri", tracking)
+    r = pgt_here("evaluate", "--model", "models:/geolife-80@champion", "--data", tmp_path / "late", "--split",
+                 "evaluation", "--tracking-uri", tracking)
     assert r.returncode == 0, r.stderr[-3000:]
     strict = json.loads(r.stdout)["strict"]
     assert first.height == strict["n"] > 1000, first.height
@@ -659,8 +659,8 @@ def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(se
     staypoints.write_csv(tmp_path / "staypoints.csv")
     last_end = datetime.strptime(staypoints["finished_at"].max(), "%Y-%m-%dT%H:%M:%S%z")
     at = (last_end + timedelta(days=1)).isoformat()
-    r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--format",
-            "staypoints", "--out", tmp_path / "at.parquet", "--top-k", "3", "--at", at, "--tracking-uri", server)
+    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--format",
+                 "staypoints", "--out", tmp_path / "at.parquet", "--top-k", "3", "--at", at, "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-2000:]
     expected = pl.read_parquet(tmp_path / "at.parquet").filter(sample="latest")
     assert expected.height == 3 and expected["time"].to_list() == [datetime.fromisoformat(at)] * 3
@@ -685,20 +685,21 @@ def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(se
 def test_a_model_that_remembers_gets_the_same_memory_from_raw_gps_stored_sequences_and_the_server(trained, tmp_path):
     """`pgt predict` on raw GPS builds each person's memory from the fitted visits and the request's; `pgt preprocess
     --fitted` stores the same memory in latest.parquet; both give the same answers, the served model too, and
-    without its memory the model answers otherwise (it reads it)."""
+    without its memory the model answers otherwise (it reads it). The commands run in process (the answers are the
+    subject, not the processes); the server is the project's script."""
     root, server = trained
-    r = run("train", "--data", root / "early", "--out", tmp_path / "run", "--epochs", "2", "--unseen-slots",
-            "--memory-places", "8", "--tracking-uri", server, "--experiment", "raw", "--register", "remembers")
+    r = pgt_here("train", "--data", root / "early", "--out", tmp_path / "run", "--epochs", "2", "--unseen-slots",
+                 "--memory-places", "8", "--tracking-uri", server, "--experiment", "raw", "--register", "remembers")
     assert r.returncode == 0, r.stderr[-3000:]
     latest = pl.read_parquet(root / "late" / "latest.parquet")
     assert set(MEMORY_COLUMNS) <= set(latest.columns) and latest["memory_places"].list.len().min() > 0
     model = "models:/remembers@champion"
-    r = run("predict", "--model", model, "--input", root / "late.parquet", "--format", "positionfixes",
-            "--out", tmp_path / "raw.parquet", "--top-k", "3", "--tracking-uri", server)
+    r = pgt_here("predict", "--model", model, "--input", root / "late.parquet", "--format", "positionfixes",
+                 "--out", tmp_path / "raw.parquet", "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-3000:]
     raw = pl.read_parquet(tmp_path / "raw.parquet").filter(sample="latest").sort("source_user_id", "rank")
-    r = run("predict", "--model", model, "--input", root / "late" / "latest.parquet", "--out", tmp_path / "seq.parquet",
-            "--top-k", "3", "--tracking-uri", server)
+    r = pgt_here("predict", "--model", model, "--input", root / "late" / "latest.parquet", "--out", tmp_path / "seq.parquet",
+                 "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-3000:]
     stored = pl.read_parquet(tmp_path / "seq.parquet").with_columns(source_user_id=latest["source_user_id"])
     stored = stored.sort("source_user_id")
@@ -706,8 +707,8 @@ def test_a_model_that_remembers_gets_the_same_memory_from_raw_gps_stored_sequenc
     assert raw["probability"].to_list() == pytest.approx(stored["top_probabilities"].explode().to_list(), abs=1e-5)
     forgotten = latest.with_columns(pl.col(c).list.head(0) for c in MEMORY_COLUMNS)
     forgotten.write_parquet(tmp_path / "forgotten.parquet")
-    r = run("predict", "--model", model, "--input", tmp_path / "forgotten.parquet", "--out", tmp_path / "f.parquet",
-            "--top-k", "3", "--tracking-uri", server)
+    r = pgt_here("predict", "--model", model, "--input", tmp_path / "forgotten.parquet", "--out", tmp_path / "f.parquet",
+                 "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-3000:]
     assert pl.read_parquet(tmp_path / "f.parquet")["top_probabilities"].to_list() != \
         pl.read_parquet(tmp_path / "seq.parquet")["top_probabilities"].to_list()
@@ -725,8 +726,8 @@ def test_a_model_that_remembers_gets_the_same_memory_from_raw_gps_stored_sequenc
         subprocess.run([PROJECT_ROOT / "scripts" / "stop-serve.sh"], env=env, capture_output=True, timeout=120)
     assert status == 200, body
     staypoints.write_csv(tmp_path / "staypoints.csv")
-    r = run("predict", "--model", model, "--input", tmp_path / "staypoints.csv", "--format", "staypoints",
-            "--out", tmp_path / "one.parquet", "--top-k", "3", "--tracking-uri", server)
+    r = pgt_here("predict", "--model", model, "--input", tmp_path / "staypoints.csv", "--format", "staypoints",
+                 "--out", tmp_path / "one.parquet", "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-2000:]
     expected = pl.read_parquet(tmp_path / "one.parquet").filter(sample="latest")
     answer = pl.DataFrame(body["predictions"])

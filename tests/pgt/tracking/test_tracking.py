@@ -12,6 +12,7 @@ import pytest
 
 from pgt.tracking.registry import Evidence, data_digest, register_model
 from pgt.tracking.runs import RIVAL_TAG, SCORE_TAG, model_version
+from tests.in_process import pgt_here
 
 PGT = [sys.executable, "-m", "pgt.cli"]
 
@@ -22,7 +23,11 @@ def run(*args, **kwargs):
     return subprocess.run([*PGT, *map(str, args)], capture_output=True, text=True, timeout=600, **kwargs)
 
 
-NO_PICKLE = {**os.environ, "MLFLOW_ALLOW_PICKLE_DESERIALIZATION": "false"}  # loading a model must not need pickle
+@pytest.fixture
+def no_pickle(monkeypatch) -> None:
+    """Loading a model must not need pickle: MLflow's switch off for the commands the test runs in its own process
+    (pgt_here; MLflow reads it at each load)."""
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")
 
 
 @pytest.fixture(scope="module")
@@ -127,9 +132,9 @@ def test_the_logged_model_is_self_contained(registered_run, synthetic_sequences,
     assert pl.from_arrow(wrapper.users).height + 1 == wrapper.packed.cfg.num_users
 
 
-def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_sequences, mlflow_server):
-    r = run("evaluate", "--model", "models:/synth@champion", "--data", synthetic_sequences, "--tracking-uri", mlflow_server,
-            env=NO_PICKLE)
+def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_sequences, mlflow_server, no_pickle):
+    r = pgt_here("evaluate", "--model", "models:/synth@champion", "--data", synthetic_sequences, "--tracking-uri",
+                 mlflow_server)
     assert r.returncode == 0, r.stderr[-3000:]
     printed = json.loads(r.stdout)
     logged = registered_run["test"]
@@ -140,13 +145,13 @@ def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_
     assert printed["in_history"]["n"] + printed["outside_history"]["n"] == printed["n"]
 
 
-def test_predict_writes_top_k(registered_run, synthetic_sequences, mlflow_server, tmp_path):
+def test_predict_writes_top_k(registered_run, synthetic_sequences, mlflow_server, tmp_path, no_pickle):
     import numpy as np
     import polars as pl
 
     out = tmp_path / "pred.parquet"
-    r = run("predict", "--model", "models:/synth@champion", "--input", synthetic_sequences / "test.parquet",
-            "--out", out, "--top-k", "4", "--tracking-uri", mlflow_server, env=NO_PICKLE)
+    r = pgt_here("predict", "--model", "models:/synth@champion", "--input", synthetic_sequences / "test.parquet",
+                 "--out", out, "--top-k", "4", "--tracking-uri", mlflow_server)
     assert r.returncode == 0, r.stderr[-3000:]
     # the version that answered, not only the alias: said, and kept in the file's metadata
     assert "models:/synth@champion is models:/synth/1" in r.stdout
@@ -175,8 +180,8 @@ def test_predict_rejects_a_file_without_history_columns(registered_run, mlflow_s
 
     bad = tmp_path / "bad.parquet"
     pl.DataFrame({"user": [1], "locations": [[2, 3]]}).write_parquet(bad)
-    r = run("predict", "--model", "models:/synth@champion", "--input", bad, "--out", tmp_path / "o.parquet",
-            "--tracking-uri", mlflow_server)
+    r = pgt_here("predict", "--model", "models:/synth@champion", "--input", bad, "--out", tmp_path / "o.parquet",
+                 "--tracking-uri", mlflow_server)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert str(bad) in r.stderr and "missing column(s) time_slots, weekdays, recency, durations" in r.stderr
 
@@ -221,7 +226,8 @@ def test_a_model_uri_names_the_registered_version_behind_it(registered_run, mlfl
     assert model_version(mlflow_server, registered_run["mlflow"]["model_uri"]) is None
 
 
-def test_an_ensemble_is_logged_served_stacked_and_evaluated_as_trained(synthetic_sequences, mlflow_server, tmp_path):
+def test_an_ensemble_is_logged_served_stacked_and_evaluated_as_trained(synthetic_sequences, mlflow_server, tmp_path,
+                                                                       no_pickle):
     """`pgt train --members 2`: the logged model holds both members, loads as one stacked pass, and `pgt evaluate`
     gives the test metrics training logged (the same ranks, up to float rounding of near ties)."""
     import mlflow.pyfunc
@@ -229,17 +235,17 @@ def test_an_ensemble_is_logged_served_stacked_and_evaluated_as_trained(synthetic
     from pgt.network.stacked import StackedTransformer
 
     out = tmp_path / "pair"
-    r = run("train", "--data", synthetic_sequences, "--out", out, "--epochs", "2", "--members", "2", "--unseen-slots",
-            "--visit-relations", "--relation-inputs", "--tracking-uri", mlflow_server, "--experiment", "tracking-test",
-            "--register", "synth-pair")
+    r = pgt_here("train", "--data", synthetic_sequences, "--out", out, "--epochs", "2", "--members", "2",
+                 "--unseen-slots", "--visit-relations", "--relation-inputs", "--tracking-uri", mlflow_server,
+                 "--experiment", "tracking-test", "--register", "synth-pair")
     assert r.returncode == 0, r.stderr[-3000:]
     logged = json.loads((out / "metrics.json").read_text())
     assert logged["model_config"]["members"] == 2
     mlflow.set_tracking_uri(mlflow_server)
     wrapper = mlflow.pyfunc.load_model("models:/synth-pair@champion").unwrap_python_model()
     assert isinstance(wrapper.packed.model, StackedTransformer) and wrapper.packed.cfg.members == 2
-    r = run("evaluate", "--model", "models:/synth-pair@champion", "--data", synthetic_sequences, "--tracking-uri",
-            mlflow_server, env=NO_PICKLE)
+    r = pgt_here("evaluate", "--model", "models:/synth-pair@champion", "--data", synthetic_sequences, "--tracking-uri",
+                 mlflow_server)
     assert r.returncode == 0, r.stderr[-3000:]
     printed = json.loads(r.stdout)
     for key in ("acc@1", "acc@5", "mrr"):

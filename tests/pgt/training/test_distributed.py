@@ -73,10 +73,10 @@ def _registered_epoch(run: Path) -> int:
 
 
 def test_killed_worker_resumes_from_last_checkpoint(training_sequences, tmp_path, mlflow_server):
-    """SIGKILL a worker process once Ray Train's controller has registered the third epoch's checkpoint: Ray restarts
+    """SIGKILL a worker process once Ray Train's controller has registered the first epoch's checkpoint: Ray restarts
     the group, the loop resumes from `ray.train.get_checkpoint()` (the last registered checkpoint), loses at most
     the epoch it was training, and the run still finishes every epoch; MLflow holds each epoch once."""
-    out, epochs = tmp_path / "run", 5
+    out, epochs = tmp_path / "run", 4
     proc = subprocess.Popen(
         [sys.executable, "-m", "pgt.cli", "train", "--data", str(training_sequences), "--out", str(out),
          "--epochs", str(epochs), "--patience", "50", "--workers", "2", "--max-failures", "1",
@@ -84,9 +84,9 @@ def test_killed_worker_resumes_from_last_checkpoint(training_sequences, tmp_path
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 240
-        while _registered_epoch(out / "ray" / "train") < 2:
+        while _registered_epoch(out / "ray" / "train") < 0:
             assert proc.poll() is None, proc.stdout.read()[-3000:]
-            assert time.monotonic() < deadline, "no checkpoint of epoch 3 within 240 s"
+            assert time.monotonic() < deadline, "no checkpoint of epoch 1 within 240 s"
             time.sleep(0.1)
         registered_at_kill = _registered_epoch(out / "ray" / "train")
         victims = _train_worker_pids(proc.pid)
