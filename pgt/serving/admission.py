@@ -106,13 +106,13 @@ class Admission:
         """A scoring slot for the block; the ticket's place in the queue is given up once it has one."""
         async with self.slots:
             self._dequeue(ticket)
+            self._wake()
             yield
 
     def _dequeue(self, ticket: Ticket) -> None:
         if ticket.queued:
             ticket.queued = False
             self.queued -= 1
-            self._wake()
 
     def _leave(self, ticket: Ticket) -> None:
         self.held -= ticket.reserved

@@ -90,11 +90,6 @@ def parse_body(body: bytes, content_type: str, polars_records: bool = False):
         raise BadRequest("the JSON body is nested too deeply to be a request") from None
     except ValueError as exc:
         raise BadRequest(f"the body is not valid JSON ({str(exc).splitlines()[0][:200]})") from None
-    return parse_payload(payload, polars_records)
-
-
-def parse_payload(payload, polars_records: bool = False):
-    """(model input, params) of a parsed JSON body, as parse_body."""
     if not isinstance(payload, dict):
         raise BadRequest(f"the JSON body must be an object with one of dataframe_records, dataframe_split, "
                          f"instances or inputs; got a {type(payload).__name__}")
