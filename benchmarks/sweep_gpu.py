@@ -83,7 +83,7 @@ def time_breakdown(sweep_dir: Path, concurrent: int, search_wall_s: float) -> di
     later = [r["time_this_iter_s"] for reports, _, _ in rows for r in reports[1:]]
     return {
         "trials": len(rows), "epochs": epochs, "slot_s": round(slots, 1), "train_loop_s": round(loops, 1),
-        "in_trial_other_s": round(reported - loops, 1), "after_last_report_s": round(after, 1),
+        "in_trial_other_s": round(reported - loops, 1), "after_last_report_s": round(after, 3),
         "outside_trials_s": round(slots - reported - after, 1),
         "first_report_s_mean": round(sum(reports[0]["time_this_iter_s"] for reports, _, _ in rows) / len(rows), 2),
         "later_epoch_s_mean": round(sum(later) / len(later), 3) if later else None,

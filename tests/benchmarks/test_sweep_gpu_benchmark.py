@@ -56,7 +56,7 @@ def test_a_dry_run_on_the_cpu_writes_the_fixed_form(tiny_sequences, tmp_path, on
     assert times["trials"] == 2 and times["epochs"] >= 2
     assert times["slot_s"] == pytest.approx(2 * result["search_wall_s"], abs=0.1)
     assert times["train_loop_s"] > 0 and times["in_trial_other_s"] > 0 and times["outside_trials_s"] > 0
-    assert times["after_last_report_s"] > 0  # a finished trial scores test after its last report
+    assert times["after_last_report_s"] > 0  # a finished trial closes its run after its last report (milliseconds)
     assert times["train_loop_s"] + times["in_trial_other_s"] + times["after_last_report_s"] + times[
         "outside_trials_s"] == pytest.approx(times["slot_s"], abs=0.4)
     assert "slot-seconds: training loops" in done.stdout
