@@ -89,6 +89,11 @@ def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: i
 
 
 
+# a sample's moment, the first of these its table has: when the target started (an evaluation sample), when the
+# prediction is made, when the history ended
+SAMPLE_TIME_COLUMNS = ("target_started_at", "prediction_time", "history_end")
+
+
 def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, kind: str) -> pl.DataFrame:
     """Long format, one row per (sample, rank): sample (`kind`), sample_index, source_user_id, user, time (when
     the target started for evaluation samples, the moment of the prediction for latest ones), rank (1 = most
@@ -110,7 +115,7 @@ def place_predictions(top: TopK, samples: pl.DataFrame, places: pl.DataFrame, ki
     coordinates = np.full((max(int(ids.max(initial=-1)), int(place.max(initial=-1))) + 1, 2), np.nan)
     coordinates[ids] = np.column_stack([places["latitude"].to_numpy(), places["longitude"].to_numpy()])
     latitude, longitude = np.where((place >= 0)[:, None], coordinates[place], np.nan).T
-    time = next(name for name in ("target_started_at", "prediction_time", "history_end") if name in samples.columns)
+    time = next(name for name in SAMPLE_TIME_COLUMNS if name in samples.columns)
     index = pl.Series(rows, dtype=pl.get_index_type())
     repeated = samples.select(pl.col("source_user_id").gather(index), pl.col(time).gather(index).alias("time"),
                               *([pl.col("target_place").cast(pl.Int64).gather(index)] if "target_place" in samples.columns

@@ -6,22 +6,26 @@ code path. Loading builds `PackedModel` from the config and loads the weights (a
 them, stacked into one batched pass, pgt/network/stacked.py), so models load with
 `MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false`, in `pgt evaluate`/`predict` and in `mlflow models serve`.
 
-Input: (B, 7, T) int64 as `Batch.packed()` gives it; output: (B, V + S) float32 log-probabilities.
-
 The model is self-contained: with the weights it carries the training data's location table (id,
 source id, latitude, longitude), its user table and its `manifest.json` (the preprocessing config and
 every feature table size), loaded as `.locations`, `.users` (pyarrow tables) and `.manifest` (a dict),
 and every place with the staypoints DBSCAN clustered, from which `.fitted()` rebuilds the fitted
 preprocessing (preprocessing/fitted.py) that turns raw GPS into the model's ids.
 
-`predict` (and `mlflow models serve`) takes
-- a (B, 7, T) int64 array as `Batch.packed()` gives it: returns (B, V + S) float32 log-probabilities;
+`predict` takes
+- a (B, 7, T) int64 array as `Batch.packed()` gives it: returns (B, V + S) float32 log-probabilities (through the
+  python model itself, `unwrap_python_model()`, or `pgt serve`: MLflow's pyfunc checks a request against the
+  signature, whose column schema describes the tables only);
 - a table of GPS points (user_id, tracked_at, latitude, longitude) or staypoints (user_id, started_at,
   finished_at, latitude, longitude): returns, per user, the top-k next places (rank, place_id, latitude,
   longitude, probability, new_place_probability; pgt.serving.inference.place_predictions), times as ISO 8601 text;
 - a table of sequences in the columns of a `pgt preprocess` split: the same, one block per row.
 params {"top_k": K} sets k (default TOP_K); {"at": "ISO 8601 time"} the moment GPS points or staypoints are
 predicted for (default: the end of each user's last visit; recency counts from its day).
+
+The logged signature (input_schema) names every column of the three table forms, all optional, and the two params;
+the input example is a known person's staypoints (example_requests). So the MLflow UI shows what the model takes,
+and MLflow's own tools (pyfunc predict, `mlflow models serve`) check a request before predict sees it.
 
 `answer` (what `pgt serve` sends) gives a table request's predictions together with the rows it set aside and the
 people it could not score, each with the reason: nothing a request holds is dropped unsaid.
@@ -44,12 +48,15 @@ import torch
 from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.pyfunc import PythonModel
+from mlflow.types import DataType
+from mlflow.types.schema import AnyType, Array, ColSpec, Schema
 
 from infra.errors import InputError
 from pgt.config import ModelConfig
 from pgt.network.model import PackedModel, build_model, check_packed
 from pgt.network.stacked import for_inference
 from pgt.serving.inference import (
+    SAMPLE_TIME_COLUMNS,
     check_vocabulary,
     place_predictions,
     predict_applied,
@@ -58,6 +65,7 @@ from pgt.serving.inference import (
     top_k_predictions,
 )
 from pgt.training.data import MemoryLayout, SequenceDataset
+from preprocessing.readers import POSITIONFIX_COLUMNS, STAYPOINT_TIME_COLUMNS
 
 WEIGHTS, CONFIG = "weights", "model_config"  # artifact keys: the model itself
 LOCATIONS, USERS, MANIFEST = "locations", "users", "manifest"  # the data it was trained on: tables and preprocessing
@@ -135,29 +143,9 @@ class PGTModel(PythonModel):
 
     def warm_up_requests(self) -> list[list[dict]]:
         """The JSON records of small requests a server sends itself before it answers, so that its first client's
-        request finds the fitted tables, the neighbour trees and every code path ready: staypoints and GPS points,
-        each for one of the model's own people and for a stranger (so both integer and text user ids), at three of
-        its places and at a spot none of them covers (a new place). An empty list for a model without a place."""
+        request finds the fitted tables, the neighbour trees and every code path ready (example_requests)."""
         fitted = self.fitted()
-        places = fitted.places.filter(pl.col("location") >= 2).head(3)
-        if places.height == 0:
-            return []
-        known = fitted.users["source_user_id"][0] if fitted.users.height else None
-        people = [known, -1 if isinstance(known, str) else "warm-up"] if known is not None else ["warm-up", -1]
-        spots = [(row["latitude"], row["longitude"]) for row in places.iter_rows(named=True)]
-        spots = [spots[i % len(spots)] for i in range(6)] + [(spots[0][0] + 0.01, spots[0][1])] * 2  # ~1 km away
-        start, requests = pd.Timestamp("2024-01-01T08:00:00Z"), []
-        for person in people:
-            stays, fixes = [], []
-            for i, (latitude, longitude) in enumerate(spots):
-                begin = start + pd.Timedelta(hours=5 * i)
-                stays.append({"user_id": person, "started_at": begin.isoformat(),
-                              "finished_at": (begin + pd.Timedelta(hours=2)).isoformat(),
-                              "latitude": latitude, "longitude": longitude})
-                fixes += [{"user_id": person, "tracked_at": (begin + pd.Timedelta(minutes=m)).isoformat(),
-                           "latitude": latitude, "longitude": longitude} for m in range(0, 40, 2)]
-            requests += [stays, fixes]
-        return requests
+        return example_requests(fitted.places, fitted.users)
 
     def predict(self, context, model_input, params=None):
         """The module docstring's inputs. A client's error (a column, a shape, an id beyond the model's tables, a
@@ -227,6 +215,52 @@ class PGTModel(PythonModel):
             not_scored = _as_request_ids(applied.unscored, frame.schema.get("user_id"))
         times = result["time"].cast(pl.String)
         return Answer(result.replace_column(result.get_column_index("time"), times), quarantined, not_scored)  # no query
+
+
+def example_requests(places: pl.DataFrame, users: pl.DataFrame) -> list[list[dict]]:
+    """Small requests as JSON records, built from a model's own places (location_id, latitude, longitude, location)
+    and people (source_user_id): staypoints and GPS points, each for one of its people and for a stranger (so both
+    integer and text user ids), at three of its places and at a spot none of them covers (a new place). The first,
+    a known person's staypoints, is the logged model's input example. An empty list for a model without a place."""
+    places = places.filter(pl.col("location") >= 2).head(3)
+    if places.height == 0:
+        return []
+    known = users["source_user_id"][0] if users.height else None
+    people = [known, -1 if isinstance(known, str) else "warm-up"] if known is not None else ["warm-up", -1]
+    spots = [(row["latitude"], row["longitude"]) for row in places.iter_rows(named=True)]
+    spots = [spots[i % len(spots)] for i in range(6)] + [(spots[0][0] + 0.01, spots[0][1])] * 2  # ~1 km away
+    start, requests = pd.Timestamp("2024-01-01T08:00:00Z"), []
+    for person in people:
+        stays, fixes = [], []
+        for i, (latitude, longitude) in enumerate(spots):
+            begin = start + pd.Timedelta(hours=5 * i)
+            stays.append({"user_id": person, "started_at": begin.isoformat(),
+                          "finished_at": (begin + pd.Timedelta(hours=2)).isoformat(),
+                          "latitude": latitude, "longitude": longitude})
+            fixes += [{"user_id": person, "tracked_at": (begin + pd.Timedelta(minutes=m)).isoformat(),
+                       "latitude": latitude, "longitude": longitude} for m in range(0, 40, 2)]
+        requests += [stays, fixes]
+    return requests
+
+
+def input_schema(split: pa.Schema) -> Schema:
+    """The MLflow input schema of the table forms predict takes, every column optional (a request holds one form's):
+    GPS points and staypoints as preprocessing's readers take them (user ids and times of any type: integers or text,
+    ISO 8601 text or datetimes; coordinates as floats; or a WKT/WKB `geom`), and sequences in the columns of `split`
+    (a training split's schema) and the sample times predictions report. MLflow's own check (pyfunc predict, `mlflow
+    models serve`) keeps only the columns named here: a column predict reads and this schema lacks would be dropped
+    before it, which the tests rule out by comparing both paths on every form."""
+    coordinates = {"latitude": DataType.double, "longitude": DataType.double}
+    types = {name: AnyType() for name in (*POSITIONFIX_COLUMNS, *STAYPOINT_TIME_COLUMNS, "geom", "geometry",
+                                          "source_user_id", *SAMPLE_TIME_COLUMNS) if name not in coordinates}
+    types |= coordinates
+    for field in split:
+        if field.name in types:
+            continue
+        listed = pa.types.is_list(field.type) or pa.types.is_large_list(field.type)
+        types[field.name] = (Array(DataType.long) if listed else DataType.long if pa.types.is_integer(field.type)
+                             else AnyType())
+    return Schema([ColSpec(kind, name, required=False) for name, kind in types.items()])
 
 
 @contextmanager

@@ -34,6 +34,7 @@ import warnings
 from importlib import metadata
 from pathlib import Path
 
+import polars as pl
 import pyarrow.parquet as pq
 import torch
 
@@ -90,7 +91,7 @@ def resolve_tracking_uri(uri: str | None, state: Path | None = None) -> str:
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(state)
     if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
         uri = f"sqlite:///{Path(uri.removeprefix('sqlite:///')).resolve()}"
-    elif "://" not in uri:
+    elif not urllib.parse.urlparse(uri).scheme:  # a path; `file:/abs` is a URI already
         uri = Path(uri).resolve().as_uri()
     return uri
 
@@ -506,18 +507,23 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     tables and manifest (preprocessing config, feature sizes), the pgt package as code. Nothing is
     pickled, so it loads with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. With the places, the staypoints
     DBSCAN clustered and the preprocessing package, it applies the fitted preprocessing to raw GPS
-    (mlflow_model.py lists the inputs it takes). The signature declares only the `top_k` parameter."""
+    (mlflow_model.py lists the inputs it takes). The signature declares the table forms predict takes (GPS points,
+    staypoints, sequences: mlflow_model.input_schema) and the `top_k` and `at` parameters; the input example is a
+    known person's staypoints at the model's own places."""
 
     import mlflow.pyfunc
+    import pandas as pd
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec
 
-    from pgt.tracking.mlflow_model import CONFIG, DATA_FILES, VISITS, WEIGHTS
+    from pgt.tracking.mlflow_model import CONFIG, DATA_FILES, PLACES, USERS, VISITS, WEIGHTS, example_requests, input_schema
 
     model, cfg = load_checkpoint(checkpoint)
-    # no input schema: the model takes packed (B, 7, T) arrays, GPS points, staypoints or sequences
-    signature = ModelSignature(inputs=None, outputs=None, params=ParamSchema([ParamSpec("top_k", "long", TOP_K),
-                                                                                ParamSpec("at", "string", "")]))
+    data_dir = Path(data_dir)
+    signature = ModelSignature(inputs=input_schema(pq.read_schema(data_dir / "train.parquet")), outputs=None,
+                               params=ParamSchema([ParamSpec("top_k", "long", TOP_K), ParamSpec("at", "string", "")]))
+    tables = [data_dir / DATA_FILES[key] for key in (PLACES, USERS)]
+    examples = example_requests(*(pl.read_parquet(t) for t in tables)) if all(t.is_file() for t in tables) else []
     with tempfile.TemporaryDirectory() as tmp:
         weights, config = Path(tmp) / "weights.pt", Path(tmp) / "model_config.json"
         torch.save(model.state_dict(), weights)
@@ -525,12 +531,12 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
         # the visits only for a model that remembers them: the others' artifacts stay as small as they were
         data = {key: Path(data_dir) / name for key, name in DATA_FILES.items() if key != VISITS or cfg.memory_places}
         artifacts = {WEIGHTS: str(weights), CONFIG: str(config)} | {k: str(v) for k, v in data.items() if v.is_file()}
-        with warnings.catch_warnings():  # no input example: the model takes several kinds of input
+        with warnings.catch_warnings():  # a folder without places has no example to give
             warnings.filterwarnings("ignore", message=r"(?s).*An input example was not provided")
             return mlflow.pyfunc.log_model(
                 name=name, python_model=str(Path(__file__).with_name("mlflow_model.py")), artifacts=artifacts,
                 code_paths=[str(Path(package.__file__).parent) for package in (infra, pgt, preprocessing)],
-                signature=signature,
+                signature=signature, input_example=pd.DataFrame(examples[0]) if examples else None,
                 metadata={"model_config": dataclasses.asdict(cfg)},
                 pip_requirements=[f"torch=={torch.__version__.split('+')[0]}", f"mlflow=={mlflow.__version__}",
                                   *(f"{dist}=={metadata.version(dist)}" for dist in ("numpy", "pyarrow", "polars", "scikit-learn",

@@ -11,6 +11,7 @@ import urllib.request
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
 
@@ -682,18 +683,28 @@ def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(se
 
 
 
-def test_a_model_that_remembers_gets_the_same_memory_from_raw_gps_stored_sequences_and_the_server(trained, tmp_path):
+@pytest.fixture(scope="module")
+def remembers(trained, tmp_path_factory) -> str:
+    """A model that remembers (--memory-places 8), trained in process on the early data and registered as
+    `remembers`: its URI."""
+    root, server = trained
+    r = pgt_here("train", "--data", root / "early", "--out", tmp_path_factory.mktemp("remembers") / "run", "--epochs",
+                 "2", "--unseen-slots", "--memory-places", "8", "--tracking-uri", server, "--experiment", "raw",
+                 "--register", "remembers")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return "models:/remembers@champion"
+
+
+def test_a_model_that_remembers_gets_the_same_memory_from_raw_gps_stored_sequences_and_the_server(trained, remembers,
+                                                                                                   tmp_path):
     """`pgt predict` on raw GPS builds each person's memory from the fitted visits and the request's; `pgt preprocess
     --fitted` stores the same memory in latest.parquet; both give the same answers, the served model too, and
     without its memory the model answers otherwise (it reads it). The commands run in process (the answers are the
     subject, not the processes); the server is the project's script."""
     root, server = trained
-    r = pgt_here("train", "--data", root / "early", "--out", tmp_path / "run", "--epochs", "2", "--unseen-slots",
-                 "--memory-places", "8", "--tracking-uri", server, "--experiment", "raw", "--register", "remembers")
-    assert r.returncode == 0, r.stderr[-3000:]
     latest = pl.read_parquet(root / "late" / "latest.parquet")
     assert set(MEMORY_COLUMNS) <= set(latest.columns) and latest["memory_places"].list.len().min() > 0
-    model = "models:/remembers@champion"
+    model = remembers
     r = pgt_here("predict", "--model", model, "--input", root / "late.parquet", "--format", "positionfixes",
                  "--out", tmp_path / "raw.parquet", "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -733,3 +744,69 @@ def test_a_model_that_remembers_gets_the_same_memory_from_raw_gps_stored_sequenc
     answer = pl.DataFrame(body["predictions"])
     assert answer["place_id"].to_list() == expected["place_id"].to_list()
     assert answer["probability"].to_list() == pytest.approx(expected["probability"].to_list(), abs=1e-6)
+
+
+def test_the_logged_model_declares_the_tables_it_takes_and_mlflow_checks_requests_against_them(trained, remembers,
+                                                                                                 tmp_path):
+    """The signature names every column of GPS points, staypoints and sequences (memory included) and the input
+    example is a known person's staypoints: MLflow's pyfunc, which checks a request against the signature and keeps
+    only the columns it names, answers each form exactly as the python model does unchecked, and refuses what the
+    signature rules out."""
+    import mlflow.pyfunc
+    import pandas as pd
+    import yaml
+    from mlflow.exceptions import MlflowException
+
+    root, server = trained
+    mlflow.set_tracking_uri(server)
+    local = Path(mlflow.artifacts.download_artifacts(remembers, dst_path=str(tmp_path)))
+    mlmodel = yaml.safe_load((local / "MLmodel").read_text())
+    inputs = {c["name"]: c for c in json.loads(mlmodel["signature"]["inputs"])}
+    assert {"user_id", "tracked_at", "started_at", "finished_at", "latitude", "longitude", "locations",
+            "memory_places", "history_end"} <= set(inputs)
+    assert not any(c["required"] for c in inputs.values()) and inputs["latitude"]["type"] == "double"
+    assert inputs["locations"]["type"] == "array" and inputs["user_id"]["type"] == "any"
+    assert [p["name"] for p in json.loads(mlmodel["signature"]["params"])] == ["top_k", "at"]
+    example = json.loads((local / mlmodel["saved_input_example_info"]["serving_input_path"]).read_text())
+    columns = example["dataframe_split"]["columns"]
+    assert columns == ["user_id", "started_at", "finished_at", "latitude", "longitude"]
+
+    checked = mlflow.pyfunc.load_model(remembers)
+    model = checked.unwrap_python_model()
+    points = pl.read_parquet(root / "late.parquet")
+    forms = {
+        "the input example": pd.DataFrame(example["dataframe_split"]["data"], columns=columns),
+        "GPS points": points.filter(pl.col("user_id") == points["user_id"].min()).head(400).to_pandas(),
+        "sequences with their memory": pl.read_parquet(root / "late" / "latest.parquet").head(4).to_pandas(),
+    }
+    for form, frame in forms.items():
+        expected = model.predict(None, frame, {"top_k": 3})
+        assert len(expected) > 0, form
+        pd.testing.assert_frame_equal(checked.predict(frame, params={"top_k": 3}), expected, obj=form)
+    text = forms["the input example"].assign(latitude=lambda f: f["latitude"].astype(str))
+    with pytest.raises(MlflowException, match="latitude"):
+        checked.predict(text)
+    with pytest.raises(MlflowException, match="top_k"):
+        checked.predict(forms["the input example"], params={"top_k": "three"})
+
+
+def test_a_packed_array_is_answered_by_the_server_as_the_model_scores_it(served):
+    """The (B, 7, T) array of Batch.packed(), which the signature does not describe: pgt serve hands it to the model,
+    which checks it itself."""
+    import mlflow.pyfunc
+
+    from pgt.training.data import MemoryLayout, SequenceDataset
+
+    url, root, server = served
+    mlflow.set_tracking_uri(server)
+    model = mlflow.pyfunc.load_model("models:/raw@champion").unwrap_python_model()
+    latest = pl.read_parquet(root / "late" / "latest.parquet").head(3)
+    dataset = SequenceDataset.from_arrow(latest.to_arrow(), model.packed.cfg.max_len, "latest",
+                                         MemoryLayout.of(model.packed.cfg))
+    packed = dataset.__getitems__([0, 1, 2]).packed().numpy()
+    status, body = post(url, {"instances": packed.tolist()})
+    assert status == 200, body
+    expected = model.predict(None, packed)
+    assert np.array(body["predictions"]).shape == expected.shape
+    assert expected.shape[0] == 3 and expected.shape[1] > model.packed.cfg.num_locations  # (B, V + S): places, slots
+    assert np.allclose(body["predictions"], expected, atol=1e-5)

@@ -1,0 +1,20 @@
+"""The tracking URI as the commands resolve it: paths made absolute (Ray workers run elsewhere), URIs kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from pgt.tracking.runs import resolve_tracking_uri
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("sqlite:///rel/mlflow.db", "sqlite:///{cwd}/rel/mlflow.db"),  # relative SQLite: absolute
+    ("sqlite:////abs/mlflow.db", "sqlite:////abs/mlflow.db"),
+    ("rel/mlruns", "file://{cwd}/rel/mlruns"),  # a bare path: a file URI
+    ("file:/abs/mlruns", "file:/abs/mlruns"),  # a file URI of one slash is a URI, not a relative path
+    ("file:///abs/mlruns", "file:///abs/mlruns"),
+    ("http://127.0.0.1:5000", "http://127.0.0.1:5000"),
+])
+def test_a_tracking_uri_is_made_absolute_only_where_it_is_a_path(given, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_tracking_uri(given) == expected.format(cwd=tmp_path.resolve())
