@@ -3,6 +3,9 @@
 # bound to 127.0.0.1:${MLFLOW_PORT:-5055}. Waits for /health; prints the address. Idempotent.
 # MLFLOW_ALLOWED_HOSTS (host:port list, comma-separated): the Host headers its API accepts (MLflow's --allowed-hosts;
 # default localhost and private addresses), for a server reached by a name: the others get HTTP 403.
+# MLFLOW_AUTH=basic: MLflow's basic-auth app (users and permissions in $PGT_STATE_DIR/mlflow/basic_auth.db, default
+# permission READ); its admin is ${MLFLOW_AUTH_ADMIN_USERNAME:-admin} with MLFLOW_AUTH_ADMIN_PASSWORD, which the first
+# start needs. Clients then set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD.
 set -euo pipefail
 source "$(dirname "$0")/_lib.sh"
 PORT="${MLFLOW_PORT:-5055}"
@@ -13,6 +16,37 @@ ALLOWED=()
 if [ -n "${MLFLOW_ALLOWED_HOSTS:-}" ]; then
     ALLOWED=(--allowed-hosts "$MLFLOW_ALLOWED_HOSTS")
 fi
+APP=()
+case "${MLFLOW_AUTH:-}" in
+    "") ;;
+    basic)
+        if [ -z "${MLFLOW_AUTH_ADMIN_PASSWORD:-}" ] && [ ! -f "$DIR/basic_auth.db" ]; then
+            echo "error: MLFLOW_AUTH=basic needs MLFLOW_AUTH_ADMIN_PASSWORD for the first start (the admin's password)" >&2
+            exit 2
+        fi
+        cat >"$DIR/basic_auth.ini" <<INI
+[mlflow]
+default_permission = READ
+database_uri = sqlite:///$DIR/basic_auth.db
+admin_username = ${MLFLOW_AUTH_ADMIN_USERNAME:-admin}
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+# a credential hashed (PBKDF2) once a minute, not at every request: uncached, a training run logs 7x slower; with one
+# worker a password change takes effect at once
+auth_cache_ttl_seconds = 60
+INI
+        if [ ! -s "$DIR/secret_key" ]; then  # signs the UI's sessions: one per state folder, kept across restarts
+            (umask 077 && "$VENV_BIN/python" -c 'import secrets; print(secrets.token_hex(32))' >"$DIR/secret_key")
+        fi
+        export MLFLOW_AUTH_CONFIG_PATH="$DIR/basic_auth.ini"
+        MLFLOW_FLASK_SERVER_SECRET_KEY="$(cat "$DIR/secret_key")"
+        export MLFLOW_FLASK_SERVER_SECRET_KEY
+        APP=(--app-name basic-auth)
+        ;;
+    *)
+        echo "error: MLFLOW_AUTH=${MLFLOW_AUTH}: expected basic (MLflow's basic-auth app) or nothing" >&2
+        exit 2
+        ;;
+esac
 URL="http://127.0.0.1:$PORT"
 if running "$PIDFILE"; then
     echo "mlflow: already running at $URL (pid $(cat "$PIDFILE"))"
@@ -21,7 +55,7 @@ fi
 # Job execution off: otherwise startup takes ~35 s and job runners outlive the server (../shared/STACK.md).
 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false setsid "$VENV_BIN/mlflow" server \
     --backend-store-uri "sqlite:///$DIR/mlflow.db" --artifacts-destination "$DIR/artifacts" \
-    --host 127.0.0.1 --port "$PORT" --workers 1 "${ALLOWED[@]}" >"$DIR/server.log" 2>&1 &
+    --host 127.0.0.1 --port "$PORT" --workers 1 "${ALLOWED[@]}" "${APP[@]}" >"$DIR/server.log" 2>&1 &
 echo $! >"$PIDFILE"
 if ! wait_healthy mlflow "$URL/health" "${MLFLOW_START_TIMEOUT_S:-90}" "$(cat "$PIDFILE")"; then
     tail -5 "$DIR/server.log" >&2

@@ -172,6 +172,64 @@ def test_a_tracking_server_that_refuses_its_api_is_one_line_naming_the_status_an
         subprocess.run([scripts / "stop-mlflow.sh"], env=env, capture_output=True, timeout=120)
 
 
+def test_a_tracking_server_with_basic_auth_refuses_in_one_line_until_given_credentials_and_a_failing_one_too(
+        training_sequences, tmp_path, monkeypatch):
+    """MLflow's basic-auth app (scripts/start-mlflow.sh, MLFLOW_AUTH=basic): without credentials, and with a wrong
+    password, train stops at its door with HTTP 401 in one line saying what to set or check; with the admin's it
+    trains and logs. A server whose store breaks (its database overwritten) answers /health but refuses its API,
+    400 with the database's error or, before its first API call, 500 with an HTML page: one line naming the status,
+    the error or the page's title, and where to look."""
+    env = {**os.environ, "PGT_STATE_DIR": str(tmp_path / "state"), "MLFLOW_PORT": str(free_port()),
+           "MLFLOW_AUTH": "basic", "MLFLOW_AUTH_ADMIN_PASSWORD": "not-the-default-9"}
+    scripts, uri = PROJECT_ROOT / "scripts", f"http://127.0.0.1:{env['MLFLOW_PORT']}"
+    refused = subprocess.run([scripts / "start-mlflow.sh"], env={**env, "MLFLOW_AUTH_ADMIN_PASSWORD": ""},
+                             capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "MLFLOW_AUTH_ADMIN_PASSWORD" in refused.stderr, refused.stderr
+    started = subprocess.run([scripts / "start-mlflow.sh"], env=env, capture_output=True, text=True, timeout=180)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        for user, password, fix in ((None, None, "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD"),
+                                    ("admin", "wrong", "refused the credentials given")):
+            for name, value in (("MLFLOW_TRACKING_USERNAME", user), ("MLFLOW_TRACKING_PASSWORD", password)):
+                monkeypatch.setenv(name, value) if value else monkeypatch.delenv(name, raising=False)
+            r = pgt_here("train", "--data", training_sequences, "--out", tmp_path / "refused", "--tracking-uri", uri)
+            line = one_line(r.stderr)
+            assert r.returncode == 2 and not (tmp_path / "refused").exists(), r.stderr[-2000:]
+            assert uri in line and "HTTP 401" in line and "not authenticated" in line and fix in line, line
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", "not-the-default-9")
+        r = pgt_here("train", "--data", training_sequences, "--out", tmp_path / "run", "--epochs", "1",
+                     "--tracking-uri", uri)
+        assert r.returncode == 0, r.stderr[-3000:]
+        client, run_id, run = run_of(tmp_path / "run", uri)
+        assert run.info.status == "FINISHED" and logged_epochs(client, run_id) == [0]
+
+        # the store overwritten under the server: MLflow answers its API 400 with the database's error
+        (tmp_path / "state" / "mlflow" / "mlflow.db").write_bytes(b"not a database " * 100)
+        r = pgt_here("train", "--data", training_sequences, "--out", tmp_path / "broken", "--tracking-uri", uri)
+        line = one_line(r.stderr)
+        assert r.returncode == 2 and not (tmp_path / "broken").exists(), r.stderr[-2000:]
+        assert uri in line and "HTTP 400: (sqlite3.DatabaseError) file is not a database" in line, line
+        assert "its log says why" in line and len(line) < 500, line
+    finally:
+        subprocess.run([scripts / "stop-mlflow.sh"], env=env, capture_output=True, timeout=120)
+
+    # a server whose store is broken before its first API call (its worker opens the store then): HTTP 500, whose
+    # page is said by its title
+    env = {**os.environ, "PGT_STATE_DIR": str(tmp_path / "failing"), "MLFLOW_PORT": str(free_port())}
+    uri = f"http://127.0.0.1:{env['MLFLOW_PORT']}"
+    started = subprocess.run([scripts / "start-mlflow.sh"], env=env, capture_output=True, text=True, timeout=180)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        (tmp_path / "failing" / "mlflow" / "mlflow.db").write_bytes(b"not a database " * 100)
+        r = pgt_here("train", "--data", training_sequences, "--out", tmp_path / "failed", "--tracking-uri", uri)
+        line = one_line(r.stderr)
+        assert r.returncode == 2 and not (tmp_path / "failed").exists(), r.stderr[-2000:]
+        assert uri in line and "HTTP 500: 500 Internal Server Error" in line and "its log says why" in line, line
+        assert "<" not in line, line
+    finally:
+        subprocess.run([scripts / "stop-mlflow.sh"], env=env, capture_output=True, timeout=120)
+
+
 def fill(disk: Path) -> None:
     """Fill `disk` with disk/filler but for what is left under a page."""
     filler = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)

@@ -23,6 +23,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import subprocess
 import tempfile
 import threading
@@ -127,6 +128,8 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
 
 # the likely fix of each refusal of a tracking server's API (its /health answers without any of these checks)
 API_REFUSALS = {
+    400: "it cannot answer a plain experiment search (a broken store, or a proxy that rewrites requests): its log "
+         "says why",
     401: "it wants credentials: set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN)",
     403: "the credentials it was given lack the permission: ask its administrator for it, or use another user",
 }
@@ -151,7 +154,7 @@ def check_tracking_api(tracking_uri: str, timeout_s: float = 3.0) -> None:
     except urllib.error.HTTPError as exc:
         status = exc.code
         try:
-            said = " ".join(exc.read(300).decode("utf-8", "replace").split())
+            said = refusal_words(exc.read(2000).decode("utf-8", "replace"))
         except OSError:
             said = ""
     except (urllib.error.URLError, OSError):
@@ -160,11 +163,26 @@ def check_tracking_api(tracking_uri: str, timeout_s: float = 3.0) -> None:
         return  # a client error of this probe alone (an old server's API, a proxy's path rule): the run's calls decide
     fix = API_REFUSALS.get(status, "the server failed: its log says why; rerun once it answers again (--resume "
                                    "continues a run)")
+    if status == 401 and request.has_header("Authorization"):
+        fix = ("it refused the credentials given (MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME "
+               f"{os.environ.get('MLFLOW_TRACKING_USERNAME', '')!r} and MLFLOW_TRACKING_PASSWORD): check them")
     if status == 403 and "host header" in said.lower():
         fix = HOST_REFUSAL
     words = f": {shorten(said, 100)}" if said else ""
     raise ValueError(f"MLflow tracking server {tracking_uri} refused its API (HTTP {status}{words}); "
                      f"{fix.format(host=urllib.parse.urlsplit(base).netloc)}")
+
+
+def refusal_words(body: str) -> str:
+    """What a refusal's body says, in one line: an MLflow error's message, an HTML page's title, else the text."""
+    try:
+        message = json.loads(body).get("message")
+    except (ValueError, AttributeError):
+        message = None
+    if isinstance(message, str):
+        return " ".join(message.split())
+    title = re.search(r"<title>(.*?)</title>", body, re.IGNORECASE | re.DOTALL)
+    return " ".join((title.group(1) if title else body).split())
 
 
 def open_sqlite_store(tracking_uri: str) -> None:

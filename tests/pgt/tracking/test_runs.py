@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgt.tracking.runs import resolve_tracking_uri
+from pgt.tracking.runs import refusal_words, resolve_tracking_uri
 
 
 @pytest.mark.parametrize(("given", "expected"), [
@@ -18,3 +18,13 @@ from pgt.tracking.runs import resolve_tracking_uri
 def test_a_tracking_uri_is_made_absolute_only_where_it_is_a_path(given, expected, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert resolve_tracking_uri(given) == expected.format(cwd=tmp_path.resolve())
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ('{"error_code": "PERMISSION_DENIED", "message": "Permission\\n denied"}', "Permission denied"),  # MLflow's JSON
+    ("<!doctype html><html><title>500 Internal Server Error</title><h1>x</h1>", "500 Internal Server Error"),
+    ("You are not authenticated.\n Please see the docs", "You are not authenticated. Please see the docs"),
+    ('["a", "list"]', '["a", "list"]'),
+])
+def test_a_refusal_is_said_by_its_message_or_title(body, said):
+    assert refusal_words(body) == said
