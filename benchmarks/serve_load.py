@@ -10,7 +10,8 @@ deadline of BODY_TIMEOUT_S where the server has one. Scenarios, each server in t
   /ping and a whole small request are timed ten times each; then the half-sent ones' answers are awaited (up to
   the body deadline and 30 s more; those without an answer then are counted as such and closed);
 - bursts: CLIENTS clients (20, then 100) POST a GPS-points body of about 15 MB at once, while /ping is asked every
-  100 ms and the server's resident memory (its process and children) is sampled every 50 ms: the statuses (a 503
+  100 ms (by a process of its own, so that the clients' threads do not delay it) and the server's resident memory
+  (its process and children) is sampled every 50 ms: the statuses (a 503
   counted with and without Retry-After), peak RSS over idle, /ping's median and worst, the wall time;
 - small requests, first, on servers fresh from their start: one person's staypoints (a few KB) POSTed SMALL_ROUNDS
   times to each server (both running), in turns whose order alternates (A B, B A, ...) so that the machine's drift
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import multiprocessing
 import os
 import selectors
 import socket
@@ -153,37 +155,44 @@ def slow_senders(url: str, body: bytes, count: int, deadline_s: float) -> dict:
             "half_sent_answered_after_s": [round(min(times), 2), round(max(times), 2)] if times else None}
 
 
+def pinger(url: str, done, latencies) -> None:
+    """/ping every 100 ms until `done` is set, each answer's seconds (or -1 for no 200) put on `latencies`. Run in a
+    process of its own: in the flooding process it would wait for the GIL behind a hundred sending threads, and
+    time the client rather than the server."""
+    while not done.is_set():
+        seconds, status = timed(ping, url)
+        latencies.put(seconds if status == 200 else -1.0)
+        time.sleep(0.1)
+    latencies.put(None)  # the last
+
+
 def flood(url: str, pid: int, body: bytes, clients: int) -> dict:
-    """CLIENTS posts of `body` at once, /ping every 100 ms and RSS every 50 ms while they run."""
+    """CLIENTS posts of `body` at once, /ping every 100 ms (from another process) and RSS every 50 ms while they run."""
     idle = server_rss(pid)
     done = threading.Event()
-    rss, pings, missed = [idle], [], 0
+    rss = [idle]
 
     def sample() -> None:
         while not done.is_set():
             rss.append(server_rss(pid))
             time.sleep(0.05)
 
-    def pinger() -> None:
-        nonlocal missed
-        while not done.is_set():
-            seconds, status = timed(ping, url)
-            if status == 200:
-                pings.append(seconds)
-            else:
-                missed += 1
-            time.sleep(0.1)
-
-    watchers = [threading.Thread(target=sample), threading.Thread(target=pinger)]
-    for w in watchers:
-        w.start()
+    spawn = multiprocessing.get_context("spawn")
+    pinged, latencies = spawn.Event(), spawn.Queue()
+    pinging = spawn.Process(target=pinger, args=(url, pinged, latencies))
+    pinging.start()
+    watcher = threading.Thread(target=sample)
+    watcher.start()
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
         answers = list(pool.map(lambda _: post(url, body), range(clients)))
     wall = time.perf_counter() - start
     done.set()
-    for w in watchers:
-        w.join()
+    pinged.set()
+    watcher.join()
+    answered = list(iter(lambda: latencies.get(timeout=30), None))
+    pinging.join(timeout=30)
+    pings, missed = [t for t in answered if t >= 0], sum(1 for t in answered if t < 0)
     statuses = collections.Counter("503 with Retry-After" if status == 503 and retry else str(status)
                                    for status, retry in answers)
     return {"clients": clients, "idle_rss_mb": idle / 2**20, "peak_rss_mb": max(rss) / 2**20,

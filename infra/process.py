@@ -24,6 +24,8 @@ from pathlib import Path
 
 import yaml
 
+from infra.errors import InputError
+
 HANDLED = (signal.SIGTERM, signal.SIGHUP)
 MAX_SETTINGS_BYTES = 4 << 20  # a recipe or config file is a few hundred bytes; 4 MiB bounds a mistaken path
 MAX_MESSAGE_CHARS = 300  # what one error line may quote of a value
@@ -170,28 +172,28 @@ def disk_problem(exc: BaseException, where: str | None = None) -> str | None:
 
 
 def read_small_file(path: Path | str, what: str, limit: int = MAX_SETTINGS_BYTES) -> str:
-    """The text of a settings file; ValueError naming it unless it is a regular UTF-8 file of at most `limit`
+    """The text of a settings file; InputError naming it unless it is a regular UTF-8 file of at most `limit`
     bytes (a FIFO, a device such as /dev/zero or a folder is never opened for reading)."""
     path = Path(path)
     try:
         info = path.stat()
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+        raise InputError(path, f"cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
     if not stat.S_ISREG(info.st_mode):
-        raise ValueError(f"{path}: the {what} is not a regular file")
+        raise InputError(path, f"the {what} is not a regular file")
     if info.st_size > limit:
-        raise ValueError(f"{path}: the {what} has {info.st_size:,} bytes; at most {limit:,} are read")
+        raise InputError(path, f"the {what} has {info.st_size:,} bytes; at most {limit:,} are read")
     try:
         with path.open("rb") as fh:
             data = fh.read(limit + 1)
     except OSError as exc:
-        raise ValueError(f"{path}: cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
+        raise InputError(path, f"cannot read the {what} ({exc.strerror or type(exc).__name__})") from None
     if len(data) > limit:
-        raise ValueError(f"{path}: the {what} grew past {limit:,} bytes while being read")
+        raise InputError(path, f"the {what} grew past {limit:,} bytes while being read")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: the {what} is not UTF-8 text (byte {exc.start})") from None
+        raise InputError(path, f"the {what} is not UTF-8 text (byte {exc.start})") from None
 
 
 def load_yaml(text: str, source: Path | str):
@@ -208,7 +210,7 @@ def load_yaml(text: str, source: Path | str):
     try:
         return yaml.load(text, Loader=NoAliases)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
-        raise ValueError(f"{source}: not valid YAML ({shorten(' '.join(str(exc).split()), 200)})") from None
+        raise InputError(source, f"not valid YAML ({shorten(' '.join(str(exc).split()), 200)})") from None
 
 
 def shorten(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:

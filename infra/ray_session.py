@@ -9,6 +9,7 @@ import signal
 import threading
 from collections.abc import Iterator
 
+from infra.errors import ServiceError, SettingsError
 from infra.process import interruptible
 
 
@@ -29,7 +30,7 @@ SERVICE_TIMEOUT_S = 3.0  # how long an address may take to answer before a comma
 
 
 def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S) -> None:
-    """ValueError, within `timeout_s`, unless a Ray cluster's GCS answers at `address` (host:port or
+    """ServiceError, within `timeout_s`, unless a Ray cluster's GCS answers at `address` (host:port or
     ray://host:port; "auto" and None are Ray's own lookups): one gRPC call for its cluster id, the first thing
     ray.init asks. An unreachable address would otherwise keep ray.init retrying for minutes."""
     import grpc  # Ray's own dependency
@@ -39,7 +40,7 @@ def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S)
     hostport = address.removeprefix("ray://")
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"--address {address}: expected host:port (the head node's GCS port, 6379 by default), "
+        raise SettingsError(f"--address {address}: expected host:port (the head node's GCS port, 6379 by default), "
                          "ray://host:port, or auto")
     with grpc.insecure_channel(hostport) as channel:
         ask = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId",
@@ -49,7 +50,7 @@ def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S)
             return
         except grpc.RpcError as exc:
             problem = exc.details() or exc.code().name
-    raise ValueError(f"Ray cluster at {address} is not reachable ({problem.splitlines()[0]}); start its head with "
+    raise ServiceError(f"Ray cluster at {address} is not reachable ({problem.splitlines()[0]}); start its head with "
                      "`ray start --head --port PORT`, or leave --address (and RAY_ADDRESS) out to run on a local Ray")
 
 
@@ -91,7 +92,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             try:
                 ray.init(address=address, log_to_driver=True)
             except ConnectionError as exc:  # "auto" without a running cluster
-                raise ValueError(f"Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
+                raise ServiceError(f"Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
         else:
             ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
     try:

@@ -177,7 +177,7 @@ def train(
     from pgt.training.report import EpochPrinter, print_metrics
     from pgt.training.train import OUTPUTS, check_compile_toolchain
 
-    # a folder without manifest.json fails in Vocab.from_manifest with a FileNotFoundError
+    # a folder without manifest.json fails in Vocab.from_manifest with an InputError
     Vocab.from_manifest(data)  # what --data is comes first, then where --out may go
     check_apart(out, {"--data": data})
     check_output_entries(out, "pgt train", OUTPUTS)
@@ -188,9 +188,9 @@ def train(
                               source="pgt train", tags={RECIPE_TAG: recipe_label(recipe, recipe_file)})
     register = tracking.register
     if register and cfg.model in BASELINES:
-        raise ValueError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
+        raise SettingsError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
     if register and cfg.fused_seeds > 1:
-        raise ValueError("--register needs one model; --fused-seeds trains several seeds' networks for their "
+        raise SettingsError("--register needs one model; --fused-seeds trains several seeds' networks for their "
                          "evidence and writes no best.pt: register a run of one seed")
     check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
     if launch.workers:

@@ -172,7 +172,7 @@ def selection_score(validation: dict, select_on: str) -> float:
 
 
 def recipe_settings(recipe: str) -> dict:
-    """The TrainConfig fields a named recipe sets; ValueError for a name not in RECIPES."""
+    """The TrainConfig fields a named recipe sets; SettingsError for a name not in RECIPES."""
     if recipe not in RECIPES:
         raise SettingsError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
     return dict(RECIPES[recipe])

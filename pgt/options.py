@@ -20,7 +20,7 @@ from typing import Any, Literal, NoReturn, Union
 
 import typer
 
-from infra.errors import InputError
+from infra.errors import UserError
 from infra.settings import CHOICES, ENV, bounds_text, help_of, setting_types, settings_of
 
 MAX_ERROR_CHARS = 800  # an error line quotes values; a value of megabytes is cut in the middle
@@ -37,9 +37,10 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(code=2)
 
 
-# what a user's mistake raises, in any package: a bad input (InputError), settings that do not go together or out of
-# their bounds (SettingsError, a ValueError, as are the value checks of the libraries below), a missing file
-USER_ERRORS = (InputError, ValueError, FileNotFoundError)
+# what a user's mistake raises, in any package (infra/errors.py): a bad input, settings that do not go together or out
+# of their bounds, a server that does not answer. Any other exception, a ValueError of a library included, is a bug
+# and keeps its traceback
+USER_ERRORS = (UserError,)
 
 
 def one_line_errors(command: Callable) -> Callable:

@@ -25,7 +25,7 @@ from zoneinfo import ZoneInfo
 import numpy as np
 import polars as pl
 
-from infra.errors import InputError
+from infra.errors import InputError, SettingsError
 from preprocessing.config import PreprocessConfig
 from preprocessing.fitted_places import join_fitted_places
 from preprocessing.locations import merge_staypoints
@@ -240,7 +240,7 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
         late = marked.filter(pl.col("started_at") > instant(at))
         if late.height:
             first = late.row(0, named=True)
-            raise ValueError(f"the prediction time (at) {at.isoformat()} is before the last visit of user "
+            raise SettingsError(f"the prediction time (at) {at.isoformat()} is before the last visit of user "
                              f"{first['user_id']} (it starts {first['started_at'].isoformat()}); a prediction is for a "
                              "moment after the history")
         last_date = marked["started_at"].gather(last).dt.convert_time_zone(config.timezone).dt.date().to_numpy()

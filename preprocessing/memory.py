@@ -22,6 +22,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from infra.errors import SettingsError
 from preprocessing.validation import require_columns
 
 # the memory's list columns in a split, one entry per remembered place, in priority order
@@ -66,7 +67,7 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
     require_columns(visits, "memory visits", VISIT_COLUMNS)
     require_columns(queries, "memory queries", QUERY_COLUMNS)
     if isinstance(memory_places, bool) or not isinstance(memory_places, int) or memory_places < 1:
-        raise ValueError(f"memory_places must be a positive integer, got {memory_places!r}")
+        raise SettingsError(f"memory_places must be a positive integer, got {memory_places!r}")
     zone = pl.col("started_at").dt.convert_time_zone(timezone)
     v = visits.select(
         pl.col("user_id").cast(pl.String), "location", "location_id",

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 
+from infra.errors import SettingsError
 from preprocessing.config import ANCHORS, SPLITS, PreprocessConfig
 from preprocessing.memory import MemoryRule, generate_memory
 from preprocessing.queries import collect_in_memory
@@ -184,7 +185,7 @@ def sample_table(kept: pl.DataFrame, split: str, anchor: str = "target_day", mem
     history's last visit ended, days counted back from the same anchor; `visits` are those the memory remembers (by
     default `kept`'s own)."""
     if anchor not in ANCHORS:
-        raise ValueError(f"anchor must be one of {', '.join(ANCHORS)}, got {anchor!r}")
+        raise SettingsError(f"anchor must be one of {', '.join(ANCHORS)}, got {anchor!r}")
     rows = np.flatnonzero((kept["is_target"] & (kept["split"] == split)).to_numpy())
     targets = kept[rows]
     day = kept["start_day"].to_numpy()

@@ -20,6 +20,7 @@ import polars as pl
 import pyarrow.parquet as pq
 from rich.progress import Progress
 
+from infra.errors import InputError
 from infra.output import PRODUCER_KEY, temporary_sibling
 from preprocessing.config import SynthConfig
 
@@ -215,7 +216,7 @@ def write_positionfixes(cfg: SynthConfig, out_file: Path | str, progress: bool =
     at any size). The same config writes the same bytes."""
     out_file = Path(out_file)
     if out_file.suffix != ".parquet":
-        raise ValueError(f"{out_file}: the synthetic points are written as a .parquet file")
+        raise InputError(out_file, "the synthetic points are written as a .parquet file")
     out_file.parent.mkdir(parents=True, exist_ok=True)
     tmp = temporary_sibling(out_file)
 

@@ -31,7 +31,7 @@ def sweep_config(params: dict) -> SweepConfig:
 
 
 def saved_sweep(path: Path) -> tuple[SweepConfig, TrackingConfig | None, str | None]:
-    """The sweep, its tracking and its model name from an earlier sweep's sweep.json; ValueError naming the file."""
+    """The sweep, its tracking and its model name from an earlier sweep's sweep.json; InputError naming the file."""
     from infra.process import read_small_file, shorten
 
     try:
@@ -74,7 +74,7 @@ def tune(
         if resume is not None:
             saved = resume / "sweep.json"
             if not saved.is_file():
-                raise FileNotFoundError(f"{resume}: no sweep.json; expected the --out folder of an earlier `pgt tune`")
+                raise InputError(resume, "no sweep.json; expected the --out folder of an earlier `pgt tune`")
             changed = sorted({*typed.of(SweepConfig), *(name for name, value in
                               (("data", data), ("out", out), ("recipe", recipe), ("recipe_file", recipe_file))
                               if value is not None)})

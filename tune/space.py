@@ -18,6 +18,8 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from infra.errors import SettingsError
+
 KINDS = ("choice", "int", "uniform", "log")  # a set of values, an integer range, a range, a log-scale range
 HEADS = (1, 2, 4, 8)  # the head counts a trial may draw (those dividing its d_model)
 NHEAD_DRAW = "nhead_draw"  # random search's draw in [0, 1) of nhead among the heads dividing d_model
@@ -31,11 +33,11 @@ class Dimension:
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise ValueError(f"{self.name}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+            raise SettingsError(f"{self.name}: kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if not self.values or (self.kind != "choice" and not (len(self.values) == 2 and self.values[0] <= self.values[1])):
-            raise ValueError(f"{self.name}: a {self.kind} dimension needs (low, high) with low <= high, got {self.values}")
+            raise SettingsError(f"{self.name}: a {self.kind} dimension needs (low, high) with low <= high, got {self.values}")
         if self.kind == "log" and self.values[0] <= 0:
-            raise ValueError(f"{self.name}: a log range must be positive, got {self.values}")
+            raise SettingsError(f"{self.name}: a log range must be positive, got {self.values}")
 
 
 def _widths(d: int) -> tuple[int, ...]:
@@ -73,7 +75,7 @@ class SearchSpace:
         if widths is not None:
             for d in widths.values:
                 if d % 4 or not self.heads_for(d):
-                    raise ValueError(f"d_model {d} must be divisible by 4 and by one of the nhead choices "
+                    raise SettingsError(f"d_model {d} must be divisible by 4 and by one of the nhead choices "
                                      f"{self.head_choices}")
 
     @classmethod

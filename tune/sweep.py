@@ -249,7 +249,7 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
     experiment = out / "ray" / EXPERIMENT_NAME
     if not resume:
         if (out / "sweep.json").exists():
-            raise ValueError(f"{out} holds a sweep already; resume it with --resume {out}, or choose another --out")
+            raise SettingsError(f"{out} holds a sweep already; resume it with --resume {out}, or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
     tracking = _parent_run(spec, tracking, out, resume)
     write_json_atomically(out / "sweep.json", {"sweep": spec.to_dict(), "tracking": tracking.to_dict() if tracking else None,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from infra.errors import InputError, SettingsError
 from infra.output import write_file_atomically
 from infra.process import uninterrupted
 from pgt.config import ModelConfig, TrainConfig
@@ -51,18 +52,18 @@ CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "scaler", "epoch", "best_m
 
 def read_checkpoint(path: Path | str, device: torch.device | str = "cpu", required: tuple[str, ...] = CHECKPOINT_KEYS) -> dict:
     """A checkpoint or best.pt read without running code (`weights_only=True`). A missing, corrupt or foreign
-    file raises FileNotFoundError/ValueError in one line naming it."""
+    file raises InputError in one line naming it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such checkpoint")
+        raise InputError(path, "no such checkpoint")
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for truncated, foreign or unsafe files
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"{path}: unreadable checkpoint ({type(exc).__name__}: {first[:200]})") from None
+        raise InputError(path, f"unreadable checkpoint ({type(exc).__name__}: {first[:200]})") from None
     missing = [key for key in required if not isinstance(state, dict) or key not in state]
     if missing:
-        raise ValueError(f"{path}: not a pgt checkpoint (missing {', '.join(missing)})")
+        raise InputError(path, f"not a pgt checkpoint (missing {', '.join(missing)})")
     return state
 
 
@@ -105,13 +106,13 @@ RESUMABLE_CHANGES = {"out_dir", "epochs", "resume", "threads", "keep_checkpoints
 
 
 def check_resumable(saved: dict, cfg: TrainConfig, path: Path, ignore: frozenset = frozenset()) -> None:
-    """ValueError unless the checkpoint was trained with these settings (a setting it predates counts as its
+    """SettingsError unless the checkpoint was trained with these settings (a setting it predates counts as its
     default); `ignore`: settings the caller knows may differ as well."""
     current = cfg.to_dict()
     saved = {**TrainConfig.from_dict({"data_dir": ".", "out_dir": "."}).to_dict(), **saved}
     changed = sorted(k for k in current if k not in RESUMABLE_CHANGES | ignore and saved.get(k) != current[k])
     if changed:
-        raise ValueError(f"{path} was trained with other settings ({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); "
+        raise SettingsError(f"{path} was trained with other settings ({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); "
                          "use --no-resume or another --out")
 
 
@@ -123,5 +124,5 @@ def load_checkpoint(path: Path | str, device: str = "cpu") -> tuple[torch.nn.Mod
         model = build_model(cfg)
         model.load_state_dict(state.get("best_model") or state["model"])
     except (TypeError, ValueError, RuntimeError) as exc:
-        raise ValueError(f"{path}: not a checkpoint of this pgt ({str(exc).splitlines()[0]})") from None
+        raise InputError(path, f"not a checkpoint of this pgt ({str(exc).splitlines()[0]})") from None
     return model.eval(), cfg

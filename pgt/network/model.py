@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from infra.errors import InputError
 from pgt.config import MEMORY_VISIT_EDGES, ModelConfig
 from pgt.network.vocabulary import extended_ids, visit_ids
 
@@ -378,15 +379,16 @@ def input_tables(cfg: ModelConfig) -> dict[str, int]:
 
 
 def check_packed(x: torch.Tensor, cfg: ModelConfig) -> None:
-    """ValueError naming the row of a (B, 7, T) input (PackedModel's) that lies outside the model's tables."""
+    """InputError naming the row of a (B, 7, T) input (PackedModel's) that lies outside the model's tables."""
     tables = [*input_tables(cfg).items(), ("slots", x.shape[2])]
     for row, (name, top) in enumerate(tables[:x.shape[1]]):
         values = x[:, row]
         if int(values.min()) < 0 or int(values.max()) > top:
-            raise ValueError(f"row {row} ({name}) of the (B, 7, T) input holds {int(values.min())}..{int(values.max())}, "
-                             f"but the model's table takes 0..{top}")
+            raise InputError("the (B, 7, T) input", f"row {row} ({name}) holds {int(values.min())}.."
+                                                    f"{int(values.max())}, but the model's table takes 0..{top}")
     if not bool((x[:, 0, 0] != 0).all()):
-        raise ValueError("every history starts at column 0: row 0 (locations) is 0 there, which pads")
+        raise InputError("the (B, 7, T) input", "every history starts at column 0: row 0 (locations) is 0 there, "
+                                                "which pads")
 
 
 def _xavier(model: nn.Module) -> None:

@@ -18,6 +18,7 @@ import matplotlib.pyplot as plt  # noqa: E402 - after matplotlib.use("Agg")
 import numpy as np  # noqa: E402 - after matplotlib.use("Agg")
 import torch  # noqa: E402 - after matplotlib.use("Agg")
 
+from infra.errors import InputError
 from infra.output import (  # noqa: E402 - after matplotlib.use("Agg")
     PRODUCER_KEY,
     check_apart,
@@ -60,7 +61,7 @@ def explain(checkpoint: Path | str, data_dir: Path | str, out_dir: Path | str, s
     model, cfg = load_checkpoint(checkpoint)
     dataset = SequenceDataset.from_parquet(Path(data_dir) / "test.parquet", cfg.max_len, memory=MemoryLayout.of(cfg))
     if len(dataset) == 0:
-        raise ValueError(f"{Path(data_dir) / 'test.parquet'}: no samples to explain")
+        raise InputError(Path(data_dir) / 'test.parquet', "no samples to explain")
     check_vocabulary(cfg, dataset, Path(data_dir) / "test.parquet")  # another run's ids would index past the tables
     out_dir = Path(out_dir)
     with output_lock(out_dir, command=EXPLAINER):  # one writer: a second is refused, naming the first

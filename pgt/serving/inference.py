@@ -13,6 +13,7 @@ import polars as pl
 import pyarrow as pa
 import torch
 
+from infra.errors import InputError, SettingsError
 from pgt.config import EVAL_BATCH_SIZE, MAX_TOP_K, TOP_K, ModelConfig
 from pgt.network.model import input_tables
 from pgt.training.data import MemoryLayout, SequenceDataset
@@ -29,12 +30,12 @@ PREDICTION_COLUMNS = ["sample", "sample_index", "source_user_id", "user", "time"
 
 
 def check_top_k(value, what: str = "top_k") -> int:
-    """value as the number of places to list: an integer 1..MAX_TOP_K (digits as text count), else ValueError
+    """value as the number of places to list: an integer 1..MAX_TOP_K (digits as text count), else SettingsError
     naming `what`."""
     if isinstance(value, str) and value.strip().lstrip("-").isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= MAX_TOP_K:
-        raise ValueError(f"{what} must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
+        raise SettingsError(f"{what} must be an integer from 1 to {MAX_TOP_K}, got {value!r}")
     return int(value)
 
 
@@ -46,7 +47,7 @@ def prediction_time(value, what: str = "--at") -> datetime | None:
     try:
         return parse_time(str(value))
     except (TypeError, ValueError):
-        raise ValueError(f"{what} must be an ISO 8601 time such as 2024-05-01T08:00:00+08:00, got {value!r}") from None
+        raise SettingsError(f"{what} must be an ISO 8601 time such as 2024-05-01T08:00:00+08:00, got {value!r}") from None
 
 
 def top_k_of(params: dict | None) -> int:
@@ -155,7 +156,7 @@ def predict_applied(model, applied, top_k: int, evaluation: bool = True) -> pl.D
 
 
 def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> None:
-    """ValueError unless the `pgt preprocess` folder data_dir comes from the preprocessing the model was trained on:
+    """InputError unless the `pgt preprocess` folder data_dir comes from the preprocessing the model was trained on:
     its input (sha256) and settings, or, for an output of `--fitted`, the fitted run's. Its ids would otherwise
     mean other places and other people. A folder without a manifest, or a model logged before models carried
     theirs, leaves only the vocabulary check (check_vocabulary)."""
@@ -174,7 +175,7 @@ def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> No
         what = "was applied with the fitted preprocessing of another run" if fitted else "comes from another preprocessing run"
         problem = (f"input sha256 {str(source)[:12]}, the model's {str(expected)[:12]}" if source != expected
                    else "same input, other settings")
-        raise ValueError(f"{data_dir}: {what} than the one {model_uri} was trained on ({problem}); its ids mean other "
+        raise InputError(data_dir, f"{what} than the one {model_uri} was trained on ({problem}); its ids mean other "
                          "places and people: score that run's own data, or new data through `pgt preprocess --fitted` "
                          "of the model's training folder (or `pgt predict --format`)")
 
@@ -187,5 +188,5 @@ def check_vocabulary(model_cfg: ModelConfig, dataset: SequenceDataset, path: Pat
     for (column, top), values in zip(input_tables(model_cfg).items(), stored):
         shift = 0 if column in ("locations", "user") else 1  # features are stored + 1; the message shows the split's
         if len(values) and int(values.max()) > top:
-            raise ValueError(f"{path}: column {column} holds {int(values.max()) - shift}, but the model knows "
+            raise InputError(path, f"column {column} holds {int(values.max()) - shift}, but the model knows "
                              f"0..{top - shift}; score sequences from the preprocessing run the model was trained on")

@@ -38,6 +38,7 @@ import numpy as np
 import polars as pl
 import torch
 
+from infra.errors import SettingsError
 from infra.process import listed, shorten
 from pgt.config import ServeConfig
 from pgt.serving.admission import Admission, Busy
@@ -438,7 +439,7 @@ def python_model(model):
 
 
 def check_port_free(host: str, port: int) -> None:
-    """ValueError in one line where `host`:`port` cannot be listened on (another server holds it, or the address is
+    """SettingsError in one line where `host`:`port` cannot be listened on (another server holds it, or the address is
     not this machine's): said before the model loads, in a moment rather than after it."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
@@ -447,7 +448,7 @@ def check_port_free(host: str, port: int) -> None:
             probe.bind((host, port))
         except OSError as exc:
             reason = "in use (another server?)" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
-            raise ValueError(f"cannot listen on {host}:{port}: {reason}; choose another --port, or stop what holds "
+            raise SettingsError(f"cannot listen on {host}:{port}: {reason}; choose another --port, or stop what holds "
                              "it") from None
 
 

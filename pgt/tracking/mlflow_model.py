@@ -101,19 +101,19 @@ class PGTModel(PythonModel):
         try:
             cfg = ModelConfig(**_read_json(context.artifacts[CONFIG], "model_config.json"))
         except TypeError as exc:
-            raise ValueError(f"the model's model_config.json does not describe a model ({exc}); log the model again") from None
+            raise InputError("the model's model_config.json", f"does not describe a model ({exc}); log the model again") from None
         model = build_model(cfg)
         try:
             model.load_state_dict(torch.load(context.artifacts[WEIGHTS], map_location="cpu", weights_only=True))
         except Exception as exc:  # a truncated or foreign file: one line, never an unpickling attempt
-            raise ValueError(f"the model's weights.pt cannot be loaded ({' '.join(str(exc).split())[:200]}); "
+            raise InputError("the model's weights.pt", f"cannot be loaded ({' '.join(str(exc).split())[:200]}); "
                              "log the model again") from None
         self.packed = PackedModel(for_inference(model)).eval()  # stacked: one batched pass, the embedding folded
         artifacts = context.artifacts
         self.data_files = {key: Path(artifacts[key]) for key in DATA_FILES if key in artifacts}
         for key, path in self.data_files.items():  # a folder with a table deleted: which, not a bare path, at load
             if not path.is_file():
-                raise ValueError(f"the model's {DATA_FILES[key]} is missing (expected at {path}); download or "
+                raise InputError(f"the model's {DATA_FILES[key]}", f"missing (expected at {path}); download or "
                                  "log the model again")
         self.locations = _read_table(artifacts[LOCATIONS], DATA_FILES[LOCATIONS]) if LOCATIONS in artifacts else None
         self.users = _read_table(artifacts[USERS], DATA_FILES[USERS]) if USERS in artifacts else None
@@ -129,12 +129,12 @@ class PGTModel(PythonModel):
 
             missing = [DATA_FILES[k] for k in (MANIFEST, PLACES, CLUSTERED, USERS) if k not in self.data_files]
             if missing:
-                raise ValueError(f"{source}: carries no {', '.join(missing)} (logged before models carried their "
+                raise InputError(source, f"carries no {', '.join(missing)} (logged before models carried their "
                                  "preprocessing); train it again to score raw GPS")
             visits = (pl.read_parquet(self.data_files[VISITS], columns=list(VISIT_COLUMNS))
                       if VISITS in self.data_files else None)
             if self.packed.cfg.memory_places and visits is None:
-                raise ValueError(f"{source}: remembers earlier places but carries no staypoints.parquet (the training "
+                raise InputError(source, "remembers earlier places but carries no staypoints.parquet (the training "
                                  "data's visits); log the model again")
             self._fitted = FittedPreprocessing.from_tables(
                 self.manifest, pl.read_parquet(self.data_files[PLACES]), pl.read_parquet(self.data_files[CLUSTERED]),
@@ -169,13 +169,13 @@ class PGTModel(PythonModel):
         try:
             array = np.asarray(model_input)
         except ValueError:
-            raise ValueError("expected a (B, 7, T) array of integers as Batch.packed() gives it; the rows are ragged") from None
+            raise InputError("request", f"{PACKED}; the rows are ragged") from None
         if array.dtype == object or not (np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)):
-            raise ValueError(f"expected a (B, 7, T) array of integers as Batch.packed() gives it, got {array.dtype} values")
+            raise InputError("request", f"{PACKED}, got {array.dtype} values")
         if array.ndim != 3 or array.shape[1] not in (6, 7) or array.shape[0] < 1 or array.shape[2] < 1:
-            raise ValueError(f"expected a (B, 7, T) array of integers as Batch.packed() gives it, got shape {array.shape}")
+            raise InputError("request", f"{PACKED}, got shape {array.shape}")
         if np.issubdtype(array.dtype, np.floating) and not (np.isfinite(array).all() and (array == np.round(array)).all()):
-            raise ValueError("expected integers; the array holds fractions, NaN or infinities")
+            raise InputError("request", "expected integers; the array holds fractions, NaN or infinities")
         x = torch.as_tensor(array.astype(np.int64))
         check_packed(x, self.packed.cfg)
         with torch.no_grad():
@@ -187,7 +187,7 @@ class PGTModel(PythonModel):
         top_k, at = top_k_of(params), prediction_time((params or {}).get("at"), "params.at")
         columns = set(frame.columns)
         if frame.height == 0:
-            raise ValueError("the request has no rows")
+            raise InputError("request", "no rows")
         if "locations" in columns:  # sequences, as a split holds them
             samples = frame
             SequenceDataset.check_schema(samples.to_arrow().schema, "request", require_target=False)
@@ -274,6 +274,7 @@ def _client_errors():
         raise MlflowException(f"bad request: {message}", error_code=INVALID_PARAMETER_VALUE) from None
 
 
+PACKED = "expected a (B, 7, T) array of integers as Batch.packed() gives it"
 QUARANTINED = pl.DataFrame(schema={"row": pl.Int64, "reason": pl.String})
 NOT_SCORED = pl.DataFrame(schema={"source_user_id": pl.String, "reason": pl.String})
 
@@ -289,7 +290,7 @@ def _as_request_ids(unscored: pl.DataFrame, dtype) -> pl.DataFrame:
 
 
 def _polars(frame) -> pl.DataFrame:
-    """The request's pandas frame as polars (pl.from_pandas's columns), or ValueError naming the column polars could
+    """The request's pandas frame as polars (pl.from_pandas's columns), or InputError naming the column polars could
     not take. Text, integer, float and boolean columns, what a JSON request holds, are taken in numpy and Python: a
     request's few rows then wake no thread pool of Arrow's or polars' (on a 2-core VM that wake-up is slower than the
     conversion)."""
@@ -297,13 +298,13 @@ def _polars(frame) -> pl.DataFrame:
         try:
             return pl.from_pandas(frame)
         except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
-            raise ValueError(f"request: unusable columns ({' '.join(str(exc).split())[:200]})") from None
+            raise InputError("request", f"unusable columns ({' '.join(str(exc).split())[:200]})") from None
     series = []
     for name in frame.columns:
         try:
             series.append(_series(name, frame[name]))
         except (pl.exceptions.PolarsError, ValueError, TypeError) as exc:
-            raise ValueError(_unusable(name, frame[name], exc)) from None
+            raise InputError("request", _unusable(name, frame[name], exc)) from None
     return pl.DataFrame(series)
 
 
@@ -319,9 +320,9 @@ def _unusable(name: str, column: pd.Series, exc: Exception) -> str:
     first = kind(values[0][1]) if values else None
     odd = next(((i, v) for i, v in values if kind(v) != first), None)
     if odd is not None:
-        return (f"request: column {name} mixes {first} and {kind(odd[1])} (row {odd[0]}: {repr(odd[1])[:40]}); "
+        return (f"column {name} mixes {first} and {kind(odd[1])} (row {odd[0]}: {repr(odd[1])[:40]}); "
                 f"expected one kind of value per column")
-    return f"request: column {name} is unusable ({' '.join(str(exc).split())[:200]})"
+    return f"column {name} is unusable ({' '.join(str(exc).split())[:200]})"
 
 
 def _series(name: str, column: pd.Series) -> pl.Series:
@@ -334,23 +335,23 @@ def _series(name: str, column: pd.Series) -> pl.Series:
 
 
 def _read_table(path: str, name: str):
-    """A table the model carries (pyarrow), or ValueError naming it (a truncated or hand-edited file)."""
+    """A table the model carries (pyarrow), or InputError naming it (a truncated or hand-edited file)."""
     try:
         return pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
-        raise ValueError(f"the model's {name} is unreadable ({' '.join(str(exc).split())[:120]}); download "
+        raise InputError(f"the model's {name}", f"unreadable ({' '.join(str(exc).split())[:120]}); download "
                          "or log the model again") from None
 
 
 def _read_json(path: str, name: str) -> dict:
-    """A JSON object the model carries, or ValueError naming it (a corrupt or hand-edited model)."""
+    """A JSON object the model carries, or InputError naming it (a corrupt or hand-edited model)."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"the model's {name} is unreadable ({' '.join(str(exc).split())[:120]}); download "
+        raise InputError(f"the model's {name}", f"unreadable ({' '.join(str(exc).split())[:120]}); download "
                          "or log the model again") from None
     if not isinstance(data, dict):
-        raise ValueError(f"the model's {name} holds a {type(data).__name__}, expected a JSON object; download "
+        raise InputError(f"the model's {name}", f"holds a {type(data).__name__}, expected a JSON object; download "
                          "or log the model again")
     return data
 

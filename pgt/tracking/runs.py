@@ -42,6 +42,7 @@ import torch
 import infra
 import pgt
 import preprocessing
+from infra.errors import InputError, ServiceError
 from infra.process import shorten, uninterrupted
 from infra.state import state_dir
 from pgt.config import TOP_K, TrackingConfig
@@ -98,11 +99,11 @@ def resolve_tracking_uri(uri: str | None, state: Path | None = None) -> str:
 
 
 def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
-    """ValueError, within `timeout_s`, unless an http(s) tracking URI answers its /health: a stopped server would
+    """ServiceError, within `timeout_s`, unless an http(s) tracking URI answers its /health: a stopped server would
     otherwise keep MLflow retrying for minutes. A local file store (a path, or file:) is refused too, in one line,
     unless MLFLOW_ALLOW_FILE_STORE is true: MLflow 3 raises deep inside the run for it. A SQLite store passes."""
     if tracking_uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
-        raise ValueError(f"{tracking_uri}: a file store, which MLflow 3 keeps in maintenance mode and refuses; use a "
+        raise InputError(tracking_uri, "a file store, which MLflow 3 keeps in maintenance mode and refuses; use a "
                          "SQLite store (sqlite:///PATH/mlflow.db; with no URI runs go to one under .state/mlflow), "
                          "or set MLFLOW_ALLOW_FILE_STORE=true")
     if tracking_uri.startswith(("sqlite:", "file:")):
@@ -121,7 +122,7 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         problem = getattr(reason, "strerror", None) or str(reason) or type(exc).__name__
-    raise ValueError(f"MLflow tracking server {tracking_uri} is not reachable ({problem}); start it with "
+    raise ServiceError(f"MLflow tracking server {tracking_uri} is not reachable ({problem}); start it with "
                      "scripts/start-mlflow.sh (or `make demo`), or choose another --tracking-uri / "
                      "MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
 
@@ -138,7 +139,7 @@ HOST_REFUSAL = ("it accepts only the Host headers of its --allowed-hosts: reach 
 
 
 def check_tracking_api(tracking_uri: str, timeout_s: float = 3.0) -> None:
-    """ValueError, within `timeout_s`, when a tracking server whose /health answers refuses its API (401, 403, 5xx:
+    """ServiceError, within `timeout_s`, when a tracking server whose /health answers refuses its API (401, 403, 5xx:
     MLflow's host check and auth exempt /health): one line naming the server, the status, its words and the likely
     fix, instead of MLflow's traceback from the first call of a run (and minutes of its retries for a 5xx)."""
     base = tracking_uri.rstrip("/")
@@ -169,7 +170,7 @@ def check_tracking_api(tracking_uri: str, timeout_s: float = 3.0) -> None:
     if status == 403 and "host header" in said.lower():
         fix = HOST_REFUSAL
     words = f": {shorten(said, 100)}" if said else ""
-    raise ValueError(f"MLflow tracking server {tracking_uri} refused its API (HTTP {status}{words}); "
+    raise ServiceError(f"MLflow tracking server {tracking_uri} refused its API (HTTP {status}{words}); "
                      f"{fix.format(host=urllib.parse.urlsplit(base).netloc)}")
 
 
@@ -196,7 +197,7 @@ def open_sqlite_store(tracking_uri: str) -> None:
         database.parent.mkdir(parents=True, exist_ok=True)
         lock = (database.parent / f".{database.name}.lock").open("a")
     except OSError as exc:
-        raise ValueError(f"MLflow tracking store {tracking_uri} cannot be created ({exc.strerror}: {database.parent}); "
+        raise ServiceError(f"MLflow tracking store {tracking_uri} cannot be created ({exc.strerror}: {database.parent}); "
                          "choose another --tracking-uri / MLFLOW_TRACKING_URI") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -204,12 +205,12 @@ def open_sqlite_store(tracking_uri: str) -> None:
             mlflow_client(tracking_uri).search_experiments(max_results=1)
         except Exception as exc:  # noqa: BLE001 - said in one line
             problem = " ".join(str(exc).split())[:200] or type(exc).__name__
-            raise ValueError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: "
+            raise ServiceError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: "
                              f"{problem}); choose another --tracking-uri / MLFLOW_TRACKING_URI") from None
 
 
 def check_tracking_store(tracking_uri: str, timeout_s: float) -> None:
-    """ValueError, within `timeout_s`, unless MLflow opens the store of a database (or other) tracking URI and
+    """ServiceError, within `timeout_s`, unless MLflow opens the store of a database (or other) tracking URI and
     lists an experiment: an unknown scheme, a missing driver or a database that does not answer is one line here,
     not a traceback in the middle of a run."""
     outcome: list[BaseException | None] = []
@@ -225,12 +226,12 @@ def check_tracking_store(tracking_uri: str, timeout_s: float) -> None:
     opener.start()
     opener.join(timeout_s)
     if not outcome:
-        raise ValueError(f"MLflow tracking store {tracking_uri} did not answer within {timeout_s:.0f} s; choose another "
+        raise ServiceError(f"MLflow tracking store {tracking_uri} did not answer within {timeout_s:.0f} s; choose another "
                          "--tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
     exc = outcome[0]
     if exc is not None:
         problem = " ".join(str(exc).split())[:200] or type(exc).__name__
-        raise ValueError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: {problem}); "
+        raise ServiceError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: {problem}); "
                          "choose another --tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite "
                          "store)")
 
@@ -565,14 +566,14 @@ MODEL_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/", "file:/", "/")  # w
 
 
 def check_model_uri(model_uri: str, tracking_uri: str | None = None) -> str:
-    """The resolved tracking URI, once the model URI has a form MLflow loads (ValueError naming it otherwise) and
+    """The resolved tracking URI, once the model URI has a form MLflow loads (InputError naming it otherwise) and
     a tracking server it needs answers (check_tracking_server)."""
     uri = resolve_tracking_uri(tracking_uri)
     if not model_uri.startswith(MODEL_SCHEMES) and not Path(model_uri).is_dir():
-        raise ValueError(f"--model {model_uri}: expected an MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, "
+        raise InputError(f"--model {model_uri}", "expected an MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, "
                          "runs:/RUN_ID/model) or the folder of a logged model")
     if Path(model_uri).is_dir() and not (Path(model_uri) / "MLmodel").is_file():
-        raise ValueError(f"--model {model_uri}: a folder without an MLmodel file, so not a logged model; give the "
+        raise InputError(f"--model {model_uri}", "a folder without an MLmodel file, so not a logged model; give the "
                          "folder that holds MLmodel (as `mlflow artifacts download` of a model writes it)")
     if model_uri.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
         check_tracking_server(uri)
@@ -581,7 +582,7 @@ def check_model_uri(model_uri: str, tracking_uri: str | None = None) -> str:
 
 
 def check_model_exists(model_uri: str, tracking_uri: str) -> None:
-    """ValueError in one line, saying which part is missing and how to fix it, unless the registered model and its
+    """InputError in one line, saying which part is missing and how to fix it, unless the registered model and its
     alias or version, or the run and its model path, exist in the store."""
     from mlflow.exceptions import MlflowException
 
@@ -593,19 +594,19 @@ def check_model_exists(model_uri: str, tracking_uri: str) -> None:
             try:
                 client.get_logged_model(ref)
             except MlflowException:
-                raise ValueError(f"--model {model_uri}: no logged model {ref!r} {where}; choose another "
+                raise InputError(f"--model {model_uri}", f"no logged model {ref!r} {where}; choose another "
                                  "--tracking-uri, or name a registered model (models:/NAME@ALIAS)") from None
             return
         name, alias = ref.split("@", 1) if "@" in ref else (ref.rsplit("/", 1)[0], None)
         try:
             model = client.get_registered_model(name)
         except MlflowException:
-            raise ValueError(f"--model {model_uri}: no registered model {name!r} {where}; `pgt train --register "
+            raise InputError(f"--model {model_uri}", f"no registered model {name!r} {where}; `pgt train --register "
                              f"{name}` registers one, or choose another --tracking-uri") from None
         if alias is not None:
             if alias not in (model.aliases or {}):
                 known = ", ".join(sorted(model.aliases or {})) or "none"
-                raise ValueError(f"--model {model_uri}: model {name!r} has no alias {alias!r} {where} (its aliases: "
+                raise InputError(f"--model {model_uri}", f"model {name!r} has no alias {alias!r} {where} (its aliases: "
                                  f"{known}); `pgt train --register {name}` sets champion on the first version")
             return
         version = ref.rsplit("/", 1)[1]
@@ -614,15 +615,15 @@ def check_model_exists(model_uri: str, tracking_uri: str) -> None:
         try:
             client.get_model_version(name, version)
         except MlflowException:
-            raise ValueError(f"--model {model_uri}: model {name!r} has no version {version!r} {where}") from None
+            raise InputError(f"--model {model_uri}", f"model {name!r} has no version {version!r} {where}") from None
     elif model_uri.startswith("runs:/"):
         run_id, _, path = model_uri.removeprefix("runs:/").partition("/")
         try:
             client.get_run(run_id)
         except MlflowException:
-            raise ValueError(f"--model {model_uri}: no run {run_id!r} {where}") from None
+            raise InputError(f"--model {model_uri}", f"no run {run_id!r} {where}") from None
         if path and not client.list_artifacts(run_id, path):
-            raise ValueError(f"--model {model_uri}: run {run_id} has no model at {path!r} (pgt logs it at "
+            raise InputError(f"--model {model_uri}", f"run {run_id} has no model at {path!r} (pgt logs it at "
                              f"runs:/{run_id}/model)")
 
 
@@ -641,7 +642,7 @@ def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
     its training data's tables and `.fitted()` (the fitted preprocessing). Nothing is unpickled."""
     use_tracking_uri(check_model_uri(model_uri, tracking_uri))
     if "pytorch" in model_flavors(model_uri):
-        raise ValueError(f"{model_uri}: logged before models carried their preprocessing (a pickled PyTorch model); "
+        raise InputError(model_uri, "logged before models carried their preprocessing (a pickled PyTorch model); "
                          "train it again to score raw GPS")
     return _pyfunc_wrapper(model_uri)
 
@@ -651,7 +652,7 @@ def _pyfunc_wrapper(model_uri: str):
 
     wrapper = mlflow.pyfunc.load_model(model_uri).unwrap_python_model()
     if getattr(wrapper, "packed", None) is None:
-        raise ValueError(f"{model_uri}: not a pgt model (its python model is {type(wrapper).__name__})")
+        raise InputError(model_uri, f"not a pgt model (its python model is {type(wrapper).__name__})")
     return wrapper
 
 

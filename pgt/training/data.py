@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, Sampler
 
+from infra.errors import InputError
 from pgt.config import MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES, ModelConfig
 from pgt.network.vocabulary import unseen_slots
 from preprocessing.config import SPLITS
@@ -122,36 +123,36 @@ class Vocab:
     def from_manifest(cls, data_dir: Path | str) -> Vocab:
         path = Path(data_dir) / "manifest.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no manifest.json; expected a `pgt preprocess` output folder")
+            raise InputError(path, "no manifest.json; expected a `pgt preprocess` output folder")
         try:
             manifest = json.loads(path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{path}: corrupt manifest, not JSON ({str(exc).splitlines()[0]})") from None
+            raise InputError(path, f"corrupt manifest, not JSON ({str(exc).splitlines()[0]})") from None
         vocab = manifest.get("vocab") if isinstance(manifest, dict) else None
         if not isinstance(vocab, dict):
-            raise ValueError(f"{path}: no `vocab` mapping; expected the manifest of a `pgt preprocess` output folder")
+            raise InputError(path, "no `vocab` mapping; expected the manifest of a `pgt preprocess` output folder")
         sizes = {}
         for name in ("locations", "users", *cls.FEATURES):
             value = vocab.get(name, getattr(cls, name, None))
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{path}: vocab.{name} must be a positive integer, got {value!r}")
+                raise InputError(path, f"vocab.{name} must be a positive integer, got {value!r}")
             sizes[name] = value
         return cls(**sizes)
 
     def check_features(self, dataset: SequenceDataset, path: Path | str) -> None:
-        """ValueError naming the file and column when a stored feature lies outside its table."""
+        """InputError naming the file and column when a stored feature lies outside its table."""
         visits = ~dataset.is_memory()  # a remembered place's recency and duration are its age and visit buckets
         for name, column in self.FEATURES.items():
             values = getattr(dataset, {"time_slots": "times"}.get(column, column))
             values = values[visits] if column in ("recency", "durations") else values
             top = int(values.max()) if values.numel() else 0  # stored + 1
             if top > getattr(self, name):
-                raise ValueError(f"{path}: column {column} holds {top - 1}, but the manifest's vocab.{name} allows "
+                raise InputError(path, f"column {column} holds {top - 1}, but the manifest's vocab.{name} allows "
                                  f"0..{getattr(self, name) - 1}; preprocess the input again")
         for name, values in (("locations", dataset.locations), ("users", dataset.users)):
             top = int(values.max()) if values.numel() else 0
             if top >= getattr(self, name):
-                raise ValueError(f"{path}: column {name[:-1] if name == 'users' else name} holds id {top}, outside the "
+                raise InputError(path, f"column {name[:-1] if name == 'users' else name} holds id {top}, outside the "
                                  f"manifest's vocab.{name} of {getattr(self, name)} rows; preprocess the input again")
 
 
@@ -219,7 +220,7 @@ class SequenceDataset(Dataset):
             kinds = ["target_kind"] if with_target and "target_kind" in present else []
             table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places, *remembered, *targets, *kinds])
         except (pa.ArrowException, OSError) as exc:
-            raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+            raise InputError(path, f"unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
         return cls.from_arrow(table, max_len, path, memory)
 
     @classmethod
@@ -231,19 +232,19 @@ class SequenceDataset(Dataset):
         offsets = table.column("locations").combine_chunks().offsets.to_numpy()
         lengths = np.diff(offsets)
         if len(lengths) and lengths.min() < 1:
-            raise ValueError(f"{path}: a sample has an empty history")
+            raise InputError(path, "a sample has an empty history")
         combined = {}  # each column in one chunk, checked
         for name in (*LIST_COLUMNS, "places", "user", *(("target", "target_place") if with_target else ())):
             column = combined[name] = table.column(name).combine_chunks()
             listed = pa.types.is_list(column.type) or pa.types.is_large_list(column.type)
             if column.null_count or (listed and column.values.null_count):
-                raise ValueError(f"{path}: column {name} holds null values; every visit needs every feature")
+                raise InputError(path, f"column {name} holds null values; every visit needs every feature")
             if listed and not np.array_equal(column.offsets.to_numpy(), offsets):
-                raise ValueError(f"{path}: column {name} does not have one value per visit of column locations")
+                raise InputError(path, f"column {name} does not have one value per visit of column locations")
             values = (column.values if listed else column).to_numpy(zero_copy_only=False)
             lowest = 1 if name == "locations" else 0
             if len(values) and values.min() < lowest:
-                raise ValueError(f"{path}: column {name} holds {int(values.min())}; its ids start at {lowest}"
+                raise InputError(path, f"column {name} holds {int(values.min())}; its ids start at {lowest}"
                                  + (" (0 pads histories)" if lowest else ""))
         n = len(lengths)
         kept = np.minimum(lengths, max_len)
@@ -286,7 +287,7 @@ class SequenceDataset(Dataset):
         (n,) how many each row has), from a table's memory columns (MEMORY_AS_VISITS)."""
         missing = [c for c in MEMORY_AS_VISITS if c not in table.column_names]
         if missing:
-            raise ValueError(f"{path}: no memory column(s) {', '.join(missing)}, which a model with memory_places reads; "
+            raise InputError(path, f"no memory column(s) {', '.join(missing)}, which a model with memory_places reads; "
                              "preprocess the input again (older `pgt preprocess` outputs lack them)")
         first = table.column("memory_locations").combine_chunks()
         offsets = first.offsets.to_numpy()
@@ -297,13 +298,13 @@ class SequenceDataset(Dataset):
         for name, visit_column in MEMORY_AS_VISITS.items():
             column = table.column(name).combine_chunks()
             if column.null_count or column.values.null_count:
-                raise ValueError(f"{path}: column {name} holds null values; every remembered place needs every feature")
+                raise InputError(path, f"column {name} holds null values; every remembered place needs every feature")
             if not np.array_equal(column.offsets.to_numpy(), offsets):
-                raise ValueError(f"{path}: column {name} does not have one value per place of column memory_locations")
+                raise InputError(path, f"column {name} does not have one value per place of column memory_locations")
             raw = column.values.to_numpy().astype(np.int64)[flat]
             lowest = 1 if name in ("memory_locations", "memory_visits") else 0
             if len(raw) and raw.min() < lowest:
-                raise ValueError(f"{path}: column {name} holds {int(raw.min())}; its values start at {lowest}")
+                raise InputError(path, f"column {name} holds {int(raw.min())}; its values start at {lowest}")
             if name == "memory_days":
                 values["days"] = raw
                 values["recency"] = memory.ages(raw)
@@ -316,28 +317,28 @@ class SequenceDataset(Dataset):
 
     @staticmethod
     def check_columns(path: Path | str, require_target: bool = True) -> set[str]:
-        """The file's column names, after checking it has those of a split (FileNotFoundError, ValueError)."""
+        """The file's column names, after checking it has those of a split (InputError otherwise)."""
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file; run `pgt preprocess` first")
+            raise InputError(path, "no such file; run `pgt preprocess` first")
         try:
             schema = pq.read_schema(path)
         except (pa.ArrowException, OSError) as exc:
-            raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+            raise InputError(path, f"unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
         return SequenceDataset.check_schema(schema, path, require_target)
 
     @staticmethod
     def check_schema(schema: pa.Schema, path: Path | str, require_target: bool = True) -> set[str]:
-        """The column names of a split's schema, after checking it has a split's columns and types (ValueError)."""
+        """The column names of a split's schema, after checking it has a split's columns and types (InputError)."""
         present = set(schema.names)
         needed = ["user", *LIST_COLUMNS] + (["target"] if require_target else [])
         missing = [c for c in needed if c not in present]
         if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected the columns of a "
+            raise InputError(path, f"missing column(s) {', '.join(missing)}; expected the columns of a "
                              f"`pgt preprocess` split: {', '.join(needed)}")
         places = PLACE_COLUMNS if "target" in present else PLACE_COLUMNS[:1]
         if any(c not in present for c in places):
-            raise ValueError(f"{path}: no column {' or '.join(c for c in places if c not in present)} (the place of "
+            raise InputError(path, f"no column {' or '.join(c for c in places if c not in present)} (the place of "
                              "each visit), which older `pgt preprocess` outputs lack; preprocess the input again")
         for name in [*needed, *places]:
             column_type = schema.field(name).type
@@ -345,7 +346,7 @@ class SequenceDataset(Dataset):
             wants_list = name in (*LIST_COLUMNS, PLACE_COLUMNS[0])
             value_type = column_type.value_type if is_list else column_type
             if not (pa.types.is_integer(value_type) or pa.types.is_null(value_type)) or is_list != wants_list:
-                raise ValueError(f"{path}: column {name} has type {column_type}, expected "
+                raise InputError(path, f"column {name} has type {column_type}, expected "
                                  f"{'lists of integers' if wants_list else 'integers'}")
         return present
 
@@ -410,7 +411,7 @@ def target_kind_codes(column: pa.Array, path: Path | str) -> np.ndarray:
     lookup = {kind: code for code, kind in enumerate(TARGET_KINDS)}
     odd = sorted({str(n) for n in names if n not in lookup})
     if odd:
-        raise ValueError(f"{path}: column target_kind holds {', '.join(odd[:3])}; expected {', '.join(TARGET_KINDS)}")
+        raise InputError(path, f"column target_kind holds {', '.join(odd[:3])}; expected {', '.join(TARGET_KINDS)}")
     return np.array([lookup[n] for n in names], dtype=np.int8)
 
 
@@ -477,7 +478,7 @@ class FirstVisits:
         data_dir = Path(data_dir)
         path = data_dir / "staypoints.parquet"
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file; simulating unseen locations needs the staypoints "
+            raise InputError(path, "no such file; simulating unseen locations needs the staypoints "
                                     "that `pgt preprocess` writes next to the splits")
         staypoints = pl.read_parquet(path, columns=["user", "location", "started_at", "start_day", "split"])
         seen = staypoints.filter(pl.col("split").cast(pl.String).is_in(list(splits)))
@@ -490,7 +491,7 @@ class FirstVisits:
                             left_on=["user", "target_started_at"], right_on=["user", "started_at"])["start_day"]
         if len(days) != len(samples) or days.null_count():
             files = " + ".join(str(data_dir / f"{split}.parquet") for split in splits)
-            raise ValueError(f"{files}: {days.null_count()} of {len(samples)} targets have no "
+            raise InputError(files, f"{days.null_count()} of {len(samples)} targets have no "
                              f"staypoint in {path} (expected every target_started_at among the user's staypoints)")
         return cls(torch.from_numpy(first_day), torch.from_numpy(days.to_numpy().astype(np.float32)))
 

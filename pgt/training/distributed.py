@@ -21,6 +21,7 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from infra.errors import InputError, ServiceError
 from infra.output import output_lock
 from infra.process import interruptible, shorten
 from infra.ray_session import ray_session
@@ -134,19 +135,19 @@ def fit_with_ray(config: dict, launch: LaunchConfig, out_dir: Path, callbacks: l
 
 
 def check_splits(data_dir: Path) -> None:
-    """ValueError, before any run or Ray starts, unless data_dir holds the three splits, each with samples
+    """InputError, before any run or Ray starts, unless data_dir holds the three splits, each with samples
     (read from the Parquet footers)."""
     Vocab.from_manifest(data_dir)  # not a `pgt preprocess` folder: one line that says so
     for split in SPLITS:
         path = data_dir / f"{split}.parquet"
         if not path.is_file():
-            raise ValueError(f"{path}: no such file; --data names a `pgt preprocess` output folder")
+            raise InputError(path, "no such file; --data names a `pgt preprocess` output folder")
         try:
             rows = pq.read_metadata(path).num_rows
         except (pa.ArrowException, OSError) as exc:
-            raise ValueError(f"{path}: unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
+            raise InputError(path, f"unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
         if rows == 0:
-            raise ValueError(f"{path}: the {split} split has no samples; nothing to train on (the preprocessing "
+            raise InputError(path, f"the {split} split has no samples; nothing to train on (the preprocessing "
                              f"{_preprocessing_counts(data_dir)}; preprocess more people or more days)")
 
 
@@ -187,7 +188,7 @@ REFIT_DERIVED = frozenset({"refit", "train_on", "stop_after_epochs"})
 
 
 def check_resume_settings(cfg: TrainConfig, out_dir: Path) -> None:
-    """ValueError, before an MLflow run or Ray starts, when a resumption would pick up a checkpoint of out_dir (or of
+    """SettingsError, before an MLflow run or Ray starts, when a resumption would pick up a checkpoint of out_dir (or of
     its refit's selection run) trained with other settings: a refused rerun creates no run and changes none. The
     loop checks every setting again when it resumes."""
     if not cfg.resume:
@@ -233,7 +234,7 @@ def _run_training(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Pat
     except BaseException as exc:  # SystemExit: a Tune scheduler stopped the trial; Ctrl+C, SIGTERM: the user did
         status = "FAILED" if isinstance(exc, Exception) else "KILLED"
         if tracking and isinstance(exc, Exception) and not server_answers(tracking.tracking_uri):
-            raise ValueError(f"MLflow tracking server {tracking.tracking_uri} stopped answering during the run "
+            raise ServiceError(f"MLflow tracking server {tracking.tracking_uri} stopped answering during the run "
                              f"({shorten(' '.join(str(exc).split()), 120)}); the checkpoints in {out_dir} stay: once "
                              "it is back, rerun with --resume (the run's missing epochs are sent, and a run left "
                              "RUNNING is closed as FAILED)") from None

@@ -27,21 +27,22 @@ from collections import Counter
 
 import torch
 
+from infra.errors import SettingsError
 from pgt.network.model import networks
 
 WARMUP_STEPS = 2  # eager steps of a width before its capture (the CUDA graph docs' warm-up, on a side stream)
 
 
 def check_capturable(cfg, device: torch.device, amp_dtype: torch.dtype | None, world_size: int) -> None:
-    """ValueError unless the whole step can be captured here: resident, static batches on one worker, and on CUDA
+    """SettingsError unless the whole step can be captured here: resident, static batches on one worker, and on CUDA
     no float16 loss scaling."""
     if not (cfg.resident_data and cfg.static_width):
-        raise ValueError("capture_step captures one graph per batch shape: set resident_data and static_width too")
+        raise SettingsError("capture_step captures one graph per batch shape: set resident_data and static_width too")
     if world_size > 1:
-        raise ValueError("capture_step captures one worker's whole step; with DDP the gradients' all-reduce sits "
+        raise SettingsError("capture_step captures one worker's whole step; with DDP the gradients' all-reduce sits "
                          "inside it: train with one worker (or without capture_step)")
     if device.type == "cuda" and amp_dtype == torch.float16:
-        raise ValueError("capture_step needs bfloat16 autocast (or amp off): float16's loss scaling checks the "
+        raise SettingsError("capture_step needs bfloat16 autocast (or amp off): float16's loss scaling checks the "
                          "gradients on the host every step, which a CUDA graph cannot hold")
 
 

@@ -31,6 +31,7 @@ import torch.utils.deterministic
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
+from infra.errors import InputError, SettingsError
 from infra.output import write_json_atomically
 from pgt.config import (
     ModelConfig,
@@ -109,14 +110,14 @@ def default_threads(world_size: int) -> int:
 
 
 def check_streamable(cfg: TrainConfig) -> None:
-    """ValueError unless the train split can be streamed (--data-engine ray) under these settings."""
+    """SettingsError unless the train split can be streamed (--data-engine ray) under these settings."""
     if cfg.resident_data:
-        raise ValueError("resident_data holds the train split on the device: use --data-engine memory with it")
+        raise SettingsError("resident_data holds the train split on the device: use --data-engine memory with it")
     if cfg.refit or cfg.train_on != "train":
-        raise ValueError("refit (train_on train+validation) learns from two splits in memory; the streamed path reads "
+        raise SettingsError("refit (train_on train+validation) learns from two splits in memory; the streamed path reads "
                          "train.parquet alone: use --data-engine memory")
     if cfg.simulate_unseen:
-        raise ValueError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
+        raise SettingsError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
                          "use --data-engine memory, or a recipe without it")
 
 
@@ -326,7 +327,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
                          memory=memory)
     sizes = [len(s) for s in splits.values()] + ([split_rows(cfg.data_dir)] if streamed else [])
     if min(sizes) == 0:
-        raise ValueError(f"{cfg.data_dir}: a split has no samples; nothing to train on")
+        raise InputError(cfg.data_dir, "a split has no samples; nothing to train on")
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
         splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
     model_cfg = cfg.model_config(vocab)
@@ -410,14 +411,14 @@ def c_compiler() -> str | None:
 
 
 def check_compile_toolchain(device: torch.device | str | None = None) -> None:
-    """ValueError unless torch.compile can build kernels here (compile_model): a C compiler on PATH (inductor's
+    """SettingsError unless torch.compile can build kernels here (compile_model): a C compiler on PATH (inductor's
     CPU code and Triton's launchers are compiled with it) and, for CUDA, Triton."""
     if c_compiler() is None:
-        raise ValueError("compile_model: torch.compile builds its kernels with a C compiler, and none (cc, gcc, clang) "
+        raise SettingsError("compile_model: torch.compile builds its kernels with a C compiler, and none (cc, gcc, clang) "
                          "is on PATH; install one, or train without --compile-model")
     cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     if cuda and importlib.util.find_spec("triton") is None:
-        raise ValueError("compile_model: torch.compile on CUDA needs Triton, which is not installed; install the "
+        raise SettingsError("compile_model: torch.compile on CUDA needs Triton, which is not installed; install the "
                          "triton that matches torch, or train without --compile-model")
 
 

@@ -46,3 +46,30 @@ def test_every_command_ends_a_user_s_mistake_in_one_line():
     assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ["error: max_buffered_mb (1) is below max_request_mb (2): a request of the "
                                              "largest size could never be read"]
+
+
+def test_only_a_user_s_mistake_is_one_line_and_a_bug_keeps_its_traceback(capsys):
+    """InputError, SettingsError and ServiceError end a command in one line with exit code 2; any other exception,
+    a ValueError from a library's own check included, propagates with its traceback (exit 1 from the CLI)."""
+    from infra.errors import ServiceError, UserError
+    from pgt.options import one_line_errors
+
+    for error in (InputError("points.csv", "missing column tracked_at"), SettingsError("workers must be >= 0"),
+                  ServiceError("MLflow tracking server http://127.0.0.1:1 is not reachable")):
+        assert isinstance(error, UserError) and isinstance(error, ValueError)  # request checks catch them as such
+
+        @one_line_errors
+        def refused(error=error):
+            raise error
+
+        with pytest.raises(typer.Exit) as ended:
+            refused()
+        assert ended.value.exit_code == 2 and capsys.readouterr().err == f"error: {error}\n"
+
+    @one_line_errors
+    def buggy():
+        raise ValueError("operands could not be broadcast together with shapes (3,) (4,)")
+
+    with pytest.raises(ValueError, match="broadcast"):
+        buggy()
+    assert capsys.readouterr().err == ""

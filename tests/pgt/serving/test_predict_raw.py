@@ -192,9 +192,9 @@ def test_a_corrupt_model_is_named_in_one_line(trained, tmp_path):
     root, server = trained
     mlflow.set_tracking_uri(server)
     original = Path(mlflow.artifacts.download_artifacts("models:/raw@champion", dst_path=str(tmp_path / "model")))
-    cases = (("model_config.json", "{not json", "is unreadable"), ("manifest.json", "[1, 2]", "holds a list"),
-             ("users.parquet", "PAR1", "is unreadable"), ("users.parquet", None, "is missing"),
-             ("locations.parquet", None, "is missing"))
+    cases = (("model_config.json", "{not json", ": unreadable"), ("manifest.json", "[1, 2]", ": holds a list"),
+             ("users.parquet", "PAR1", ": unreadable"), ("users.parquet", None, ": missing"),
+             ("locations.parquet", None, ": missing"))
     for i, (name, damage, words) in enumerate(cases):
         broken = tmp_path / f"broken-{i}-{name}"
         shutil.copytree(original, broken)

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from infra.errors import InputError
 from pgt.network.vocabulary import unseen_slots
 from pgt.training.data import BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch
 from preprocessing.sequences import find_samples, sample_table
@@ -103,7 +104,7 @@ def test_bucketed_distributed_batches_cover_every_sample_once(tmp_path):
 def test_vocab_from_manifest(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"vocab": {"locations": 12, "users": 4}}))
     assert Vocab.from_manifest(tmp_path) == Vocab(12, 4)
-    with pytest.raises(FileNotFoundError, match="manifest.json"):
+    with pytest.raises(InputError, match="manifest.json"):
         Vocab.from_manifest(tmp_path / "nope")
 
 
