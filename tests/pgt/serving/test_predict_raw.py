@@ -205,7 +205,7 @@ def test_a_corrupt_model_is_named_in_one_line(trained, tmp_path):
             found.write_text(damage)
         r = pgt_here("evaluate", "--model", broken, "--data", root / "early", "--tracking-uri", server)
         error = r.stderr.strip().splitlines()[-1]
-        assert r.returncode == 2 and error.startswith("error: ") and f"{name} {words}" in error, r.stderr[-2000:]
+        assert r.returncode == 2 and error.startswith("error: ") and f"{name}{words}" in error, r.stderr[-2000:]
         assert "Traceback" not in r.stderr and "download or log the model again" in error
 
 
