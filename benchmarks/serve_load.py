@@ -202,13 +202,17 @@ def flood(url: str, pid: int, body: bytes, clients: int) -> dict:
             "statuses": dict(sorted(statuses.items())), "wall_s": wall}
 
 
-def start_server(checkout: Path, port: int, env: dict, log: Path, admission: bool) -> subprocess.Popen:
-    """`pgt serve` of the checkout (its own packages first on the path), once /ping answers 200."""
+def own_code(checkout: Path, env: dict) -> dict:
+    """The environment that runs `pgt` of the checkout: its own packages first on the path."""
+    return {**env, "PYTHONPATH": str(checkout), "POLARS_MAX_THREADS": "1"}
+
+
+def start_server(checkout: Path, model: str, port: int, env: dict, log: Path, admission: bool) -> subprocess.Popen:
+    """`pgt serve` of the checkout (its own packages first on the path) serving `model`, once /ping answers 200."""
     extra = ["--body-timeout-s", str(BODY_TIMEOUT_S)] if admission else []
-    process = subprocess.Popen([*PGT, "serve", "--model", "models:/load@champion", "--host", "127.0.0.1", "--port",
+    process = subprocess.Popen([*PGT, "serve", "--model", f"models:/{model}@champion", "--host", "127.0.0.1", "--port",
                                 str(port), "--max-request-mb", "16", *extra], cwd=checkout,
-                               env={**env, "PYTHONPATH": str(checkout), "POLARS_MAX_THREADS": "1"},
-                               stdout=log.open("w"), stderr=subprocess.STDOUT)
+                               env=own_code(checkout, env), stdout=log.open("w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 180
     while ping(f"http://127.0.0.1:{port}/invocations") != 200:
         if process.poll() is not None or time.monotonic() > deadline:
@@ -237,7 +241,6 @@ def main() -> None:
         run(*PGT, "synth", "--out", tmp / "points.parquet", "--users", 10, "--days", 80, "--seed", 7, env=env)
         run(*PGT, "preprocess", "--input", tmp / "points.parquet", "--format", "positionfixes", "--out", tmp / "seq",
             "--no-progress", env=env)
-        run(*PGT, "train", "--data", tmp / "seq", "--out", tmp / "run", "--epochs", 2, "--register", "load", env=env)
         points = pl.read_parquet(tmp / "points.parquet")
         person = points.filter(pl.col("user_id") == points["user_id"].min()).sort("tracked_at")
         large, small = body_of(person, args.body_mb), small_body(person)
@@ -249,9 +252,13 @@ def main() -> None:
             checkouts = {**baseline, **checkouts} if args.baseline_first else {**checkouts, **baseline}
         servers, results = {}, {}
         try:
-            for name, (checkout, admission) in checkouts.items():
+            for i, (name, (checkout, admission)) in enumerate(checkouts.items()):
+                # each checkout logs the model it serves: a model's code imports the pgt of the process that loads it
+                subprocess.run([*PGT, "train", "--data", tmp / "seq", "--out", tmp / f"run-{i}", "--epochs", "2",
+                                "--seed", "0", "--register", f"load-{i}"], env=own_code(checkout, env), cwd=checkout,
+                               check=True, capture_output=True)
                 port = free_port()
-                servers[name] = (start_server(checkout, port, env, tmp / f"{len(servers)}.log", admission),
+                servers[name] = (start_server(checkout, f"load-{i}", port, env, tmp / f"{i}.log", admission),
                                  f"http://127.0.0.1:{port}/invocations")
             latencies = {name: [] for name in servers}
             names = list(servers)

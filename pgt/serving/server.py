@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 from contextlib import asynccontextmanager
 
@@ -53,6 +54,7 @@ INLINE_BYTES = 64 * 1024  # a body up to this size (a person's week of staypoint
 # in a worker thread, so that /ping and other connections are answered meanwhile
 MAX_COLUMNS = 256  # a request's width: the model reads a few columns; more is refused before a frame is built
 RETRY_AFTER_S = 1  # what a 503 tells a busy server's client to wait
+SWITCH_INTERVAL_S = 0.001  # how long a thread holds the GIL before it passes it on (Python's default: 0.005)
 log = logging.getLogger("pgt.serving.server")
 
 
@@ -391,6 +393,9 @@ async def warm_up_over_socket(host: str, port: int, bodies: list[bytes], ready: 
         # /ping is not held behind a 0.4 s walk of the heap
         gc.collect()
         gc.freeze()
+        # the event loop's turn at the GIL comes sooner while large requests are parsed in threads: /ping's worst in
+        # a burst of 100 large requests fell from 0.79-0.90 s to 0.73 s, the small request's median within noise
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         ready.set()
     if any(status != 200 for status in statuses):
         log.warning("the warm-up requests answered HTTP %s; the first requests may be slower", statuses)
