@@ -55,6 +55,7 @@ from preprocessing.rows import (
 
 POSITIONFIX_COLUMNS = ("user_id", "tracked_at", "latitude", "longitude")
 STAYPOINT_TIME_COLUMNS = ("user_id", "started_at", "finished_at")
+GEOMETRY_COLUMNS = ("geom", "geometry")  # a staypoint's point as WKT/WKB (trackintel, GeoPandas), for latitude/longitude
 
 
 # ---------------------------------------------------------------------------------------------
@@ -146,7 +147,7 @@ def open_positionfixes(source: TableSource, *, name: str = "request") -> TableIn
 @_unreadable_as_input_error
 def open_staypoints(source: TableSource, *, name: str = "request") -> TableInput:
     path, kind, schema, frame = _open_table(source, STAYPOINT_TIME_COLUMNS, name)
-    geom_column = next((name for name in ("geom", "geometry") if name in schema), None)
+    geom_column = next((name for name in GEOMETRY_COLUMNS if name in schema), None)
     if geom_column:
         geometry = (geom_column,)
     elif "latitude" in schema and "longitude" in schema:
@@ -168,7 +169,7 @@ def parse_positionfixes(source: TableInput, rows: pl.LazyFrame, window: TimeWind
 
 def parse_staypoints(source: TableInput, rows: pl.LazyFrame, window: TimeWindow) -> tuple[pl.DataFrame, pl.DataFrame]:
     """As parse_positionfixes, for staypoints: sorted by (user_id, started_at)."""
-    geom_column = source.columns[-1] if source.columns[-1] in ("geom", "geometry") else None
+    geom_column = source.columns[-1] if source.columns[-1] in GEOMETRY_COLUMNS else None
     rules = _staypoint_rules(source.path, tuple(source.schema.items()), geom_column, window.bounds())
     if geom_column:
         rows = rows.with_columns(point_from_geom(source.path, geom_column, source.schema[geom_column]))

@@ -65,7 +65,7 @@ from pgt.serving.inference import (
     top_k_predictions,
 )
 from pgt.training.data import MemoryLayout, SequenceDataset
-from preprocessing.readers import POSITIONFIX_COLUMNS, STAYPOINT_TIME_COLUMNS
+from preprocessing.readers import GEOMETRY_COLUMNS, POSITIONFIX_COLUMNS, STAYPOINT_TIME_COLUMNS
 
 WEIGHTS, CONFIG = "weights", "model_config"  # artifact keys: the model itself
 LOCATIONS, USERS, MANIFEST = "locations", "users", "manifest"  # the data it was trained on: tables and preprocessing
@@ -107,14 +107,14 @@ class PGTModel(PythonModel):
             model.load_state_dict(torch.load(context.artifacts[WEIGHTS], map_location="cpu", weights_only=True))
         except Exception as exc:  # a truncated or foreign file: one line, never an unpickling attempt
             raise InputError("the model's weights.pt", f"cannot be loaded ({' '.join(str(exc).split())[:200]}); "
-                             "log the model again") from None
+                                                       "log the model again") from None
         self.packed = PackedModel(for_inference(model)).eval()  # stacked: one batched pass, the embedding folded
         artifacts = context.artifacts
         self.data_files = {key: Path(artifacts[key]) for key in DATA_FILES if key in artifacts}
         for key, path in self.data_files.items():  # a folder with a table deleted: which, not a bare path, at load
             if not path.is_file():
                 raise InputError(f"the model's {DATA_FILES[key]}", f"missing (expected at {path}); download or "
-                                 "log the model again")
+                                                                   "log the model again")
         self.locations = _read_table(artifacts[LOCATIONS], DATA_FILES[LOCATIONS]) if LOCATIONS in artifacts else None
         self.users = _read_table(artifacts[USERS], DATA_FILES[USERS]) if USERS in artifacts else None
         self.manifest = _read_json(artifacts[MANIFEST], "manifest.json") if MANIFEST in artifacts else None
@@ -130,12 +130,12 @@ class PGTModel(PythonModel):
             missing = [DATA_FILES[k] for k in (MANIFEST, PLACES, CLUSTERED, USERS) if k not in self.data_files]
             if missing:
                 raise InputError(source, f"carries no {', '.join(missing)} (logged before models carried their "
-                                 "preprocessing); train it again to score raw GPS")
+                                         "preprocessing); train it again to score raw GPS")
             visits = (pl.read_parquet(self.data_files[VISITS], columns=list(VISIT_COLUMNS))
                       if VISITS in self.data_files else None)
             if self.packed.cfg.memory_places and visits is None:
                 raise InputError(source, "remembers earlier places but carries no staypoints.parquet (the training "
-                                 "data's visits); log the model again")
+                                         "data's visits); log the model again")
             self._fitted = FittedPreprocessing.from_tables(
                 self.manifest, pl.read_parquet(self.data_files[PLACES]), pl.read_parquet(self.data_files[CLUSTERED]),
                 pl.from_arrow(self.users), source, visits)
@@ -251,7 +251,7 @@ def input_schema(split: pa.Schema) -> Schema:
     models serve`) keeps only the columns named here: a column predict reads and this schema lacks would be dropped
     before it, which the tests rule out by comparing both paths on every form."""
     coordinates = {"latitude": DataType.double, "longitude": DataType.double}
-    types = {name: AnyType() for name in (*POSITIONFIX_COLUMNS, *STAYPOINT_TIME_COLUMNS, "geom", "geometry",
+    types = {name: AnyType() for name in (*POSITIONFIX_COLUMNS, *STAYPOINT_TIME_COLUMNS, *GEOMETRY_COLUMNS,
                                           "source_user_id", *SAMPLE_TIME_COLUMNS) if name not in coordinates}
     types |= coordinates
     for field in split:
@@ -265,11 +265,11 @@ def input_schema(split: pa.Schema) -> Schema:
 
 @contextmanager
 def _client_errors():
-    """A request's own fault (InputError, ValueError, KeyError, TypeError, OverflowError) as
-    MlflowException(INVALID_PARAMETER_VALUE) with one line: HTTP 400."""
+    """A request's own fault (ValueError, InputError and SettingsError among them; KeyError, TypeError,
+    OverflowError) as MlflowException(INVALID_PARAMETER_VALUE) with one line: HTTP 400."""
     try:
         yield
-    except (InputError, ValueError, KeyError, TypeError, OverflowError) as exc:
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:
         message = " ".join(str(exc).split()) or type(exc).__name__
         raise MlflowException(f"bad request: {message}", error_code=INVALID_PARAMETER_VALUE) from None
 
@@ -340,7 +340,7 @@ def _read_table(path: str, name: str):
         return pq.read_table(path)
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"the model's {name}", f"unreadable ({' '.join(str(exc).split())[:120]}); download "
-                         "or log the model again") from None
+                                                "or log the model again") from None
 
 
 def _read_json(path: str, name: str) -> dict:
@@ -349,10 +349,10 @@ def _read_json(path: str, name: str) -> dict:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise InputError(f"the model's {name}", f"unreadable ({' '.join(str(exc).split())[:120]}); download "
-                         "or log the model again") from None
+                                                "or log the model again") from None
     if not isinstance(data, dict):
         raise InputError(f"the model's {name}", f"holds a {type(data).__name__}, expected a JSON object; download "
-                         "or log the model again")
+                                                "or log the model again")
     return data
 
 
