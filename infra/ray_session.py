@@ -41,7 +41,7 @@ def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S)
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
         raise SettingsError(f"--address {address}: expected host:port (the head node's GCS port, 6379 by default), "
-                         "ray://host:port, or auto")
+                            "ray://host:port, or auto")
     with grpc.insecure_channel(hostport) as channel:
         ask = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId",
                                   request_serializer=lambda request: request, response_deserializer=lambda reply: reply)
@@ -51,7 +51,7 @@ def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S)
         except grpc.RpcError as exc:
             problem = exc.details() or exc.code().name
     raise ServiceError(f"Ray cluster at {address} is not reachable ({problem.splitlines()[0]}); start its head with "
-                     "`ray start --head --port PORT`, or leave --address (and RAY_ADDRESS) out to run on a local Ray")
+                       "`ray start --head --port PORT`, or leave --address (and RAY_ADDRESS) out to run on a local Ray")
 
 
 @contextlib.contextmanager

@@ -191,7 +191,7 @@ def train(
         raise SettingsError(f"--register needs a neural model; {cfg.model} has no checkpoint to register")
     if register and cfg.fused_seeds > 1:
         raise SettingsError("--register needs one model; --fused-seeds trains several seeds' networks for their "
-                         "evidence and writes no best.pt: register a run of one seed")
+                            "evidence and writes no best.pt: register a run of one seed")
     check_tracking_server(tracking.tracking_uri)  # services answer before any work, or one line says what to start
     if launch.workers:
         check_ray_address(launch.address or os.environ.get("RAY_ADDRESS"))

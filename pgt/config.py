@@ -105,10 +105,10 @@ class ModelConfig(ModelSettings):
             raise SettingsError(f"vocabularies too small: {self.num_locations} locations, {self.num_users} users")
         if self.visit_relations and self.variant not in ("pgt", "pointer"):
             raise SettingsError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
-                             f"got {self.variant!r}")
+                                f"got {self.variant!r}")
         if self.memory_places and self.variant != "pgt":
             raise SettingsError(f"memory_places gives the transformer's gate a memory to point at: variant 'pgt', "
-                             f"got {self.variant!r}")
+                                f"got {self.variant!r}")
         small = [name for name in ("time_slots", "weekdays", "recency_days", "duration_buckets") if getattr(self, name) < 1]
         if small:
             raise SettingsError(f"feature tables need at least one value: {', '.join(small)}")
@@ -311,26 +311,26 @@ class TrainConfig:
             raise SettingsError("static_width pads the batches of resident_data: set resident_data too, or static_width 0")
         if self.compile_model and not self.static_width:
             raise SettingsError("compile_model compiles one graph per batch shape: set static_width (and resident_data) "
-                             "too, or compile_model off")
+                                "too, or compile_model off")
         if self.capture_step and not self.static_width:
             raise SettingsError("capture_step captures one graph per batch shape: set static_width (and resident_data) "
-                             "too, or capture_step off")
+                                "too, or capture_step off")
         if self.fused_seeds > 1 and (self.refit or self.network.members > 1):
             raise SettingsError("fused_seeds trains seeds side by side, each choosing its own best epoch: not with refit "
-                             "(each seed would refit for its own epochs) or members > 1; set refit false and members 1")
+                                "(each seed would refit for its own epochs) or members > 1; set refit false and members 1")
         if self.fused_seeds > 1 and self.model not in NEURAL_MODELS:
             raise SettingsError(f"fused_seeds trains networks side by side; {self.model} is not a neural model")
         if self.train_on != "train" and not self.stop_after_epochs:
             raise SettingsError(f"train_on {self.train_on!r} learns from validation, so validation cannot choose the "
-                             "epoch: set stop_after_epochs (refit does)")
+                                "epoch: set stop_after_epochs (refit does)")
         if self.stop_after_epochs > self.epochs:
             raise SettingsError(f"stop_after_epochs ({self.stop_after_epochs}) must be at most epochs ({self.epochs})")
         if self.refit and (self.train_on != "train" or self.stop_after_epochs):
             raise SettingsError("refit chooses the epoch on validation and then sets train_on and stop_after_epochs "
-                             "itself: leave them at their defaults")
+                                "itself: leave them at their defaults")
         if self.known_fraction_min > self.known_fraction_max:
             raise SettingsError("known_fraction_min must be at most known_fraction_max, got "
-                             f"{self.known_fraction_min} and {self.known_fraction_max}")
+                                f"{self.known_fraction_min} and {self.known_fraction_max}")
         if self.model in NEURAL_MODELS:  # the model's own checks (d_model by nhead, the relation switches), now
             self.model_config(SMALLEST_VOCAB)
 
@@ -459,7 +459,7 @@ class ServeConfig:
         check_settings(self)
         if self.max_buffered_mb < self.max_request_mb:
             raise SettingsError(f"max_buffered_mb ({self.max_buffered_mb:g}) is below max_request_mb "
-                             f"({self.max_request_mb:g}): a request of the largest size could never be read")
+                                f"({self.max_request_mb:g}): a request of the largest size could never be read")
 
     @property
     def max_request_bytes(self) -> int:

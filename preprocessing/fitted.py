@@ -241,8 +241,8 @@ def generate_applied_samples(staypoints: pl.DataFrame, config: PreprocessConfig,
         if late.height:
             first = late.row(0, named=True)
             raise SettingsError(f"the prediction time (at) {at.isoformat()} is before the last visit of user "
-                             f"{first['user_id']} (it starts {first['started_at'].isoformat()}); a prediction is for a "
-                             "moment after the history")
+                                f"{first['user_id']} (it starts {first['started_at'].isoformat()}); a prediction is for a "
+                                "moment after the history")
         last_date = marked["started_at"].gather(last).dt.convert_time_zone(config.timezone).dt.date().to_numpy()
         at_date = np.datetime64(at.astimezone(ZoneInfo(config.timezone)).date(), "D")
         target_day = day[last] + (at_date - last_date.astype("datetime64[D]")).astype(np.int64)

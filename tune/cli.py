@@ -80,8 +80,8 @@ def tune(
                               if value is not None)})
             if changed:  # Tune restores the experiment it saved: its search space, trial count and scheduler
                 raise SettingsError(f"--resume continues {resume} as it was started; "
-                                 f"{listed(flag_of(name) for name in changed)} cannot change a started "
-                                 "sweep: drop them, or start a new sweep in another --out")
+                                    f"{listed(flag_of(name) for name in changed)} cannot change a started "
+                                    "sweep: drop them, or start a new sweep in another --out")
             spec, tracking, saved_register = saved_sweep(saved)
             register = typed.values.get("register") or saved_register
         else:

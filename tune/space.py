@@ -76,7 +76,7 @@ class SearchSpace:
             for d in widths.values:
                 if d % 4 or not self.heads_for(d):
                     raise SettingsError(f"d_model {d} must be divisible by 4 and by one of the nhead choices "
-                                     f"{self.head_choices}")
+                                        f"{self.head_choices}")
 
     @classmethod
     def around(cls, base: dict) -> SearchSpace:

@@ -113,7 +113,7 @@ def check_resumable(saved: dict, cfg: TrainConfig, path: Path, ignore: frozenset
     changed = sorted(k for k in current if k not in RESUMABLE_CHANGES | ignore and saved.get(k) != current[k])
     if changed:
         raise SettingsError(f"{path} was trained with other settings ({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); "
-                         "use --no-resume or another --out")
+                            "use --no-resume or another --out")
 
 
 def load_checkpoint(path: Path | str, device: str = "cpu") -> tuple[torch.nn.Module, ModelConfig]:

@@ -176,8 +176,8 @@ def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> No
         problem = (f"input sha256 {str(source)[:12]}, the model's {str(expected)[:12]}" if source != expected
                    else "same input, other settings")
         raise InputError(data_dir, f"{what} than the one {model_uri} was trained on ({problem}); its ids mean other "
-                         "places and people: score that run's own data, or new data through `pgt preprocess --fitted` "
-                         "of the model's training folder (or `pgt predict --format`)")
+                                   "places and people: score that run's own data, or new data through `pgt preprocess --fitted` "
+                                   "of the model's training folder (or `pgt predict --format`)")
 
 
 
@@ -189,4 +189,4 @@ def check_vocabulary(model_cfg: ModelConfig, dataset: SequenceDataset, path: Pat
         shift = 0 if column in ("locations", "user") else 1  # features are stored + 1; the message shows the split's
         if len(values) and int(values.max()) > top:
             raise InputError(path, f"column {column} holds {int(values.max()) - shift}, but the model knows "
-                             f"0..{top - shift}; score sequences from the preprocessing run the model was trained on")
+                                   f"0..{top - shift}; score sequences from the preprocessing run the model was trained on")

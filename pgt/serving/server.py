@@ -454,7 +454,7 @@ def check_port_free(host: str, port: int) -> None:
         except OSError as exc:
             reason = "in use (another server?)" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
             raise SettingsError(f"cannot listen on {host}:{port}: {reason}; choose another --port, or stop what holds "
-                             "it") from None
+                                "it") from None
 
 
 def serve(config: ServeConfig) -> None:

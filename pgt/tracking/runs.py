@@ -104,8 +104,8 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
     unless MLFLOW_ALLOW_FILE_STORE is true: MLflow 3 raises deep inside the run for it. A SQLite store passes."""
     if tracking_uri.startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").lower() not in ("true", "1"):
         raise InputError(tracking_uri, "a file store, which MLflow 3 keeps in maintenance mode and refuses; use a "
-                         "SQLite store (sqlite:///PATH/mlflow.db; with no URI runs go to one under .state/mlflow), "
-                         "or set MLFLOW_ALLOW_FILE_STORE=true")
+                                       "SQLite store (sqlite:///PATH/mlflow.db; with no URI runs go to one under .state/mlflow), "
+                                       "or set MLFLOW_ALLOW_FILE_STORE=true")
     if tracking_uri.startswith(("sqlite:", "file:")):
         return
     if not tracking_uri.startswith(("http://", "https://")):
@@ -123,8 +123,8 @@ def check_tracking_server(tracking_uri: str, timeout_s: float = 3.0) -> None:
         reason = getattr(exc, "reason", exc)
         problem = getattr(reason, "strerror", None) or str(reason) or type(exc).__name__
     raise ServiceError(f"MLflow tracking server {tracking_uri} is not reachable ({problem}); start it with "
-                     "scripts/start-mlflow.sh (or `make demo`), or choose another --tracking-uri / "
-                     "MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
+                       "scripts/start-mlflow.sh (or `make demo`), or choose another --tracking-uri / "
+                       "MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
 
 
 # the likely fix of each refusal of a tracking server's API (its /health answers without any of these checks)
@@ -171,7 +171,7 @@ def check_tracking_api(tracking_uri: str, timeout_s: float = 3.0) -> None:
         fix = HOST_REFUSAL
     words = f": {shorten(said, 100)}" if said else ""
     raise ServiceError(f"MLflow tracking server {tracking_uri} refused its API (HTTP {status}{words}); "
-                     f"{fix.format(host=urllib.parse.urlsplit(base).netloc)}")
+                       f"{fix.format(host=urllib.parse.urlsplit(base).netloc)}")
 
 
 def refusal_words(body: str) -> str:
@@ -198,7 +198,7 @@ def open_sqlite_store(tracking_uri: str) -> None:
         lock = (database.parent / f".{database.name}.lock").open("a")
     except OSError as exc:
         raise ServiceError(f"MLflow tracking store {tracking_uri} cannot be created ({exc.strerror}: {database.parent}); "
-                         "choose another --tracking-uri / MLFLOW_TRACKING_URI") from None
+                           "choose another --tracking-uri / MLFLOW_TRACKING_URI") from None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -206,7 +206,7 @@ def open_sqlite_store(tracking_uri: str) -> None:
         except Exception as exc:  # noqa: BLE001 - said in one line
             problem = " ".join(str(exc).split())[:200] or type(exc).__name__
             raise ServiceError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: "
-                             f"{problem}); choose another --tracking-uri / MLFLOW_TRACKING_URI") from None
+                               f"{problem}); choose another --tracking-uri / MLFLOW_TRACKING_URI") from None
 
 
 def check_tracking_store(tracking_uri: str, timeout_s: float) -> None:
@@ -227,13 +227,13 @@ def check_tracking_store(tracking_uri: str, timeout_s: float) -> None:
     opener.join(timeout_s)
     if not outcome:
         raise ServiceError(f"MLflow tracking store {tracking_uri} did not answer within {timeout_s:.0f} s; choose another "
-                         "--tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
+                           "--tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite store)")
     exc = outcome[0]
     if exc is not None:
         problem = " ".join(str(exc).split())[:200] or type(exc).__name__
         raise ServiceError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: {problem}); "
-                         "choose another --tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite "
-                         "store)")
+                           "choose another --tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite "
+                           "store)")
 
 
 def mlflow_client(tracking_uri: str):
@@ -570,10 +570,12 @@ def check_model_uri(model_uri: str, tracking_uri: str | None = None) -> str:
     a tracking server it needs answers (check_tracking_server)."""
     uri = resolve_tracking_uri(tracking_uri)
     if not model_uri.startswith(MODEL_SCHEMES) and not Path(model_uri).is_dir():
-        raise InputError(f"--model {model_uri}", "expected an MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, "
+        raise InputError(f"--model {model_uri}",
+                         "expected an MLflow model URI (models:/NAME@ALIAS, models:/NAME/VERSION, "
                          "runs:/RUN_ID/model) or the folder of a logged model")
     if Path(model_uri).is_dir() and not (Path(model_uri) / "MLmodel").is_file():
-        raise InputError(f"--model {model_uri}", "a folder without an MLmodel file, so not a logged model; give the "
+        raise InputError(f"--model {model_uri}",
+                         "a folder without an MLmodel file, so not a logged model; give the "
                          "folder that holds MLmodel (as `mlflow artifacts download` of a model writes it)")
     if model_uri.startswith(("models:/", "runs:/", "mlflow-artifacts:/")):
         check_tracking_server(uri)
@@ -594,19 +596,22 @@ def check_model_exists(model_uri: str, tracking_uri: str) -> None:
             try:
                 client.get_logged_model(ref)
             except MlflowException:
-                raise InputError(f"--model {model_uri}", f"no logged model {ref!r} {where}; choose another "
+                raise InputError(f"--model {model_uri}",
+                                 f"no logged model {ref!r} {where}; choose another "
                                  "--tracking-uri, or name a registered model (models:/NAME@ALIAS)") from None
             return
         name, alias = ref.split("@", 1) if "@" in ref else (ref.rsplit("/", 1)[0], None)
         try:
             model = client.get_registered_model(name)
         except MlflowException:
-            raise InputError(f"--model {model_uri}", f"no registered model {name!r} {where}; `pgt train --register "
+            raise InputError(f"--model {model_uri}",
+                             f"no registered model {name!r} {where}; `pgt train --register "
                              f"{name}` registers one, or choose another --tracking-uri") from None
         if alias is not None:
             if alias not in (model.aliases or {}):
                 known = ", ".join(sorted(model.aliases or {})) or "none"
-                raise InputError(f"--model {model_uri}", f"model {name!r} has no alias {alias!r} {where} (its aliases: "
+                raise InputError(f"--model {model_uri}",
+                                 f"model {name!r} has no alias {alias!r} {where} (its aliases: "
                                  f"{known}); `pgt train --register {name}` sets champion on the first version")
             return
         version = ref.rsplit("/", 1)[1]
@@ -623,7 +628,8 @@ def check_model_exists(model_uri: str, tracking_uri: str) -> None:
         except MlflowException:
             raise InputError(f"--model {model_uri}", f"no run {run_id!r} {where}") from None
         if path and not client.list_artifacts(run_id, path):
-            raise InputError(f"--model {model_uri}", f"run {run_id} has no model at {path!r} (pgt logs it at "
+            raise InputError(f"--model {model_uri}",
+                             f"run {run_id} has no model at {path!r} (pgt logs it at "
                              f"runs:/{run_id}/model)")
 
 
@@ -643,7 +649,7 @@ def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
     use_tracking_uri(check_model_uri(model_uri, tracking_uri))
     if "pytorch" in model_flavors(model_uri):
         raise InputError(model_uri, "logged before models carried their preprocessing (a pickled PyTorch model); "
-                         "train it again to score raw GPS")
+                                    "train it again to score raw GPS")
     return _pyfunc_wrapper(model_uri)
 
 

@@ -148,12 +148,12 @@ class Vocab:
             top = int(values.max()) if values.numel() else 0  # stored + 1
             if top > getattr(self, name):
                 raise InputError(path, f"column {column} holds {top - 1}, but the manifest's vocab.{name} allows "
-                                 f"0..{getattr(self, name) - 1}; preprocess the input again")
+                                       f"0..{getattr(self, name) - 1}; preprocess the input again")
         for name, values in (("locations", dataset.locations), ("users", dataset.users)):
             top = int(values.max()) if values.numel() else 0
             if top >= getattr(self, name):
                 raise InputError(path, f"column {name[:-1] if name == 'users' else name} holds id {top}, outside the "
-                                 f"manifest's vocab.{name} of {getattr(self, name)} rows; preprocess the input again")
+                                       f"manifest's vocab.{name} of {getattr(self, name)} rows; preprocess the input again")
 
 
 class SequenceDataset(Dataset):
@@ -288,7 +288,7 @@ class SequenceDataset(Dataset):
         missing = [c for c in MEMORY_AS_VISITS if c not in table.column_names]
         if missing:
             raise InputError(path, f"no memory column(s) {', '.join(missing)}, which a model with memory_places reads; "
-                             "preprocess the input again (older `pgt preprocess` outputs lack them)")
+                                   "preprocess the input again (older `pgt preprocess` outputs lack them)")
         first = table.column("memory_locations").combine_chunks()
         offsets = first.offsets.to_numpy()
         lengths = np.diff(offsets)
@@ -335,11 +335,11 @@ class SequenceDataset(Dataset):
         missing = [c for c in needed if c not in present]
         if missing:
             raise InputError(path, f"missing column(s) {', '.join(missing)}; expected the columns of a "
-                             f"`pgt preprocess` split: {', '.join(needed)}")
+                                   f"`pgt preprocess` split: {', '.join(needed)}")
         places = PLACE_COLUMNS if "target" in present else PLACE_COLUMNS[:1]
         if any(c not in present for c in places):
             raise InputError(path, f"no column {' or '.join(c for c in places if c not in present)} (the place of "
-                             "each visit), which older `pgt preprocess` outputs lack; preprocess the input again")
+                                   "each visit), which older `pgt preprocess` outputs lack; preprocess the input again")
         for name in [*needed, *places]:
             column_type = schema.field(name).type
             is_list = pa.types.is_list(column_type) or pa.types.is_large_list(column_type)
@@ -347,7 +347,7 @@ class SequenceDataset(Dataset):
             value_type = column_type.value_type if is_list else column_type
             if not (pa.types.is_integer(value_type) or pa.types.is_null(value_type)) or is_list != wants_list:
                 raise InputError(path, f"column {name} has type {column_type}, expected "
-                                 f"{'lists of integers' if wants_list else 'integers'}")
+                                       f"{'lists of integers' if wants_list else 'integers'}")
         return present
 
     def concatenated(self, other: SequenceDataset) -> SequenceDataset:
@@ -479,7 +479,7 @@ class FirstVisits:
         path = data_dir / "staypoints.parquet"
         if not path.is_file():
             raise InputError(path, "no such file; simulating unseen locations needs the staypoints "
-                                    "that `pgt preprocess` writes next to the splits")
+                                   "that `pgt preprocess` writes next to the splits")
         staypoints = pl.read_parquet(path, columns=["user", "location", "started_at", "start_day", "split"])
         seen = staypoints.filter(pl.col("split").cast(pl.String).is_in(list(splits)))
         first = seen.group_by("user", "location").agg(pl.col("start_day").min())
@@ -492,7 +492,7 @@ class FirstVisits:
         if len(days) != len(samples) or days.null_count():
             files = " + ".join(str(data_dir / f"{split}.parquet") for split in splits)
             raise InputError(files, f"{days.null_count()} of {len(samples)} targets have no "
-                             f"staypoint in {path} (expected every target_started_at among the user's staypoints)")
+                                    f"staypoint in {path} (expected every target_started_at among the user's staypoints)")
         return cls(torch.from_numpy(first_day), torch.from_numpy(days.to_numpy().astype(np.float32)))
 
 

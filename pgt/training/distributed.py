@@ -148,7 +148,7 @@ def check_splits(data_dir: Path) -> None:
             raise InputError(path, f"unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
         if rows == 0:
             raise InputError(path, f"the {split} split has no samples; nothing to train on (the preprocessing "
-                             f"{_preprocessing_counts(data_dir)}; preprocess more people or more days)")
+                                   f"{_preprocessing_counts(data_dir)}; preprocess more people or more days)")
 
 
 def _preprocessing_counts(data_dir: Path) -> str:
@@ -235,9 +235,9 @@ def _run_training(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Pat
         status = "FAILED" if isinstance(exc, Exception) else "KILLED"
         if tracking and isinstance(exc, Exception) and not server_answers(tracking.tracking_uri):
             raise ServiceError(f"MLflow tracking server {tracking.tracking_uri} stopped answering during the run "
-                             f"({shorten(' '.join(str(exc).split()), 120)}); the checkpoints in {out_dir} stay: once "
-                             "it is back, rerun with --resume (the run's missing epochs are sent, and a run left "
-                             "RUNNING is closed as FAILED)") from None
+                               f"({shorten(' '.join(str(exc).split()), 120)}); the checkpoints in {out_dir} stay: once "
+                               "it is back, rerun with --resume (the run's missing epochs are sent, and a run left "
+                               "RUNNING is closed as FAILED)") from None
         raise
     finally:
         if tracking:

@@ -40,10 +40,10 @@ def check_capturable(cfg, device: torch.device, amp_dtype: torch.dtype | None, w
         raise SettingsError("capture_step captures one graph per batch shape: set resident_data and static_width too")
     if world_size > 1:
         raise SettingsError("capture_step captures one worker's whole step; with DDP the gradients' all-reduce sits "
-                         "inside it: train with one worker (or without capture_step)")
+                            "inside it: train with one worker (or without capture_step)")
     if device.type == "cuda" and amp_dtype == torch.float16:
         raise SettingsError("capture_step needs bfloat16 autocast (or amp off): float16's loss scaling checks the "
-                         "gradients on the host every step, which a CUDA graph cannot hold")
+                            "gradients on the host every step, which a CUDA graph cannot hold")
 
 
 def use_device_learning_rate(optimizer: torch.optim.Optimizer, device: torch.device) -> None:

@@ -115,10 +115,10 @@ def check_streamable(cfg: TrainConfig) -> None:
         raise SettingsError("resident_data holds the train split on the device: use --data-engine memory with it")
     if cfg.refit or cfg.train_on != "train":
         raise SettingsError("refit (train_on train+validation) learns from two splits in memory; the streamed path reads "
-                         "train.parquet alone: use --data-engine memory")
+                            "train.parquet alone: use --data-engine memory")
     if cfg.simulate_unseen:
         raise SettingsError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
-                         "use --data-engine memory, or a recipe without it")
+                            "use --data-engine memory, or a recipe without it")
 
 
 def split_rows(data_dir: str, split: str = "train") -> int:
@@ -415,11 +415,11 @@ def check_compile_toolchain(device: torch.device | str | None = None) -> None:
     CPU code and Triton's launchers are compiled with it) and, for CUDA, Triton."""
     if c_compiler() is None:
         raise SettingsError("compile_model: torch.compile builds its kernels with a C compiler, and none (cc, gcc, clang) "
-                         "is on PATH; install one, or train without --compile-model")
+                            "is on PATH; install one, or train without --compile-model")
     cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
     if cuda and importlib.util.find_spec("triton") is None:
         raise SettingsError("compile_model: torch.compile on CUDA needs Triton, which is not installed; install the "
-                         "triton that matches torch, or train without --compile-model")
+                            "triton that matches torch, or train without --compile-model")
 
 
 def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable:
