@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from infra.errors import ServiceError, SettingsError
 from infra.process import interruptible
 
+TRAIN_POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls its workers (Ray's default: 2 s)
+
 
 def prepare_ray_env(address: str | None = None) -> None:
     """The environment of the Ray this process starts or joins; it must be set before `ray` is first imported.
@@ -19,8 +21,14 @@ def prepare_ray_env(address: str | None = None) -> None:
     Token auth is off (RAY_AUTH_MODE=disabled) unless the environment says otherwise. A local Ray (no
     address, no $RAY_ADDRESS) runs in Ray's single-node mode, which binds every port to 127.0.0.1 (Ray
     otherwise resolves even 127.0.0.1 to the machine's address), and without its Prometheus metrics
-    export, which costs ~10% of a 2-core machine and which nothing here reads."""
+    export, which costs ~10% of a 2-core machine and which nothing here reads.
+
+    Ray Train's controller takes the workers' reports when it polls them, every 2 s by default, and a
+    worker's report waits for that poll: on small data each epoch then waited about 1.4 s. It polls every
+    TRAIN_POLL_INTERVAL_S here instead (a few remote calls a second); the controller reads it from the driver's
+    environment, on a cluster too. $RAY_TRAIN_HEALTH_CHECK_INTERVAL_S set by the user wins."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(TRAIN_POLL_INTERVAL_S))
     if not (address or os.environ.get("RAY_ADDRESS")):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_enable_metrics_collection", "0")
@@ -94,11 +102,30 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             except ConnectionError as exc:  # "auto" without a running cluster
                 raise ServiceError(f"Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
         else:
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
+            with single_node_mode():
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
     try:
         with interruptible():  # a cancelled Prefect flow run's SIGTERM stops the wait in Ray
             yield
     finally:
         ray.shutdown()
+
+
+@contextlib.contextmanager
+def single_node_mode() -> Iterator[None]:
+    """Ray's single-node mode for the local Ray this process starts, even where `ray` was imported before
+    prepare_ray_env could set its switch (a flow or a notebook that imported Tune first): Ray reads the switch
+    into a constant at import, and without it binds the local Ray to the machine's network address, reachable
+    from other machines with token auth off. Ray's own processes read the switch from the environment that
+    prepare_ray_env set; this process reads the constant, restored afterwards so that a later session of the
+    same process can still join a cluster."""
+    from ray._private import ray_constants
+
+    kept = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = kept
 
 

@@ -26,6 +26,7 @@ def stack(tmp_path_factory):
            "PGT_VENV_BIN": str(Path(sys.executable).parent)}
     for key in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI"):
         env.pop(key, None)
+    env["PREFECT_WORKER_QUERY_SECONDS"] = "1"  # the worker takes each run within a second, not Prefect's 10
     started = subprocess.run([SCRIPTS / "start-stack.sh"], env=env, capture_output=True, text=True, timeout=300)
     try:
         assert started.returncode == 0, started.stdout + started.stderr
@@ -43,7 +44,8 @@ def stack(tmp_path_factory):
 def run_deployment(env, name: str, *params: str, timeout_s: int = 600) -> None:
     """`prefect deployment run NAME --watch`: the run must complete (prefect exits non-zero for a failed run)."""
     prefect = Path(env["PGT_VENV_BIN"]) / "prefect"
-    r = subprocess.run([prefect, "deployment", "run", name, *params, "--watch", "--watch-timeout", str(timeout_s)],
+    r = subprocess.run([prefect, "deployment", "run", name, *params, "--watch", "--watch-interval", "1",
+                        "--watch-timeout", str(timeout_s)],
                        env=env, capture_output=True, text=True, timeout=timeout_s + 100)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
 
@@ -71,13 +73,16 @@ def expected_champion(client, name: str) -> tuple[int, str]:
     return len(versions), champion
 
 
-def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing(stack):
+def test_demo_deployment_completes_and_registers_a_champion(stack):
+    """The demo in the worker's own process (workers=0): the run completes, show_run.py prints its metrics and UI
+    address, and its version is registered with the champion where the registry's rule puts it. The demo under
+    Ray Train, and a rerun that reuses the cached sequences, are the cancel test's (it runs both)."""
     from mlflow.tracking import MlflowClient
 
-    state, env = stack
+    _, env = stack
     client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
     before = expected_champion(client, "pgt-demo")[0] if client.search_registered_models("name = 'pgt-demo'") else 0
-    first = run_demo(env)
+    first = run_demo(env, "--param", "workers=0")
     assert first.returncode == 0, first.stdout + first.stderr
     assert ": Completed" in first.stdout and "test, strict" in first.stdout and "target id in history" in first.stdout
     assert f"http://127.0.0.1:{env['MLFLOW_PORT']}/#/experiments/" in first.stdout.replace("\n", "").replace(" ", "")
@@ -85,16 +90,6 @@ def test_demo_deployment_completes_registers_a_champion_and_reuses_preprocessing
     assert count == before + 1 and float(client.get_model_version(
         "pgt-demo", str(count)).tags["validation_strict_acc_at_1"]) > 0
     assert client.get_model_version_by_alias("pgt-demo", "champion").version == champion
-
-    manifest = state / "sequences" / "synthetic" / "manifest.json"
-    stamp = manifest.stat().st_mtime_ns
-    second = run_demo(env, "--param", "workers=0")  # in the worker's own process this time, without Ray
-    assert second.returncode == 0, second.stdout + second.stderr
-    assert manifest.stat().st_mtime_ns == stamp  # the rerun reused the cached sequences
-    log = (state / "prefect" / "worker.log").read_text()
-    assert "sequences reused from" in log
-    count, champion = expected_champion(client, "pgt-demo")
-    assert count == before + 2 and client.get_model_version_by_alias("pgt-demo", "champion").version == champion
 
 
 def test_predict_deployment_publishes_next_places_as_a_table_and_a_map(stack):
@@ -106,7 +101,7 @@ def test_predict_deployment_publishes_next_places_as_a_table_and_a_map(stack):
     state, env = stack
     client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
     if not client.search_registered_models("name = 'pgt-demo'"):  # this test alone: train the demo first
-        assert run_demo(env).returncode == 0
+        assert run_demo(env, "--param", "workers=0").returncode == 0
     run_deployment(env, "predict-next-places/predict", "--param", "synthetic_users=8", "--param", "synthetic_days=70",
                    timeout_s=400)
     code = """
@@ -200,7 +195,8 @@ asyncio.run(main())
 def test_cancelling_a_training_flow_run_stops_ray_closes_its_run_and_a_rerun_resumes(stack):
     """`prefect flow-run cancel` while the demo trains under Ray Train (the worker sends SIGTERM to the flow run's
     process group, Ray's head included): the run ends Cancelled, every Ray process it started is gone, its MLflow run
-    is KILLED and its lock released; the next run resumes from the last checkpoint and closes the same MLflow run."""
+    is KILLED, its lock released and no version registered; the next run reuses the cached sequences, resumes from
+    the last checkpoint, closes the same MLflow run and registers one version, the champion where the rule puts it."""
     import time
 
     from mlflow.tracking import MlflowClient
@@ -252,8 +248,15 @@ with get_client(sync_client=True) as client:
     run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
     assert client.get_run(run_id).info.status == "KILLED"
     kept = max(int(p.name.removeprefix("epoch_")) for p in (run_dir / "ray" / "train").glob("epoch_*"))
+    versions = expected_champion(client, "pgt-demo")[0] if client.search_registered_models("name = 'pgt-demo'") else 0
+    manifest = state / "sequences" / "cancelled" / "manifest.json"
+    stamp = manifest.stat().st_mtime_ns
 
     run_deployment(env, "preprocess-and-train/demo", *given, "--param", f"epochs={kept + 3}")
+    assert manifest.stat().st_mtime_ns == stamp  # the rerun reused the cached sequences
+    assert f"sequences reused from {manifest.parent}" in (state / "prefect" / "worker.log").read_text()
+    count, champion = expected_champion(client, "pgt-demo")
+    assert count == versions + 1 and client.get_model_version_by_alias("pgt-demo", "champion").version == champion
     metrics = json.loads((run_dir / "metrics.json").read_text())
     # 1-based: right after the newest checkpoint kept, or the one before it if Ray had not registered the newest
     # when the signal stopped its controller

@@ -116,14 +116,19 @@ def test_killed_worker_resumes_from_last_checkpoint(training_sequences, tmp_path
 
 def test_a_running_ray_cluster_does_not_capture_a_local_run():
     """A `ray start` cluster on the machine (someone else's, or one a killed run left) is what a bare
-    ray.init() joins, and it then refuses num_cpus: a run without an address starts its own Ray instead."""
+    ray.init() joins, and it then refuses num_cpus: a run without an address starts its own Ray instead, on
+    127.0.0.1 only, even in a process that imported ray before asking for it (a flow that imported Tune first)."""
     probe = ("import ray\nfrom pgt.training.distributed import ray_session\nwith ray_session(num_cpus=2):\n"
-             "    print(ray.cluster_resources().get('someone_else', 0), ray.cluster_resources()['CPU'])")
+             "    print(ray.cluster_resources().get('someone_else', 0), ray.cluster_resources()['CPU'],\n"
+             "          ray.util.get_node_ip_address(), ray.get_runtime_context().gcs_address)")
     with ray_cluster('{"someone_else": 1}') as (address, env):
+        env = {k: v for k, v in env.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}  # as a user's shell has it
         r = subprocess.run([sys.executable, "-c", probe], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
                            timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.split()[-2:] == ["0", "2.0"]  # a Ray of its own: 2 CPUs, none of the cluster's resources
+    cluster_thing, cpus, node_ip, gcs = r.stdout.split()[-4:]
+    assert (cluster_thing, cpus) == ("0", "2.0")  # a Ray of its own: 2 CPUs, none of the cluster's resources
+    assert node_ip == "127.0.0.1" and gcs.startswith("127.0.0.1:")  # never the machine's network address
 
 
 def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp_path, local_ray):
