@@ -90,25 +90,27 @@ def test_predict_writes_csv_and_refuses_other_suffixes(trained):
     assert (root / "pred.csv").read_bytes() == before
 
 
-def test_predict_warns_when_no_user_has_a_recent_history(trained, tmp_path):
+def test_predict_warns_when_no_user_has_a_recent_history(trained, tmp_path, monkeypatch):
     root, server = trained
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")
     late = pl.read_parquet(root / "late.parquet")
     late.filter(pl.col("tracked_at") < late["tracked_at"].min() + pl.duration(hours=2)).write_parquet(tmp_path / "short.parquet")
-    r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "short.parquet", "--format",
+    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "short.parquet", "--format",
             "positionfixes", "--out", tmp_path / "p.parquet", "--tracking-uri", server)
     assert r.returncode == 0 and "warning:" in r.stderr and "no user has a recent history" in r.stderr
     assert pl.read_parquet(tmp_path / "p.parquet").height == 0 and "of 0 users" in r.stdout
 
 
-def test_predict_names_who_it_could_not_score_and_keeps_the_quarantined_rows(trained, tmp_path):
+def test_predict_names_who_it_could_not_score_and_keeps_the_quarantined_rows(trained, tmp_path, monkeypatch):
     """Nothing vanishes: a person whose every row is invalid, one with ten minutes of GPS (no staypoint) and a few
     invalid rows of a known person are counted, written beside the output and named with the reason."""
     root, server = trained
+    monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")
     late = pl.read_parquet(root / "late.parquet")
 
     def predict(points: pl.DataFrame) -> subprocess.CompletedProcess:
         points.write_parquet(tmp_path / "points.parquet")
-        r = run("predict", "--model", "models:/raw@champion", "--input", tmp_path / "points.parquet", "--format",
+        r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "points.parquet", "--format",
                 "positionfixes", "--out", tmp_path / "pred.csv", "--tracking-uri", server)
         assert r.returncode == 0, r.stderr[-3000:]
         return r
