@@ -1,7 +1,7 @@
 """Faults beyond bad input, as an operator meets them: a second run into the same --out, SIGTERM, a tracking server
 that dies mid-run, full and read-only disks, settings files that are not what they seem, a damaged sweep record.
-Each runs the real command in a subprocess where signals, locks, exit codes or servers are the point; the refusals
-of a settings file or a sweep record and the full and read-only disks run in this process (tests/in_process.py)."""
+Each runs the real command in a subprocess, but for the refusals of a settings file or a sweep record (in this
+process, tests/in_process.py)."""
 
 from __future__ import annotations
 
@@ -264,36 +264,36 @@ def small_disks(tmp_path):
 def test_full_and_read_only_disks_are_one_line_naming_the_path(training_sequences, small_disks, tmp_path):
     full, read_only = small_disks
     uri = f"sqlite:///{tmp_path / 'store' / 'mlflow.db'}"
-    trained = pgt_here("train", "--data", training_sequences, "--out", full / "run", "--tracking-uri", uri, "--epochs", 2)
+    trained = pgt("train", "--data", training_sequences, "--out", full / "run", "--tracking-uri", uri, "--epochs", 2)
     assert trained.returncode == 1
     line = one_line(trained.stderr)
     assert "no space left" in line and str(full / "run") in line
     assert not [p for p in full.rglob("*") if p.is_file() and p.name != "mlflow_run.json"]  # no half-written checkpoint
 
     points = tmp_path / "points.parquet"
-    assert pgt_here("synth", "--out", points, "--users", 4, "--days", 80).returncode == 0
+    assert pgt("synth", "--out", points, "--users", 4, "--days", 80).returncode == 0
     fill(full)
-    preprocessed = pgt_here("preprocess", "--input", points, "--format", "positionfixes", "--out", full / "sequences")
+    preprocessed = pgt("preprocess", "--input", points, "--format", "positionfixes", "--out", full / "sequences")
     assert preprocessed.returncode == 1 and "no space left" in one_line(preprocessed.stderr)
     assert not list(full.glob("*sequences*"))  # the temporary folder is gone
     # room for some of the tables (about 160 KiB in all): the disk fills while the splits are written, which
     # polars' own writer reported as "Invalid thrift: transport error"
     os.truncate(full / "filler", max(0, (full / "filler").stat().st_size - 100 * 1024))
-    preprocessed = pgt_here("preprocess", "--input", points, "--format", "positionfixes", "--out", full / "sequences")
+    preprocessed = pgt("preprocess", "--input", points, "--format", "positionfixes", "--out", full / "sequences")
     line = one_line(preprocessed.stderr)
     assert preprocessed.returncode == 1 and "no space left" in line and str(full / "sequences") in line, line
     assert not list(full.glob("*sequences*"))  # nothing half written is left as if complete
     (full / "filler").unlink()
 
-    refused = pgt_here("train", "--data", training_sequences, "--out", read_only / "run", "--tracking-uri", uri)
+    refused = pgt("train", "--data", training_sequences, "--out", read_only / "run", "--tracking-uri", uri)
     assert refused.returncode == 1 and "read-only file system" in one_line(refused.stderr)
 
     # a full disk under pgt predict is the output's problem, not the model's
-    trained = pgt_here("train", "--data", training_sequences, "--out",
+    trained = pgt("train", "--data", training_sequences, "--out",
                   tmp_path / "model-run", "--tracking-uri", uri, "--epochs", 1, "--register", "faults")
     assert trained.returncode == 0, trained.stderr[-2000:]
     fill(full)
-    predicted = pgt_here("predict", "--model", "models:/faults@champion", "--input", training_sequences / "test.parquet",
+    predicted = pgt("predict", "--model", "models:/faults@champion", "--input", training_sequences / "test.parquet",
                     "--out", full / "predictions.parquet", "--tracking-uri", uri)
     assert predicted.returncode == 1
     line = one_line(predicted.stderr)
