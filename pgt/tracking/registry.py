@@ -19,8 +19,8 @@ Why this margin: seeds move strict validation Acc@1 of one configuration by 0.3 
 champion of one seed by less than about a point says nothing about which configuration is better. The floor keeps
 one or two seeds, whose sample spread is no estimate, from looking certain; with more seeds the margin shrinks as
 1/sqrt(seeds), so evidence buys promotion. With tuned's spread, a same-recipe challenger of one seed clears the
-one-seed margin (1.16) about 2 times in 100; registered on ten seeds one after another, the old rule moved the
-champion once and this rule never (benchmarks/promotion.py).
+one-seed margin (1.16) about 2 times in 100; registered on ten seeds one after another, a rule promoting any higher
+score moved the champion once and this rule never (benchmarks/promotion.py).
 
 Every registered version carries its evidence and the decision as tags (the MLflow UI's model version page shows
 them): pgt.evidence_seeds and pgt.evidence_scores (JSON lists), pgt.data_digest, champion_decision ("promoted",
