@@ -51,8 +51,8 @@ def forward_speeds(state, device: str, sync) -> dict:
     import numpy as np
     import torch
 
+    from pgt.training.compilation import compiled as compiled_step
     from pgt.training.scoring import model_scores, score_dataset
-    from pgt.training.train import compiled as compiled_step
 
     test, model = state.splits["test"], state.evaluated
     model.eval()

@@ -89,7 +89,8 @@ def main() -> None:
 
     from pgt.config import RECIPES, load_recipe_file, recipe_settings
     from tune.config import SweepConfig
-    from tune.sweep import WINNER, run_sweep
+    from tune.records import WINNER
+    from tune.sweep import run_sweep
 
     data_dir = sequences(args.input, VARIANTS["published"])
     began = time.perf_counter()

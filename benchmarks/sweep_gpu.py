@@ -61,7 +61,7 @@ def time_breakdown(sweep_dir: Path, concurrent: int, search_wall_s: float) -> di
     best weights scored on test, its files); `outside_trials_s`, the slots' time in no trial (Ray starting or reusing
     a trial's process, Tune's scheduling and stopping of trials, slots left empty as the search ends). Also the
     epochs reported and the mean time to a trial's first report and per later epoch."""
-    from tune.sweep import EXPERIMENT_NAME
+    from tune.records import EXPERIMENT_NAME
 
     rows = []
     for result_file in sorted((sweep_dir / "ray" / EXPERIMENT_NAME).glob("trial_*/result.json")):

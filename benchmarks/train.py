@@ -8,7 +8,7 @@ first (a target counts only where its exact place was ranked), then the protocol
 hit), plus the new-place detection, training samples/s (median over epochs) and test forward samples/s,
 beside the published and reference figures.
 
-Selection: every recipe was chosen on validation metrics only (pgt.training.train.RECIPES); early stopping and the
+Selection: every recipe was chosen on validation metrics only (pgt.config.RECIPES); early stopping and the
 best epoch follow the recipe's validation score. Test is evaluated once per reported run, here.
 
 A model is trained with the paper's recipe; `MODEL:RECIPE` picks another, e.g. `pgt:tuned`, or a recipe file
@@ -70,7 +70,7 @@ REFERENCE_RUN = {  # the reference code (next_loc_clean_v2) run on a 2-core, 24 
 TARGET = {"variant": "published", "strict_acc@1_mean": 48.0, "deployment_strict_acc@1_mean": 47.0, "acc@1_mean": 58.0,
           "mrr_mean": 70.0, "training_samples_per_second": 1500.0}
 SELECTION = ("Every configuration reported here was chosen on validation metrics only (the recipes in "
-             "pgt.training.train.RECIPES; early stopping and the best epoch follow the recipe's select_on). The test split "
+             "pgt.config.RECIPES; early stopping and the best epoch follow the recipe's select_on). The test split "
              "is evaluated once per reported run, by this benchmark.")
 
 
@@ -126,8 +126,8 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
     train_loop_per_worker takes the GPU wherever torch sees one), or with `engine` "ray-train" as one Ray Train
     worker (a local Ray, the GPU where `device` is "cuda"). `options`: TrainConfig settings over the recipe's."""
     from pgt.config import BASELINES, LaunchConfig, TrainConfig
+    from pgt.training.baselines import evaluate_baseline
     from pgt.training.distributed import run_training
-    from pgt.training.train import evaluate_baseline
 
     folder = "train" if device == "cpu" and engine == "in-process" and not options else f"train-{device}-{engine}"
     out = (work / folder / data_dir.name / (model if recipe == "paper" else f"{model}-{Path(recipe).stem}")
@@ -351,7 +351,7 @@ def gpu_machine(device: str = "cuda") -> dict:
             return None
 
     # triton and a C compiler are what torch.compile needs on a GPU (--compile-model)
-    from pgt.training.train import c_compiler
+    from pgt.training.compilation import c_compiler
 
     base = machine() | {"torch": torch.__version__, "ray": version("ray"), "triton": version("triton"),
                         "c_compiler": c_compiler()}

@@ -29,7 +29,8 @@ from infra.state import state_dir as default_state_dir
 from pgt.config import RECIPES, LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings, recipe_label
 from pgt.serving.inference import prediction_time
 from pgt.tracking.registry import champion_verdict
-from pgt.tracking.runs import RECIPE_TAG, resolve_tracking_uri, run_url
+from pgt.tracking.runs import RECIPE_TAG, run_url
+from pgt.tracking.store import resolve_tracking_uri
 from pgt.training.report import metrics_markdown
 from preprocessing.config import FORMATS, SynthConfig, load_config
 from preprocessing.engine import EngineConfig

@@ -171,11 +171,13 @@ def train(
     from infra.output import check_apart, check_output_entries
     from infra.ray_session import check_ray_address
     from pgt.tracking.registry import champion_verdict
-    from pgt.tracking.runs import RECIPE_TAG, check_tracking_server, resolve_tracking_uri, run_url
+    from pgt.tracking.runs import RECIPE_TAG, run_url
+    from pgt.tracking.store import check_tracking_server, resolve_tracking_uri
+    from pgt.training.compilation import check_compile_toolchain
     from pgt.training.data import Vocab
     from pgt.training.distributed import run_training
     from pgt.training.report import EpochPrinter, print_metrics
-    from pgt.training.train import OUTPUTS, check_compile_toolchain
+    from pgt.training.train import OUTPUTS
 
     # a folder without manifest.json fails in Vocab.from_manifest with an InputError
     Vocab.from_manifest(data)  # what --data is comes first, then where --out may go
@@ -285,7 +287,7 @@ def serve(
     one-line 400s for bad requests and a warm model."""
     from pgt.serving.server import check_port_free
     from pgt.serving.server import serve as run
-    from pgt.tracking.runs import check_model_uri
+    from pgt.tracking.models import check_model_uri
 
     config = ServeConfig(model_uri=model, **typed.of(ServeConfig))
     check_port_free(config.host, config.port)

@@ -17,7 +17,7 @@ import pytest
 
 # Each test worker process (pytest-xdist) gets its share of the cores as its torch threads, before torch is first
 # imported; its subprocesses inherit it. Two processes of two threads each on two cores leave each parallel op
-# waiting for a descheduled thread: a CPU training step took 7 times as long (pgt.training.train.default_threads).
+# waiting for a descheduled thread: a CPU training step took 7 times as long (pgt.training.worker.default_threads).
 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0))
                                                      // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))

@@ -31,7 +31,7 @@ from pgt.options import typed_from
 from preprocessing.config import PreprocessConfig, SynthConfig, load_config
 from preprocessing.engine import EngineConfig
 from tune.config import TRIAL_FIXED, SweepConfig
-from tune.sweep import winner_recipe
+from tune.results import winner_recipe
 
 SETTINGS = settings_of(TrainConfig)
 # settings that only train beside another

@@ -66,9 +66,11 @@ def tune(
     from infra.output import check_apart, check_output_entries
     from infra.ray_session import check_ray_address
     from pgt.tracking.registry import champion_verdict
-    from pgt.tracking.runs import RECIPE_TAG, check_tracking_server, resolve_tracking_uri, run_url
+    from pgt.tracking.runs import RECIPE_TAG, run_url
+    from pgt.tracking.store import check_tracking_server, resolve_tracking_uri
+    from tune.records import OUTPUTS
     from tune.report import print_sweep
-    from tune.sweep import OUTPUTS, SweepInterrupted, run_sweep
+    from tune.sweep import SweepInterrupted, run_sweep
 
     try:
         if resume is not None:

@@ -401,7 +401,7 @@ def _xavier(model: nn.Module) -> None:
 class Ensemble(nn.Module):
     """cfg.members networks of one configuration, each from its own initial weights; the prediction is the mean of
     their probabilities. Output.members keeps each one's, so that training gives every member its own loss and
-    they learn as they would apart (pgt.training.train.criterion); only the validation score, and so the best epoch, is
+    they learn as they would apart (pgt.training.loss.criterion); only the validation score, and so the best epoch, is
     the ensemble's."""
 
     def __init__(self, cfg: ModelConfig):

@@ -8,7 +8,7 @@ import torch
 
 from pgt.config import EVAL_BATCH_SIZE
 from pgt.serving.inference import check_lineage, check_vocabulary
-from pgt.tracking.runs import load_model_and_manifest
+from pgt.tracking.models import load_model_and_manifest
 from pgt.training.data import MemoryLayout, SequenceDataset
 from pgt.training.metrics import compute_all
 from pgt.training.scoring import packed_scores, score_dataset

@@ -24,7 +24,7 @@ from pgt.serving.inference import (
     predict_applied,
     top_k_predictions,
 )
-from pgt.tracking.runs import check_model_uri, load_model_and_manifest, load_pgt_model, model_version
+from pgt.tracking.models import check_model_uri, load_model_and_manifest, load_pgt_model, model_version
 from pgt.training.data import MemoryLayout, SequenceDataset
 from preprocessing.fitted import apply_fitted
 

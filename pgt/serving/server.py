@@ -44,7 +44,8 @@ from infra.process import listed, shorten
 from pgt.config import ServeConfig
 from pgt.serving.admission import Admission, Busy
 from pgt.serving.inference import top_k_of
-from pgt.tracking.runs import check_model_uri, use_tracking_uri
+from pgt.tracking.models import check_model_uri
+from pgt.tracking.store import use_tracking_uri
 
 WARM_UP_ROUNDS = 3  # each warm-up request is sent this many times before /ping answers 200
 WARM_UP_TIMEOUT_S = 60.0  # the warm-up gives up (and the server answers /ping) after this long

@@ -37,7 +37,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgt.tracking.runs import CHAMPION, RIVAL_TAG, SCORE_TAG, VERSION_TAGS, mlflow_client, use_tracking_uri
+from pgt.tracking.runs import CHAMPION, RIVAL_TAG, SCORE_TAG, VERSION_TAGS
+from pgt.tracking.store import mlflow_client, use_tracking_uri
 
 Z = 1.645  # one-sided 95%
 SEED_NOISE_FLOOR = 0.5  # points of strict validation Acc@1: the least seed-to-seed spread the rule assumes

@@ -1,19 +1,25 @@
 """Non-neural baselines: a per-user first-order Markov chain and the history's most frequent location.
 
 Both score every location of the vocabulary for a Batch, so they share the metric code with the
-neural models."""
+neural models; `evaluate_baseline` fits one and writes metrics.json in the neural models' shape."""
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
 import torch
+import torch.nn.functional as F
 
+from infra.output import write_json_atomically
+from pgt.config import TrainConfig
 from pgt.network.vocabulary import extended_ids
-from pgt.training.data import Batch, Vocab
+from pgt.training.data import Batch, SequenceDataset, Vocab, load_splits
+from pgt.training.scoring import Scores, evaluate
 
 
 class MarkovChain:
@@ -68,3 +74,34 @@ class MostFrequent:
         counts = torch.zeros(B, width, dtype=torch.float64).scatter_add(1, ids, valid)
         latest = torch.zeros(B, width, dtype=torch.float64).scatter_reduce(1, ids, position * valid, reduce="amax")
         return counts * (T + 1) + latest  # (B, width)
+
+
+def evaluate_baseline(config: dict) -> dict:
+    """Fit a non-neural baseline on train and write metrics.json in the same shape as the neural models."""
+    cfg = TrainConfig.from_dict(config)
+    vocab = Vocab.from_manifest(cfg.data_dir)
+    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab)
+    began = time.perf_counter()
+    markov = MarkovChain.from_data_dir(cfg.data_dir) if cfg.model == "markov" else None
+    fit_seconds = time.perf_counter() - began
+
+    most_frequent = MostFrequent()
+
+    def score(batch: Batch) -> Scores:
+        if markov:  # the chain knows no place unseen in train: the slots rank last
+            protocol = markov.scores(batch)
+            width = extended_ids(batch.locations, batch.slots, vocab.locations)[1]
+            return Scores(F.pad(protocol, (0, width - vocab.locations), value=-math.inf), protocol)
+        return Scores(most_frequent.scores(batch, vocab.locations, use_slots=True),
+                      most_frequent.scores(batch, vocab.locations))
+
+    def run(dataset: SequenceDataset) -> dict:
+        return evaluate(score, dataset, cfg.eval_batch_size, torch.device("cpu"))
+
+    result = {"model": cfg.model, "test": run(splits["test"]), "validation": run(splits["validation"]),
+              "deployment": {split: run(splits[split].anchored_at_last_visit()) for split in ("validation", "test")},
+              "best_epoch": 0, "epochs_run": 0, "early_stopped": False, "workers": 1,
+              "train_seconds": round(fit_seconds, 3), "samples_per_second": 0.0, "parameters": 0,
+              "history": [], "config": cfg.to_dict()}
+    write_json_atomically(Path(cfg.out_dir) / "metrics.json", result, indent=2, default=float)
+    return result

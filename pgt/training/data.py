@@ -1,21 +1,19 @@
 """The Parquet splits of `pgt preprocess` as padded tensors, a Dataset that samplers can shard,
 and optional length bucketing. Built with pyarrow and numpy: no Python loop per row."""
-
 from __future__ import annotations
 
 import copy
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
-import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset
 
 from infra.errors import InputError
 from pgt.config import MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES, ModelConfig
@@ -415,43 +413,6 @@ def target_kind_codes(column: pa.Array, path: Path | str) -> np.ndarray:
     return np.array([lookup[n] for n in names], dtype=np.int8)
 
 
-def keep_batch(batch: Batch) -> Batch:
-    """DataLoader collate_fn: the dataset already returns whole batches."""
-    return batch
-
-
-class BucketBatchSampler(Sampler[list[int]]):
-    """Batches of similar history length: takes `bucket_batches` batches' worth of indices from the
-    inner sampler (which may be a DistributedSampler), sorts them by length, cuts batches and
-    shuffles their order. Less padding, same samples per epoch."""
-
-    def __init__(self, sampler: Sampler[int], lengths: torch.Tensor, batch_size: int, bucket_batches: int = 50,
-                 seed: int = 0):
-        self.sampler, self.lengths, self.batch_size = sampler, lengths, batch_size
-        self.bucket_batches, self.seed, self.epoch = bucket_batches, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-        if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[list[int]]:
-        rng = np.random.default_rng((self.seed, self.epoch))
-        indices = np.fromiter(iter(self.sampler), dtype=np.int64)
-        chunk = self.batch_size * self.bucket_batches
-        for start in range(0, len(indices), chunk):
-            part = indices[start:start + chunk]
-            part = part[np.argsort(self.lengths[part].numpy(), kind="stable")]
-            batches = [part[i:i + self.batch_size] for i in range(0, len(part), self.batch_size)]
-            for b in rng.permutation(len(batches)):
-                yield batches[b].tolist()
-
-    def __len__(self) -> int:
-        n = len(self.sampler)
-        chunk = self.batch_size * self.bucket_batches
-        return (n // chunk) * self.bucket_batches + -(-(n % chunk) // self.batch_size)
-
-
 def load_splits(data_dir: Path | str, max_len: int = ModelConfig.max_len, vocab: Vocab | None = None,
                 names: tuple[str, ...] = SPLITS, memory: MemoryLayout | None = None) -> dict[str, SequenceDataset]:
     """The splits `names` (all three by default); with `vocab`, each is checked against the manifest's table sizes;
@@ -462,165 +423,3 @@ def load_splits(data_dir: Path | str, max_len: int = ModelConfig.max_len, vocab:
         for split, dataset in splits.items():
             vocab.check_features(dataset, Path(data_dir) / f"{split}.parquet")
     return splits
-
-
-@dataclass
-class FirstVisits:
-    """When each user first visited each location in the training splits (train, or train and validation), and
-    the day of every training sample's target; days count from the user's first tracked day (staypoints.parquet's
-    start_day)."""
-
-    first_day: torch.Tensor  # (U, V) float32; +inf where the user never visited the location in those splits
-    sample_day: torch.Tensor  # (N,) float32, the day of each sample's target, in the splits' row order, one after another
-
-    @classmethod
-    def from_data_dir(cls, data_dir: Path | str, vocab: Vocab, splits: tuple[str, ...] = ("train",)) -> FirstVisits:
-        data_dir = Path(data_dir)
-        path = data_dir / "staypoints.parquet"
-        if not path.is_file():
-            raise InputError(path, "no such file; simulating unseen locations needs the staypoints "
-                                   "that `pgt preprocess` writes next to the splits")
-        staypoints = pl.read_parquet(path, columns=["user", "location", "started_at", "start_day", "split"])
-        seen = staypoints.filter(pl.col("split").cast(pl.String).is_in(list(splits)))
-        first = seen.group_by("user", "location").agg(pl.col("start_day").min())
-        first_day = np.full((vocab.users, vocab.locations), np.inf, np.float32)
-        first_day[first["user"].to_numpy(), first["location"].to_numpy()] = first["start_day"].to_numpy()
-        samples = pl.concat([pl.read_parquet(data_dir / f"{split}.parquet", columns=["user", "target_started_at"])
-                             for split in splits])
-        days = samples.join(staypoints.select("user", "started_at", "start_day"), how="left", maintain_order="left",
-                            left_on=["user", "target_started_at"], right_on=["user", "started_at"])["start_day"]
-        if len(days) != len(samples) or days.null_count():
-            files = " + ".join(str(data_dir / f"{split}.parquet") for split in splits)
-            raise InputError(files, f"{days.null_count()} of {len(samples)} targets have no "
-                                    f"staypoint in {path} (expected every target_started_at among the user's staypoints)")
-        return cls(torch.from_numpy(first_day), torch.from_numpy(days.to_numpy().astype(np.float32)))
-
-
-class UnseenSimulation(Dataset):
-    """The train split as later splits look to the model: there, locations first visited after the
-    train period are all id 1 ("unseen in train", a quarter of GeoLife's test histories and targets),
-    an id the train split never shows. For each sample this draws a known fraction f uniformly in
-    [known_min, known_max] and turns every location the user first visited at least a day after the
-    cutoff (f times the days from the user's first day to the sample) into id 1, in the history and the
-    target alike. Draws come from torch's global RNG, which checkpoints save, so resumed runs draw the
-    same."""
-
-    def __init__(self, dataset: SequenceDataset, visits: FirstVisits, known_min: float, known_max: float):
-        if len(visits.sample_day) != len(dataset):
-            raise ValueError(f"first visits cover {len(visits.sample_day)} samples, the dataset has {len(dataset)}")
-        self.dataset, self.visits = dataset, visits
-        self.known_min, self.known_max = known_min, known_max
-        self.lengths, self.targets = dataset.lengths, dataset.targets
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Batch:
-        return self.__getitems__([index])
-
-    def __getitems__(self, indices: list[int]) -> Batch:
-        idx = torch.as_tensor(indices, dtype=torch.long)
-        return self.gather(idx, int(self.lengths[idx].max()))
-
-    def to(self, device: torch.device | str) -> UnseenSimulation:
-        """A copy whose split and first visits live on `device`."""
-        moved = copy.copy(self)
-        moved.dataset = self.dataset.to(device)
-        moved.visits = FirstVisits(self.visits.first_day.to(device), self.visits.sample_day.to(device))
-        moved.lengths, moved.targets = moved.dataset.lengths, moved.dataset.targets
-        return moved
-
-    def gather(self, idx: torch.Tensor, width: int) -> Batch:
-        batch = self.dataset.gather(idx, width)
-        known = self.known_min + (self.known_max - self.known_min) * torch.rand(len(idx), device=idx.device)  # (B,)
-        cutoff = known * self.visits.sample_day[idx] + 1  # (B,) locations first visited on this day or later are new
-        first_history = self.visits.first_day[batch.users.unsqueeze(1), batch.locations]  # (B, T)
-        first_target = self.visits.first_day[batch.users, batch.targets]  # (B,)
-        new_history = (first_history >= cutoff.unsqueeze(1)) & (batch.locations > UNSEEN)  # padding stays 0
-        new_target = (first_target >= cutoff) & (batch.targets > UNSEEN)
-        locations = torch.where(new_history, UNSEEN, batch.locations)
-        targets = torch.where(new_target, UNSEEN, batch.targets)
-        # the simulated unseen places get slots as real ones do (a train place is its own location id)
-        slots, target_slots = unseen_slots(locations, self.dataset.places[idx, :locations.shape[1]], targets,
-                                           self.dataset.target_places[idx])
-        return batch._replace(locations=locations, targets=targets, slots=slots, target_slots=target_slots)
-
-
-class ResidentBatches:
-    """The train split held on the training device and batched there: `batch_sampler` (the DataLoader path's
-    BucketBatchSampler) draws each epoch's index lists on the host once, they go to the device in one copy, and
-    every batch is a gather on the device: no per-batch transfer, no per-batch sync. Without static_width these
-    are exactly the DataLoader path's batches.
-
-    With static_width, each batch's history width is rounded up to a multiple of it (padding is masked: the
-    model's outputs do not change) and a short batch is filled to full size with the epoch's first samples
-    (as DistributedSampler pads its shards), so that batches take at most max_len / static_width shapes."""
-
-    def __init__(self, dataset: SequenceDataset | UnseenSimulation, batch_sampler: BucketBatchSampler,
-                 device: torch.device | str, static_width: int = 0):
-        self.lengths = dataset.lengths.cpu().numpy()  # (N,) host copy: widths are planned on the host
-        self.max_width = int(self.lengths.max(initial=1))  # the split's padded width (its longest kept history)
-        self.dataset, self.batch_sampler = dataset.to(device), batch_sampler
-        self.device, self.static_width = torch.device(device), static_width
-
-    def __len__(self) -> int:
-        return len(self.batch_sampler)
-
-    def plan(self) -> tuple[list[np.ndarray], list[int]]:
-        """This epoch's batches (index arrays) and their widths, on the host."""
-        batches = [np.asarray(b, dtype=np.int64) for b in self.batch_sampler]
-        if self.static_width and batches:
-            size = self.batch_sampler.batch_size
-            order = np.concatenate(batches)
-            batches = [np.concatenate([b, np.resize(order, size - len(b))]) if len(b) < size else b for b in batches]
-        widths = [int(self.lengths[b].max()) for b in batches]
-        if self.static_width:
-            step = self.static_width
-            widths = [min(-(-w // step) * step, self.max_width) for w in widths]
-        return batches, widths
-
-    def __iter__(self) -> Iterator[Batch]:
-        for idx, width in self.indices():
-            yield self.dataset.gather(idx, width)
-
-    def indices(self) -> Iterator[tuple[torch.Tensor, int]]:
-        """This epoch's batches as (B,) indices on the device and widths, to gather there (the whole step does)."""
-        torch.empty((), dtype=torch.int64).random_()  # the draw a DataLoader makes per epoch (its workers' base
-        # seed): the global generator, and so dropout and the unseen simulation, then run as on the DataLoader path
-        batches, widths = self.plan()
-        if not batches:
-            return
-        flat = torch.as_tensor(np.concatenate(batches)).to(self.device, non_blocking=True)  # one copy an epoch
-        start = 0
-        for batch, width in zip(batches, widths):
-            yield flat[start:start + len(batch)], width
-            start += len(batch)
-
-
-class StreamedBatches:
-    """Train batches streamed from a Ray Data shard (`ray.train.get_dataset_shard("train")`) instead of a split
-    held in memory: each Arrow batch is padded as SequenceDataset pads a split (so a batch holds what the
-    in-memory path would give those samples), after a local shuffle buffer reseeded every epoch. Memory
-    follows the buffer, not the split."""
-
-    def __init__(self, shard, batch_size: int, max_len: int, seed: int, shuffle_rows: int = 20_000,
-                 vocab: Vocab | None = None, path: Path | str = "train.parquet", at_last_visit: bool = False,
-                 memory: MemoryLayout | None = None):
-        self.shard, self.batch_size, self.max_len, self.seed = shard, batch_size, max_len, seed
-        self.memory = memory  # the remembered places in front of each history (MemoryLayout)
-        self.shuffle_rows, self.vocab, self.path, self.epoch = shuffle_rows, vocab, path, 0
-        self.at_last_visit = at_last_visit  # recency from the last visit's day (TrainConfig.anchor)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[Batch]:
-        for table in self.shard.iter_batches(batch_size=self.batch_size, batch_format="pyarrow", drop_last=False,
-                                             local_shuffle_buffer_size=self.shuffle_rows,
-                                             local_shuffle_seed=self.seed + self.epoch):
-            dataset = SequenceDataset.from_arrow(table, self.max_len, self.path, self.memory)
-            if self.vocab is not None:
-                self.vocab.check_features(dataset, self.path)
-            if self.at_last_visit:
-                dataset = dataset.anchored_at_last_visit()
-            yield dataset.__getitems__(list(range(len(dataset))))

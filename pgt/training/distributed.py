@@ -31,24 +31,17 @@ from pgt.config import (
     TrainConfig,
 )
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint
+from pgt.tracking.lineage import log_datasets, source_tags
 from pgt.tracking.registry import Evidence, register_model
-from pgt.tracking.runs import (
-    close_abandoned_run,
-    end_run,
-    log_datasets,
-    log_result,
-    reopen_run,
-    server_answers,
-    source_tags,
-    start_run,
-)
+from pgt.tracking.runs import close_abandoned_run, end_run, log_result, reopen_run, start_run
+from pgt.tracking.store import server_answers
+from pgt.training.baselines import evaluate_baseline
 from pgt.training.data import LIST_COLUMNS, PLACE_COLUMNS, SequenceDataset, Vocab
 from pgt.training.report import EpochPrinter
 from pgt.training.train import (
     HELD_OUT_KEY,
     SELECTION_DIR,
     check_streamable,
-    evaluate_baseline,
     refit_epoch_count,
     train_loop_per_worker,
     write_json,

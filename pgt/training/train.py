@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
-import importlib.util
 import math
-import os
-import random
 import shutil
 import tempfile
 import time
@@ -22,13 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import pyarrow.parquet as pq
 import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-import torch.utils.deterministic
-from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from infra.errors import InputError, SettingsError
@@ -48,28 +39,26 @@ from pgt.network.checkpoint import (
     set_rng_state,
     write_torch_file,
 )
-from pgt.network.model import Ensemble, Output, build_model, count_parameters, networks
-from pgt.network.vocabulary import extended_ids
+from pgt.network.model import Ensemble, build_model, count_parameters, networks
 from pgt.tracking.runs import EpochLogger, log_result, system_metrics
-from pgt.training.baselines import MarkovChain, MostFrequent
-from pgt.training.data import (
-    Batch,
-    BucketBatchSampler,
-    FirstVisits,
-    MemoryLayout,
-    ResidentBatches,
-    SequenceDataset,
-    StreamedBatches,
-    UnseenSimulation,
-    Vocab,
-    keep_batch,
-    load_splits,
-)
-from pgt.training.scoring import Scores, evaluate, model_scores
+from pgt.training.batches import BucketBatchSampler, ResidentBatches, StreamedBatches, keep_batch
+from pgt.training.compilation import compiled
+from pgt.training.data import Batch, MemoryLayout, SequenceDataset, Vocab, load_splits
+from pgt.training.loss import batch_loss, cross_entropy_sum
+from pgt.training.scoring import evaluate, model_scores
 from pgt.training.step import WholeStep, average_weights, check_capturable, portable_optimizer_state, use_device_learning_rate
-from pgt.training.worker import Worker, local_worker
+from pgt.training.unseen import FirstVisits, UnseenSimulation
+from pgt.training.worker import (
+    Worker,
+    all_reduce_mean,
+    broadcast_text,
+    default_threads,
+    local_worker,
+    replicas_in_sync,
+    seed_everything,
+    wrap_ddp,
+)
 from preprocessing.config import SPLITS
-from preprocessing.sequences import UNSEEN
 
 SELECTION_DIR = "selection"  # a refit's selection run, inside the run's folder
 # what a run writes in its --out folder (names or glob patterns): a folder holding anything else is refused
@@ -81,32 +70,6 @@ HELD_OUT_KEY = "_held_out"
 
 # ---------------------------------------------------------------------------------------------
 # the worker's environment: one process here; Ray Train supplies rank, world size and reporting
-
-
-def seed_everything(seed: int, deterministic: bool = True) -> None:
-    """Seed Python, NumPy and torch; `deterministic` turns torch's deterministic algorithms on (else off).
-
-    Training asks for them on CPU only: on CUDA they buy no reproducibility (cuDNN's attention backward has no
-    deterministic kernel) and cost the most time of a compiled step, since they make every embedding's backward
-    (an index_put that accumulates) sort its indices and add duplicates one by one."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    torch.use_deterministic_algorithms(deterministic, warn_only=True)
-    # deterministic kernels never read memory they did not write; filling each new tensor with NaN first (torch's
-    # default in this mode, a debugging aid) cost 384 fills per step on a CPU and 512 kernels of 1,165 on a GPU
-    torch.utils.deterministic.fill_uninitialized_memory = False
-
-
-def default_threads(world_size: int) -> int:
-    """A worker's torch threads when TrainConfig.threads is 0: $OMP_NUM_THREADS where it is set (Ray sets it to a
-    task's CPUs; a test runner or a shared machine sets it to this process's share), else the cores this process may
-    run on, shared by the workers. More threads than cores leaves a parallel op waiting at its barrier for a thread
-    the OS has descheduled: on 2 cores beside another busy process, a CPU step took 7 times as long with 2 threads."""
-    value = os.environ.get("OMP_NUM_THREADS", "")
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    return max(1, len(os.sched_getaffinity(0)) // world_size)
 
 
 def check_streamable(cfg: TrainConfig) -> None:
@@ -156,50 +119,6 @@ def train_loader(dataset: SequenceDataset | UnseenSimulation, cfg: TrainConfig,
     return DataLoader(dataset, batch_sampler=batches, collate_fn=keep_batch, num_workers=0)
 
 
-def training_targets(batch: Batch, model_cfg: ModelConfig) -> torch.Tensor:
-    """What the loss asks for: with slots, the extended target (a slot, or 1 for a new place); else the protocol's."""
-    return batch.extended_targets(model_cfg.num_locations) if model_cfg.unseen_slots else batch.targets
-
-
-def criterion(log_probs: torch.Tensor, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
-              reduction: str = "mean") -> torch.Tensor:
-    """Cross-entropy with label smoothing on the (B, V + S) log-probabilities; with slots, samples whose target
-    is a new place weigh cfg.new_place_weight. "mean" divides by the batch size, "sum" does not."""
-    targets = training_targets(batch, model_cfg)
-    if cfg.static_width and model_cfg.unseen_slots and cfg.label_smoothing:  # the output may have padded slot columns
-        columns = model_cfg.num_locations + batch.slots.amax()  # () the batch's real width, on the device: no sync
-        losses = smoothed_cross_entropy(log_probs, targets, cfg.label_smoothing, columns)
-    else:
-        losses = F.cross_entropy(log_probs, targets, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
-    if model_cfg.unseen_slots and cfg.new_place_weight != 1.0:
-        losses = torch.where(targets == UNSEEN, cfg.new_place_weight * losses, losses)
-    return losses.sum() if reduction == "sum" else losses.mean()
-
-
-def smoothed_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor, smoothing: float,
-                           columns: torch.Tensor) -> torch.Tensor:
-    """(B,) F.cross_entropy's label smoothing over the first `columns` of (B, C) log-probabilities only: what it
-    gives on those columns alone, so that the slot columns a static shape pads (`pad_slots`) change nothing:
-    (1 - smoothing) * -log p[target] + smoothing * mean over the columns of -log p."""
-    nll = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # (B,)
-    kept = torch.arange(log_probs.shape[1], device=log_probs.device) < columns  # (C,)
-    spread = -(log_probs * kept).sum(dim=1) / kept.sum()  # (B,)
-    return (1 - smoothing) * nll + smoothing * spread
-
-
-def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig) -> torch.Tensor:
-    """What a batch backpropagates: the criterion of the model's log-probabilities, or for an ensemble the sum of
-    its members' criteria, so that each member gets the gradient it would get trained alone."""
-    if out.members is None:
-        return criterion(out.log_probs.float(), batch, model_cfg, cfg)
-    return sum(criterion(log_probs.float(), batch, model_cfg, cfg) for log_probs in out.members)
-
-
-def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
-    """The training criterion summed over a batch, for `score_dataset`'s validation loss."""
-    return lambda batch, log_probs: criterion(log_probs, batch, model_cfg, cfg, reduction="sum")
-
-
 def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | None:
     """Where to resume from. Under Ray Train, the checkpoint Ray hands back (each rank its own copy of it, which
     may be a download of cloud storage). Else the newest of the one a runtime restored (a Tune trial's) and
@@ -212,18 +131,6 @@ def _resume_point(cfg: TrainConfig, worker: Worker, out_dir: Path) -> Path | Non
         text = broadcast_text(str(chosen) if chosen else "", worker)
         chosen = Path(text) if text else None
     return chosen
-
-
-def broadcast_text(text: str, worker: Worker, src: int = 0) -> str:
-    """Rank `src`'s text on every rank, sent as tensors (no pickling; works under gloo and NCCL)."""
-    data = torch.tensor(list(text.encode()), dtype=torch.int64, device=worker.device)
-    length = torch.tensor([len(data)], dtype=torch.int64, device=worker.device)
-    dist.broadcast(length, src=src)
-    if worker.rank != src:
-        data = torch.zeros(int(length), dtype=torch.int64, device=worker.device)
-    if int(length):
-        dist.broadcast(data, src=src)
-    return bytes(data.cpu().tolist()).decode()
 
 
 @dataclass
@@ -375,7 +282,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
         if epoch_logger is not None:
             epoch_logger.backfill(state.history)
     if worker.world_size > 1:
-        state.ddp_model = _wrap_ddp(model, worker)
+        state.ddp_model = wrap_ddp(model, worker)
     if cfg.compile_model:
         state.batch_loss = compiled(batch_loss, cfg, worker.device)
     if cfg.capture_step:  # after the restore: the learning rate the schedule reached, on the device
@@ -394,54 +301,6 @@ def fused_seed_model(model_cfg: ModelConfig, seed: int) -> Ensemble:
         torch.manual_seed(seed + i)
         drawn[i] = build_model(one)
     return Ensemble.of([drawn[i] for i in range(model_cfg.members)], model_cfg)
-
-
-def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
-               amp_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A train batch's loss: the model's pass (under autocast to amp_dtype when given; with static_width, T slot
-    columns: pad_slots), then training_loss in float32."""
-    with torch.autocast(batch.locations.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        out = model(*batch.inputs(), pad_slots=bool(cfg.static_width))
-    return training_loss(out, batch, model_cfg, cfg)
-
-
-def c_compiler() -> str | None:
-    """The C compiler on PATH (cc, gcc or clang), which torch.compile builds its kernels with; None without one."""
-    return next((found for found in map(shutil.which, ("cc", "gcc", "clang")) if found), None)
-
-
-def check_compile_toolchain(device: torch.device | str | None = None) -> None:
-    """SettingsError unless torch.compile can build kernels here (compile_model): a C compiler on PATH (inductor's
-    CPU code and Triton's launchers are compiled with it) and, for CUDA, Triton."""
-    if c_compiler() is None:
-        raise SettingsError("compile_model: torch.compile builds its kernels with a C compiler, and none (cc, gcc, clang) "
-                            "is on PATH; install one, or train without --compile-model")
-    cuda = torch.cuda.is_available() if device is None else torch.device(device).type == "cuda"
-    if cuda and importlib.util.find_spec("triton") is None:
-        raise SettingsError("compile_model: torch.compile on CUDA needs Triton, which is not installed; install the "
-                            "triton that matches torch, or train without --compile-model")
-
-
-def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable:
-    """torch.compile of a training step's pass and loss (TrainConfig.compile_model): static_width gives the batches
-    a few fixed shapes and pad_slots the output one width per shape, so each compiles once (dynamic=False) into one
-    graph with no host sync; on CUDA, mode reduce-overhead replays it as a CUDA graph, each call marked as a new
-    step (the last one's graph outputs are done with). The model is the one trained: checkpoints, validation and
-    test use it as it is."""
-    import torch._dynamo.config
-
-    check_compile_toolchain(device)
-    shapes = -(-(cfg.network.max_len + cfg.network.memory_places) // cfg.static_width)  # the widths static_width gives
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
-    if device.type != "cuda" or cfg.capture_step:  # capture_step captures the whole step, compiled kernels and all
-        return torch.compile(step, mode="default", dynamic=False)
-    graphed = torch.compile(step, mode="reduce-overhead", dynamic=False)
-
-    def new_step(*args, **kwargs):
-        torch.compiler.cudagraph_mark_step_begin()
-        return graphed(*args, **kwargs)
-
-    return new_step
 
 
 def eager_steps(state: TrainState) -> tuple[torch.Tensor, int]:
@@ -483,7 +342,7 @@ def train_epoch(state: TrainState, epoch: int) -> dict:
     began = time.perf_counter()
     # the same step either way: one unit per batch, captured on CUDA (capture_step), or launched op by op
     loss_sum, seen = whole_steps(state) if state.whole_step is not None else eager_steps(state)
-    train_loss, seen = _all_reduce_mean(loss_sum, seen, worker)  # reads the loss: the epoch's kernels are done
+    train_loss, seen = all_reduce_mean(loss_sum, seen, worker)  # reads the loss: the epoch's kernels are done
     seconds = time.perf_counter() - began
     lr = float(state.optimizer.param_groups[0]["lr"])
     state.scheduler.step()
@@ -513,7 +372,7 @@ def train_epoch(state: TrainState, epoch: int) -> dict:
     if seed_rows is not None:
         row["seeds"] = seed_rows
     if worker.world_size > 1:
-        row["replicas_in_sync"] = _replicas_in_sync(state.model, worker.device)
+        row["replicas_in_sync"] = replicas_in_sync(state.model, worker.device)
     state.history.append(row)
     return row
 
@@ -688,65 +547,6 @@ def _train_epochs(state: TrainState, on_epoch) -> dict:
             state.early_stopped = True
             break
     return finish(state)
-
-
-def evaluate_baseline(config: dict) -> dict:
-    """Fit a non-neural baseline on train and write metrics.json in the same shape as the neural models."""
-    cfg = TrainConfig.from_dict(config)
-    vocab = Vocab.from_manifest(cfg.data_dir)
-    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab)
-    began = time.perf_counter()
-    markov = MarkovChain.from_data_dir(cfg.data_dir) if cfg.model == "markov" else None
-    fit_seconds = time.perf_counter() - began
-
-    most_frequent = MostFrequent()
-
-    def score(batch: Batch) -> Scores:
-        if markov:  # the chain knows no place unseen in train: the slots rank last
-            protocol = markov.scores(batch)
-            width = extended_ids(batch.locations, batch.slots, vocab.locations)[1]
-            return Scores(F.pad(protocol, (0, width - vocab.locations), value=-math.inf), protocol)
-        return Scores(most_frequent.scores(batch, vocab.locations, use_slots=True),
-                      most_frequent.scores(batch, vocab.locations))
-
-    def run(dataset: SequenceDataset) -> dict:
-        return evaluate(score, dataset, cfg.eval_batch_size, torch.device("cpu"))
-
-    result = {"model": cfg.model, "test": run(splits["test"]), "validation": run(splits["validation"]),
-              "deployment": {split: run(splits[split].anchored_at_last_visit()) for split in ("validation", "test")},
-              "best_epoch": 0, "epochs_run": 0, "early_stopped": False, "workers": 1,
-              "train_seconds": round(fit_seconds, 3), "samples_per_second": 0.0, "parameters": 0,
-              "history": [], "config": cfg.to_dict()}
-    write_json(Path(cfg.out_dir) / "metrics.json", result)
-    return result
-
-
-def _all_reduce_mean(loss_sum: torch.Tensor, seen: int, worker: Worker) -> tuple[float, int]:
-    if worker.world_size > 1:
-        packed = torch.stack([loss_sum.float(), torch.tensor(float(seen), device=loss_sum.device)])
-        dist.all_reduce(packed)
-        return float(packed[0] / packed[1]), int(packed[1])
-    return float(loss_sum) / max(seen, 1), seen
-
-
-def _wrap_ddp(model: torch.nn.Module, worker: Worker) -> torch.nn.Module:
-    ids = [worker.device.index] if worker.device.type == "cuda" else None
-    # the one-sided variants leave the gate (and the pointer variant the generator) out of the graph
-    unused = getattr(model, "cfg", None) is not None and model.cfg.variant in ("mhsa", "pointer")
-    # broadcast_buffers off: the only buffer is the constant positional encoding, no need to sync it every step
-    return DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused, broadcast_buffers=False,
-                                   gradient_as_bucket_view=True)
-
-
-def _replicas_in_sync(model: torch.nn.Module, device: torch.device) -> bool:
-    """Whether every rank holds bit-identical parameters (a digest of their bytes, all-gathered as tensors)."""
-    digest = hashlib.sha256()
-    for p in model.parameters():
-        digest.update(p.detach().cpu().contiguous().numpy().tobytes())
-    mine = torch.tensor(list(digest.digest()), dtype=torch.int64, device=device)  # (32,)
-    digests = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(digests, mine)
-    return all(torch.equal(d, digests[0]) for d in digests)
 
 
 def write_json(path: Path, data: dict) -> None:

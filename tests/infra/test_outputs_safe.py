@@ -148,7 +148,7 @@ def test_a_tracking_store_mlflow_cannot_open_is_refused_in_one_line(data, tmp_pa
 def test_a_tracking_store_that_hangs_is_given_up_on_in_time(monkeypatch):
     """A database that never answers (none is at hand to hang for real: its client stands in) is given up on
     within the timeout, in one line."""
-    from pgt.tracking import runs as tracking
+    from pgt.tracking import store as tracking
 
     monkeypatch.setattr(tracking, "mlflow_client", lambda uri: time.sleep(30))
     began = time.monotonic()

@@ -6,7 +6,7 @@ import json
 
 from pgt.config import selection_score
 from tune.config import SweepConfig
-from tune.sweep import headline_metrics
+from tune.results import headline_metrics
 
 
 def test_headline_keeps_protocol_and_strict_overall_metrics():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.tune.commands import PGT, tune_cli
-from tune.sweep import read_trial_events
+from tune.records import read_trial_events
 
 pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
 # `pgt tune` joins the test process's shared Ray (on_shared_ray) where its own Ray is not the point: a driver that is

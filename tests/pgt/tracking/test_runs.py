@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgt.tracking.runs import refusal_words, resolve_tracking_uri
+from pgt.tracking.store import refusal_words, resolve_tracking_uri
 
 
 @pytest.mark.parametrize(("given", "expected"), [

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from pgt.tracking.models import model_version
 from pgt.tracking.registry import Evidence, data_digest, register_model
-from pgt.tracking.runs import RIVAL_TAG, SCORE_TAG, model_version
+from pgt.tracking.runs import RIVAL_TAG, SCORE_TAG
 from tests.in_process import pgt_here
 
 PGT = [sys.executable, "-m", "pgt.cli"]
@@ -71,7 +72,8 @@ def test_the_run_carries_its_lineage(registered_run, synthetic_sequences, mlflow
 
     from mlflow.tracking import MlflowClient
 
-    from pgt.tracking.runs import EXPERIMENT_KIND, git_commit
+    from pgt.tracking.lineage import git_commit
+    from pgt.tracking.store import EXPERIMENT_KIND
 
     client = MlflowClient(mlflow_server)
     run = client.get_run(registered_run["mlflow"]["run_id"])

@@ -11,7 +11,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from infra.errors import InputError
 from pgt.network.vocabulary import unseen_slots
-from pgt.training.data import BucketBatchSampler, FirstVisits, SequenceDataset, UnseenSimulation, Vocab, keep_batch
+from pgt.training.batches import BucketBatchSampler, keep_batch
+from pgt.training.data import SequenceDataset, Vocab
+from pgt.training.unseen import FirstVisits, UnseenSimulation
 from preprocessing.sequences import find_samples, sample_table
 
 

@@ -12,7 +12,8 @@ import torch
 from pgt.config import TrainConfig
 from pgt.training.data import load_splits
 from pgt.training.scoring import evaluate
-from pgt.training.train import lr_factor, refit_epoch_count, seed_everything, train_loop_per_worker
+from pgt.training.train import lr_factor, refit_epoch_count, train_loop_per_worker
+from pgt.training.worker import seed_everything
 from tests.conftest import PROJECT_ROOT
 
 
@@ -357,7 +358,7 @@ def test_default_threads_follow_omp_num_threads_else_the_usable_cores(monkeypatc
     shared by the workers (at least one each)."""
     import os
 
-    from pgt.training.train import default_threads
+    from pgt.training.worker import default_threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert default_threads(1) == 3 and default_threads(4) == 3

@@ -1,0 +1,92 @@
+"""What a run came from: its train, validation and test splits as MLflow dataset inputs (a digest of each file,
+its rows, the preprocessing that made it), and the command and git commit it ran from (the UI's Source)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+import pgt
+from pgt.tracking.store import mlflow_client
+
+SPLIT_CONTEXT = {"train": "training", "validation": "validation", "test": "test"}  # dataset input contexts
+
+
+def git_commit(folder: Path = Path(pgt.__file__).resolve().parent.parent) -> str | None:
+    """The commit the project's checkout is at (with "-dirty" when it has uncommitted changes), or None outside
+    a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=5)
+        if head.returncode:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty else "")
+
+
+def source_tags(command: str) -> dict[str, str]:
+    """What the UI's Source column shows: the command that made the run, and the commit it ran from."""
+    tags = {"mlflow.source.name": command, "mlflow.source.type": "LOCAL"}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def split_datasets(data_dir: Path) -> list:
+    """MLflow dataset inputs for the splits of a `pgt preprocess` folder: name, a digest of the file, its path,
+    and as profile its rows and the preprocessing (input digest and settings) that made it."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
+    inputs = []
+    for split, context in SPLIT_CONTEXT.items():
+        path = (Path(data_dir) / f"{split}.parquet").resolve()
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):
+                digest.update(block)
+        profile = {"num_rows": pq.read_metadata(path).num_rows, "input_sha256": manifest.get("input_sha256"),
+                   "input": manifest.get("input"), "preprocessing": manifest.get("config")}
+        dataset = Dataset(name=f"{path.parent.name}/{split}", digest=digest.hexdigest()[:16], source_type="local",
+                          source=json.dumps({"uri": path.as_uri()}), profile=json.dumps(profile, default=str))
+        inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
+    return inputs
+
+
+def log_datasets(tracking_uri: str, run_id: str, data_dir: Path) -> None:
+    """The splits a run trained and was scored on, as the run's dataset inputs (split_datasets). Two runs that log
+    the same new dataset at once race in MLflow's store (a unique key on the dataset): the loser tries again, and
+    then finds the dataset the winner created."""
+    from mlflow.exceptions import MlflowException
+
+    datasets = split_datasets(data_dir)
+    for attempt in range(3):
+        try:
+            mlflow_client(tracking_uri).log_inputs(run_id, datasets=datasets)
+            return
+        except MlflowException as exc:
+            if "UNIQUE constraint" not in str(exc) or attempt == 2:
+                raise
+            time.sleep(0.2 * (attempt + 1))
+
+
+def input_dataset(path: Path, context: str = "prediction"):
+    """An MLflow dataset input for a file a run read: its name, a digest of its bytes, its path and size."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    path = Path(path).resolve()
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    dataset = Dataset(name=path.name, digest=digest.hexdigest()[:16], source_type="local",
+                      source=json.dumps({"uri": path.as_uri()}), profile=json.dumps({"bytes": path.stat().st_size}))
+    return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])

@@ -1,0 +1,68 @@
+"""The training loss: cross-entropy with label smoothing over the model's log-probabilities, new-place targets
+at their own weight, an ensemble's members each with its own loss."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from pgt.config import ModelConfig, TrainConfig
+from pgt.network.model import Output
+from pgt.training.data import Batch
+from preprocessing.sequences import UNSEEN
+
+
+def training_targets(batch: Batch, model_cfg: ModelConfig) -> torch.Tensor:
+    """What the loss asks for: with slots, the extended target (a slot, or 1 for a new place); else the protocol's."""
+    return batch.extended_targets(model_cfg.num_locations) if model_cfg.unseen_slots else batch.targets
+
+
+def criterion(log_probs: torch.Tensor, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
+              reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy with label smoothing on the (B, V + S) log-probabilities; with slots, samples whose target
+    is a new place weigh cfg.new_place_weight. "mean" divides by the batch size, "sum" does not."""
+    targets = training_targets(batch, model_cfg)
+    if cfg.static_width and model_cfg.unseen_slots and cfg.label_smoothing:  # the output may have padded slot columns
+        columns = model_cfg.num_locations + batch.slots.amax()  # () the batch's real width, on the device: no sync
+        losses = smoothed_cross_entropy(log_probs, targets, cfg.label_smoothing, columns)
+    else:
+        losses = F.cross_entropy(log_probs, targets, label_smoothing=cfg.label_smoothing, reduction="none")  # (B,)
+    if model_cfg.unseen_slots and cfg.new_place_weight != 1.0:
+        losses = torch.where(targets == UNSEEN, cfg.new_place_weight * losses, losses)
+    return losses.sum() if reduction == "sum" else losses.mean()
+
+
+def smoothed_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor, smoothing: float,
+                           columns: torch.Tensor) -> torch.Tensor:
+    """(B,) F.cross_entropy's label smoothing over the first `columns` of (B, C) log-probabilities only: what it
+    gives on those columns alone, so that the slot columns a static shape pads (`pad_slots`) change nothing:
+    (1 - smoothing) * -log p[target] + smoothing * mean over the columns of -log p."""
+    nll = -log_probs.gather(1, targets.unsqueeze(1)).squeeze(1)  # (B,)
+    kept = torch.arange(log_probs.shape[1], device=log_probs.device) < columns  # (C,)
+    spread = -(log_probs * kept).sum(dim=1) / kept.sum()  # (B,)
+    return (1 - smoothing) * nll + smoothing * spread
+
+
+def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig) -> torch.Tensor:
+    """What a batch backpropagates: the criterion of the model's log-probabilities, or for an ensemble the sum of
+    its members' criteria, so that each member gets the gradient it would get trained alone."""
+    if out.members is None:
+        return criterion(out.log_probs.float(), batch, model_cfg, cfg)
+    return sum(criterion(log_probs.float(), batch, model_cfg, cfg) for log_probs in out.members)
+
+
+def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
+    """The training criterion summed over a batch, for `score_dataset`'s validation loss."""
+    return lambda batch, log_probs: criterion(log_probs, batch, model_cfg, cfg, reduction="sum")
+
+
+
+def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
+               amp_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A train batch's loss: the model's pass (under autocast to amp_dtype when given; with static_width, T slot
+    columns: pad_slots), then training_loss in float32."""
+    with torch.autocast(batch.locations.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        out = model(*batch.inputs(), pad_slots=bool(cfg.static_width))
+    return training_loss(out, batch, model_cfg, cfg)
