@@ -40,10 +40,13 @@ def test_untyped_train_options_leave_the_config_defaults():
 
 def test_a_recipe_keeps_what_is_not_typed_and_typed_options_win(monkeypatch):
     tuned = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned"))
-    assert (tuned.network.dropout, tuned.lr, tuned.select_on) == (0.4, 1e-3, "strict_acc@1")  # RECIPES["tuned"]
+    assert (tuned.network.nhead, tuned.epochs, tuned.select_on) == (1, 10, "strict_acc@1")  # RECIPES["tuned"]
+    assert tuned.lr == pytest.approx(2.0026e-3, rel=1e-4) and tuned.network.dropout == pytest.approx(0.449, abs=1e-3)
     typed = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned", "--dropout", "0.2",
                                "--no-simulate-unseen", "--known-fraction-min", "0.5", "--known-fraction-max", "0.9"))
-    assert (typed.network.dropout, typed.simulate_unseen, typed.lr) == (0.2, False, 1e-3)
+    assert (typed.network.dropout, typed.simulate_unseen, typed.lr) == (0.2, False, tuned.lr)
+    older = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned-2026-11"))
+    assert (older.network.nhead, older.network.dropout, older.lr, older.epochs) == (4, 0.4, 1e-3, 50)  # kept to compare
     assert (typed.known_fraction_min, typed.known_fraction_max) == (0.5, 0.9)
     # a recipe that sets patience keeps it unless --patience is typed (a CLI default used to override it)
     monkeypatch.setitem(RECIPES, "patient", {"patience": 9, "epochs": 80})
@@ -84,7 +87,7 @@ def test_a_recipe_file_trains_what_the_named_recipe_trains(tmp_path):
     recipe.write_text(yaml.safe_dump(RECIPES["tuned"]))
     named = train_config(parse("train", "--data", "d", "--out", "o", "--recipe", "tuned"))
     from_file = train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(recipe)))
-    assert from_file == named and from_file.network.visit_relations and from_file.network.dropout == 0.4
+    assert from_file == named and from_file.network.visit_relations and from_file.network.dropout == RECIPES["tuned"]["dropout"]
     typed = train_config(parse("train", "--data", "d", "--out", "o", "--recipe-file", str(recipe), "--dropout", "0.1"))
     assert typed.network.dropout == 0.1 and typed.network.relation_inputs
     # a sweep's winner nests the settings under `train`
@@ -108,7 +111,8 @@ def test_every_trial_of_a_sweep_trains_its_recipe_with_only_the_searched_setting
     expected = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="trial", epochs=7, seed=spec.seed,
                                        select_on=spec.select_on, threads=1, **hyper, refit=False)
     assert RECIPES["tuned"]["refit"] and not cfg.refit  # a trial is scored on held-out validation: it never refits
-    assert cfg == expected and cfg.network.visit_relations and cfg.network.relation_inputs and cfg.new_place_weight == 0.5
+    assert cfg == expected and cfg.network.visit_relations and cfg.network.relation_inputs
+    assert cfg.new_place_weight == RECIPES["tuned"]["new_place_weight"] and cfg.network.nhead == 8  # searched
     assert spec.recipe_name == "tuned" and SweepConfig.from_dict(spec.to_dict()) == spec  # the Ray boundary
     paper = sweep_config(parse("tune", "--data", "d", "--out", "o")).train_config(hyper, "trial")
     assert not paper.network.visit_relations and not paper.network.unseen_slots
