@@ -73,13 +73,13 @@ def member_log_probs(runs: list[Path], dataset, batch_size: int = 512) -> list:
 
 
 def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_locations: int) -> dict:
-    """The metrics (pgt.training.metrics.compute_all) of the ensemble of the members in `combo` on the cached split, ranked
-    as pgt.training.scoring.score_dataset ranks a model's scores."""
+    """The metrics (pgt.data.metrics.compute_all) of the ensemble of the members in `combo` on the cached split, ranked
+    as pgt.data.scoring.score_dataset ranks a model's scores."""
     import torch
 
+    from pgt.data.metrics import compute_all
+    from pgt.data.scoring import Scores, ranks_and_top1, scored_samples
     from pgt.network.model import mean_probability
-    from pgt.training.metrics import compute_all
-    from pgt.training.scoring import Scores, ranks_and_top1, scored_samples
 
     found = torch.zeros(4, len(dataset), dtype=torch.int64)
     pick = torch.tensor(combo)
@@ -103,7 +103,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.training.data import MemoryLayout, Vocab, load_splits
+    from pgt.data.dataset import MemoryLayout, Vocab, load_splits
 
     data_dir = args.data_dir
     if data_dir is None:

@@ -64,7 +64,7 @@ def run_fused(data_dir: Path, recipe: str, k: int, epochs: int, device: str, opt
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="a `pgt preprocess` output")
-    parser.add_argument("--recipe", default="tuned", help="pgt.config.RECIPES")
+    parser.add_argument("--recipe", default="tuned", help="pgt.recipes.RECIPES")
     parser.add_argument("--counts", type=int, nargs="+", default=[1, 3, 5], help="seeds per run")
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")

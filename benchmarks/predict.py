@@ -75,7 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--recipe", default="ensemble", help="the training recipe of the served model (pgt.config.RECIPES)")
+    parser.add_argument("--recipe", default="ensemble", help="the training recipe of the served model (pgt.recipes.RECIPES)")
     parser.add_argument("--recipe-file", type=Path, default=None,
                         help="a recipe file instead of --recipe (benchmarks/configs/tuned-memory.yaml: tuned with the "
                              "long-term memory)")

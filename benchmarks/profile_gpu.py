@@ -51,8 +51,8 @@ def forward_speeds(state, device: str, sync) -> dict:
     import numpy as np
     import torch
 
+    from pgt.data.scoring import model_scores, score_dataset
     from pgt.training.compilation import compiled as compiled_step
-    from pgt.training.scoring import model_scores, score_dataset
 
     test, model = state.splits["test"], state.evaluated
     model.eval()
@@ -90,8 +90,9 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
     from torch.profiler import ProfilerActivity, profile
 
     from pgt.config import TrainConfig
-    from pgt.training.scoring import evaluate, model_scores
-    from pgt.training.train import setup, train_epoch
+    from pgt.data.scoring import evaluate, model_scores
+    from pgt.training.state import setup
+    from pgt.training.train import train_epoch
     from pgt.training.worker import Worker
 
     with tempfile.TemporaryDirectory(prefix="pgt-profile-") as out:
@@ -152,7 +153,7 @@ def profile_epoch(data_dir: Path, recipe: str, device: str, options: dict) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data-dir", type=Path, required=True, help="a `pgt preprocess` output")
-    parser.add_argument("--recipe", default="tuned", help="pgt.config.RECIPES")
+    parser.add_argument("--recipe", default="tuned", help="pgt.recipes.RECIPES")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--resident-data", action="store_true", help="TrainConfig.resident_data")
     parser.add_argument("--static-width", type=int, default=0, help="TrainConfig.static_width")

@@ -33,7 +33,7 @@ MODEL_NAME = "pgt-promotion"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
-    parser.add_argument("--recipe", default="tuned", help="pgt.config.RECIPES")
+    parser.add_argument("--recipe", default="tuned", help="pgt.recipes.RECIPES")
     parser.add_argument("--data-dir", type=Path, default=None, help="a `pgt preprocess` output (default: the "
                                                                      "published variant, preprocessed once)")
     parser.add_argument("--work", type=Path, default=WORK / "promotion")

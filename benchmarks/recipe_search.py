@@ -36,7 +36,7 @@ SELECTION = ("Choices use validation metrics only. Runs made by this script neve
              "earlier version of the code, before the feature tables were sized from the manifest (other initial "
              "weights per seed); tuned-rerun is the then-tuned recipe on the current code with seeds 0-3, the baseline "
              "of the visit-relation rows (seeds 0-3, current code).")
-# the configuration pgt.config.RECIPES["tuned"] holds, and why where it is not the top row
+# the configuration pgt.recipes.RECIPES["tuned"] holds, and why where it is not the top row
 RECIPE = ("rel-in-do4", "")
 RECORDS = ROOT / ".state" / "benchmarks" / "recipe_search"
 SIM = {"simulate_unseen": True}

@@ -84,7 +84,7 @@ def scaled_epochs(seed: int, data_dir: Path) -> int:
     """The no-refit run's selected epoch times (inner train + inner validation samples) / inner train samples,
     as a refit with refit_epochs "scaled" counts them."""
     from pgt.config import TrainConfig
-    from pgt.training.train import refit_epoch_count
+    from pgt.training.state import refit_epoch_count
 
     selected = json.loads(record_path("no-refit", seed).read_text())["selected_epoch"]
     cfg = TrainConfig.from_recipe("tuned", refit_epochs="scaled", data_dir=str(data_dir), out_dir=str(data_dir))

@@ -7,7 +7,7 @@
    (`--seeds`, 1 2 3), each on the whole machine, and evaluates test once per run.
 3. Reports validation and test, strict first, side by side, and writes the winner as
    benchmarks/results/sweep_best.yaml; where its mean validation strict Acc@1 beats the recipe's, it is the
-   better recipe (pgt.config.RECIPES is changed by hand, on this evidence).
+   better recipe (pgt.recipes.RECIPES is changed by hand, on this evidence).
 
 Writes JSON (default benchmarks/results/sweep.json) and prints a table. `--sweep DIR` reports an existing
 `pgt tune` output instead of sweeping again.
@@ -74,7 +74,7 @@ def summary_of(rows: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
-    parser.add_argument("--recipe", default="tuned", help="the recipe the sweep searches around (pgt.config.RECIPES)")
+    parser.add_argument("--recipe", default="tuned", help="the recipe the sweep searches around (pgt.recipes.RECIPES)")
     parser.add_argument("--budget-min", type=float, default=75.0, help="the sweep's time budget, minutes")
     parser.add_argument("--trials", type=int, default=500, help="at most this many trials (the budget ends it first)")
     parser.add_argument("--epochs", type=int, default=30, help="at most, per trial (ASHA's max_t)")
@@ -87,7 +87,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.config import RECIPES, load_recipe_file, recipe_settings
+    from pgt.config import load_recipe_file
+    from pgt.recipes import RECIPES, recipe_settings
     from tune.config import SweepConfig
     from tune.records import WINNER
     from tune.sweep import run_sweep

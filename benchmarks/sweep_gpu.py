@@ -94,7 +94,7 @@ def time_breakdown(sweep_dir: Path, concurrent: int, search_wall_s: float) -> di
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data-dir", type=Path, required=True, help="a `pgt preprocess` output (the published variant)")
-    parser.add_argument("--recipe", default="tuned", help="the recipe the sweep searches around (pgt.config.RECIPES)")
+    parser.add_argument("--recipe", default="tuned", help="the recipe the sweep searches around (pgt.recipes.RECIPES)")
     parser.add_argument("--trials", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=10, help="at most, per trial (ASHA's max_t)")
     parser.add_argument("--concurrent", type=int, default=8, help="trials at once, each 1/concurrent of the GPU")
@@ -125,7 +125,7 @@ def main() -> None:
         raise SystemExit("error: torch sees no CUDA device on this machine (--device cpu runs the harness without)")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
-    from pgt.config import recipe_settings
+    from pgt.recipes import recipe_settings
     from tune.config import SweepConfig
     from tune.sweep import run_sweep
 

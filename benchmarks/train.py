@@ -8,7 +8,7 @@ first (a target counts only where its exact place was ranked), then the protocol
 hit), plus the new-place detection, training samples/s (median over epochs) and test forward samples/s,
 beside the published and reference figures.
 
-Selection: every recipe was chosen on validation metrics only (pgt.config.RECIPES); early stopping and the
+Selection: every recipe was chosen on validation metrics only (pgt.recipes.RECIPES); early stopping and the
 best epoch follow the recipe's validation score. Test is evaluated once per reported run, here.
 
 A model is trained with the paper's recipe; `MODEL:RECIPE` picks another, e.g. `pgt:tuned`, or a recipe file
@@ -70,7 +70,7 @@ REFERENCE_RUN = {  # the reference code (next_loc_clean_v2) run on a 2-core, 24 
 TARGET = {"variant": "published", "strict_acc@1_mean": 48.0, "deployment_strict_acc@1_mean": 47.0, "acc@1_mean": 58.0,
           "mrr_mean": 70.0, "training_samples_per_second": 1500.0}
 SELECTION = ("Every configuration reported here was chosen on validation metrics only (the recipes in "
-             "pgt.config.RECIPES; early stopping and the best epoch follow the recipe's select_on). The test split "
+             "pgt.recipes.RECIPES; early stopping and the best epoch follow the recipe's select_on). The test split "
              "is evaluated once per reported run, by this benchmark.")
 
 
@@ -87,9 +87,9 @@ def forward_speed(run_dir: Path, data_dir: Path, device: str = "cpu") -> float:
     """Test samples per second of the best model's forward pass (evaluation) on `device`."""
     import torch
 
+    from pgt.data.dataset import MemoryLayout, SequenceDataset
+    from pgt.data.scoring import model_scores, score_dataset
     from pgt.network.checkpoint import load_checkpoint
-    from pgt.training.data import MemoryLayout, SequenceDataset
-    from pgt.training.scoring import model_scores, score_dataset
 
     model, cfg = load_checkpoint(run_dir / "best.pt")
     model.to(device)
@@ -268,7 +268,7 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     parser.add_argument("--models", nargs="+",
                         default=["pgt:tuned", "pgt", "mhsa", "pointer", "lstm-pg", "markov", "most-frequent"],
-                        help="MODEL[:RECIPE], RECIPE a name in pgt.config.RECIPES or a recipe file (.yaml)")
+                        help="MODEL[:RECIPE], RECIPE a name in pgt.recipes.RECIPES or a recipe file (.yaml)")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--epochs", type=int, default=None, help="at most this many epochs (default: the recipe's)")
     parser.add_argument("--target-row", default="pgt (tuned)", help="the summary row the targets apply to")

@@ -26,7 +26,8 @@ from pydantic.fields import FieldInfo
 from infra.errors import SettingsError
 from infra.settings import help_of, settings_of
 from infra.state import state_dir as default_state_dir
-from pgt.config import RECIPES, LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings, recipe_label
+from pgt.config import LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings
+from pgt.recipes import RECIPES, recipe_label
 from pgt.serving.inference import prediction_time
 from pgt.tracking.registry import champion_verdict
 from pgt.tracking.runs import RECIPE_TAG, run_url

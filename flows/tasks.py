@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
 from pgt.serving.evaluate import evaluate_model
 from pgt.serving.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
-from pgt.tracking.models import model_version
+from pgt.tracking.lineage import model_version
 from pgt.tracking.registry import Evidence, register_model
 from pgt.tracking.runs import log_predictions as log_prediction_run
 from pgt.training.distributed import run_training

@@ -18,16 +18,15 @@ import typer
 from infra.errors import SettingsError
 from pgt.config import (
     BASELINES,
-    RECIPES,
     LaunchConfig,
     PredictConfig,
     ServeConfig,
     TrackingConfig,
     TrainConfig,
     base_settings,
-    recipe_label,
 )
 from pgt.options import USER_ERRORS, Typed, fail, one_line_errors, option_for, settings_options, typed_from
+from pgt.recipes import RECIPES, recipe_label
 from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
 from preprocessing.engine import EngineConfig
 
@@ -161,7 +160,7 @@ def train(
     recipe: Recipe = typer.Option("paper", "--recipe",
                                   help="paper: the published settings (the defaults below). tuned: ours for GeoLife. "
                                        "ensemble: tuned as an ensemble of networks trained side by side "
-                                       "(pgt.config.RECIPES). Options given on the command line override it."),
+                                       "(pgt.recipes.RECIPES). Options given on the command line override it."),
     recipe_file: Path | None = typer.Option(None, "--recipe-file",
                                             help="A YAML file of training settings (as a sweep writes its winner), "
                                                  "instead of --recipe; options given here override it."),
@@ -170,11 +169,11 @@ def train(
     """Train a model (by default with the paper's settings, as published), log it to MLflow, write --out/metrics.json."""
     from infra.output import check_apart, check_output_entries
     from infra.ray_session import check_ray_address
+    from pgt.data.dataset import Vocab
     from pgt.tracking.registry import champion_verdict
     from pgt.tracking.runs import RECIPE_TAG, run_url
     from pgt.tracking.store import check_tracking_server, resolve_tracking_uri
     from pgt.training.compilation import check_compile_toolchain
-    from pgt.training.data import Vocab
     from pgt.training.distributed import run_training
     from pgt.training.report import EpochPrinter, print_metrics
     from pgt.training.train import OUTPUTS
@@ -285,9 +284,9 @@ def serve(
 ) -> None:
     """Serve a logged model over HTTP with MLflow's scoring protocol (POST /invocations), with a request size limit,
     one-line 400s for bad requests and a warm model."""
+    from pgt.serving.models import check_model_uri
     from pgt.serving.server import check_port_free
     from pgt.serving.server import serve as run
-    from pgt.tracking.models import check_model_uri
 
     config = ServeConfig(model_uri=model, **typed.of(ServeConfig))
     check_port_free(config.host, config.port)

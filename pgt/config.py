@@ -5,7 +5,7 @@ line can show them without loading it.
     ModelSettings the network's shape and switches: what a recipe or a sweep chooses
     ModelConfig   those settings with the data's sizes (pgt.network.model builds it)
     TrainConfig   one training run (pgt.training.train runs it), holding its ModelSettings (`network`); a named recipe
-                  sets some settings (RECIPES). Its dict (to_dict, from_dict) is flat: the network's settings
+                  sets some settings (pgt.recipes). Its dict (to_dict, from_dict) is flat: the network's settings
                   sit beside the others, as recipe files, sweeps and MLflow params name them.
 
 Each setting is one field with its help, bounds and choices (infra.settings.setting).
@@ -23,18 +23,17 @@ from types import SimpleNamespace
 from infra.errors import SettingsError
 from infra.process import listed, load_yaml, read_small_file, shorten
 from infra.settings import check_settings, flat_settings, nested, setting, unflatten
+from pgt.recipes import RECIPE_FREE, recipe_settings
 from preprocessing.config import ANCHORS
 
 TOP_K = 5  # places per prediction unless asked otherwise (`pgt predict --top-k`, the flow, a request's params)
 MAX_TOP_K = 1000  # the most places one answer may list
 DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
-
-
 VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")  # the neural models (pgt.network.model)
 # The memory's entries enter the model as visits in front of the history: the recency of one is its age bucket
 # (days since the place's last visit, counted back from the sample's anchor day, at least each lower edge) after
 # the window's recency values, its duration its visit-count bucket after the window's duration buckets, those
-# buckets twice: without and with an earlier visit that came right after the current place (pgt.training.data.MemoryLayout).
+# buckets twice: without and with an earlier visit that came right after the current place (pgt.data.dataset.MemoryLayout).
 # A window spans days 0 .. history_days, so ages start past it, but the live anchor (the last visit's day) brings
 # them closer.
 MEMORY_AGE_EDGES_DAYS = (0, 8, 11, 15, 22, 31, 61, 121, 366)
@@ -141,33 +140,6 @@ SMALLEST_VOCAB = SimpleNamespace(locations=3, users=2, time_slots=1, weekdays=1,
 BASELINES = ("markov", "most-frequent")
 MODELS = NEURAL_MODELS + BASELINES
 
-# Named training recipes: the TrainConfig fields each sets over the defaults, which are the paper's published settings.
-# tuned-2026-11, ours until the sweep below: chosen on GeoLife's validation split only (benchmarks/recipe_search.py):
-# the extended vocabulary with slot identity, train samples that show unseen places as later splits do, new-place
-# targets at half weight, each visit's relations to the last one in the encoder's inputs and the pointer's scores,
-# more dropout, a higher peak learning rate, the best epoch by strict validation Acc@1, then the refit on train +
-# validation for that many epochs (chosen on an inner split of the days before test, benchmarks/refit.py, where
-# refit_epochs "scaled" gained on the protocol's Acc@1 but not on strict Acc@1)
-TUNED_2026_11 = {"unseen_slots": True, "simulate_unseen": True, "new_place_weight": 0.5, "visit_relations": True,
-                 "relation_inputs": True, "dropout": 0.4, "lr": 1e-3, "select_on": "strict_acc@1", "refit": True}
-RECIPES: dict[str, dict] = {
-    "paper": {},
-    # ours: the winner of a 100-trial sweep around tuned-2026-11 (benchmarks/results/sweep_best.yaml), confirmed on
-    # fresh seeds, then on the CPU's seeds 0-2 against tuned-2026-11 on validation (mean strict Acc@1 48.65 against
-    # 48.31), its epoch budget too (10, 15 and 20 epochs: 48.65, 48.67 and 48.62; 10, tied and the cheapest):
-    # one head, more dropout, twice the peak learning rate, less weight decay, new places at a third of the weight
-    "tuned": {**TUNED_2026_11, "nhead": 1, "dropout": 0.44914796369582244, "lr": 0.00200256174258599,
-              "weight_decay": 0.005961760829282231, "new_place_weight": 0.3190041418523277, "epochs": 10},
-}
-# tuned-2026-11 as an ensemble of ENSEMBLE_MEMBERS networks trained side by side, the number chosen on validation
-# (benchmarks/ensemble_size.py); it costs that many times one network's training, and is served in about one
-# network's pass more. Not yet rebuilt from the new tuned: its size is to be chosen again on validation first.
-ENSEMBLE_MEMBERS = 5
-RECIPES["ensemble"] = {**TUNED_2026_11, "members": ENSEMBLE_MEMBERS}
-RECIPES["tuned-2026-11"] = TUNED_2026_11  # kept to compare against
-
-
-
 # validation scores that early stopping and the best epoch may follow; each is "higher is better" once signed
 SELECT_ON = ("acc@1", "strict_acc@1", "loss")
 
@@ -179,19 +151,9 @@ def selection_score(validation: dict, select_on: str) -> float:
     return validation["strict"]["acc@1"] if select_on == "strict_acc@1" else validation["acc@1"]
 
 
-def recipe_settings(recipe: str) -> dict:
-    """The TrainConfig fields a named recipe sets; SettingsError for a name not in RECIPES."""
-    if recipe not in RECIPES:
-        raise SettingsError(f"recipe must be one of {', '.join(RECIPES)}, got {recipe!r}")
-    return dict(RECIPES[recipe])
-
-
 EVAL_BATCH_SIZE = 1024  # samples a scoring pass takes at once: training's validation, evaluate, predict, explain
 TRAIN_ON = ("train", "train+validation")  # the splits a run learns from
 REFIT_EPOCHS = ("selected", "scaled")  # how many epochs a refit trains (TrainConfig.refit_epochs)
-
-RECIPE_FREE = ("data_dir", "out_dir", "resume")  # where and whether: what a run decides, never a recipe
-
 
 def load_recipe_file(path) -> dict:
     """The TrainConfig fields of a recipe file: YAML (or JSON) mapping field names to values, as a sweep writes
@@ -215,12 +177,6 @@ def load_recipe_file(path) -> dict:
     except (ValueError, TypeError) as exc:
         raise SettingsError(f"{path}: {shorten(exc)}") from None
     return settings
-
-
-def recipe_label(recipe: str | None = None, recipe_file=None) -> str:
-    """What a run's recipe is called (the recipe file's path, else the named recipe; paper by default): the
-    pgt.recipe tag of its MLflow run and a sweep's recipe_name."""
-    return str(recipe_file) if recipe_file is not None else (recipe or "paper")
 
 
 def base_settings(recipe: str | None = None, recipe_file=None) -> dict:
@@ -344,7 +300,7 @@ class TrainConfig:
 
     @classmethod
     def from_recipe(cls, recipe: str | dict, **fields) -> TrainConfig:
-        """A recipe's settings (a name in RECIPES, or the settings themselves), then `fields` over them."""
+        """A recipe's settings (a name in pgt.recipes.RECIPES, or the settings themselves), then `fields` over them."""
         return cls.from_dict({**(recipe_settings(recipe) if isinstance(recipe, str) else recipe), **fields})
 
     @classmethod
@@ -358,7 +314,7 @@ class TrainConfig:
         return flat_settings(self)
 
     def model_config(self, vocab) -> ModelConfig:
-        """The model of these settings for a vocabulary (pgt.training.data.Vocab: the sizes in a manifest)."""
+        """The model of these settings for a vocabulary (pgt.data.dataset.Vocab: the sizes in a manifest)."""
         return ModelConfig(**dataclasses.asdict(self.network), variant=self.model, num_locations=vocab.locations,
                            num_users=vocab.users, time_slots=vocab.time_slots, weekdays=vocab.weekdays,
                            recency_days=vocab.recency, duration_buckets=vocab.durations)
@@ -430,7 +386,6 @@ class PredictConfig:
 
 
 ENV_PREFIX = "PGT_SERVE_"  # ServeConfig fields reach uvicorn's workers as PGT_SERVE_<FIELD> variables
-
 
 
 @dataclass

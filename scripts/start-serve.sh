@@ -20,7 +20,7 @@ if running "$PIDFILE"; then  # one server per state folder: say where it is, wha
     echo "serve: already running at $(cat "$DIR/url" 2>/dev/null || echo "$URL") (pid $(cat "$PIDFILE"), model $(cat "$DIR/model" 2>/dev/null)); scripts/stop-serve.sh stops it"
     exit 0
 fi
-# Nothing is unpickled: the model is models-from-code (pgt/tracking/mlflow_model.py). A request is a few dozen rows:
+# Nothing is unpickled: the model is models-from-code (pgt/serving/mlflow_model.py). A request is a few dozen rows:
 # one polars thread per worker answers it faster than a pool (scale with SERVE_WORKERS instead).
 POLARS_MAX_THREADS="${POLARS_MAX_THREADS:-1}" MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false setsid "$VENV_BIN/pgt" serve --model "$MODEL" \
     --host 127.0.0.1 --port "$PORT" --workers "${SERVE_WORKERS:-1}" --max-request-mb "${SERVE_MAX_REQUEST_MB:-16}" \

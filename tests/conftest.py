@@ -113,11 +113,12 @@ def pytest_addoption(parser):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The safety net under every test's own cleanup: whatever this test run started and still runs (a
-    subprocess of a test that was interrupted, its Ray, a flow run) is stopped, TERM then KILL: only processes
-    below this one in the process tree, never another run's."""
+    """The run's MLflow server stopped, then the safety net under every test's own cleanup: whatever this test run
+    started and still runs (a subprocess of a test that was interrupted, its Ray, a flow run) is stopped, TERM then
+    KILL: only processes below this one in the process tree, never another run's."""
     import signal
 
+    stop_run_server(session)
     left = descendant_processes(os.getpid())
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -367,18 +368,65 @@ def on_shared_ray(shared_ray: str, monkeypatch) -> str:
     return shared_ray
 
 
+def run_folder(tmp_path_factory) -> Path:
+    """The folder every test process of this run shares: pytest-xdist gives each worker a temp root inside its
+    controller's (`<run>/popen-gw0`); without xdist, the one process's own."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+def made_once(name: str, tmp_path_factory, make: Callable[[Path], dict]) -> dict:
+    """What `make(folder)` returned (JSON), made in `<run folder>/name` by the first test process of the run that
+    asks, under a lock the others wait on, and read back by them. A make that fails leaves nothing: the next test
+    that asks tries again (and fails as visibly)."""
+    import fcntl
+    import json
+
+    folder = run_folder(tmp_path_factory) / name
+    with (run_folder(tmp_path_factory) / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = folder / "made.json"
+        if made.is_file():
+            return json.loads(made.read_text())
+        shutil.rmtree(folder, ignore_errors=True)  # what a failed make left
+        folder.mkdir()
+        value = make(folder)
+        made.write_text(json.dumps(value))
+        return value
+
+
+MLFLOW_SERVER = "mlflow_server"  # its run folder: the server's state folder
+
+
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory):
-    """A real MLflow tracking server (SQLite, local artifacts, 127.0.0.1), started and stopped by the project's scripts."""
-    state = tmp_path_factory.mktemp("mlflow_server_state")
+def mlflow_server(tmp_path_factory) -> str:
+    """A real MLflow tracking server (SQLite, local artifacts, 127.0.0.1), one per test run: started by the project's
+    script in the first test process that needs it, shared by the others, stopped by the project's script when
+    the run ends (`stop_run_server`). Tests keep apart by their own experiment and model names."""
+    return made_once(MLFLOW_SERVER, tmp_path_factory, start_mlflow_server)["uri"]
+
+
+def start_mlflow_server(state: Path) -> dict:
     env = {**os.environ, "PGT_STATE_DIR": str(state), "MLFLOW_PORT": str(free_port())}
     started = subprocess.run([PROJECT_ROOT / "scripts" / "start-mlflow.sh"], env=env, capture_output=True, text=True,
                              timeout=180)
     assert started.returncode == 0, started.stderr
-    yield f"http://127.0.0.1:{env['MLFLOW_PORT']}"
-    stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-mlflow.sh"], env=env, capture_output=True, text=True,
-                             timeout=120)
-    assert stopped.returncode == 0 and "stopped" in stopped.stdout, stopped.stdout + stopped.stderr
+    return {"uri": f"http://127.0.0.1:{env['MLFLOW_PORT']}"}
+
+
+def stop_run_server(session) -> None:
+    """The run's MLflow server, if a test started it, stopped by the project's script: in the process that started
+    the workers (or the only one), after every worker is done with it. A server that does not stop fails the run."""
+    if hasattr(session.config, "workerinput"):
+        return
+    state = session.config._tmp_path_factory.getbasetemp() / MLFLOW_SERVER
+    if not (state / "made.json").is_file():
+        return
+    stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-mlflow.sh"], env={**os.environ, "PGT_STATE_DIR": str(state)},
+                             capture_output=True, text=True, timeout=120)
+    if stopped.returncode != 0 or "stopped" not in stopped.stdout:
+        sys.stderr.write(f"stop-mlflow.sh did not stop the test run's server: {stopped.stdout}{stopped.stderr}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def split_days(points, fraction: float = 0.8):

@@ -46,8 +46,8 @@ def test_training_and_scoring_import_no_scikit_learn(tmp_path):
     assert out.returncode == 2 and "no manifest.json" in out.stderr  # the command ran as far as its first check
     assert {"torch", "pgt"} <= imported and "sklearn" not in imported
     # a tracked run logs its model through the served model's module: raw GPS's place search stays unimported
-    logged, modules = imported_modules("-c", "import pgt.tracking.mlflow_model")
-    assert logged.returncode == 0 and "pgt.tracking.mlflow_model" in modules
+    logged, modules = imported_modules("-c", "import pgt.serving.mlflow_model")
+    assert logged.returncode == 0 and "pgt.serving.mlflow_model" in modules
     assert not {"sklearn", "preprocessing.fitted"} & modules
 
 

@@ -1,6 +1,6 @@
 """The import graph of the packages: nothing below imports what sits above it (infra <- preprocessing <- pgt <-
-tune <- flows; inside pgt, the network below training, tracking and serving), no module imports itself back
-through others, and imports inside functions are only of the kinds ARCHITECTURE.md names.
+tune <- flows; inside pgt, its floors: settings <- network <- data <- tracking <- serving <- training), no module
+imports itself back through others, and imports inside functions are only of the kinds ARCHITECTURE.md names.
 Every import statement counts, those inside functions too."""
 
 from __future__ import annotations
@@ -15,13 +15,15 @@ from tests.conftest import PROJECT_ROOT
 
 LAYERS = ("infra", "preprocessing", "pgt", "tune", "flows")  # bottom to top
 # pgt's sub-packages: the network (and the settings every subsystem reads) below the subsystems that use it
-PGT_BASE = ("pgt.config", "pgt.network")
-PGT_SUBSYSTEMS = ("pgt.training", "pgt.tracking", "pgt.serving")
+# pgt's floors, bottom to top: each imports only from its own floor and those below it. The command line (pgt.cli,
+# pgt.options) stands above them all.
+PGT_FLOORS = (("pgt.config", "pgt.recipes"), ("pgt.network",), ("pgt.data",), ("pgt.tracking",), ("pgt.serving",),
+              ("pgt.training",))
 # what may be imported inside a function (ARCHITECTURE.md, rule 4): heavy optional dependencies, with what comes
 # with them, and the project's modules that import one of them at their top
 LAZY_KINDS = {
     "ray": {"ray", "grpc", "tune.scheduler"},
-    "mlflow": {"mlflow", "pandas", "pgt.tracking.mlflow_model"},
+    "mlflow": {"mlflow", "pandas", "pgt.serving.mlflow_model"},
     "prefect": {"prefect"},
     "matplotlib": {"matplotlib", "PIL", "pgt.serving.explain"},
     "web server": {"fastapi", "starlette", "uvicorn"},
@@ -85,19 +87,31 @@ def test_no_package_imports_one_above_it():
     assert wrong == []
 
 
-def test_the_network_imports_no_subsystem_of_pgt():
-    wrong = [f"{module} imports {target}" for module, targets in import_graph().items() for target in targets
-             if module.startswith(PGT_BASE) and target.startswith(PGT_SUBSYSTEMS)]
-    assert wrong == []
+def floor_of(module: str) -> int | None:
+    """The floor (0: settings) a module of pgt sits on; None for the command line and anything outside pgt."""
+    return next((i for i, floor in enumerate(PGT_FLOORS) for name in floor
+                 if module == name or module.startswith(f"{name}.")), None)
+
+
+def floor_violations(graph: dict[str, set[str]]) -> list[str]:
+    """Every import, at the top or inside a function, of a higher floor of pgt than the importer's."""
+    return [f"{module} imports {target}" for module, targets in graph.items() for target in targets
+            if floor_of(module) is not None and floor_of(target) is not None and floor_of(target) > floor_of(module)]
+
+
+def test_pgt_sub_packages_are_floors():
+    """The network and the data import no subsystem; tracking imports neither serving nor training; serving does
+    not import training."""
+    assert floor_violations(import_graph()) == []
 
 
 def test_every_module_sits_in_a_package_of_its_layer():
     """pgt holds no loose modules beyond its command line and its settings: each subsystem has its folder."""
     loose = {m for m, path in module_files().items() if m.count(".") == 1 and m.startswith("pgt.")
              and path.stem != "__init__"}
-    assert loose == {"pgt.cli", "pgt.config", "pgt.options"}
+    assert loose == {"pgt.cli", "pgt.options", *PGT_FLOORS[0]}
     assert {m for m in module_files() if m.startswith("pgt.") and m.count(".") == 1} - loose == \
-        {*PGT_BASE[1:], *PGT_SUBSYSTEMS}
+        {name for floor in PGT_FLOORS[1:] for name in floor}
 
 
 def test_the_import_graph_has_no_cycle():
@@ -139,6 +153,16 @@ def test_the_checks_see_what_they_guard(tmp_path):
     assert cycle(import_graph(tmp_path)) is None
     (tmp_path / "pgt" / "network" / "m.py").write_text("from pgt.a import g\n")
     assert import_graph(tmp_path)["pgt.network.m"] == {"pgt.a"}
+    for package, source in (("tracking", "def f():\n    from pgt.training import t\n"),
+                            ("data", "from pgt.training.t import x\n"), ("tracking", "import pgt.serving.s\n")):
+        (tmp_path / "pgt" / package).mkdir(exist_ok=True)
+        for name in ("training", "serving"):
+            (tmp_path / "pgt" / name).mkdir(exist_ok=True)
+            for stem in ("t", "s"):
+                (tmp_path / "pgt" / name / f"{stem}.py").write_text("x = 1\n")
+        (tmp_path / "pgt" / package / "m.py").write_text(source)
+        assert floor_violations(import_graph(tmp_path)) != [], source
+        (tmp_path / "pgt" / package / "m.py").unlink()
 
 
 def test_pgt_tune_comes_from_the_tune_package_through_an_entry_point():

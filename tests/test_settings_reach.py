@@ -18,7 +18,6 @@ from flows.settings import FlowSettings, PredictSettings, flow_defaults
 from infra.settings import CHOICES, HIGH, help_of, settings_of
 from pgt.cli import app, train_config
 from pgt.config import (
-    RECIPE_FREE,
     LaunchConfig,
     ModelSettings,
     PredictConfig,
@@ -28,6 +27,7 @@ from pgt.config import (
     load_recipe_file,
 )
 from pgt.options import typed_from
+from pgt.recipes import RECIPE_FREE
 from preprocessing.config import PreprocessConfig, SynthConfig, load_config
 from preprocessing.engine import EngineConfig
 from tune.config import TRIAL_FIXED, SweepConfig

@@ -12,8 +12,9 @@ import typer
 
 from infra.errors import InputError, SettingsError
 from infra.process import listed
-from pgt.config import RECIPES, LaunchConfig, TrackingConfig, base_settings, recipe_label
+from pgt.config import LaunchConfig, TrackingConfig, base_settings
 from pgt.options import Typed, fail, flag_of, option_for, settings_options, typed_from
+from pgt.recipes import RECIPES, recipe_label
 from tune.config import SweepConfig
 
 Recipe = Literal[tuple(RECIPES)]
@@ -53,7 +54,7 @@ def tune(
     data: Path | None = typer.Option(None, "--data", help="A `pgt preprocess` output folder."),
     out: Path | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/."),
     recipe: Recipe | None = typer.Option(None, "--recipe", show_default="paper",
-                                         help="Every trial trains this recipe (pgt.config.RECIPES) with only the "
+                                         help="Every trial trains this recipe (pgt.recipes.RECIPES) with only the "
                                               "searched settings replaced."),
     recipe_file: Path | None = typer.Option(None, "--recipe-file",
                                             help="The same from a YAML file of training settings (a sweep's winner)."),
@@ -96,7 +97,7 @@ def tune(
             register = settings.pop("register", None)  # the winner's, after the sweep: its trials register nothing
             tracking = TrackingConfig(**settings, source="pgt tune", tags={RECIPE_TAG: spec.recipe_name})
 
-            from pgt.training.data import Vocab
+            from pgt.data.dataset import Vocab
 
             Vocab.from_manifest(data)  # a wrong --data fails here, not inside every trial
         if tracking:  # services answer before any work, or one line says what to start

@@ -10,7 +10,7 @@ from infra.settings import check_settings, setting
 from pgt.config import SELECT_ON, TrainConfig
 from tune.space import SearchSpace
 
-OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.training.metrics: strict, protocol)
+OBJECTIVES = ("strict_acc@1", "acc@1")  # validation scores a sweep may maximise (pgt.data.metrics: strict, protocol)
 SEARCH_ALGS = ("optuna", "random")  # how trials are proposed: Optuna's TPE, or at random
 # what a trial never takes from its recipe: a trial is scored on validation, so it must not learn from it
 TRIAL_FIXED = {"refit": False, "train_on": "train"}
@@ -44,7 +44,7 @@ class SweepConfig:
     select_on: str = setting("strict_acc@1", "Training's early stopping inside a trial (TrainConfig's select_on).",
                              choices=SELECT_ON)
     recipe: dict = field(default_factory=dict)  # the TrainConfig settings every trial starts from (a recipe's)
-    recipe_name: str = "paper"  # where they came from: a name in pgt.config.RECIPES or a recipe file
+    recipe_name: str = "paper"  # where they came from: a name in pgt.recipes.RECIPES or a recipe file
     time_budget_s: float | None = setting(None, "Stop the sweep after this many seconds, with as many trials as fit "
                                                 "(those running are stopped; the best finished one wins); None: all "
                                                 "trials.", low=0.0, low_open=True)

@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from infra.output import write_file_atomically
-from pgt.config import RECIPE_FREE, selection_score
+from pgt.config import selection_score
+from pgt.recipes import RECIPE_FREE
 from pgt.tracking.registry import Evidence, data_digest
 from tune.config import TRIAL_FIXED, SweepConfig
 from tune.records import BASE, WINNER, read_trial_events

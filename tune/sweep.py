@@ -23,8 +23,8 @@ from infra.output import output_lock, write_json_atomically
 from infra.process import interruptible, uninterrupted
 from infra.ray_session import prepare_ray_env, ray_session
 from pgt.config import selection_score
+from pgt.serving.models import log_pytorch_model
 from pgt.tracking.lineage import log_datasets, source_tags
-from pgt.tracking.models import log_pytorch_model
 from pgt.tracking.registry import Evidence, register_model
 from pgt.tracking.runs import end_run, metrics_of, reopen_run, start_run, system_metrics, terminate_run
 from pgt.tracking.store import mlflow_client, use_tracking_uri

@@ -36,7 +36,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from infra.errors import InputError
 from pgt.config import MEMORY_VISIT_EDGES, ModelConfig
 from pgt.network.vocabulary import extended_ids, visit_ids
 
@@ -317,7 +316,7 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
 
 def remembered_places(recency: torch.Tensor, cfg: ModelConfig) -> torch.Tensor | None:
     """(B, T) True on the remembered places in front of the history, told by their recency (an age bucket after the
-    window's values, pgt.training.data.MemoryLayout); None for a model that reads no memory."""
+    window's values, pgt.data.dataset.MemoryLayout); None for a model that reads no memory."""
     return recency > cfg.recency_days if cfg.memory_places else None
 
 
@@ -354,43 +353,6 @@ def mix(gate: torch.Tensor, p_ptr: torch.Tensor, p_gen: torch.Tensor) -> torch.T
     return g * p_ptr.to(p_gen.dtype) + (1 - g) * p_gen
 
 
-class PackedModel(nn.Module):
-    """A trained model behind one input tensor, as MLflow logs and serves it: x (B, 7, T) int64 stacks
-    locations, users (repeated along T), time slots, weekdays, recency, durations and slots, each as the
-    data loader gives them (`Batch.packed()`; a (B, 6, T) input has no slots); the output is the
-    (B, V + S) log-probabilities, S = 0 for a model without `unseen_slots`."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-        self.cfg = model.cfg
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        locations, users, times, weekdays, recency, durations, *slots = x.unbind(1)  # (B, T) each
-        slots = slots[0] if slots else None
-        return self.model(locations, users[:, 0], times, weekdays, recency, durations, slots).log_probs.float()
-
-
-def input_tables(cfg: ModelConfig) -> dict[str, int]:
-    """The largest value each input may hold as the data loader gives it (the features stored + 1, 0 pads), by the
-    split column it comes from, in PackedModel's row order: the model's embedding tables end there."""
-    return {"locations": cfg.num_locations - 1, "user": cfg.num_users - 1, "time_slots": cfg.time_slots,
-            "weekdays": cfg.weekdays, "recency": cfg.recency_rows, "durations": cfg.duration_rows}
-
-
-def check_packed(x: torch.Tensor, cfg: ModelConfig) -> None:
-    """InputError naming the row of a (B, 7, T) input (PackedModel's) that lies outside the model's tables."""
-    tables = [*input_tables(cfg).items(), ("slots", x.shape[2])]
-    for row, (name, top) in enumerate(tables[:x.shape[1]]):
-        values = x[:, row]
-        if int(values.min()) < 0 or int(values.max()) > top:
-            raise InputError("the (B, 7, T) input", f"row {row} ({name}) holds {int(values.min())}.."
-                                                    f"{int(values.max())}, but the model's table takes 0..{top}")
-    if not bool((x[:, 0, 0] != 0).all()):
-        raise InputError("the (B, 7, T) input", "every history starts at column 0: row 0 (locations) is 0 there, "
-                                                "which pads")
-
-
 def _xavier(model: nn.Module) -> None:
     """Xavier-uniform initialisation of every matrix, as the reference implementation does."""
     for p in model.parameters():
@@ -412,7 +374,7 @@ class Ensemble(nn.Module):
 
     @classmethod
     def of(cls, members: list[nn.Module], cfg: ModelConfig) -> Ensemble:
-        """An ensemble of networks drawn elsewhere (pgt.training.train.fused_seed_model: each from a seed of its own)."""
+        """An ensemble of networks drawn elsewhere (pgt.training.state.fused_seed_model: each from a seed of its own)."""
         if len(members) != cfg.members:
             raise ValueError(f"an ensemble of {cfg.members} members got {len(members)} networks")
         ensemble = cls.__new__(cls)

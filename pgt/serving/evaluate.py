@@ -7,11 +7,11 @@ from pathlib import Path
 import torch
 
 from pgt.config import EVAL_BATCH_SIZE
+from pgt.data.dataset import MemoryLayout, SequenceDataset
+from pgt.data.metrics import compute_all
+from pgt.data.scoring import packed_scores, score_dataset
 from pgt.serving.inference import check_lineage, check_vocabulary
-from pgt.tracking.models import load_model_and_manifest
-from pgt.training.data import MemoryLayout, SequenceDataset
-from pgt.training.metrics import compute_all
-from pgt.training.scoring import packed_scores, score_dataset
+from pgt.serving.models import load_model_and_manifest
 
 
 def evaluate_model(model_uri: str, data_dir: Path, split: str = "test", tracking_uri: str | None = None) -> dict:

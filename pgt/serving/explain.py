@@ -28,10 +28,10 @@ from infra.output import (  # noqa: E402 - after matplotlib.use("Agg")
     write_file_atomically,
 )
 from pgt.config import EVAL_BATCH_SIZE  # noqa: E402 - after matplotlib.use("Agg")
+from pgt.data.dataset import MemoryLayout, SequenceDataset
 from pgt.network.checkpoint import load_checkpoint  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.network.model import networks  # noqa: E402 - after matplotlib.use("Agg")
 from pgt.serving.inference import check_vocabulary  # noqa: E402 - after matplotlib.use("Agg")
-from pgt.training.data import MemoryLayout, SequenceDataset
 
 EXPLAINER = "pgt explain"  # the producer mark of its PNGs (infra.output.written_by)
 OUTPUTS = ("pointer_attention.png", "gate.png", "attention_entropy.png", "position_bias.png", ".*.tmp-*")

@@ -15,8 +15,8 @@ import torch
 
 from infra.errors import InputError, SettingsError
 from pgt.config import EVAL_BATCH_SIZE, MAX_TOP_K, TOP_K, ModelConfig
-from pgt.network.model import input_tables
-from pgt.training.data import MemoryLayout, SequenceDataset
+from pgt.data.dataset import MemoryLayout, SequenceDataset
+from pgt.network.packed import input_tables
 from preprocessing.config import parse_time
 from preprocessing.output import read_manifest
 from preprocessing.sequences import UNSEEN

@@ -16,6 +16,7 @@ import torch
 
 from infra.output import check_apart, check_output_file, output_lock, write_file_atomically, write_parquet_marked
 from pgt.config import TOP_K
+from pgt.data.dataset import MemoryLayout, SequenceDataset
 from pgt.serving.inference import (
     PREDICTION_COLUMNS,
     check_lineage,
@@ -24,8 +25,8 @@ from pgt.serving.inference import (
     predict_applied,
     top_k_predictions,
 )
-from pgt.tracking.models import check_model_uri, load_model_and_manifest, load_pgt_model, model_version
-from pgt.training.data import MemoryLayout, SequenceDataset
+from pgt.serving.models import check_model_uri, load_model_and_manifest, load_pgt_model
+from pgt.tracking.lineage import model_version
 from preprocessing.fitted import apply_fitted
 
 PREDICTOR = "pgt predict"  # the producer mark of predict's output files (infra.output.written_by)

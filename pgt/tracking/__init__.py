@@ -1,1 +1,1 @@
-"""MLflow: runs and their lineage, the Model Registry's promotion rule, the logged pyfunc model."""
+"""MLflow: runs and their lineage, the Model Registry's promotion rule."""

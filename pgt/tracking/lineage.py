@@ -1,5 +1,6 @@
 """What a run came from: its train, validation and test splits as MLflow dataset inputs (a digest of each file,
-its rows, the preprocessing that made it), and the command and git commit it ran from (the UI's Source)."""
+its rows, the preprocessing that made it), and the command and git commit it ran from (the UI's Source); what a
+prediction came from: the registered version a model URI names (`model_version`)."""
 
 from __future__ import annotations
 
@@ -90,3 +91,20 @@ def input_dataset(path: Path, context: str = "prediction"):
     dataset = Dataset(name=path.name, digest=digest.hexdigest()[:16], source_type="local",
                       source=json.dumps({"uri": path.as_uri()}), profile=json.dumps({"bytes": path.stat().st_size}))
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
+
+
+def model_version(tracking_uri: str, model_uri: str) -> dict | None:
+    """The registered version a models:/NAME@ALIAS or models:/NAME/VERSION URI names now: {"name", "version",
+    "version_uri" (models:/NAME/VERSION, which keeps naming it once the alias moves)}; None for another URI."""
+    if not model_uri.startswith("models:/"):
+        return None
+    path = model_uri.removeprefix("models:/")
+    client = mlflow_client(tracking_uri)
+    if "@" in path:
+        name, alias = path.split("@", 1)
+        version = client.get_model_version_by_alias(name, alias).version
+    else:
+        name, _, version = path.partition("/")
+        if not version.isdigit():
+            return None
+    return {"name": name, "version": int(version), "version_uri": f"models:/{name}/{version}"}

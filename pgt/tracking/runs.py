@@ -2,7 +2,7 @@
 
 A run logs the whole training config as params, per-epoch train loss and validation metrics, the
 test metrics, the dataset manifest, the `pgt explain` PNGs and the best checkpoint as a pickle-free
-models-from-code pyfunc (`pgt/tracking/mlflow_model.py` around `pgt.network.model.PackedModel`: one (B, 7, T) int64
+models-from-code pyfunc (`pgt/serving/mlflow_model.py` around `pgt.network.packed.PackedModel`: one (B, 7, T) int64
 tensor in, (B, V + S) log-probabilities out). The driver creates the run; rank 0 of the training logs into it.
 
 Lineage: every run logs its train, validation and test Parquet as MLflow dataset inputs (a digest of the
@@ -23,8 +23,7 @@ from pathlib import Path
 
 from infra.process import shorten, uninterrupted
 from pgt.config import TrackingConfig
-from pgt.tracking.lineage import input_dataset, source_tags
-from pgt.tracking.models import log_pytorch_model, model_version
+from pgt.tracking.lineage import input_dataset, model_version, source_tags
 from pgt.tracking.store import check_tracking_server, experiment_id, mlflow_client, open_sqlite_store, use_tracking_uri
 
 CHAMPION = "champion"
@@ -191,15 +190,12 @@ class EpochLogger:
             self.logged.add(row["epoch"])
 
 
-def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: Path) -> str | None:
-    """After training (rank 0): test and final validation metrics, metrics.json, the manifest, the explain
-    PNGs and the best checkpoint as an MLflow PyTorch model. Returns the model's URI (None if not logged)."""
-    import mlflow
-
-    client = mlflow_client(tracking.tracking_uri)
-    run_id = tracking.run_id
+def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: Path) -> None:
+    """After training (rank 0): test and final validation metrics, metrics.json and the data's manifest. The model
+    and its plots are the caller's to log (pgt.training.finish.log_model)."""
     from mlflow.entities import Metric
 
+    client = mlflow_client(tracking.tracking_uri)
     now = int(time.time() * 1000)
     # a selection run (evaluate_test off) has no test metrics; a refit's validation ones are its selection run's
     final = (metrics_of("test", result["test"]) if result["test"] is not None else {}) \
@@ -209,19 +205,9 @@ def log_result(tracking: TrackingConfig, result: dict, out_dir: Path, data_dir: 
     final |= {"best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"],
               "train_seconds": result["train_seconds"], "parameters": result["parameters"]}
     with uninterrupted():
-        client.log_batch(run_id, metrics=[Metric(k, float(v), now, 0) for k, v in final.items()])
-    client.log_artifact(run_id, str(out_dir / "metrics.json"))
-    client.log_artifact(run_id, str(Path(data_dir) / "manifest.json"), artifact_path="data")
-    if not tracking.log_model or not (out_dir / "best.pt").is_file():
-        return None
-    from pgt.serving.explain import explain
-
-    for png in explain(out_dir / "best.pt", data_dir, out_dir / "plots"):
-        client.log_artifact(run_id, str(png), artifact_path="plots")
-    use_tracking_uri(tracking.tracking_uri)
-    with mlflow.start_run(run_id=run_id):
-        info = log_pytorch_model(out_dir / "best.pt", data_dir)
-    return info.model_uri
+        client.log_batch(tracking.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in final.items()])
+    client.log_artifact(tracking.run_id, str(out_dir / "metrics.json"))
+    client.log_artifact(tracking.run_id, str(Path(data_dir) / "manifest.json"), artifact_path="data")
 
 
 def run_url(tracking_uri: str, run_id: str) -> str:

@@ -1,2 +1,2 @@
-"""Training: the data, the loop per worker, scoring and metrics, baselines, and where it runs (one process or
-Ray Train)."""
+"""Training: the loop per worker, its batches, the unseen-place simulation, baselines, and where it runs (one process
+or Ray Train)."""

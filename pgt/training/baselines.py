@@ -17,9 +17,9 @@ import torch.nn.functional as F
 
 from infra.output import write_json_atomically
 from pgt.config import TrainConfig
+from pgt.data.dataset import Batch, SequenceDataset, Vocab, load_splits
+from pgt.data.scoring import Scores, evaluate
 from pgt.network.vocabulary import extended_ids
-from pgt.training.data import Batch, SequenceDataset, Vocab, load_splits
-from pgt.training.scoring import Scores, evaluate
 
 
 class MarkovChain:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-from pgt.training.data import Batch, MemoryLayout, SequenceDataset, Vocab
+from pgt.data.dataset import Batch, MemoryLayout, SequenceDataset, Vocab
 from pgt.training.unseen import UnseenSimulation
 
 

@@ -30,22 +30,17 @@ from pgt.config import (
     LaunchConfig,
     TrainConfig,
 )
+from pgt.data.dataset import LIST_COLUMNS, PLACE_COLUMNS, SequenceDataset, Vocab
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint
 from pgt.tracking.lineage import log_datasets, source_tags
 from pgt.tracking.registry import Evidence, register_model
 from pgt.tracking.runs import close_abandoned_run, end_run, log_result, reopen_run, start_run
 from pgt.tracking.store import server_answers
 from pgt.training.baselines import evaluate_baseline
-from pgt.training.data import LIST_COLUMNS, PLACE_COLUMNS, SequenceDataset, Vocab
+from pgt.training.finish import write_json
 from pgt.training.report import EpochPrinter
-from pgt.training.train import (
-    HELD_OUT_KEY,
-    SELECTION_DIR,
-    check_streamable,
-    refit_epoch_count,
-    train_loop_per_worker,
-    write_json,
-)
+from pgt.training.state import HELD_OUT_KEY, check_streamable, refit_epoch_count
+from pgt.training.train import SELECTION_DIR, train_loop_per_worker
 from pgt.training.worker import Worker
 from preprocessing.config import SPLITS
 
@@ -205,7 +200,7 @@ def _run_training(cfg: TrainConfig, launch: LaunchConfig, tracking, out_dir: Pat
         if cfg.model in BASELINES:
             result = evaluate_baseline(cfg.to_dict())
             if tracking:
-                log_result(dataclasses.replace(tracking, log_model=False), result, out_dir, Path(cfg.data_dir))
+                log_result(tracking, result, out_dir, Path(cfg.data_dir))
                 result["mlflow"] = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id, "model_uri": None}
         else:
             if cfg.refit:  # the epoch chosen on validation first, then train + validation for that many epochs

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from pgt.config import ModelConfig, TrainConfig
+from pgt.data.dataset import Batch
 from pgt.network.model import Output
-from pgt.training.data import Batch
 from preprocessing.sequences import UNSEEN
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from pgt.training.metrics import METRIC_NAMES
+from pgt.data.metrics import METRIC_NAMES
 
 console = Console()
 

@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import Dataset
 
 from infra.errors import InputError
+from pgt.data.dataset import Batch, SequenceDataset, Vocab
 from pgt.network.vocabulary import unseen_slots
-from pgt.training.data import Batch, SequenceDataset, Vocab
 from preprocessing.sequences import UNSEEN
 
 

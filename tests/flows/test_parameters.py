@@ -11,7 +11,7 @@ from prefect.utilities.callables import parameter_schema
 from flows.predict import predict_next_places
 from flows.preprocess_and_train import preprocess_and_train
 from flows.settings import flow_defaults
-from pgt.config import RECIPES
+from pgt.recipes import RECIPES
 from preprocessing.config import FORMATS, SynthConfig
 
 

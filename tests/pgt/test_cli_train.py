@@ -88,7 +88,7 @@ def choices(command: str, option: str) -> list[str]:
 
 
 def test_the_command_offers_every_recipe():
-    from pgt.config import RECIPES
+    from pgt.recipes import RECIPES
 
     assert choices("train", "recipe") == list(RECIPES)
 

@@ -10,7 +10,8 @@ import typer.main
 
 from infra.settings import settings_of
 from pgt.cli import app, launch_config, train_config
-from pgt.config import RECIPES, LaunchConfig, TrainConfig
+from pgt.config import LaunchConfig, TrainConfig
+from pgt.recipes import RECIPES
 from preprocessing.config import SynthConfig
 from preprocessing.engine import EngineConfig
 from tune.cli import sweep_config

@@ -7,7 +7,8 @@ import numpy as np
 import optuna
 import pytest
 
-from pgt.config import RECIPES, TrainConfig
+from pgt.config import TrainConfig
+from pgt.recipes import RECIPES
 from tune.space import Dimension, SearchSpace
 
 

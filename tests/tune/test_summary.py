@@ -37,7 +37,7 @@ def test_confirmation_seeds_follow_the_search_and_group_by_what_can_be_fused():
     its group from its first seed, on validation only."""
     from pathlib import Path
 
-    from pgt.config import recipe_settings
+    from pgt.recipes import recipe_settings
 
     one = SweepConfig(data_dir=".", out_dir=".", recipe=recipe_settings("tuned"), seed=4, confirm_seeds=3)
     assert one.confirmation_seeds() == [[5, 6, 7]]

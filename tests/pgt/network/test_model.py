@@ -83,9 +83,9 @@ def test_fast_dropout_keeps_the_expected_share():
 def test_a_pointer_at_a_slot_is_a_strict_and_a_protocol_hit(tiny_config):
     """History: known 5, unseen place A, unseen place B, A again (slots 0, 1, 2, 1); the target is place A.
     A pointer-only model whose attention goes to the last visit names slot 1 (column V) first."""
-    from pgt.training.data import Batch
-    from pgt.training.metrics import target_ranks
-    from pgt.training.scoring import model_scores
+    from pgt.data.dataset import Batch
+    from pgt.data.metrics import target_ranks
+    from pgt.data.scoring import model_scores
 
     cfg = dataclasses.replace(tiny_config, variant="pointer", unseen_slots=True, slot_identity=False)
     torch.manual_seed(0)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from pgt.config import ModelConfig
+from pgt.data.dataset import SequenceDataset
 from pgt.network.model import Ensemble, LSTMPointerGenerator, build_model, networks
 from pgt.network.stacked import StackedTransformer, for_inference
-from pgt.training.data import SequenceDataset
 
 SWITCHES = {
     "plain": {},

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pgt.config import ModelConfig
+from pgt.data.dataset import SequenceDataset
 from pgt.serving.inference import check_top_k, check_vocabulary, prediction_time
-from pgt.training.data import SequenceDataset
 from tests.pgt.training.test_data import write_split
 
 

@@ -32,27 +32,19 @@ def run(*args, env=None):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, mlflow_server):
-    """A model trained on each synthetic person's first 80% of days and registered as `raw`; the last 20% as raw
-    GPS points and through `pgt preprocess --fitted`."""
-    root = tmp_path_factory.mktemp("raw")
-    early, late = split_days(generate_positionfixes(SynthConfig(users=10, days=90, seed=5)))
-    early.write_parquet(root / "early.parquet")
-    late.write_parquet(root / "late.parquet")
-    preprocess(root / "early.parquet", "positionfixes", root / "early", progress=False)
-    preprocess_fitted(root / "late.parquet", "positionfixes", root / "early", root / "late", progress=False)
-    r = pgt_here("train", "--data", root / "early", "--out", root / "run", "--epochs", "3", "--unseen-slots",
-                 "--tracking-uri", mlflow_server, "--experiment", "raw", "--register", "raw")
-    assert r.returncode == 0, r.stderr[-3000:]
-    return root, mlflow_server
+def trained(registered_model):
+    """(folder, tracking server) of the run's shared model (tests/pgt/conftest.py): trained on each synthetic person's
+    first 80% of days and registered as `shared`; the last 20% as raw GPS points (late.parquet) and through
+    `pgt preprocess --fitted` (late/)."""
+    return registered_model.root, registered_model.server
 
 
-def test_predict_from_raw_gps_names_places_with_coordinates(trained):
+def test_predict_from_raw_gps_names_places_with_coordinates(trained, tmp_path):
     root, server = trained
-    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
-                 "positionfixes", "--out", root / "pred.parquet", "--top-k", "3", "--tracking-uri", server)
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", root / "late.parquet", "--format",
+                 "positionfixes", "--out", tmp_path / "pred.parquet", "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-3000:]
-    pred = pl.read_parquet(root / "pred.parquet")
+    pred = pl.read_parquet(tmp_path / "pred.parquet")
     latest = pred.filter(sample="latest")
     expected = pl.read_parquet(root / "late" / "latest.parquet")["source_user_id"]
     assert sorted(latest["source_user_id"].unique().to_list()) == sorted(expected.to_list())
@@ -64,30 +56,30 @@ def test_predict_from_raw_gps_names_places_with_coordinates(trained):
     # the strict Acc@1 of these predictions equals pgt evaluate on the same samples
     first = pred.filter(sample="evaluation", rank=1)
     strict = 100 * (first["place_id"] == first["target_place"]).fill_null(False).mean()
-    r = pgt_here("evaluate", "--model", "models:/raw@champion", "--data", root / "late", "--split", "evaluation",
+    r = pgt_here("evaluate", "--model", "models:/shared@champion", "--data", root / "late", "--split", "evaluation",
                  "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-3000:]
     assert first.height == json.loads(r.stdout)["strict"]["n"] > 50
     assert strict == pytest.approx(json.loads(r.stdout)["strict"]["acc@1"], abs=1e-9)
 
 
-def test_predict_writes_csv_and_refuses_other_suffixes(trained):
+def test_predict_writes_csv_and_refuses_other_suffixes(trained, tmp_path):
     root, server = trained
-    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
-                 "positionfixes", "--out", root / "pred.csv", "--tracking-uri", server)
-    assert r.returncode == 0 and pl.read_csv(root / "pred.csv")["rank"].max() == 5
-    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
-                 "positionfixes", "--out", root / "pred.txt", "--tracking-uri", server)
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", root / "late.parquet", "--format",
+                 "positionfixes", "--out", tmp_path / "pred.csv", "--tracking-uri", server)
+    assert r.returncode == 0 and pl.read_csv(tmp_path / "pred.csv")["rank"].max() == 5
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", root / "late.parquet", "--format",
+                 "positionfixes", "--out", tmp_path / "pred.txt", "--tracking-uri", server)
     assert r.returncode == 2 and "must end in .parquet or .csv" in r.stderr and r.stderr.count("\n") == 1
     # a second writer of the same output is refused, naming the first, as every command refuses it
     from infra.output import output_lock
 
-    before = (root / "pred.csv").read_bytes()
-    with output_lock(root / "pred.csv", command="pgt predict"):
-        r = pgt_here("predict", "--model", "models:/raw@champion", "--input", root / "late.parquet", "--format",
-                     "positionfixes", "--out", root / "pred.csv", "--tracking-uri", server)
+    before = (tmp_path / "pred.csv").read_bytes()
+    with output_lock(tmp_path / "pred.csv", command="pgt predict"):
+        r = pgt_here("predict", "--model", "models:/shared@champion", "--input", root / "late.parquet", "--format",
+                     "positionfixes", "--out", tmp_path / "pred.csv", "--tracking-uri", server)
     assert r.returncode == 2 and f"another `pgt predict` (pid {os.getpid()}) is writing this output" in r.stderr
-    assert (root / "pred.csv").read_bytes() == before
+    assert (tmp_path / "pred.csv").read_bytes() == before
 
 
 def test_predict_warns_when_no_user_has_a_recent_history(trained, tmp_path, monkeypatch):
@@ -95,7 +87,7 @@ def test_predict_warns_when_no_user_has_a_recent_history(trained, tmp_path, monk
     monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")
     late = pl.read_parquet(root / "late.parquet")
     late.filter(pl.col("tracked_at") < late["tracked_at"].min() + pl.duration(hours=2)).write_parquet(tmp_path / "short.parquet")
-    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "short.parquet", "--format",
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", tmp_path / "short.parquet", "--format",
             "positionfixes", "--out", tmp_path / "p.parquet", "--tracking-uri", server)
     assert r.returncode == 0 and "warning:" in r.stderr and "no user has a recent history" in r.stderr
     assert pl.read_parquet(tmp_path / "p.parquet").height == 0 and "of 0 users" in r.stdout
@@ -110,7 +102,7 @@ def test_predict_names_who_it_could_not_score_and_keeps_the_quarantined_rows(tra
 
     def predict(points: pl.DataFrame) -> subprocess.CompletedProcess:
         points.write_parquet(tmp_path / "points.parquet")
-        r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "points.parquet", "--format",
+        r = pgt_here("predict", "--model", "models:/shared@champion", "--input", tmp_path / "points.parquet", "--format",
                 "positionfixes", "--out", tmp_path / "pred.csv", "--tracking-uri", server)
         assert r.returncode == 0, r.stderr[-3000:]
         return r
@@ -143,15 +135,15 @@ def test_evaluate_refuses_data_of_another_preprocessing_run(trained, tmp_path):
     other places. So would data applied with another run's fitted preprocessing."""
     root, server = trained
     preprocess(root / "late.parquet", "positionfixes", tmp_path / "other", progress=False)
-    r = pgt_here("evaluate", "--model", "models:/raw@champion", "--data", tmp_path / "other", "--tracking-uri", server)
+    r = pgt_here("evaluate", "--model", "models:/shared@champion", "--data", tmp_path / "other", "--tracking-uri", server)
     error = r.stderr.strip().splitlines()[-1]  # after MLflow's download progress
     assert r.returncode == 2 and error.startswith("error: ") and "comes from another preprocessing run" in error
     assert "Traceback" not in r.stderr
     preprocess_fitted(root / "late.parquet", "positionfixes", tmp_path / "other", tmp_path / "applied", progress=False)
-    r = pgt_here("evaluate", "--model", "models:/raw@champion", "--data", tmp_path / "applied", "--split",
+    r = pgt_here("evaluate", "--model", "models:/shared@champion", "--data", tmp_path / "applied", "--split",
                  "evaluation", "--tracking-uri", server)
     assert r.returncode == 2 and "applied with the fitted preprocessing of another run" in r.stderr, r.stderr[-2000:]
-    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "applied" / "latest.parquet",
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", tmp_path / "applied" / "latest.parquet",
                  "--out", tmp_path / "p.parquet", "--tracking-uri", server)
     assert r.returncode == 2 and "another run" in r.stderr and not (tmp_path / "p.parquet").exists()
 
@@ -163,8 +155,8 @@ def test_model_doors_name_what_is_missing_and_a_model_folder_works_with_any_stor
     import mlflow
 
     root, server = trained
-    missing = {"models:/nothere@champion": "no registered model 'nothere'", "models:/raw@prod": "no alias 'prod'",
-               "models:/raw/99": "no version '99'", "runs:/0123abcd/model": "no run '0123abcd'", str(tmp_path): "MLmodel"}
+    missing = {"models:/nothere@champion": "no registered model 'nothere'", "models:/shared@prod": "no alias 'prod'",
+               "models:/shared/99": "no version '99'", "runs:/0123abcd/model": "no run '0123abcd'", str(tmp_path): "MLmodel"}
     for uri, words in missing.items():
         for command in (("serve", "--port", 1), ("evaluate", "--data", root / "early"),
                         ("predict", "--input", root / "late.parquet", "--format", "positionfixes", "--out",
@@ -174,7 +166,7 @@ def test_model_doors_name_what_is_missing_and_a_model_folder_works_with_any_stor
             assert r.returncode == 2 and line.startswith("error: ") and words in line, (uri, command[0], r.stderr[-2000:])
             assert "Traceback" not in r.stderr and len(line) < 400
     mlflow.set_tracking_uri(server)
-    folder = Path(mlflow.artifacts.download_artifacts("models:/raw@champion", dst_path=str(tmp_path / "model")))
+    folder = Path(mlflow.artifacts.download_artifacts("models:/shared@champion", dst_path=str(tmp_path / "model")))
     r = run("evaluate", "--model", folder, "--data", root / "early", "--tracking-uri", f"sqlite:///{tmp_path / 'new.db'}")
     assert r.returncode == 0, r.stderr[-2000:]
     generate_positionfixes(SynthConfig(users=30, days=90, seed=3)).write_parquet(tmp_path / "other.parquet")
@@ -193,7 +185,7 @@ def test_a_corrupt_model_is_named_in_one_line(trained, tmp_path):
 
     root, server = trained
     mlflow.set_tracking_uri(server)
-    original = Path(mlflow.artifacts.download_artifacts("models:/raw@champion", dst_path=str(tmp_path / "model")))
+    original = Path(mlflow.artifacts.download_artifacts("models:/shared@champion", dst_path=str(tmp_path / "model")))
     cases = (("model_config.json", "{not json", ": unreadable"), ("manifest.json", "[1, 2]", ": holds a list"),
              ("users.parquet", "PAR1", ": unreadable"), ("users.parquet", None, ": missing"),
              ("locations.parquet", None, ": missing"))
@@ -233,7 +225,7 @@ def served(trained, tmp_path_factory):
     env = {**os.environ, "PGT_STATE_DIR": str(tmp_path_factory.mktemp("serve")), "SERVE_PORT": str(free_port()),
            "MLFLOW_TRACKING_URI": server, "SERVE_MAX_REQUEST_MB": "1", "SERVE_MAX_IN_FLIGHT": "2",
            "SERVE_MAX_BUFFERED_MB": "2", "SERVE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)}
-    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-serve.sh", "models:/raw@champion"], env=env,
+    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-serve.sh", "models:/shared@champion"], env=env,
                              capture_output=True, text=True, timeout=300)
     assert started.returncode == 0, started.stdout + started.stderr
     log = (Path(env["PGT_STATE_DIR"]) / "serve" / "server.log").read_text()
@@ -275,7 +267,7 @@ def test_the_served_model_answers_staypoints_with_the_places_of_pgt_predict(serv
     assert answer["rank"].to_list() == [1, 2, 3] and answer["sample"].unique().to_list() == ["latest"]
     # the same staypoints through pgt predict
     staypoints.write_csv(tmp_path / "staypoints.csv")
-    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--format",
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", tmp_path / "staypoints.csv", "--format",
                  "staypoints", "--out", tmp_path / "pred.parquet", "--top-k", "3", "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-2000:]
     expected = pl.read_parquet(tmp_path / "pred.parquet").filter(sample="latest")
@@ -500,7 +492,7 @@ def test_a_request_that_finds_no_room_within_the_wait_limit_gets_503_with_retry_
 
     root, tracking = trained
     port = free_port()
-    config = ServeConfig(model_uri="models:/raw@champion", tracking_uri=tracking, port=port, max_request_mb=1,
+    config = ServeConfig(model_uri="models:/shared@champion", tracking_uri=tracking, port=port, max_request_mb=1,
                          max_buffered_mb=1, queue_timeout_s=0.5, body_timeout_s=60)
     server = uvicorn.Server(uvicorn.Config(create_app(config), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -612,7 +604,7 @@ def test_a_large_body_is_parsed_and_scored_off_the_event_loop(trained, monkeypat
         return original(*args, **kwargs)
 
     monkeypatch.setattr(server, "parse_body", parse_body)
-    app = server.create_app(ServeConfig(model_uri="models:/raw@champion", tracking_uri=tracking, port=free_port()))
+    app = server.create_app(ServeConfig(model_uri="models:/shared@champion", tracking_uri=tracking, port=free_port()))
     small = json.dumps({"dataframe_records": one_user_staypoints(root).to_dicts()}).encode()
     large = large_request(root)
     assert len(small) <= server.INLINE_BYTES < len(large)
@@ -662,7 +654,7 @@ def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(se
     staypoints.write_csv(tmp_path / "staypoints.csv")
     last_end = datetime.strptime(staypoints["finished_at"].max(), "%Y-%m-%dT%H:%M:%S%z")
     at = (last_end + timedelta(days=1)).isoformat()
-    r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--format",
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", tmp_path / "staypoints.csv", "--format",
                  "staypoints", "--out", tmp_path / "at.parquet", "--top-k", "3", "--at", at, "--tracking-uri", server)
     assert r.returncode == 0, r.stderr[-2000:]
     expected = pl.read_parquet(tmp_path / "at.parquet").filter(sample="latest")
@@ -676,7 +668,7 @@ def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(se
     for args, words in ((["--format", "staypoints", "--at", early], "is before the last visit of user"),
                         (["--format", "staypoints", "--at", "tomorrow"], "--at must be an ISO 8601 time"),
                         (["--at", at], "--at applies to raw GPS points or staypoints")):
-        r = pgt_here("predict", "--model", "models:/raw@champion", "--input", tmp_path / "staypoints.csv", "--out",
+        r = pgt_here("predict", "--model", "models:/shared@champion", "--input", tmp_path / "staypoints.csv", "--out",
                      tmp_path / "x.parquet", *args, "--tracking-uri", server)
         assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
     status, body = post(url, {"dataframe_records": staypoints.to_dicts(), "params": {"at": early}})
@@ -797,11 +789,11 @@ def test_a_packed_array_is_answered_by_the_server_as_the_model_scores_it(served)
     which checks it itself."""
     import mlflow.pyfunc
 
-    from pgt.training.data import MemoryLayout, SequenceDataset
+    from pgt.data.dataset import MemoryLayout, SequenceDataset
 
     url, root, server = served
     mlflow.set_tracking_uri(server)
-    model = mlflow.pyfunc.load_model("models:/raw@champion").unwrap_python_model()
+    model = mlflow.pyfunc.load_model("models:/shared@champion").unwrap_python_model()
     latest = pl.read_parquet(root / "late" / "latest.parquet").head(3)
     dataset = SequenceDataset.from_arrow(latest.to_arrow(), model.packed.cfg.max_len, "latest",
                                          MemoryLayout.of(model.packed.cfg))

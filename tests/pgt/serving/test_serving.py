@@ -13,16 +13,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI, Request
 
-from pgt.serving.server import (
-    WARM_UP_ROUNDS,
-    BadRequest,
-    check_port_free,
-    connect_host,
-    parse_body,
-    records_frame,
-    warm_up_over_socket,
-)
-from pgt.tracking.mlflow_model import _polars
+from pgt.serving.mlflow_model import _polars
+from pgt.serving.requests import BadRequest, parse_body, records_frame
+from pgt.serving.server import WARM_UP_ROUNDS, check_port_free, connect_host, warm_up_over_socket
 
 STAY = {"user_id": 3, "started_at": "2009-07-05T07:08:46+0000", "finished_at": "2009-07-05T08:00:00+0000",
         "latitude": 39.9, "longitude": 116.3}

@@ -7,8 +7,8 @@ import pandas as pd
 import polars as pl
 import pytest
 
-from pgt.serving.server import parse_body
-from pgt.tracking.mlflow_model import _polars
+from pgt.serving.mlflow_model import _polars
+from pgt.serving.requests import parse_body
 
 FRAMES = [
     # what JSON records give: integer and text ids, ISO text times, float coordinates

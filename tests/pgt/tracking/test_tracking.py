@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pgt.tracking.models import model_version
+from pgt.tracking.lineage import model_version
 from pgt.tracking.registry import Evidence, data_digest, register_model
 from pgt.tracking.runs import RIVAL_TAG, SCORE_TAG
 from tests.in_process import pgt_here
@@ -31,41 +31,36 @@ def no_pickle(monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_ALLOW_PICKLE_DESERIALIZATION", "false")
 
 
-@pytest.fixture(scope="module")
-def registered_run(synthetic_sequences, tmp_path_factory, mlflow_server):
-    """`pgt train --register synth` against the server: 3 epochs on the synthetic sequences."""
-    out = tmp_path_factory.mktemp("tracked") / "run"
-    r = run("train", "--data", synthetic_sequences, "--out", out, "--epochs", "3", "--tracking-uri", mlflow_server,
-            "--experiment", "tracking-test", "--register", "synth", "--unseen-slots", "--simulate-unseen")
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "registered synth version 1" in r.stdout and "now champion" in r.stdout
-    assert f"{mlflow_server}/#/experiments/" in r.stdout and "?workflowType=machine_learning" in r.stdout  # the UI's runs
-    return json.loads((out / "metrics.json").read_text())
+def test_train_says_what_it_registered_and_where_its_runs_are(registered_model, mlflow_server):
+    """The run's shared model is `pgt train --register shared` against the server (tests/pgt/conftest.py)."""
+    assert "registered shared version 1" in registered_model.stdout and "now champion" in registered_model.stdout
+    assert f"{mlflow_server}/#/experiments/" in registered_model.stdout  # the UI's runs
+    assert "?workflowType=machine_learning" in registered_model.stdout
 
 
-def test_run_logs_config_epochs_test_metrics_artifacts_and_model(registered_run, mlflow_server):
+def test_run_logs_config_epochs_test_metrics_artifacts_and_model(registered_model, mlflow_server):
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(mlflow_server)
-    run_id = registered_run["mlflow"]["run_id"]
+    run_id = registered_model.metrics["mlflow"]["run_id"]
     data = client.get_run(run_id).data
     assert data.params["d_model"] == "64" and data.params["model"] == "pgt" and data.params["label_smoothing"] == "0.03"
-    assert data.metrics["test_acc_at_1"] == pytest.approx(registered_run["test"]["acc@1"])
-    assert data.metrics["test_in_history_mrr"] == pytest.approx(registered_run["test"]["in_history"]["mrr"])
-    assert data.metrics["test_strict_acc_at_1"] == pytest.approx(registered_run["test"]["strict"]["acc@1"])
-    assert data.metrics["test_new_place_recall"] == pytest.approx(registered_run["test"]["new_place"]["recall"])
+    assert data.metrics["test_acc_at_1"] == pytest.approx(registered_model.metrics["test"]["acc@1"])
+    assert data.metrics["test_in_history_mrr"] == pytest.approx(registered_model.metrics["test"]["in_history"]["mrr"])
+    assert data.metrics["test_strict_acc_at_1"] == pytest.approx(registered_model.metrics["test"]["strict"]["acc@1"])
+    assert data.metrics["test_new_place_recall"] == pytest.approx(registered_model.metrics["test"]["new_place"]["recall"])
     assert data.params["unseen_slots"] == "True"
     losses = client.get_metric_history(run_id, "train_loss")
     assert [m.step for m in sorted(losses, key=lambda m: m.step)] == [0, 1, 2]
     names = {a.path for a in client.list_artifacts(run_id)} | {a.path for a in client.list_artifacts(run_id, "plots")}
     assert {"metrics.json", "data", "plots/gate.png", "plots/pointer_attention.png", "plots/position_bias.png",
             "plots/attention_entropy.png"} <= names
-    version = client.get_model_version_by_alias("synth", "champion")
-    assert version.tags[SCORE_TAG] == repr(registered_run["validation"]["strict"]["acc@1"])
+    version = client.get_model_version_by_alias("shared", "champion")
+    assert version.tags[SCORE_TAG] == repr(registered_model.metrics["validation"]["strict"]["acc@1"])
     assert version.tags[RIVAL_TAG] == "none"
 
 
-def test_the_run_carries_its_lineage(registered_run, synthetic_sequences, mlflow_server):
+def test_the_run_carries_its_lineage(registered_model, mlflow_server):
     """Datasets (digest, path, rows, preprocessing), the command and commit it ran from, system metrics, and
     the registered version's recipe and commit: what made the model, seen in the MLflow UI."""
     import hashlib
@@ -76,14 +71,14 @@ def test_the_run_carries_its_lineage(registered_run, synthetic_sequences, mlflow
     from pgt.tracking.store import EXPERIMENT_KIND
 
     client = MlflowClient(mlflow_server)
-    run = client.get_run(registered_run["mlflow"]["run_id"])
+    run = client.get_run(registered_model.metrics["mlflow"]["run_id"])
     inputs = {i.tags[0].value: i.dataset for i in run.inputs.dataset_inputs}
     assert sorted(inputs) == ["test", "training", "validation"]
     train = inputs["training"]
-    assert train.digest == hashlib.sha256((synthetic_sequences / "train.parquet").read_bytes()).hexdigest()[:16]
-    assert json.loads(train.source)["uri"] == (synthetic_sequences / "train.parquet").resolve().as_uri()
+    assert train.digest == hashlib.sha256((registered_model.data / "train.parquet").read_bytes()).hexdigest()[:16]
+    assert json.loads(train.source)["uri"] == (registered_model.data / "train.parquet").resolve().as_uri()
     profile = json.loads(train.profile)
-    manifest = json.loads((synthetic_sequences / "manifest.json").read_text())
+    manifest = json.loads((registered_model.data / "manifest.json").read_text())
     assert profile["preprocessing"] == manifest["config"] and profile["num_rows"] == manifest["counts"]["samples"]["train"]
     tags = run.data.tags
     assert tags["mlflow.source.name"] == "pgt train" and tags["pgt.recipe"] == "paper"
@@ -92,18 +87,18 @@ def test_the_run_carries_its_lineage(registered_run, synthetic_sequences, mlflow
     assert any(key.startswith("system/system_memory_usage") for key in run.data.metrics)
     experiment = client.get_experiment(run.info.experiment_id)
     assert experiment.tags[EXPERIMENT_KIND[0]] == EXPERIMENT_KIND[1]  # the UI opens on the runs
-    version = client.get_model_version("synth", registered_run["mlflow"]["registered"]["version"])
+    version = client.get_model_version("shared", registered_model.metrics["mlflow"]["registered"]["version"])
     assert version.tags["recipe"] == "paper" and version.tags.get("git_commit") == git_commit()
 
 
-def test_the_logged_model_holds_no_pickle(registered_run, mlflow_server, tmp_path):
+def test_the_logged_model_holds_no_pickle(registered_model, mlflow_server, tmp_path):
     """models-from-code: the code file, a state_dict read with weights_only=True and the config as JSON."""
     import mlflow
     import torch
     import yaml
 
     mlflow.set_tracking_uri(mlflow_server)
-    local = mlflow.artifacts.download_artifacts(registered_run["mlflow"]["model_uri"], dst_path=str(tmp_path))
+    local = mlflow.artifacts.download_artifacts(registered_model.metrics["mlflow"]["model_uri"], dst_path=str(tmp_path))
     files = {p.relative_to(local).as_posix() for p in Path(local).rglob("*") if p.is_file()}
     assert not [f for f in files if f.endswith((".pkl", ".pickle", ".pth"))], files
     mlmodel = yaml.safe_load((Path(local) / "MLmodel").read_text())
@@ -114,7 +109,7 @@ def test_the_logged_model_holds_no_pickle(registered_run, mlflow_server, tmp_pat
     assert all(isinstance(v, torch.Tensor) for v in state.values())
 
 
-def test_the_logged_model_is_self_contained(registered_run, synthetic_sequences, mlflow_server):
+def test_the_logged_model_is_self_contained(registered_model, mlflow_server):
     """The model carries the training data's location and user tables and its manifest, loaded without pickle."""
     import mlflow.pyfunc
     import polars as pl
@@ -122,24 +117,24 @@ def test_the_logged_model_is_self_contained(registered_run, synthetic_sequences,
     os.environ["MLFLOW_ALLOW_PICKLE_DESERIALIZATION"] = "false"
     try:
         mlflow.set_tracking_uri(mlflow_server)
-        wrapper = mlflow.pyfunc.load_model("models:/synth@champion").unwrap_python_model()
+        wrapper = mlflow.pyfunc.load_model("models:/shared@champion").unwrap_python_model()
     finally:
         os.environ.pop("MLFLOW_ALLOW_PICKLE_DESERIALIZATION")
-    manifest = json.loads((synthetic_sequences / "manifest.json").read_text())
+    manifest = json.loads((registered_model.data / "manifest.json").read_text())
     assert wrapper.manifest["config"] == manifest["config"] and wrapper.manifest["vocab"] == manifest["vocab"]
     locations = pl.from_arrow(wrapper.locations)
-    assert locations.equals(pl.read_parquet(synthetic_sequences / "locations.parquet"))
+    assert locations.equals(pl.read_parquet(registered_model.data / "locations.parquet"))
     assert locations.height + 2 == wrapper.packed.cfg.num_locations  # ids 0 and 1 are not places
     assert {"location", "source_location_id", "latitude", "longitude"} <= set(locations.columns)
     assert pl.from_arrow(wrapper.users).height + 1 == wrapper.packed.cfg.num_users
 
 
-def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_sequences, mlflow_server, no_pickle):
-    r = pgt_here("evaluate", "--model", "models:/synth@champion", "--data", synthetic_sequences, "--tracking-uri",
+def test_evaluate_champion_equals_logged_test_metrics(registered_model, mlflow_server, no_pickle):
+    r = pgt_here("evaluate", "--model", "models:/shared@champion", "--data", registered_model.data, "--tracking-uri",
                  mlflow_server)
     assert r.returncode == 0, r.stderr[-3000:]
     printed = json.loads(r.stdout)
-    logged = registered_run["test"]
+    logged = registered_model.metrics["test"]
     for key in ("acc@1", "acc@5", "acc@10", "mrr", "ndcg@10", "f1", "n"):
         assert printed[key] == pytest.approx(logged[key], abs=1e-9), key
         assert key == "f1" or printed["strict"][key] == pytest.approx(logged["strict"][key], abs=1e-9), key
@@ -147,21 +142,21 @@ def test_evaluate_champion_equals_logged_test_metrics(registered_run, synthetic_
     assert printed["in_history"]["n"] + printed["outside_history"]["n"] == printed["n"]
 
 
-def test_predict_writes_top_k(registered_run, synthetic_sequences, mlflow_server, tmp_path, no_pickle):
+def test_predict_writes_top_k(registered_model, mlflow_server, tmp_path, no_pickle):
     import numpy as np
     import polars as pl
 
     out = tmp_path / "pred.parquet"
-    r = pgt_here("predict", "--model", "models:/synth@champion", "--input", synthetic_sequences / "test.parquet",
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", registered_model.data / "test.parquet",
                  "--out", out, "--top-k", "4", "--tracking-uri", mlflow_server)
     assert r.returncode == 0, r.stderr[-3000:]
     # the version that answered, not only the alias: said, and kept in the file's metadata
-    assert "models:/synth@champion is models:/synth/1" in r.stdout
+    assert "models:/shared@champion is models:/shared/1" in r.stdout
     import pyarrow.parquet as pq
 
-    assert pq.read_schema(out).metadata[b"pgt.model_uri"] == b"models:/synth/1"
+    assert pq.read_schema(out).metadata[b"pgt.model_uri"] == b"models:/shared/1"
     pred = pl.read_parquet(out)
-    assert pred.height == registered_run["test"]["n"] and pred.columns == [
+    assert pred.height == registered_model.metrics["test"]["n"] and pred.columns == [
         "row", "user", "top_locations", "top_places", "top_probabilities", "new_place_probability", "target",
         "target_place"]
     top = np.stack(pred["top_locations"].to_list())
@@ -172,23 +167,23 @@ def test_predict_writes_top_k(registered_run, synthetic_sequences, mlflow_server
     target, target_place = pred["target"].to_numpy(), pred["target_place"].to_numpy()
     first_place = pred["top_places"].list.first().fill_null(-1).to_numpy()
     exact = ((top[:, 0] == target) & (target > 1)) | (first_place == target_place)
-    assert 100 * exact.mean() == pytest.approx(registered_run["test"]["strict"]["acc@1"], abs=100 / pred.height + 1e-9)
+    assert 100 * exact.mean() == pytest.approx(registered_model.metrics["test"]["strict"]["acc@1"], abs=100 / pred.height + 1e-9)
     assert ((first_place >= 0) <= (top[:, 0] == 1)).all()  # a place is named only for an unseen prediction
     assert pred["new_place_probability"].is_between(0, 1).all()
 
 
-def test_predict_rejects_a_file_without_history_columns(registered_run, mlflow_server, tmp_path):
+def test_predict_rejects_a_file_without_history_columns(registered_model, mlflow_server, tmp_path):
     import polars as pl
 
     bad = tmp_path / "bad.parquet"
     pl.DataFrame({"user": [1], "locations": [[2, 3]]}).write_parquet(bad)
-    r = pgt_here("predict", "--model", "models:/synth@champion", "--input", bad, "--out", tmp_path / "o.parquet",
+    r = pgt_here("predict", "--model", "models:/shared@champion", "--input", bad, "--out", tmp_path / "o.parquet",
                  "--tracking-uri", mlflow_server)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert str(bad) in r.stderr and "missing column(s) time_slots, weekdays, recency, durations" in r.stderr
 
 
-def test_the_champion_moves_only_on_evidence_that_beats_seed_noise(registered_run, synthetic_sequences, mlflow_server):
+def test_the_champion_moves_only_on_evidence_that_beats_seed_noise(registered_model, mlflow_server):
     """The first version is promoted; a tie and a one-seed gain of 0.8 points stay within seed noise (kept); a much
     higher score measured on other data is not compared (kept); three seeds 3 points better are promoted. Every
     version carries its evidence and the decision as tags, as the MLflow UI's version page shows them."""
@@ -196,8 +191,8 @@ def test_the_champion_moves_only_on_evidence_that_beats_seed_noise(registered_ru
 
     from mlflow.tracking import MlflowClient
 
-    uri, run_id = registered_run["mlflow"]["model_uri"], registered_run["mlflow"]["run_id"]
-    digest = data_digest(synthetic_sequences)
+    uri, run_id = registered_model.metrics["mlflow"]["model_uri"], registered_model.metrics["mlflow"]["run_id"]
+    digest = data_digest(registered_model.data)
     before = os.environ.get("MLFLOW_TRACKING_URI")
     first = register_model(mlflow_server, "rule", uri, run_id, Evidence([0], [50.0], digest))
     # this process's later defaults are not changed: MLflow's set_tracking_uri would write $MLFLOW_TRACKING_URI
@@ -220,12 +215,12 @@ def test_the_champion_moves_only_on_evidence_that_beats_seed_noise(registered_ru
     assert float(promoted.tags[SCORE_TAG]) == pytest.approx(53.0333, abs=1e-3)
 
 
-def test_a_model_uri_names_the_registered_version_behind_it(registered_run, mlflow_server):
+def test_a_model_uri_names_the_registered_version_behind_it(registered_model, mlflow_server):
     """An alias resolves to the version it names now; a version URI names itself; a run's model is no version."""
-    by_alias = model_version(mlflow_server, "models:/synth@champion")
-    assert by_alias == {"name": "synth", "version": 1, "version_uri": "models:/synth/1"}
-    assert model_version(mlflow_server, "models:/synth/1") == by_alias
-    assert model_version(mlflow_server, registered_run["mlflow"]["model_uri"]) is None
+    by_alias = model_version(mlflow_server, "models:/shared@champion")
+    assert by_alias == {"name": "shared", "version": 1, "version_uri": "models:/shared/1"}
+    assert model_version(mlflow_server, "models:/shared/1") == by_alias
+    assert model_version(mlflow_server, registered_model.metrics["mlflow"]["model_uri"]) is None
 
 
 def test_an_ensemble_is_logged_served_stacked_and_evaluated_as_trained(synthetic_sequences, mlflow_server, tmp_path,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from pgt.data.dataset import Batch
+from pgt.data.metrics import target_ranks
 from pgt.network.vocabulary import unseen_slots
 from pgt.training.baselines import MostFrequent
-from pgt.training.data import Batch
-from pgt.training.metrics import target_ranks
 
 
 def history_batch() -> Batch:

@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from infra.errors import InputError
+from pgt.data.dataset import SequenceDataset, Vocab
 from pgt.network.vocabulary import unseen_slots
 from pgt.training.batches import BucketBatchSampler, keep_batch
-from pgt.training.data import SequenceDataset, Vocab
 from pgt.training.unseen import FirstVisits, UnseenSimulation
 from preprocessing.sequences import find_samples, sample_table
 

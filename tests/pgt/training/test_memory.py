@@ -8,9 +8,9 @@ import polars as pl
 import pytest
 import torch
 
+from pgt.data.dataset import MemoryLayout, SequenceDataset, Vocab
 from pgt.network.model import build_model, memory_pointer
 from pgt.network.stacked import StackedTransformer
-from pgt.training.data import MemoryLayout, SequenceDataset, Vocab
 
 LAYOUT = MemoryLayout(places=2, recency=8, durations=96)  # the reference protocol's 8 recency values, 96 buckets
 

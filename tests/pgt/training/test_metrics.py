@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from pgt.data.metrics import Scored, compute_all, compute_metrics, target_ranks, top1, weighted_f1
 from pgt.network.vocabulary import merge_slots
-from pgt.training.metrics import Scored, compute_all, compute_metrics, target_ranks, top1, weighted_f1
 
 
 def test_ranks_with_ties_broken_by_id():

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 from pgt.config import TrainConfig
+from pgt.data.dataset import Vocab, load_splits
 from pgt.network.model import EPS, build_model
 from pgt.training.batches import ResidentBatches
-from pgt.training.data import Vocab, load_splits
 from pgt.training.loss import batch_loss, criterion
-from pgt.training.train import train_loader, train_loop_per_worker
+from pgt.training.state import train_loader
+from pgt.training.train import train_loop_per_worker
 from pgt.training.unseen import FirstVisits, UnseenSimulation
 from pgt.training.worker import Worker
 

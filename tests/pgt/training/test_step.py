@@ -14,8 +14,9 @@ import torch
 
 from pgt.config import TrainConfig
 from pgt.network.model import networks
+from pgt.training.state import fused_seed_model, setup
 from pgt.training.step import WholeStep, portable_optimizer_state
-from pgt.training.train import fused_seed_model, setup, train_epoch, train_loop_per_worker
+from pgt.training.train import train_epoch, train_loop_per_worker
 from pgt.training.worker import Worker
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

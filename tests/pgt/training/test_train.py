@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from pgt.config import TrainConfig
-from pgt.training.data import load_splits
-from pgt.training.scoring import evaluate
-from pgt.training.train import lr_factor, refit_epoch_count, train_loop_per_worker
+from pgt.data.dataset import load_splits
+from pgt.data.scoring import evaluate
+from pgt.training.state import lr_factor, refit_epoch_count
+from pgt.training.train import train_loop_per_worker
 from pgt.training.worker import seed_everything
 from tests.conftest import PROJECT_ROOT
 
@@ -98,8 +99,8 @@ def test_metrics_json_shape(synthetic_sequences, tmp_path):
 def test_the_deployment_block_scores_the_inputs_anchored_at_the_last_visit(synthetic_sequences, tmp_path):
     """A model whose inputs see recency scores the anchored samples differently from the protocol's, and exactly as
     scoring the anchored dataset directly does."""
+    from pgt.data.scoring import evaluate, model_scores
     from pgt.network.checkpoint import load_checkpoint
-    from pgt.training.scoring import evaluate, model_scores
 
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2})
     model, cfg = load_checkpoint(tmp_path / "best.pt")
@@ -205,9 +206,9 @@ def test_slots_are_learned_where_the_data_has_them(geolife_sequences, tmp_path):
     """On six real GeoLife users, with simulated unseen places and slots the model names revisited unseen
     places: on the validation and test targets whose place is an unseen place of the history, its strict
     Acc@5 is well above 0, the most a model without slots can reach (it can name none of them)."""
+    from pgt.data.dataset import SequenceDataset
+    from pgt.data.scoring import model_scores, score_dataset
     from pgt.network.checkpoint import load_checkpoint
-    from pgt.training.data import SequenceDataset
-    from pgt.training.scoring import model_scores, score_dataset
 
     base = {"data_dir": str(geolife_sequences), "epochs": 8, "min_epochs": 8, "seed": 1, "simulate_unseen": True,
             "select_on": "loss", "lr": 1e-3}
@@ -232,9 +233,9 @@ def test_weight_average_is_what_gets_evaluated(synthetic_sequences, tmp_path):
     raw weights of the best epoch's checkpoint, and best.pt scores as metrics.json says."""
     import torch
 
+    from pgt.data.dataset import SequenceDataset
+    from pgt.data.scoring import model_scores
     from pgt.network.checkpoint import load_checkpoint
-    from pgt.training.data import SequenceDataset
-    from pgt.training.scoring import model_scores
     from pgt.training.step import average_weights
 
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2,
@@ -258,7 +259,8 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     validation chose (benchmarks/results/tuned_adoption.json), which beat tuned-2026-11 there."""
     import importlib.util
 
-    from pgt.config import RECIPES, load_recipe_file
+    from pgt.config import load_recipe_file
+    from pgt.recipes import RECIPES
     from tests.conftest import PROJECT_ROOT
 
     path = PROJECT_ROOT / "benchmarks" / "recipe_search.py"
@@ -328,10 +330,10 @@ def test_each_member_of_an_ensemble_learns_as_it_would_alone(synthetic_sequences
     """members 2: each member has its own loss and its own gradient clipping, so without dropout the first member
     (drawn first, with the run's seed) ends with the weights of the same network trained alone; the second
     differs. The ensemble's scores are those of its best.pt."""
+    from pgt.data.dataset import SequenceDataset
+    from pgt.data.scoring import model_scores
     from pgt.network.checkpoint import load_checkpoint
     from pgt.network.model import networks
-    from pgt.training.data import SequenceDataset
-    from pgt.training.scoring import model_scores
 
     base = {"data_dir": str(synthetic_sequences), "epochs": 2, "min_epochs": 2, "seed": 11, "dropout": 0.0,
             "unseen_slots": True, "visit_relations": True, "relation_inputs": True}
@@ -355,7 +357,7 @@ def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     """RECIPES["ensemble"] is `tuned-2026-11` with the number of members whose ensembles score best on validation
     (strict Acc@1, the recipe's select_on) in benchmarks/results/ensemble_size.json."""
 
-    from pgt.config import RECIPES
+    from pgt.recipes import RECIPES
 
     saved = json.loads((PROJECT_ROOT / "benchmarks" / "results" / "ensemble_size.json").read_text())
     # measured on the recipe then named tuned, now tuned-2026-11: the ensemble stays on it until measured again

@@ -46,7 +46,7 @@ def top1(scores: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class Scored:
-    """A split's predictions, as `pgt.training.scoring.score_dataset` gathers them; every array has one entry per sample."""
+    """A split's predictions, as `pgt.data.scoring.score_dataset` gathers them; every array has one entry per sample."""
 
     ranks: np.ndarray  # protocol: 1-based rank of the target id among the V ids
     top1: np.ndarray  # protocol: the top-1 id (1 = unseen in train)

@@ -24,7 +24,7 @@ from pgt.tracking.store import check_tracking_server, mlflow_client, resolve_tra
 
 
 def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
-    """Log best.pt as a models-from-code pyfunc (`pgt/tracking/mlflow_model.py`): the weights as a state_dict, the
+    """Log best.pt as a models-from-code pyfunc (`pgt/serving/mlflow_model.py`): the weights as a state_dict, the
     model's configuration as JSON (and in the model's metadata), the training data's location and user
     tables and manifest (preprocessing config, feature sizes), the pgt package as code. Nothing is
     pickled, so it loads with MLFLOW_ALLOW_PICKLE_DESERIALIZATION=false. With the places, the staypoints
@@ -38,7 +38,7 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
     from mlflow.models import ModelSignature
     from mlflow.types.schema import ParamSchema, ParamSpec
 
-    from pgt.tracking.mlflow_model import CONFIG, DATA_FILES, PLACES, USERS, VISITS, WEIGHTS, example_requests, input_schema
+    from pgt.serving.mlflow_model import CONFIG, DATA_FILES, PLACES, USERS, VISITS, WEIGHTS, example_requests, input_schema
 
     model, cfg = load_checkpoint(checkpoint)
     data_dir = Path(data_dir)
@@ -147,7 +147,7 @@ def model_flavors(model_uri: str) -> dict:
 
 
 def load_pgt_model(model_uri: str, tracking_uri: str | None = None):
-    """A logged pgt model's pyfunc wrapper (`pgt.tracking.mlflow_model.PGTModel`): `.packed` (the torch module),
+    """A logged pgt model's pyfunc wrapper (`pgt.serving.mlflow_model.PGTModel`): `.packed` (the torch module),
     its training data's tables and `.fitted()` (the fitted preprocessing). Nothing is unpickled."""
     use_tracking_uri(check_model_uri(model_uri, tracking_uri))
     if "pytorch" in model_flavors(model_uri):
@@ -178,20 +178,3 @@ def load_model_and_manifest(model_uri: str, tracking_uri: str | None = None) -> 
         return mlflow.pytorch.load_model(model_uri, map_location="cpu").eval(), None
     wrapper = _pyfunc_wrapper(model_uri)
     return wrapper.packed, wrapper.manifest
-
-
-def model_version(tracking_uri: str, model_uri: str) -> dict | None:
-    """The registered version a models:/NAME@ALIAS or models:/NAME/VERSION URI names now: {"name", "version",
-    "version_uri" (models:/NAME/VERSION, which keeps naming it once the alias moves)}; None for another URI."""
-    if not model_uri.startswith("models:/"):
-        return None
-    path = model_uri.removeprefix("models:/")
-    client = mlflow_client(tracking_uri)
-    if "@" in path:
-        name, alias = path.split("@", 1)
-        version = client.get_model_version_by_alias(name, alias).version
-    else:
-        name, _, version = path.partition("/")
-        if not version.isdigit():
-            return None
-    return {"name": name, "version": int(version), "version_uri": f"models:/{name}/{version}"}

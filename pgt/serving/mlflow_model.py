@@ -53,7 +53,9 @@ from mlflow.types.schema import AnyType, Array, ColSpec, Schema
 
 from infra.errors import InputError
 from pgt.config import ModelConfig
-from pgt.network.model import PackedModel, build_model, check_packed
+from pgt.data.dataset import MemoryLayout, SequenceDataset
+from pgt.network.model import build_model
+from pgt.network.packed import PackedModel, check_packed
 from pgt.network.stacked import for_inference
 from pgt.serving.inference import (
     SAMPLE_TIME_COLUMNS,
@@ -64,7 +66,6 @@ from pgt.serving.inference import (
     top_k_of,
     top_k_predictions,
 )
-from pgt.training.data import MemoryLayout, SequenceDataset
 from preprocessing.readers import GEOMETRY_COLUMNS, POSITIONFIX_COLUMNS, STAYPOINT_TIME_COLUMNS
 
 WEIGHTS, CONFIG = "weights", "model_config"  # artifact keys: the model itself
@@ -85,7 +86,7 @@ class Answer(NamedTuple):
 
 
 class PGTModel(PythonModel):
-    """A pyfunc around `pgt.network.model.PackedModel`; `.packed` is the torch module itself."""
+    """A pyfunc around `pgt.network.packed.PackedModel`; `.packed` is the torch module itself."""
 
     # predict takes several input kinds (the module docstring) and checks them itself: MLflow's type-hint
     # validation (and its warning that predict has no type hints) does not apply

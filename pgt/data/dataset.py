@@ -87,7 +87,7 @@ class Batch(NamedTuple):
 
     def packed(self) -> torch.Tensor:
         """The inputs as one (B, 7, T) int64 tensor (the user repeated along T): the interface of
-        `pgt.network.model.PackedModel`, which MLflow logs and serves."""
+        `pgt.network.packed.PackedModel`, which MLflow logs and serves."""
         users = self.users.unsqueeze(1).expand_as(self.locations)
         return torch.stack([self.locations, users, self.times, self.weekdays, self.recency, self.durations, self.slots],
                            dim=1)

@@ -1,18 +1,26 @@
 """Scoring a split: a model's scores of every sample, the ranks of the targets, and the protocol's metrics
-(pgt.training.metrics), for training's validation as for `pgt evaluate`. Under DDP each rank scores its share."""
+(pgt.data.metrics), for training's validation as for `pgt evaluate`. Under DDP each rank scores its share."""
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Protocol
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from pgt.network.vocabulary import merge_slots
-from pgt.training.data import Batch, SequenceDataset
-from pgt.training.metrics import Scored, compute_all, target_ranks, top1
-from pgt.training.worker import Worker
+from pgt.data.dataset import Batch, SequenceDataset
+from pgt.data.metrics import Scored, compute_all, target_ranks, top1
+
+
+class Worker(Protocol):
+    """Where a scoring pass runs among several (pgt.training.worker.Worker is one): this rank of world_size, on
+    device."""
+
+    rank: int
+    world_size: int
+    device: torch.device
 
 
 class Scores(NamedTuple):
