@@ -76,6 +76,24 @@ def average_weights(averaged: torch.nn.Module, model: torch.nn.Module, decay: fl
         mine.copy_(theirs)
 
 
+def train_step(state, batch) -> torch.Tensor:
+    """The one training step, launched op by op or captured (WholeStep): the model's pass and loss, the backward
+    pass, each network's gradients clipped apart (an ensemble's members, fused seeds, as if trained apart), the
+    optimizer step, the moving average of the weights. The batch's loss, on the device. The scaler is float16's
+    loss scaling on CUDA, and passes everything through otherwise (a captured step never has it on)."""
+    loss = state.batch_loss(state.ddp_model, batch, state.model_cfg, state.cfg, state.amp_dtype)
+    state.optimizer.zero_grad(set_to_none=True)
+    state.scaler.scale(loss).backward()
+    state.scaler.unscale_(state.optimizer)
+    for network in networks(state.model):
+        torch.nn.utils.clip_grad_norm_(network.parameters(), state.cfg.grad_clip)
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    if state.averaged is not None:
+        average_weights(state.averaged, state.model, state.cfg.weight_average)
+    return loss.detach()
+
+
 class WholeStep:
     """A run's training step from (B,) batch indices (see the module's docstring). Captured per width on CUDA."""
 
@@ -120,15 +138,7 @@ class WholeStep:
             self.replays += 1
 
     def step(self, idx: torch.Tensor, width: int) -> None:
-        """What every step computes; the same kernels whether launched one by one or replayed from a graph."""
-        state, cfg = self.state, self.state.cfg
-        batch = self.dataset.gather(idx, width)
-        loss = state.batch_loss(state.ddp_model, batch, state.model_cfg, cfg, state.amp_dtype)
-        state.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        for network in networks(state.model):  # an ensemble's members (fused seeds) are clipped apart
-            torch.nn.utils.clip_grad_norm_(network.parameters(), cfg.grad_clip, foreach=True)
-        state.optimizer.step()
-        if state.averaged is not None:
-            average_weights(state.averaged, state.model, cfg.weight_average)
-        self.loss_sum += loss.detach() * idx.shape[0] / self.members  # a member's mean loss, times samples
+        """A batch gathered on the device, then train_step: the same kernels whether launched one by one or
+        replayed from a graph."""
+        loss = train_step(self.state, self.dataset.gather(idx, width))
+        self.loss_sum += loss * idx.shape[0] / self.members  # a member's mean loss, times samples

@@ -23,7 +23,7 @@ from pgt.network.model import networks
 from pgt.tracking.runs import system_metrics
 from pgt.training.finish import finish, mean_metrics
 from pgt.training.state import TrainState, setup
-from pgt.training.step import average_weights
+from pgt.training.step import train_step
 from pgt.training.worker import Worker, all_reduce_mean, local_worker, replicas_in_sync
 
 SELECTION_DIR = "selection"  # a refit's selection run, inside the run's folder
@@ -33,21 +33,11 @@ OUTPUTS = ("metrics.json", "best.pt", "checkpoints", "ray", "plots", "mlflow_run
 
 def eager_steps(state: TrainState) -> tuple[torch.Tensor, int]:
     """An epoch's steps, each launched op by op: (the summed loss, on the device; the samples seen)."""
-    cfg, worker = state.cfg, state.worker
+    worker = state.worker
     loss_sum, seen = torch.zeros((), device=worker.device), 0
     for batch in state.loader:
         batch = batch.to(worker.device, non_blocking=True)
-        loss = state.batch_loss(state.ddp_model, batch, state.model_cfg, cfg, state.amp_dtype)
-        state.optimizer.zero_grad(set_to_none=True)
-        state.scaler.scale(loss).backward()
-        state.scaler.unscale_(state.optimizer)
-        for network in networks(state.model):  # an ensemble's members are clipped apart, as if trained apart
-            torch.nn.utils.clip_grad_norm_(network.parameters(), cfg.grad_clip)
-        state.scaler.step(state.optimizer)
-        state.scaler.update()
-        if state.averaged is not None:
-            average_weights(state.averaged, state.model, cfg.weight_average)
-        loss_sum += loss.detach() * len(batch.targets) / state.model_cfg.members  # a member's mean loss
+        loss_sum += train_step(state, batch) * len(batch.targets) / state.model_cfg.members  # a member's mean loss
         seen += len(batch.targets)
     return loss_sum, seen
 
