@@ -28,6 +28,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
 from train import VARIANTS, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
+from pgt.recipes import RECIPES  # noqa: E402 - after the benchmarks' imports
+
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "recipe_search.json"
 SELECTION = ("Choices use validation metrics only. Runs made by this script never score test (evaluate_test=False). "
              "The records of the first search (all but tuned-2025 seed 1) came from an exploration script that trained "
@@ -47,6 +49,7 @@ TUNED = {**BEST, "lr": 1e-3}  # the tuned recipe before the visit relations
 REL = {**TUNED, "visit_relations": True}
 REL_IN = {**REL, "relation_inputs": True}
 REL_IN2 = {**REL_IN, "relation_order": 2}
+TUNED_SELECTION = {**RECIPES["tuned"], "refit": False}
 # name -> (what changes, settings over the paper recipe); one change at a time where the table reads down
 CONFIGS: dict[str, tuple[str, dict]] = {
     "paper": ("the paper's recipe (the published settings)", {}),
@@ -99,6 +102,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "rel-in2-do4": ("rel-in2 + dropout 0.4", {**REL_IN2, "dropout": 0.4}),
     "rel-in2-do4-l3": ("rel-in2 + dropout 0.4 + 3 layers", {**REL_IN2, "dropout": 0.4, "num_layers": 3}),
     "lr1e3-rel-prev": ("+ previous location embedding", {**REL, "previous_location": True}),
+    # around the tuned recipe (the sweep's winner): its selection run, which gives the refit its held-out validation
+    "tuned-selection": ("the tuned recipe's selection run (train only, no refit)", TUNED_SELECTION),
+    "tuned-distance": ("+ the generator biased by the distance from the current place (place_distance)",
+                       {**TUNED_SELECTION, "place_distance": True}),
 }
 
 

@@ -72,6 +72,8 @@ class ModelSettings:
     memory_gate: bool = setting(True, "With memory_places: the remembered places get a pointer and a gate weight of "
                                       "their own (window, memory, generator); off, one pointer over the history and "
                                       "the remembered places together, the gate as without a memory.")
+    place_distance: bool = setting(False, "The generator scores each known place also by a learned bias for its "
+                                          "distance from the current place, in bands (pgt.network.places).")
     members: int = setting(1, "Networks trained side by side from their own initial weights, each on its own loss; "
                               "the prediction is the mean of their probabilities (an ensemble). Each member costs "
                               "its forward and backward pass.", low=1, high=64)
@@ -105,6 +107,8 @@ class ModelConfig(ModelSettings):
         if self.visit_relations and self.variant not in ("pgt", "pointer"):
             raise SettingsError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
                                 f"got {self.variant!r}")
+        if self.place_distance and self.variant == "lstm-pg":
+            raise SettingsError("place_distance biases the transformer's generator: not variant 'lstm-pg'")
         if self.memory_places and self.variant != "pgt":
             raise SettingsError(f"memory_places gives the transformer's gate a memory to point at: variant 'pgt', "
                                 f"got {self.variant!r}")

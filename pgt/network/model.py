@@ -37,6 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pgt.config import MEMORY_VISIT_EDGES, ModelConfig
+from pgt.network.places import DISTANCE_EDGES_KM, distance_bands
 from pgt.network.vocabulary import extended_ids, visit_ids
 
 EPS = 1e-10
@@ -193,6 +194,11 @@ class PointerGeneratorTransformer(nn.Module):
         self.relation_inputs = nn.ModuleList([nn.Embedding(RELATIONS, d), nn.Embedding(CLOCK_BUCKETS, d)]) \
             if cfg.relation_inputs else None
         self.generator = nn.Linear(d, cfg.num_locations)
+        if cfg.place_distance:  # b[distance band from the current place] over the generator's places
+            self.distance_bias = nn.Parameter(torch.zeros(len(DISTANCE_EDGES_KM) + 2))
+            # (V, 2) latitude and longitude of each location id in degrees, NaN where none (set_place_coordinates)
+            self.register_buffer("place_coords", torch.full((cfg.num_locations, 2), math.nan))
+            self.register_buffer("distance_edges", torch.tensor(DISTANCE_EDGES_KM), persistent=False)
         # with a memory and its own gate, the gate weighs three sources (window, memory, generator) instead of two
         sources = 3 if cfg.memory_places and cfg.memory_gate else 1
         self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, sources))
@@ -226,9 +232,23 @@ class PointerGeneratorTransformer(nn.Module):
             attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)  # (B, T)
         else:
             gate, attention = memory_pointer(self.gate(c), scores, pad, memory)  # (B,), (B, T)
-        p_gen = torch.softmax(self.generator(c), dim=-1)  # (B, V)
+        logits = self.generator(c)  # (B, V)
+        if self.cfg.place_distance:  # the pointer's visits take no such bias: on validation it did not help
+            current = locations.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)  # (B,) the last visit's place
+            logits = logits + lookup(self.distance_bias, distance_bands(self.place_coords, self.distance_edges, current))
+        p_gen = torch.softmax(logits, dim=-1)  # (B, V)
         probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_gen)  # (B, V + S)
         return Output(torch.log(probs + EPS), gate, attention)
+
+
+def set_place_coordinates(model: nn.Module, coords: torch.Tensor) -> None:
+    """Give every network of a place_distance model the (V, 2) coordinates of its location ids (degrees; NaN where
+    none): the data's, once, before training; a checkpoint carries them with the weights."""
+    for net in networks(model):
+        if getattr(net, "place_coords", None) is None or net.place_coords.shape != coords.shape:
+            raise ValueError(f"set_place_coordinates: a place_distance network of {net.cfg.num_locations} locations "
+                             f"takes ({net.cfg.num_locations}, 2) coordinates, got {tuple(coords.shape)}")
+        net.place_coords.copy_(coords)
 
 
 class LSTMPointerGenerator(nn.Module):

@@ -29,6 +29,7 @@ from pgt.network.model import (
     positions_from_end,
     visit_relations,
 )
+from pgt.network.places import distance_bands
 from pgt.network.vocabulary import extended_ids
 
 
@@ -90,6 +91,9 @@ class StackedTransformer(nn.Module):
         self.weights = nn.ParameterDict({name.replace(".", "__"): nn.Parameter(value, requires_grad=False)
                                          for name, value in params.items()})
         self.register_buffer("pe", first.pe.clone(), persistent=False)
+        if self.cfg.place_distance:  # every member holds the data's coordinates: the first's serve them all
+            self.register_buffer("place_coords", first.place_coords.clone(), persistent=False)
+            self.register_buffer("distance_edges", first.distance_edges.clone(), persistent=False)
         self.eps = [(block.norm1.eps, block.norm2.eps) for block in first.encoder.layers]
         self.embed_eps = first.embed.norm.eps
         self.layers = len(first.encoder.layers)
@@ -187,7 +191,11 @@ class StackedTransformer(nn.Module):
         biases = (pos_end, relation, clock) if cfg.visit_relations else (pos_end,)
         scores = scores + self.lookup_sum("pointer_bias", *biases).squeeze(-1)  # (K, B, T)
         attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)  # (K, B, T)
-        p_gen = torch.softmax(_linear(c, w["generator.weight"], w["generator.bias"]), dim=-1)  # (K, B, V)
+        logits = _linear(c, w["generator.weight"], w["generator.bias"])  # (K, B, V)
+        if cfg.place_distance:
+            current = locations.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)  # (B,)
+            logits = logits + w["distance_bias"][:, distance_bands(self.place_coords, self.distance_edges, current)]
+        p_gen = torch.softmax(logits, dim=-1)  # (K, B, V)
         ids, width = extended_ids(locations, slots if cfg.unseen_slots else None, cfg.num_locations)  # (B, T)
         p_ptr = torch.zeros(K, B, width, dtype=attention.dtype, device=attention.device)
         p_ptr = p_ptr.scatter_add(2, ids.expand(K, -1, -1), attention)  # (K, B, V + S)

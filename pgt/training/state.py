@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from infra.errors import InputError, SettingsError
 from pgt.config import ModelConfig, TrackingConfig, TrainConfig
-from pgt.data.dataset import Batch, MemoryLayout, SequenceDataset, Vocab, load_splits
+from pgt.data.dataset import Batch, MemoryLayout, SequenceDataset, Vocab, load_splits, place_coordinates
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint, rng_state, set_rng_state
-from pgt.network.model import Ensemble, build_model, count_parameters
+from pgt.network.model import Ensemble, build_model, count_parameters, set_place_coordinates
 from pgt.tracking.runs import EpochLogger
 from pgt.training.batches import BucketBatchSampler, ResidentBatches, StreamedBatches, keep_batch
 from pgt.training.compilation import compiled
@@ -206,6 +206,8 @@ def setup(config: dict, worker: Worker) -> TrainState:
         model = fused_seed_model(model_cfg, cfg.seed).to(worker.device)
     else:
         model = build_model(model_cfg).to(worker.device)
+    if model_cfg.place_distance:
+        set_place_coordinates(model, place_coordinates(cfg.data_dir, model_cfg.num_locations).to(worker.device))
     if worker.rank:  # the same initial weights everywhere, but each rank its own dropout masks
         torch.manual_seed(cfg.seed + 7919 * worker.rank)
     parameters = count_parameters(model)

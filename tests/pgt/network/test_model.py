@@ -6,7 +6,15 @@ import pytest
 import torch
 
 from pgt.config import VARIANTS, ModelConfig
-from pgt.network.model import Ensemble, FastDropout, build_model, networks, positions_from_end
+from pgt.network.model import (
+    Ensemble,
+    FastDropout,
+    build_model,
+    networks,
+    positions_from_end,
+    set_place_coordinates,
+)
+from pgt.network.places import DISTANCE_EDGES_KM, distance_bands
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -320,3 +328,37 @@ def test_the_one_hot_lookup_trains_what_the_embedding_lookup_trains(tiny_batch, 
     with torch.no_grad():
         model.eval()(*inputs)
     assert calls == []
+
+
+def test_distance_bands_place_each_known_place_by_its_distance_from_the_current_place():
+    """Band 0: no coordinates (ids 0 and 1, or an unknown current place); then by the edges: the current place itself
+    (0 km), 111 m, 11.1 km, and 111 km beyond the last edge."""
+    nan = float("nan")
+    coords = torch.tensor([[nan, nan], [nan, nan], [39.9, 116.4], [39.901, 116.4], [40.0, 116.4], [40.9, 116.4]])
+    edges = torch.tensor(DISTANCE_EDGES_KM)
+    bands = distance_bands(coords, edges, torch.tensor([2, 1]))
+    last = len(DISTANCE_EDGES_KM) + 1
+    assert bands.tolist() == [[0, 0, 1, 2, 8, last], [0, 0, 0, 0, 0, 0]]  # 11.1 km: below 16, the 8th edge
+
+
+def test_place_distance_biases_the_generator_by_the_bands(tiny_batch, tiny_config):
+    """A model with place_distance: with every band's bias at 0 it scores as without; a bias on the band of the
+    places near the current one raises exactly those places' generator probability. Coordinates of another
+    vocabulary are refused."""
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, variant="mhsa", place_distance=True)
+    model = build_model(cfg).eval()
+    coords = torch.tensor([[float("nan")] * 2] * 2 + [[39.9 + 0.5 * (i % 2), 116.4] for i in range(8)])
+    set_place_coordinates(model, coords)
+    before = model(*tiny_batch.inputs()).log_probs
+    torch.manual_seed(0)
+    plain = build_model(dataclasses.replace(tiny_config, variant="mhsa")).eval()
+    assert torch.allclose(before, plain(*tiny_batch.inputs()).log_probs)
+    with torch.no_grad():
+        model.distance_bias[1] = 3.0  # below 100 m: the current place and the other places at its latitude
+    after = model(*tiny_batch.inputs()).log_probs
+    near = distance_bands(coords, model.distance_edges, tiny_batch.locations[torch.arange(3), torch.tensor([3, 1, 0])]) == 1
+    assert (after > before)[near].all() and (after < before)[~near].all()
+    with pytest.raises(ValueError, match="takes \\(10, 2\\) coordinates"):
+        set_place_coordinates(model, coords[:5])
+

@@ -9,7 +9,7 @@ import torch
 
 from pgt.config import ModelConfig
 from pgt.data.dataset import SequenceDataset
-from pgt.network.model import Ensemble, LSTMPointerGenerator, build_model, networks
+from pgt.network.model import Ensemble, LSTMPointerGenerator, build_model, networks, set_place_coordinates
 from pgt.network.stacked import StackedTransformer, for_inference
 
 SWITCHES = {
@@ -19,6 +19,7 @@ SWITCHES = {
     "previous location, slots without identity": {"previous_location": True, "unseen_slots": True,
                                                   "slot_identity": False, "nhead": 1},
     "previous location and its slot": {"previous_location": True, "unseen_slots": True, "visit_relations": True},
+    "place distance, slots": {"place_distance": True, "unseen_slots": True},
 }
 
 
@@ -48,6 +49,9 @@ def test_the_stacked_pass_gives_what_the_members_give(samples, switches, variant
                       variant=variant, members=members, time_slots=96, weekdays=7, recency_days=8,
                       duration_buckets=96, **(shape | switches))
     model = perturbed(cfg)
+    if cfg.place_distance:  # places 0.5 to 50 km apart; ids 0 and 1 have no coordinates
+        coords = torch.rand(cfg.num_locations, 2, generator=torch.Generator().manual_seed(1)) * 0.5 + torch.tensor([39.8, 116.2])
+        set_place_coordinates(model, coords.index_fill(0, torch.tensor([0, 1]), float("nan")))
     stacked = StackedTransformer.of(model)
     unseen = (samples.locations == 1).any(dim=1)  # histories with places unseen in train, and others
     picked = torch.cat([torch.nonzero(unseen).flatten()[:20], torch.nonzero(~unseen).flatten()[:20]])

@@ -110,6 +110,26 @@ def test_the_deployment_block_scores_the_inputs_anchored_at_the_last_visit(synth
     assert not torch.equal(test.recency, test.anchored_at_last_visit().recency)  # the inputs do differ
 
 
+def test_place_distance_trains_with_the_datas_coordinates_and_keeps_them_in_best_pt(synthetic_sequences, tmp_path):
+    """A place_distance run gives its model the data's place coordinates (locations.parquet) before training; best.pt
+    carries them with the weights, so a model loaded back (predict, serve) has them without the data."""
+    import polars as pl
+
+    from pgt.data.dataset import place_coordinates
+    from pgt.network.checkpoint import load_checkpoint
+
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2,
+                                    "d_model": 16, "nhead": 2, "place_distance": True})
+    assert result["model_config"]["place_distance"] is True
+    model, _ = load_checkpoint(tmp_path / "best.pt")
+    places = pl.read_parquet(synthetic_sequences / "locations.parquet")
+    coords = model.place_coords
+    assert torch.allclose(coords, place_coordinates(synthetic_sequences, model.cfg.num_locations), equal_nan=True)
+    assert coords[places["location"].to_numpy()].isnan().sum() == 0 and coords[:2].isnan().all()
+    assert float(coords[int(places["location"][0]), 0]) == pytest.approx(places["latitude"][0], abs=1e-5)
+    assert model.distance_bias.abs().sum() > 0  # learned
+
+
 def test_early_stopping(synthetic_sequences, tmp_path):
     # lr 0 after warmup 1: nothing improves after the first epoch -> stop after min_epochs
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 20,
