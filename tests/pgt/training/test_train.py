@@ -125,7 +125,7 @@ def test_place_distance_trains_with_the_datas_coordinates_and_keeps_them_in_best
     places = pl.read_parquet(synthetic_sequences / "locations.parquet")
     coords = model.place_coords
     assert torch.allclose(coords, place_coordinates(synthetic_sequences, model.cfg.num_locations), equal_nan=True)
-    assert coords[places["location"].to_numpy()].isnan().sum() == 0 and coords[:2].isnan().all()
+    assert coords[places["location"].to_list()].isnan().sum() == 0 and coords[:2].isnan().all()
     assert float(coords[int(places["location"][0]), 0]) == pytest.approx(places["latitude"][0], abs=1e-5)
     assert model.distance_bias.abs().sum() > 0  # learned
 
@@ -374,17 +374,23 @@ def test_each_member_of_an_ensemble_learns_as_it_would_alone(synthetic_sequences
 
 
 def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
-    """RECIPES["ensemble"] is `tuned-2026-11` with the number of members whose ensembles score best on validation
-    (strict Acc@1, the recipe's select_on) in benchmarks/results/ensemble_size.json."""
-
+    """RECIPES["ensemble"] is `tuned` with the number of members benchmarks/results/ensemble_size.json chose on
+    validation (strict Acc@1, the recipe's select_on): the fewest within 0.1 of the best mean, recomputed here from
+    its rows; ensemble-2026-11 is the earlier one, five tuned-2026-11 networks (ensemble_size-tuned-2026-11.json)."""
     from pgt.recipes import RECIPES
 
-    saved = json.loads((PROJECT_ROOT / "benchmarks" / "results" / "ensemble_size.json").read_text())
-    # measured on the recipe then named tuned, now tuned-2026-11: the ensemble stays on it until measured again
+    results = PROJECT_ROOT / "benchmarks" / "results"
+    saved = json.loads((results / "ensemble_size.json").read_text())
     assert "validation" in saved["selection"].lower() and saved["recipe"] == "tuned"
-    best = max(saved["sizes"], key=lambda r: r["protocol_validation_strict_acc@1"]["mean"])
-    assert RECIPES["ensemble"] == {**RECIPES["tuned-2026-11"], "members": best["members"]}
-    assert TrainConfig.from_recipe("ensemble", data_dir=".", out_dir=".").network.members == best["members"]
+    assert saved["members_trained"][0]["epochs_run"] == RECIPES["tuned"]["epochs"]  # measured on the tuned of now
+    best = max(r["protocol_validation_strict_acc@1"]["mean"] for r in saved["sizes"])
+    fewest = min(r["members"] for r in saved["sizes"] if r["protocol_validation_strict_acc@1"]["mean"] >= best - 0.1)
+    assert saved["chosen_members"] == fewest == 4
+    assert RECIPES["ensemble"] == {**RECIPES["tuned"], "members": fewest}
+    assert TrainConfig.from_recipe("ensemble", data_dir=".", out_dir=".").network.members == fewest
+    earlier = json.loads((results / "ensemble_size-tuned-2026-11.json").read_text())
+    best_then = max(earlier["sizes"], key=lambda r: r["protocol_validation_strict_acc@1"]["mean"])
+    assert RECIPES["ensemble-2026-11"] == {**RECIPES["tuned-2026-11"], "members": best_then["members"]}
 
 
 def test_default_threads_follow_omp_num_threads_else_the_usable_cores(monkeypatch):
