@@ -106,6 +106,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "tuned-selection": ("the tuned recipe's selection run (train only, no refit)", TUNED_SELECTION),
     "tuned-distance": ("+ the generator biased by the distance from the current place (place_distance)",
                        {**TUNED_SELECTION, "place_distance": True}),
+    "tuned-recent-20": ("+ each person's latest 20% of train samples twice an epoch (recent_repeat 0.2)",
+                        {**TUNED_SELECTION, "recent_repeat": 0.2}),
+    "tuned-recent-40": ("+ each person's latest 40% of train samples twice an epoch (recent_repeat 0.4)",
+                        {**TUNED_SELECTION, "recent_repeat": 0.4}),
 }
 
 

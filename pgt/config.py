@@ -237,6 +237,7 @@ class TrainConfig:
                                              "before each sample.", low=0.0, high=1.0)
     known_fraction_max: float = setting(1.0, "With simulate_unseen: the cutoff's highest fraction (at least the "
                                              "lowest).", low=0.0, high=1.0)
+    recent_repeat: float = setting(0.0, "Each person's latest samples, this fraction of them, twice an epoch.", low=0.0, high=1.0)
     grad_clip: float = setting(0.8, "Largest gradient norm.", low=0.0, low_open=True)
     weight_average: float = setting(0.0, "Decay of a moving average of the weights, evaluated and kept instead of "
                                          "them (e.g. 0.99); 0 = off.", low=0.0, high=1.0, high_open=True)

@@ -364,6 +364,16 @@ class SequenceDataset(Dataset):
             joined.target_kinds = None
         return joined
 
+    def subset(self, indices: np.ndarray) -> SequenceDataset:
+        """The samples at `indices`, in that order (an index may repeat)."""
+        picked = copy.copy(self)
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        for name, mine in vars(self).items():
+            if isinstance(mine, torch.Tensor):
+                setattr(picked, name, mine[idx])
+        picked.target_kinds = self.target_kinds[indices] if self.target_kinds is not None else None
+        return picked
+
     def __len__(self) -> int:
         return len(self.targets)
 
@@ -423,21 +433,3 @@ def load_splits(data_dir: Path | str, max_len: int = ModelConfig.max_len, vocab:
         for split, dataset in splits.items():
             vocab.check_features(dataset, Path(data_dir) / f"{split}.parquet")
     return splits
-
-
-def place_coordinates(data_dir, num_locations: int) -> torch.Tensor:
-    """(num_locations, 2) latitude and longitude (degrees) of each location id, from the data's locations.parquet;
-    NaN for ids 0 and 1 and any id the table lacks. InputError naming the file where it cannot be read."""
-    path = Path(data_dir) / "locations.parquet"
-    try:
-        table = pq.read_table(path, columns=["location", "latitude", "longitude"])
-    except (OSError, pa.ArrowException) as exc:
-        raise InputError(path, f"place_distance needs the places' coordinates: {str(exc).strip().splitlines()[0]}") from None
-    ids = table["location"].to_numpy()
-    if len(ids) and (ids.min() < 2 or ids.max() >= num_locations):
-        raise InputError(path, f"column location holds {ids.min()}..{ids.max()}; the vocabulary has ids 2.."
-                               f"{num_locations - 1}")
-    coords = torch.full((num_locations, 2), float("nan"), dtype=torch.float32)
-    coords[torch.from_numpy(ids.astype(np.int64))] = torch.from_numpy(
-        np.stack([table["latitude"].to_numpy(), table["longitude"].to_numpy()], axis=1).astype(np.float32))
-    return coords

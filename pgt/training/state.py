@@ -18,7 +18,14 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from infra.errors import InputError, SettingsError
 from pgt.config import ModelConfig, TrackingConfig, TrainConfig
-from pgt.data.dataset import Batch, MemoryLayout, SequenceDataset, Vocab, load_splits, place_coordinates
+from pgt.data.dataset import (
+    Batch,
+    MemoryLayout,
+    SequenceDataset,
+    Vocab,
+    load_splits,
+)
+from pgt.data.tables import latest_samples, place_coordinates
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint, rng_state, set_rng_state
 from pgt.network.model import Ensemble, build_model, count_parameters, set_place_coordinates
 from pgt.tracking.runs import EpochLogger
@@ -228,9 +235,13 @@ def setup(config: dict, worker: Worker) -> TrainState:
         train_set = splits["train"]
         if "validation" in learned_from:
             train_set = train_set.concatenated(splits["validation"])
+        visits = FirstVisits.from_data_dir(cfg.data_dir, vocab, learned_from) if cfg.simulate_unseen else None
+        if cfg.recent_repeat:  # each person's latest samples once more, after the others
+            again = latest_samples(cfg.data_dir, learned_from, cfg.recent_repeat)
+            train_set = train_set.concatenated(train_set.subset(again))
+            visits = visits.extended(again) if visits is not None else None
         if cfg.simulate_unseen:
-            train_set = UnseenSimulation(train_set, FirstVisits.from_data_dir(cfg.data_dir, vocab, learned_from),
-                                         cfg.known_fraction_min, cfg.known_fraction_max)
+            train_set = UnseenSimulation(train_set, visits, cfg.known_fraction_min, cfg.known_fraction_max)
         loader = train_loader(train_set, cfg, worker)
     averaged = copy.deepcopy(model) if cfg.weight_average else None
     state = TrainState(cfg, worker, model_cfg, model, model, batch_loss, averaged, optimizer, scheduler, scaler,

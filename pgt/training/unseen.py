@@ -49,6 +49,10 @@ class FirstVisits:
                                     f"staypoint in {path} (expected every target_started_at among the user's staypoints)")
         return cls(torch.from_numpy(first_day), torch.from_numpy(days.to_numpy().astype(np.float32)))
 
+    def extended(self, again: np.ndarray) -> FirstVisits:
+        """The same first visits for the samples followed by the samples at `again` once more (recent_repeat)."""
+        return FirstVisits(self.first_day, torch.cat([self.sample_day, self.sample_day[torch.as_tensor(again)]]))
+
 
 class UnseenSimulation(Dataset):
     """The train split as later splits look to the model: there, locations first visited after the

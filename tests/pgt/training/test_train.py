@@ -115,7 +115,7 @@ def test_place_distance_trains_with_the_datas_coordinates_and_keeps_them_in_best
     carries them with the weights, so a model loaded back (predict, serve) has them without the data."""
     import polars as pl
 
-    from pgt.data.dataset import place_coordinates
+    from pgt.data.tables import place_coordinates
     from pgt.network.checkpoint import load_checkpoint
 
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 2,
@@ -128,6 +128,20 @@ def test_place_distance_trains_with_the_datas_coordinates_and_keeps_them_in_best
     assert coords[places["location"].to_list()].isnan().sum() == 0 and coords[:2].isnan().all()
     assert float(coords[int(places["location"][0]), 0]) == pytest.approx(places["latitude"][0], abs=1e-5)
     assert model.distance_bias.abs().sum() > 0  # learned
+
+
+def test_recent_repeat_shows_each_persons_latest_samples_once_more(synthetic_sequences, tmp_path):
+    """recent_repeat 0.3: an epoch holds the train split plus each person's latest 30% once more (latest_samples'
+    count), with simulate_unseen too (each repeated sample keeps its own day); validation is untouched."""
+    from pgt.data.tables import latest_samples
+
+    base = {"data_dir": str(synthetic_sequences), "epochs": 1, "d_model": 16, "nhead": 2, "simulate_unseen": True}
+    plain = train_loop_per_worker({**base, "out_dir": str(tmp_path / "plain")})
+    again = train_loop_per_worker({**base, "out_dir": str(tmp_path / "again"), "recent_repeat": 0.3})
+    extra = len(latest_samples(synthetic_sequences, ("train",), 0.3))
+    assert 0 < extra < plain["history"][0]["samples"]
+    assert again["history"][0]["samples"] == plain["history"][0]["samples"] + extra
+    assert again["validation"]["n"] == plain["validation"]["n"]
 
 
 def test_early_stopping(synthetic_sequences, tmp_path):
