@@ -49,6 +49,9 @@ def check_streamable(cfg: TrainConfig) -> None:
     if cfg.refit or cfg.train_on != "train":
         raise SettingsError("refit (train_on train+validation) learns from two splits in memory; the streamed path reads "
                             "train.parquet alone: use --data-engine memory")
+    if cfg.recent_repeat:
+        raise SettingsError("recent_repeat repeats the latest samples of the train split in memory; the streamed path "
+                            "reads train.parquet as it is: use --data-engine memory")
     if cfg.simulate_unseen:
         raise SettingsError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
                             "use --data-engine memory, or a recipe without it")

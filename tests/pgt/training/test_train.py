@@ -144,6 +144,17 @@ def test_recent_repeat_shows_each_persons_latest_samples_once_more(synthetic_seq
     assert again["validation"]["n"] == plain["validation"]["n"]
 
 
+def test_the_streamed_path_refuses_what_needs_the_train_split_in_memory():
+    from infra.errors import SettingsError
+    from pgt.training.state import check_streamable
+
+    for settings, words in (({"recent_repeat": 0.2}, "recent_repeat repeats"), ({"simulate_unseen": True}, "simulate_unseen"),
+                            ({"refit": True}, "refit")):
+        with pytest.raises(SettingsError, match=words):
+            check_streamable(TrainConfig.from_dict({"data_dir": ".", "out_dir": ".", **settings}))
+    check_streamable(TrainConfig.from_dict({"data_dir": ".", "out_dir": "."}))
+
+
 def test_early_stopping(synthetic_sequences, tmp_path):
     # lr 0 after warmup 1: nothing improves after the first epoch -> stop after min_epochs
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 20,
