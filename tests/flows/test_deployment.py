@@ -210,12 +210,16 @@ def test_cancelling_a_training_flow_run_stops_ray_closes_its_run_and_a_rerun_res
     points = state / "input" / "cancelled.parquet"  # its own input: its own sequences and run folder
     points.parent.mkdir()
     generate_positionfixes(SynthConfig(users=8, days=70, seed=5)).write_parquet(points)
-    given = ("--param", f"input_path={points}")
+    # the paper's recipe without early stopping: how many epochs the run reaches before the cancel depends on the
+    # machine's speed, and the rerun must train exactly the epochs asked of it
+    recipe = state / "input" / "no-early-stop.yaml"
+    recipe.write_text("patience: 1000\n")
+    given = ("--param", f"input_path={points}", "--param", f"recipe_file={recipe}")
     started = subprocess.run([prefect, "deployment", "run", "preprocess-and-train/demo", *given, "--param", "epochs=60"],
                              env=env, capture_output=True, text=True, timeout=120)
     assert started.returncode == 0, started.stderr[-2000:]
     flow_run = started.stdout.split("UUID:")[1].split()[0]
-    run_dir = state / "runs" / "cancelled"
+    run_dir = state / "runs" / "cancelled-no-early-stop"  # the input's name, then the recipe file's
     worker = int((state / "prefect" / "worker.pid").read_text())
     deadline = time.monotonic() + 300
     while len(list((run_dir / "ray" / "train").glob("epoch_*"))) < 2:  # two checkpoints: it trains under Ray
