@@ -1,14 +1,12 @@
-"""The typed configs of the model, training and its launch, and the registries the `pgt` command and the
-flows build their choices from. Every default lives here, once; nothing here imports torch, so the command
-line can show them without loading it.
+"""The typed configs of the model, training and its launch, and the registries the `pgt` command and the flows build
+their choices from. Every default lives here, once; nothing here imports torch, so the command line can show them
+without loading it. Each setting is one field with its help, bounds and choices (infra.settings.setting).
 
     ModelSettings the network's shape and switches: what a recipe or a sweep chooses
     ModelConfig   those settings with the data's sizes (pgt.network.model builds it)
     TrainConfig   one training run (pgt.training.train runs it), holding its ModelSettings (`network`); a named recipe
                   sets some settings (pgt.recipes). Its dict (to_dict, from_dict) is flat: the network's settings
                   sit beside the others, as recipe files, sweeps and MLflow params name them.
-
-Each setting is one field with its help, bounds and choices (infra.settings.setting).
     LaunchConfig  where it runs: this process or Ray Train workers (pgt.training.distributed launches it)
 """
 
@@ -72,6 +70,8 @@ class ModelSettings:
     memory_gate: bool = setting(True, "With memory_places: the remembered places get a pointer and a gate weight of "
                                       "their own (window, memory, generator); off, one pointer over the history and "
                                       "the remembered places together, the gate as without a memory.")
+    usual_places: bool = setting(False, "The pointer scores each visit also by learned biases for being at the "
+                                        "window's usual night and day places (pgt.network.places.usual_places).")
     place_distance: bool = setting(False, "The generator scores each known place also by a learned bias for its "
                                           "distance from the current place, in bands (pgt.network.places).")
     members: int = setting(1, "Networks trained side by side from their own initial weights, each on its own loss; "
@@ -107,8 +107,8 @@ class ModelConfig(ModelSettings):
         if self.visit_relations and self.variant not in ("pgt", "pointer"):
             raise SettingsError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
                                 f"got {self.variant!r}")
-        if self.place_distance and self.variant == "lstm-pg":
-            raise SettingsError("place_distance biases the transformer's generator: not variant 'lstm-pg'")
+        if self.variant == "lstm-pg" and (self.place_distance or self.usual_places):
+            raise SettingsError("place_distance and usual_places bias the transformer's scores: not variant 'lstm-pg'")
         if self.memory_places and self.variant != "pgt":
             raise SettingsError(f"memory_places gives the transformer's gate a memory to point at: variant 'pgt', "
                                 f"got {self.variant!r}")

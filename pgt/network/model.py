@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pgt.config import MEMORY_VISIT_EDGES, ModelConfig
-from pgt.network.places import DISTANCE_EDGES_KM, distance_bands
+from pgt.network.places import DISTANCE_EDGES_KM, USUAL_KINDS, distance_bands, usual_places
 from pgt.network.vocabulary import extended_ids, visit_ids
 
 EPS = 1e-10
@@ -191,6 +191,7 @@ class PointerGeneratorTransformer(nn.Module):
         # b[relation to the last visit] and b[hours after now, same weekday as the target] (visit_relations)
         self.relation_bias = nn.Parameter(torch.zeros(RELATIONS)) if cfg.visit_relations else None
         self.clock_bias = nn.Parameter(torch.zeros(CLOCK_BUCKETS)) if cfg.visit_relations else None
+        self.usual_bias = nn.Parameter(torch.zeros(USUAL_KINDS)) if cfg.usual_places else None  # b[usual place flags]
         self.relation_inputs = nn.ModuleList([nn.Embedding(RELATIONS, d), nn.Embedding(CLOCK_BUCKETS, d)]) \
             if cfg.relation_inputs else None
         self.generator = nn.Linear(d, cfg.num_locations)
@@ -228,6 +229,10 @@ class PointerGeneratorTransformer(nn.Module):
         scores = scores + lookup(self.position_bias, pos_end)  # (B, T)
         if self.relation_bias is not None:
             scores = scores + lookup(self.relation_bias, relation) + lookup(self.clock_bias, clock)  # (B, T)
+        if self.usual_bias is not None:
+            ids = visit_ids(locations, slots if self.cfg.unseen_slots else None, self.cfg.num_locations)
+            window = ~pad if memory is None else ~pad & ~memory
+            scores = scores + lookup(self.usual_bias, usual_places(ids, times, window, self.cfg.time_slots))  # (B, T)
         if memory is None or not self.cfg.memory_gate:  # one pointer (over the remembered places too, if any)
             attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)  # (B, T)
         else:

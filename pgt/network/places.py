@@ -22,3 +22,26 @@ def distance_bands(coords: torch.Tensor, edges: torch.Tensor, current: torch.Ten
     km = 2 * EARTH_RADIUS_KM * torch.asin(a.clamp(0.0, 1.0).sqrt())  # (B, V), NaN where a place has no coordinates
     bands = torch.bucketize(km, edges, right=True) + 1
     return bands.masked_fill(km.isnan(), 0)
+
+
+NIGHT_HOURS = (20, 6)  # usual_places: a visit starting from 20:00 to before 06:00 is a night visit
+DAY_HOURS = (8, 18)  # and one starting from 08:00 to before 18:00 a day visit
+USUAL_KINDS = 4  # usual_places' flags: 2 * [at the usual night place] + [at the usual day place]
+
+
+def usual_places(ids: torch.Tensor, times: torch.Tensor, window: torch.Tensor, time_slots: int) -> torch.Tensor:
+    """(B, T) flags of each visit: 2 * [its place is the window's usual night place] + [the usual day place], where
+    a usual place is the one with the most visits starting at night (NIGHT_HOURS) or in the day (DAY_HOURS) among
+    the window's visits (`window` (B, T): True on them; remembered places and padding are not), ties to each; a
+    window without such visits has none. `ids` (B, T) tell places apart (visit_ids: unseen places by their slots),
+    `times` are the stored time slots + 1, each 1440 / time_slots minutes."""
+    hour = (((times - 1).clamp_min(0) * (1440 // time_slots)) // 60)  # (B, T)
+    night = window & ((hour >= NIGHT_HOURS[0]) | (hour < NIGHT_HOURS[1]))
+    day = window & (hour >= DAY_HOURS[0]) & (hour < DAY_HOURS[1])
+    same = ids.unsqueeze(2) == ids.unsqueeze(1)  # (B, T, T)
+    flags = torch.zeros_like(ids)
+    for weight, kind in ((2, night), (1, day)):
+        count = (same & kind.unsqueeze(1)).sum(dim=2) * window  # (B, T) the visit's place's visits of that kind
+        top = count.amax(dim=1, keepdim=True)  # (B, 1)
+        flags = flags + weight * ((count == top) & (top > 0)).long()
+    return flags

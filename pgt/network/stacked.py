@@ -29,8 +29,8 @@ from pgt.network.model import (
     positions_from_end,
     visit_relations,
 )
-from pgt.network.places import distance_bands
-from pgt.network.vocabulary import extended_ids
+from pgt.network.places import distance_bands, usual_places
+from pgt.network.vocabulary import extended_ids, visit_ids
 
 
 def _linear(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -189,6 +189,9 @@ class StackedTransformer(nn.Module):
         key = _linear(h, w["key.weight"], w["key.bias"])  # (K, B, T, d)
         scores = torch.einsum("kbd,kbtd->kbt", query, key) / math.sqrt(cfg.d_model)
         biases = (pos_end, relation, clock) if cfg.visit_relations else (pos_end,)
+        if cfg.usual_places:  # a stacked model has no memory: every visit that is not padding is the window's
+            ids = visit_ids(locations, slots if cfg.unseen_slots else None, cfg.num_locations)
+            biases = (*biases, usual_places(ids, times, ~pad, cfg.time_slots))
         scores = scores + self.lookup_sum("pointer_bias", *biases).squeeze(-1)  # (K, B, T)
         attention = torch.softmax(scores.masked_fill(pad, float("-inf")), dim=-1)  # (K, B, T)
         logits = _linear(c, w["generator.weight"], w["generator.bias"])  # (K, B, V)
@@ -208,7 +211,7 @@ class StackedTransformer(nn.Module):
 
 FOLDED = "embed.folded"  # the visit embedding's tables, projected and side by side (fold_embedding)
 GROUPS = {"relation_inputs": ("relation_inputs.0.weight", "relation_inputs.1.weight"),  # each looked up as one table
-          "pointer_bias": ("position_bias", "relation_bias", "clock_bias")}
+          "pointer_bias": ("position_bias", "relation_bias", "clock_bias", "usual_bias")}
 
 
 def fold_embedding(params: dict, first: PointerGeneratorTransformer) -> dict[str, int]:

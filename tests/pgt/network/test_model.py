@@ -14,7 +14,7 @@ from pgt.network.model import (
     positions_from_end,
     set_place_coordinates,
 )
-from pgt.network.places import DISTANCE_EDGES_KM, distance_bands
+from pgt.network.places import DISTANCE_EDGES_KM, distance_bands, usual_places
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -361,4 +361,15 @@ def test_place_distance_biases_the_generator_by_the_bands(tiny_batch, tiny_confi
     assert (after > before)[near].all() and (after < before)[~near].all()
     with pytest.raises(ValueError, match="takes \\(10, 2\\) coordinates"):
         set_place_coordinates(model, coords[:5])
+
+
+def test_usual_places_flag_the_windows_most_visited_night_and_day_places():
+    """Time slots of 15 minutes, stored + 1: 23:00 is slot 93, 03:00 slot 13, 10:00 slot 41, 14:00 slot 57. Place 5 has
+    two night visits, place 7 one night and one day visit, place 9 two day visits; padding and a remembered place
+    (not the window's) count for nothing; a window without night visits has no night place."""
+    ids = torch.tensor([[5, 7, 5, 9, 9, 7, 8, 0], [4, 4, 6, 0, 0, 0, 0, 0]])
+    times = torch.tensor([[93, 13, 13, 41, 57, 41, 93, 0], [41, 57, 41, 0, 0, 0, 0, 0]])
+    window = (ids != 0) & torch.tensor([[True] * 6 + [False] * 2, [True] * 8])  # the 8 is remembered, not the window's
+    flags = usual_places(ids, times, window, 96)
+    assert flags.tolist() == [[2, 0, 2, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
 

@@ -20,6 +20,8 @@ SWITCHES = {
                                                   "slot_identity": False, "nhead": 1},
     "previous location and its slot": {"previous_location": True, "unseen_slots": True, "visit_relations": True},
     "place distance, slots": {"place_distance": True, "unseen_slots": True},
+    "usual places, slots, relations": {"usual_places": True, "unseen_slots": True, "visit_relations": True},
+    "usual places": {"usual_places": True},
 }
 
 
@@ -43,7 +45,7 @@ def samples(synthetic_sequences) -> SequenceDataset:
 @pytest.mark.parametrize("members", [1, 3])
 def test_the_stacked_pass_gives_what_the_members_give(samples, switches, variant, members):
     if variant == "mhsa" and switches.get("visit_relations"):
-        switches = {k: v for k, v in switches.items() if "relation" not in k}  # relations bias the pointer only
+        switches = {k: v for k, v in switches.items() if "relation" not in k and k != "usual_places"}  # pointer only
     shape = {"d_model": 16, "nhead": 2, "num_layers": 2, "dim_feedforward": 24, "dropout": 0.3, "max_len": 16}
     cfg = ModelConfig(num_locations=int(samples.locations.max()) + 1, num_users=int(samples.users.max()) + 1,
                       variant=variant, members=members, time_slots=96, weekdays=7, recency_days=8,
