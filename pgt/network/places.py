@@ -1,6 +1,7 @@
 """Where places are: the great-circle distance from the current place to every known place, in the bands whose
-biases a place_distance model learns (pgt.network.model). The coordinates are the data's (locations.parquet), held
-by the model as a buffer, so a model loaded back needs no data to measure them."""
+biases a place_distance model learns (pgt.network.model), and the window's usual night and day places (usual_places).
+The coordinates are the data's (locations.parquet), held by the model as a buffer, so a model loaded back needs no
+data to measure them; the usual places come from the visits the model reads."""
 
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ def usual_places(ids: torch.Tensor, times: torch.Tensor, window: torch.Tensor, t
     a usual place is the one with the most visits starting at night (NIGHT_HOURS) or in the day (DAY_HOURS) among
     the window's visits (`window` (B, T): True on them; remembered places and padding are not), ties to each; a
     window without such visits has none. `ids` (B, T) tell places apart (visit_ids: unseen places by their slots),
-    `times` are the stored time slots + 1, each 1440 / time_slots minutes."""
-    hour = (((times - 1).clamp_min(0) * (1440 // time_slots)) // 60)  # (B, T)
+    `times` are the stored time slots + 1, time_slots to a day."""
+    hour = ((times - 1).clamp_min(0) * 24) // time_slots  # (B, T) the hour each visit starts in
     night = window & ((hour >= NIGHT_HOURS[0]) | (hour < NIGHT_HOURS[1]))
     day = window & (hour >= DAY_HOURS[0]) & (hour < DAY_HOURS[1])
     same = ids.unsqueeze(2) == ids.unsqueeze(1)  # (B, T, T)
