@@ -3,7 +3,7 @@
 Checks out `--before` and `--after` (commits; after: HEAD) in git worktrees and runs, in each checkout with its
 own benchmark scripts and code (PYTHONPATH), alternating before / after for each round so that drift of the machine falls on both:
 
-- `pgt preprocess` of the full GeoLife Parquet (benchmarks/preprocess.py, --repeat 1): wall seconds;
+- `pgt preprocess` of the full GeoLife Parquet (benchmarks/preprocess.py, --repeat 1): wall seconds and peak RSS;
 - CPU training of the tuned recipe on the published sequences (benchmarks/train.py, one seed, --epochs epochs):
   training samples per second (median over epochs) and the run's wall seconds;
 - the served model (benchmarks/predict.py, the tuned recipe trained one epoch): one-user request latency, median
@@ -36,6 +36,7 @@ DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "before_after.json"
 # figure -> (where in a benchmark's JSON, whether higher is better)
 FIGURES = {
     "preprocess_wall_s": (("preprocess", "wall_s"), False),
+    "preprocess_peak_gib": (("preprocess", "peak_rss_gib"), False),
     "train_samples_per_second": (("train", "train_samples_per_second_median"), True),
     "train_wall_s": (("train", "wall_s"), False),
     "served_median_ms": (("predict", "median_ms"), False),

@@ -31,13 +31,13 @@ DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "data_engine.json"
 
 def run(data_dir: Path, engine: str, epochs: int, workers: int) -> dict:
     from pgt.config import LaunchConfig, TrainConfig
-    from pgt.training.distributed import run_training
+    from pgt.training.run import run_training
 
     cfg = TrainConfig(data_dir=str(data_dir), out_dir=str(WORK / "data_engine" / engine), epochs=epochs,
                       min_epochs=epochs, resume=False, seed=0)
     sampler = LargestProcess(os.getpid(), every_s=0.5)
     began = time.perf_counter()
-    result = run_training(cfg, LaunchConfig(workers=workers, data_engine=engine))
+    result = run_training(cfg, LaunchConfig(workers=workers, data_engine=engine)).to_dict()
     wall = time.perf_counter() - began
     peak = sampler.stop()
     speeds = [row["samples_per_second"] for row in result["history"][1:]] or [result["samples_per_second"]]

@@ -31,12 +31,12 @@ TARGET_SPEEDUP = 1.6  # 2 CPU workers against 1 (issue 4)
 
 def run(data_dir: Path, label: str, workers: int, epochs: int, use_gpu: bool = False) -> dict:
     from pgt.config import LaunchConfig, TrainConfig
-    from pgt.training.distributed import run_training
+    from pgt.training.run import run_training
 
     cfg = TrainConfig(data_dir=str(data_dir), out_dir=str(WORK / "ddp" / label), epochs=epochs, min_epochs=epochs,
                       resume=False, seed=0)
     began = time.perf_counter()
-    result = run_training(cfg, LaunchConfig(workers=workers, gpu=use_gpu))
+    result = run_training(cfg, LaunchConfig(workers=workers, gpu=use_gpu)).to_dict()
     wall = time.perf_counter() - began
     speeds = [row["samples_per_second"] for row in result["history"][1:]] or [result["samples_per_second"]]
     return {"label": label, "workers": max(workers, 1), "ray": workers > 0, "gpu": use_gpu, "epochs": result["epochs_run"],

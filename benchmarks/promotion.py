@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
     from pgt.tracking.registry import SEED_NOISE_FLOOR, Z, old_rule
-    from pgt.training.distributed import run_training
+    from pgt.training.run import run_training
 
     data_dir = args.data_dir or sequences(DEFAULT_INPUT, VARIANTS["published"])
     store = args.work / f"mlflow-{int(time.time())}"  # a fresh registry: the first registration is the first champion
@@ -53,7 +53,7 @@ def main() -> None:
                                       seed=seed, resume=False, evaluate_test=False)  # promotion reads no test
         tracking = TrackingConfig(tracking_uri, experiment="promotion", register=MODEL_NAME, source="benchmarks/promotion.py")
         began = time.perf_counter()
-        result = run_training(cfg, LaunchConfig(workers=0), tracking)
+        result = run_training(cfg, LaunchConfig(workers=0), tracking).to_dict()
         registered = result["mlflow"]["registered"]
         score = registered["validation_strict_acc@1"]
         old = old_rule(score, old_champion)

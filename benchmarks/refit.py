@@ -94,7 +94,7 @@ def scaled_epochs(seed: int, data_dir: Path) -> int:
 def run_one(arm: str, seed: int, data_dir: str, record: str) -> dict:
     """`tuned` in one arm (ARMS), trained as `pgt train` does; its record is written to `record` (JSON)."""
     from pgt.config import LaunchConfig, TrainConfig
-    from pgt.training.distributed import run_training
+    from pgt.training.run import run_training
 
     out = Path(record).with_suffix("")
     settings = {"refit": arm == "refit", "refit_epochs": "selected"}
@@ -104,7 +104,7 @@ def run_one(arm: str, seed: int, data_dir: str, record: str) -> dict:
     cfg = TrainConfig.from_recipe("tuned", **settings, data_dir=data_dir, out_dir=str(out), seed=seed,
                                   resume=False, threads=1)
     began = time.perf_counter()
-    result = run_training(cfg, LaunchConfig(workers=0))
+    result = run_training(cfg, LaunchConfig(workers=0)).to_dict()
     held_out, live = result["test"], result["deployment"]["test"]
     row = {"arm": arm, "refit": arm != "no-refit", "seed": seed, "wall_s": round(time.perf_counter() - began, 1),
            "selected_epoch": result.get("refit", {}).get("epochs", result["best_epoch"]),

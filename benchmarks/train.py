@@ -127,7 +127,7 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
     worker (a local Ray, the GPU where `device` is "cuda"). `options`: TrainConfig settings over the recipe's."""
     from pgt.config import BASELINES, LaunchConfig, TrainConfig
     from pgt.training.baselines import evaluate_baseline
-    from pgt.training.distributed import run_training
+    from pgt.training.run import run_training
 
     folder = "train" if device == "cpu" and engine == "in-process" and not options else f"train-{device}-{engine}"
     out = (work / folder / data_dir.name / (model if recipe == "paper" else f"{model}-{Path(recipe).stem}")
@@ -146,9 +146,9 @@ def run_one(model: str, recipe: str, seed: int, data_dir: Path, epochs: int | No
     if model in BASELINES:
         result = evaluate_baseline(cfg)
     elif engine == "ray-train":
-        result = run_training(config, LaunchConfig(workers=1, gpu=device == "cuda"))
+        result = run_training(config, LaunchConfig(workers=1, gpu=device == "cuda")).to_dict()
     else:  # in this process, as `pgt train` without --workers (a refit recipe's two runs included)
-        result = run_training(config, LaunchConfig(workers=0))
+        result = run_training(config, LaunchConfig(workers=0)).to_dict()
     wall = time.perf_counter() - began
     row = {"model": label(model, recipe), "recipe": recipe, "seed": seed, "wall_s": round(wall, 1),
            "engine": engine, "options": options or {}, "configuration": configuration(model, recipe, engine, options),

@@ -34,13 +34,13 @@ def preprocess_and_train(parameters: PreprocessAndTrainParameters) -> dict:
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
     if s.tune:  # the sweep's model is its winner's recipe trained, registered on the winner's evidence
         result = tasks.tune(s.sweep_config, s.tracking_config, s.address)
-        validation = result["final"]["validation"]
+        validation, model = result["final"]["validation"], result["final"]["mlflow"]  # the final run's model
     else:
         result = tasks.train(s.train_config, s.launch_config, s.tracking_config)
-        validation = result["validation"]
+        validation, model = result["validation"], result["mlflow"]
     logged = result["mlflow"]
-    evaluated = tasks.evaluate(logged["model_uri"], s.sequences_dir, s.tracking_uri)
-    registered = tasks.register(s.tracking_uri, s.model_name, logged["model_uri"], logged["run_id"], result["evidence"])
+    evaluated = tasks.evaluate(model["model_uri"], s.sequences_dir, s.tracking_uri)
+    registered = tasks.register(s.tracking_uri, s.model_name, model["model_uri"], model["run_id"], result["evidence"])
     tasks.publish(s.report(evaluated, validation, logged, registered))
     return {"sequences": str(s.sequences_dir), "manifest_counts": manifest["counts"], "test": evaluated,
             "mlflow": logged, "registered": registered}

@@ -22,9 +22,10 @@ from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
 from pgt.serving.evaluate import evaluate_model
 from pgt.serving.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
 from pgt.tracking.lineage import model_version
-from pgt.tracking.registry import Evidence, register_model
+from pgt.tracking.registry import Evidence
 from pgt.tracking.runs import log_predictions as log_prediction_run
-from pgt.training.distributed import run_training
+from pgt.training.run import TrackedRun, run_training
+from pgt.training.run import register as register_run
 from preprocessing.config import SynthConfig, load_config
 from preprocessing.engine import EngineConfig, mapper
 from preprocessing.pipeline import STEPS, StageRun, cached_stage, reusable_manifest, run_step, stage_input, write_stages
@@ -102,7 +103,7 @@ def sequences(previous: Path, input_path: Path, input_format: str, config_file: 
 @task(name="train", cache_policy=NO_CACHE)
 def train(train_config: TrainConfig, launch_config: LaunchConfig, tracking_config: TrackingConfig) -> dict:
     """Ray Train (or one process with workers=0); the run is logged to MLflow, not registered yet."""
-    return run_training(train_config, launch_config, tracking_config)
+    return run_training(train_config, launch_config, tracking_config).to_dict()
 
 
 @task(name="tune", cache_policy=NO_CACHE)
@@ -122,7 +123,7 @@ def evaluate(model_uri: str, data_dir: Path, tracking_uri: str) -> dict:
 def register(tracking_uri: str, name: str, model_uri: str, run_id: str, evidence: dict) -> dict:
     """A new registry version with its evidence (pgt.tracking.registry.Evidence as a dict); the alias champion moves to it
     only if that beats the champion's by more than seed noise (pgt.tracking.registry.promotion_decision)."""
-    return register_model(tracking_uri, name, model_uri, run_id, Evidence(**evidence))
+    return register_run(TrackedRun(tracking_uri, run_id, model_uri), name, Evidence(**evidence))
 
 
 @task(name="publish", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)

@@ -174,8 +174,8 @@ def train(
     from pgt.tracking.runs import RECIPE_TAG, run_url
     from pgt.tracking.store import check_tracking_server, resolve_tracking_uri
     from pgt.training.compilation import check_compile_toolchain
-    from pgt.training.distributed import run_training
     from pgt.training.report import EpochPrinter, print_metrics
+    from pgt.training.run import run_training
     from pgt.training.train import OUTPUTS
 
     # a folder without manifest.json fails in Vocab.from_manifest with an InputError
@@ -199,10 +199,10 @@ def train(
     if cfg.compile_model:
         check_compile_toolchain()  # before any data is read: the run would fail at its first step
     result = run_training(cfg, launch, tracking, on_epoch=EpochPrinter())
-    print_metrics(result)
+    print_metrics(result.to_dict())
     typer.echo(f"wrote {out / 'metrics.json'}")
-    typer.echo(f"mlflow: {run_url(result['mlflow']['tracking_uri'], result['mlflow']['run_id'])}")
-    registered = result["mlflow"].get("registered")
+    typer.echo(f"mlflow: {run_url(result.mlflow.tracking_uri, result.mlflow.run_id)}")
+    registered = result.mlflow.registered
     if registered:
         typer.echo(f"registered {registered['name']} version {registered['version']} "
                    f"(strict validation acc@1 {registered['validation_strict_acc@1']:.2f}): {champion_verdict(registered)}")

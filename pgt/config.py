@@ -7,7 +7,7 @@ without loading it. Each setting is one field with its help, bounds and choices 
     TrainConfig   one training run (pgt.training.train runs it), holding its ModelSettings (`network`); a named recipe
                   sets some settings (pgt.recipes). Its dict (to_dict, from_dict) is flat: the network's settings
                   sit beside the others, as recipe files, sweeps and MLflow params name them.
-    LaunchConfig  where it runs: this process or Ray Train workers (pgt.training.distributed launches it)
+    LaunchConfig  where it runs: this process or Ray Train workers (pgt.training.run launches it)
 """
 
 from __future__ import annotations

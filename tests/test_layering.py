@@ -105,6 +105,30 @@ def test_pgt_sub_packages_are_floors():
     assert floor_violations(import_graph()) == []
 
 
+# the training loop and what it runs each epoch: it reports every epoch through one channel (on_epoch) and knows
+# neither MLflow nor Ray; the run layer (pgt.training.run, pgt.training.ray_train) connects them
+LOOP_MODULES = ("pgt.training.train", "pgt.training.state", "pgt.training.step", "pgt.training.finish",
+                "pgt.training.batches", "pgt.training.loss", "pgt.training.worker")
+TRACKING = ("mlflow", "ray", "pgt.tracking", "pgt.serving")
+
+
+def loop_leaks(root: Path = PROJECT_ROOT) -> list[str]:
+    """Imports of MLflow, Ray, tracking or serving by the loop's modules, or of the loop's modules' importers'
+    registration by anyone but the run layer."""
+    files = module_files(root)
+    leaks = [f"{module} imports {name}" for module in LOOP_MODULES if module in files
+             for name, _ in imports_of(files[module], module)
+             if any(name == t or name.startswith(f"{t}.") for t in TRACKING)]
+    leaks += [f"{module} imports register_model" for module, path in files.items()
+              if module not in ("pgt.training.run", "pgt.tracking.registry")
+              and "pgt.tracking.registry.register_model" in {name for name, _ in imports_of(path, module)}]
+    return leaks
+
+
+def test_the_loop_knows_neither_mlflow_nor_ray_and_one_module_registers():
+    assert loop_leaks() == []
+
+
 def test_every_module_sits_in_a_package_of_its_layer():
     """pgt holds no loose modules beyond its command line and its settings: each subsystem has its folder."""
     loose = {m for m, path in module_files().items() if m.count(".") == 1 and m.startswith("pgt.")
@@ -163,6 +187,15 @@ def test_the_checks_see_what_they_guard(tmp_path):
         (tmp_path / "pgt" / package / "m.py").write_text(source)
         assert floor_violations(import_graph(tmp_path)) != [], source
         (tmp_path / "pgt" / package / "m.py").unlink()
+    # the loop importing MLflow (inside a function) or the tracking package, and a second caller of register_model
+    (tmp_path / "pgt" / "tracking" / "registry.py").write_text("def register_model():\n    pass\n")
+    for module, source in (("pgt/training/train.py", "def f():\n    import mlflow\n"),
+                           ("pgt/training/state.py", "from pgt.tracking.s import x\n"),
+                           ("tune/sweep.py", "from pgt.tracking.registry import register_model\n")):
+        (tmp_path / module).parent.mkdir(exist_ok=True)
+        (tmp_path / module).write_text(source)
+        assert loop_leaks(tmp_path) != [], module
+        (tmp_path / module).unlink()
 
 
 def test_pgt_tune_comes_from_the_tune_package_through_an_entry_point():

@@ -72,7 +72,7 @@ class SweepConfig:
 
     @property
     def metric(self) -> str:
-        """The name of the objective among the metrics each epoch reports (distributed.flat_metrics)."""
+        """The name of the objective among the metrics each epoch reports (pgt.training.ray_train.flat_metrics)."""
         return f"validation_{self.objective}"
 
     def to_dict(self) -> dict:

@@ -1,11 +1,12 @@
 """`pgt tune`: a Ray Tune sweep over the PGT's hyper-parameters, on a local Ray or a Ray cluster.
 
-Each trial runs the same training (`pgt.training.distributed.run_training`): in the trial's process when it has
+Each trial runs the same training (`pgt.training.run.run_training`): in the trial's process when it has
 one worker, or as a TorchTrainer inside the trial with W > 1 workers, reporting to Tune through
 `TuneReportCallback` (the pattern Ray Train V2 documents for Train with Tune). ASHA stops bad trials
 early; Optuna's TPE proposes configurations (random search on request). MLflow gets a parent run per
-sweep and a child run per trial; the best trial's checkpoint is evaluated on test, logged to the parent
-run and registered under the champion rule. `DIR/tune.json` holds the best config and a row per trial.
+sweep and a child run per trial; the winner's final run (a child run too) scores test once and logs its model,
+which the run layer registers under the champion rule on the sweep's evidence. `DIR/tune.json` holds the best
+config and a row per trial.
 
 This module is the driver; what runs inside a trial is tune/trial.py, the sweep's folder and its record of each
 trial tune/records.py, and the table, finalists and winner tune/results.py.
@@ -23,12 +24,12 @@ from infra.output import output_lock, write_json_atomically
 from infra.process import interruptible, uninterrupted
 from infra.ray_session import prepare_ray_env, ray_session
 from pgt.config import selection_score
-from pgt.serving.models import log_pytorch_model
-from pgt.tracking.lineage import log_datasets, source_tags
-from pgt.tracking.registry import Evidence, register_model
-from pgt.tracking.runs import end_run, metrics_of, reopen_run, start_run, system_metrics, terminate_run
-from pgt.tracking.store import mlflow_client, use_tracking_uri
-from pgt.training.distributed import check_splits
+from pgt.tracking.lineage import source_tags
+from pgt.tracking.registry import Evidence
+from pgt.tracking.runs import end_run, metrics_of, open_run, system_metrics, terminate_run
+from pgt.tracking.store import mlflow_client
+from pgt.training.ray_train import RESULT_KEY
+from pgt.training.run import TrackedRun, open_data, register
 from tune.config import SweepConfig
 from tune.records import BASE, CONFIRMATION, EXPERIMENT_NAME, FINAL, make_trial_events, trial_dirname, trial_ended
 from tune.results import (
@@ -63,17 +64,17 @@ def stage_tuner(name: str, trainable, spec: SweepConfig, tracking, resume: bool,
 
 
 def train_final(spec: SweepConfig, recipe_file: Path, tracking, resume: bool) -> dict:
-    """The final run as a Tune experiment of one trial (the search's resources; resumable). Returns its
-    metrics.json; RuntimeError when it did not finish."""
+    """The final run as a Tune experiment of one trial (the search's resources; resumable). Returns its result
+    (metrics.json's content, with its MLflow run), as its trial reported it; RuntimeError when it did not finish."""
 
     out = Path(spec.out_dir)
     grid = stage_tuner(FINAL, run_final, spec, tracking, resume, {"recipe_file": str(recipe_file)}).fit()
-    done = out / FINAL / "metrics.json"
-    if not done.is_file():
+    done = [r.metrics[RESULT_KEY] for r in grid if r.error is None and r.metrics and RESULT_KEY in r.metrics]
+    if not done:
         errors = [str(r.error).splitlines()[0] for r in grid if r.error]
         raise RuntimeError(f"{out / FINAL}: the winner's final run did not finish"
                            + (f" ({errors[0]})" if errors else f"; resume it with `pgt tune --resume {out}`"))
-    return json.loads(done.read_text())
+    return json.loads(done[0])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -90,7 +91,7 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
     out = Path(spec.out_dir).resolve()
     spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
     # before any run, folder or Ray starts: an empty split would fail every trial max_failures + 1 times
-    check_splits(Path(spec.data_dir))
+    open_data(spec.data_dir)
     with interruptible(), output_lock(out, command="pgt tune"):  # SIGTERM as run_training takes it
         return _run_sweep(spec, tracking, address, resume, register)
 
@@ -164,14 +165,14 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
                 result["final"] = {"wall_s": round(time.monotonic() - began, 1), "seed": spec.seed,
                                    "validation": headline_metrics(final["validation"]),
                                    "test": headline_metrics(final["test"]), "refit": final.get("refit"),
-                                   "epochs_run": final["epochs_run"]}
+                                   "epochs_run": final["epochs_run"], "mlflow": final.get("mlflow")}
                 result["best_checkpoint"] = str(out / FINAL / "best.pt")
                 result["best_test"] = headline_metrics(final["test"])
                 result["evidence"] = sweep_evidence(spec, result)
             else:  # the search's winner is a recipe file only: no model, and test stays unread
                 result["final"] = result["best_checkpoint"] = result["best_test"] = None
         if tracking:
-            result["mlflow"] = _log_sweep(spec, tracking, result, register, final["test"] if final else None)
+            result["mlflow"] = _log_sweep(spec, tracking, result, register, final)
         write_json_atomically(out / "tune.json", result, indent=2, default=float)
         status = "FINISHED"
         return result
@@ -243,29 +244,24 @@ def _searcher(spec: SweepConfig):
 
 
 def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
+    """The sweep's MLflow run: the one sweep.json records when resuming (reopened), else a new one."""
     if tracking is None:
         return None
-
     saved = out / "sweep.json"
-    if resume and saved.is_file():
-        previous = json.loads(saved.read_text()).get("tracking")
-        if previous and previous["tracking_uri"] == tracking.tracking_uri and reopen_run(tracking.tracking_uri,
-                                                                                        previous["run_id"]):
-            return dataclasses.replace(tracking, run_id=previous["run_id"])
+    previous = json.loads(saved.read_text()).get("tracking") if resume and saved.is_file() else None
     params = {k: v for k, v in spec.to_dict().items() if k != "space"} | {"space": spec.space.to_dict()}
-    run_id = start_run(tracking, params, run_name=f"sweep-{out.name}",
-                       tags={"pgt.kind": "sweep", **source_tags(tracking.source), **tracking.tags})
-    log_datasets(tracking.tracking_uri, run_id, Path(spec.data_dir))
-    return dataclasses.replace(tracking, run_id=run_id)
+    return open_run(tracking, previous, resume, params, f"sweep-{out.name}",
+                    {"pgt.kind": "sweep", **source_tags(tracking.source), **tracking.tags}, Path(spec.data_dir))
 
 
-def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None, test: dict | None) -> dict:
-    """Parent run: best config, the final run's test metrics (`test`, as that run scored its best checkpoint: test
-    is not scored again), the trials plot, tune.json, the final run's best checkpoint as a model; registered under
-    the champion rule when asked. Without a final run (`test` None): no test metrics and no model."""
-
-    import mlflow
+def _log_sweep(spec: SweepConfig, tracking, result: dict, name: str | None, final: dict | None) -> dict:
+    """Parent run: best config, the final run's test metrics (as that run scored its best checkpoint: test is not
+    scored again), the trials plot and tune.json. The model is the final run's, logged to its own child run;
+    registered under the champion rule when asked (`name`), on the sweep's evidence. Without a final run: no test
+    metrics and no model."""
     from mlflow.entities import Metric, Param
+
+    test = final["test"] if final else None
 
     client = mlflow_client(tracking.tracking_uri)
     now = int(time.time() * 1000)
@@ -283,15 +279,12 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, register: str | None, 
     client.log_artifact(tracking.run_id, str(out / "tune.json"))
     client.log_artifact(tracking.run_id, result["best_recipe"])
     logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id}
-    if test is None:
+    if final is None:
         return logged
-    use_tracking_uri(tracking.tracking_uri)
-    with mlflow.start_run(run_id=tracking.run_id):
-        info = log_pytorch_model(Path(result["best_checkpoint"]), Path(spec.data_dir))
-    logged["model_uri"] = info.model_uri
-    if register:  # on the evidence: the confirmed winner's mean over fresh seeds, else the final run's validation
-        logged["registered"] = register_model(tracking.tracking_uri, register, info.model_uri, tracking.run_id,
-                                              Evidence(**result["evidence"]))
+    model = TrackedRun(**final["mlflow"])  # the final run's
+    logged["model_uri"] = model.model_uri
+    if name:  # on the evidence: the confirmed winner's mean over fresh seeds, else the final run's validation
+        logged["registered"] = register(model, name, Evidence(**result["evidence"]))
     return logged
 
 

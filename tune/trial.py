@@ -13,7 +13,8 @@ from pathlib import Path
 from infra.output import write_json_atomically
 from pgt.config import LaunchConfig, TrackingConfig, TrainConfig, load_recipe_file
 from pgt.network.checkpoint import read_checkpoint
-from pgt.training.distributed import flat_metrics, run_training
+from pgt.training.ray_train import RESULT_KEY, flat_metrics, tune_epochs
+from pgt.training.run import run_training
 from tune.config import SweepConfig
 from tune.records import FINAL, FINALISTS
 
@@ -54,15 +55,18 @@ def finalist_dir(out: Path, name: str, seeds: list[int]) -> Path:
 
 def run_final(config: dict, sweep: dict, tracking: dict | None) -> None:
     """Tune's function trainable of the final run: the winner's recipe file trained on the sweep's seed, refit and
-    test included, as `pgt train --recipe-file best_recipe.yaml` trains it (resumed from its own checkpoints)."""
+    test included, as `pgt train --recipe-file best_recipe.yaml` trains it (resumed from its own checkpoints), its
+    model logged to its own MLflow run. Its result goes back to the driver in its report (RESULT_KEY)."""
     import ray.tune
 
     spec = SweepConfig.from_dict(sweep)
     out_dir = Path(spec.out_dir) / FINAL
     cfg = final_config(spec, Path(config["recipe_file"]), out_dir)
     launch = LaunchConfig(workers=0) if spec.workers_per_trial == 1 else trial_workers(spec)
-    result = run_training(cfg, launch, child_tracking(tracking, "final"))
-    ray.tune.report({"validation_strict_acc@1": result["validation"]["strict"]["acc@1"]})
+    child = child_tracking(tracking, "final")
+    result = run_training(cfg, launch, dataclasses.replace(child, log_model=True) if child else None)
+    ray.tune.report({"validation_strict_acc@1": result.validation["strict"]["acc@1"],
+                     RESULT_KEY: json.dumps(result.to_dict(), default=float)})
 
 
 def final_config(spec: SweepConfig, recipe_file: Path, out_dir: Path):
@@ -105,9 +109,7 @@ def train_in_trial(spec: SweepConfig, cfg, out_dir: Path, tracking: dict | None,
 
         run_training(cfg, LaunchConfig(workers=0), child, on_epoch=report)
     else:  # the TorchTrainer restarts its own workers; Tune restarts the trial's driver
-        from ray.tune.integration.ray_train import TuneReportCallback
-
-        run_training(cfg, trial_workers(spec), child, callbacks=[TuneReportCallback()])
+        run_training(cfg, trial_workers(spec), child, callbacks=[tune_epochs()])
 
 
 def finished_before(cfg, out_dir: Path, checkpoint: Path) -> bool:

@@ -142,8 +142,6 @@ def register_model(tracking_uri: str, name: str, model_uri: str, run_id: str, ev
     client = mlflow_client(tracking_uri)
     run_tags = client.get_run(run_id).data.tags
     lineage = {tag: run_tags[key] for key, tag in VERSION_TAGS.items() if key in run_tags}
-    if run_tags.get("pgt.kind") == "sweep":  # a sweep's model, logged to the sweep's own run
-        lineage["sweep_run_id"] = run_id
     try:
         champion = client.get_model_version_by_alias(name, CHAMPION)
     except MlflowException:

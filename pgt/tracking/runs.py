@@ -16,6 +16,7 @@ MLflow names allow no "@", so metric keys read `validation_acc_at_1`, `test_ndcg
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import time
 import warnings
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from infra.process import shorten, uninterrupted
 from pgt.config import TrackingConfig
-from pgt.tracking.lineage import input_dataset, model_version, source_tags
+from pgt.tracking.lineage import input_dataset, log_datasets, model_version, source_tags
 from pgt.tracking.store import check_tracking_server, experiment_id, mlflow_client, open_sqlite_store, use_tracking_uri
 
 CHAMPION = "champion"
@@ -96,6 +97,21 @@ def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = Non
         client.log_batch(run.info.run_id, params=items[start:start + 100], tags=[RunTag("pgt.kind", "train")]
                          if start == 0 and "pgt.kind" not in all_tags else [])
     return run.info.run_id
+
+
+def open_run(tracking: TrackingConfig, saved: dict | None, resume: bool, params: dict, run_name: str, tags: dict,
+             data_dir: Path) -> TrackingConfig:
+    """The MLflow run a command logs into, as `tracking` with its run_id: the run `saved` records (an earlier
+    invocation's {"tracking_uri", "experiment", "run_id"}) reopened when resuming it, unless it finished or is gone;
+    else a new one with the params, the tags and the data's splits as dataset inputs (the saved run, left RUNNING by a
+    process that died, closed as FAILED first). Every training run and sweep starts here."""
+    if saved and saved.get("tracking_uri") == tracking.tracking_uri and saved.get("experiment") == tracking.experiment:
+        if resume and reopen_run(tracking.tracking_uri, saved["run_id"]):
+            return dataclasses.replace(tracking, run_id=saved["run_id"])
+        close_abandoned_run(tracking.tracking_uri, saved["run_id"])
+    run_id = start_run(tracking, params, run_name=run_name, tags=tags, parent_run_id=tracking.parent_run_id)
+    log_datasets(tracking.tracking_uri, run_id, data_dir)
+    return dataclasses.replace(tracking, run_id=run_id)
 
 
 def run_status(tracking_uri: str, run_id: str) -> str | None:

@@ -1,6 +1,6 @@
 """The end of a training run: the best epoch's weights scored on validation (and test), with the inputs serving
-has too; best.pt and metrics.json written by rank 0 (and logged to MLflow). Fused seeds end as several seeds'
-evidence."""
+has too; best.pt and metrics.json written by rank 0 (the run layer, pgt.training.run, logs them). Fused seeds end as
+several seeds' evidence."""
 
 from __future__ import annotations
 
@@ -8,13 +8,9 @@ import dataclasses
 from pathlib import Path
 
 from infra.output import write_json_atomically
-from pgt.config import TrackingConfig
 from pgt.data.scoring import evaluate, model_scores
 from pgt.network.checkpoint import write_torch_file
 from pgt.network.model import networks
-from pgt.serving.models import log_pytorch_model
-from pgt.tracking.runs import log_result
-from pgt.tracking.store import mlflow_client, use_tracking_uri
 from pgt.training.state import TrainState
 
 
@@ -34,8 +30,8 @@ def mean_metrics(each: list[dict]) -> dict:
 
 
 def finish(state: TrainState) -> dict:
-    """The best epoch's weights scored on validation (and test), best.pt and metrics.json written by rank 0
-    (and logged to MLflow): the run's result."""
+    """The best epoch's weights scored on validation (and test), best.pt and metrics.json written by rank 0 into
+    worker.outputs (else the run's out_dir): the run's result."""
     cfg, worker = state.cfg, state.worker
     if state.seeds is not None:
         return finish_fused(state)
@@ -47,35 +43,20 @@ def finish(state: TrainState) -> dict:
                          worker) if cfg.evaluate_test else None,
         "validation": evaluate(scores, state.splits["validation"], cfg.eval_batch_size, worker.device,
                                state.validation_loss(), worker),
-        # the inputs a live prediction has: recency from the last visit's day, the target's day unknown
-        # (a refit's validation ones are its selection run's, set below)
+        # the inputs a live prediction has: recency from the last visit's day, the target's day unknown (not of a
+        # validation split the run learned from: a refit's held-out figures are its selection run's)
         "deployment": {split: evaluate(scores, state.splits[split].anchored_at_last_visit(), cfg.eval_batch_size,
                                        worker.device, worker=worker)
                        for split in ("validation", "test")
-                       if (split == "validation" and state.held_out is None) or (split == "test" and cfg.evaluate_test)},
+                       if (split == "validation" and cfg.train_on == "train") or (split == "test" and cfg.evaluate_test)},
         **run_summary(state),
     }
-    if state.held_out is not None:  # a refit learned from validation: its held-out figures are the selection run's
-        learned = result["validation"]
-        result["validation"] = state.held_out["validation"]
-        result["deployment"] = {"validation": state.held_out["deployment_validation"], **result["deployment"]}
-        result["refit"] = {**{k: v for k, v in state.held_out.items() if "validation" not in k},
-                           "trained_on": cfg.train_on, "epochs": cfg.stop_after_epochs,
-                           "epochs_rule": cfg.refit_epochs,
-                           "validation_learned_from": {"acc@1": learned["acc@1"],
-                                                       "strict_acc@1": learned["strict"]["acc@1"]}}
     if worker.is_chief:
-        out_dir = Path(cfg.out_dir)
+        out_dir = worker.outputs or Path(cfg.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_torch_file({"model": state.best_state, "model_config": dataclasses.asdict(state.model_cfg),
                           "config": cfg.to_dict(), "best_epoch": state.best_epoch}, out_dir / "best.pt")
         write_json(out_dir / "metrics.json", result)
-        if state.tracking is not None:
-            log_result(state.tracking, result, out_dir, Path(cfg.data_dir))
-            model_uri = log_model(state.tracking, out_dir, Path(cfg.data_dir))
-            result["mlflow"] = {"tracking_uri": state.tracking.tracking_uri, "run_id": state.tracking.run_id,
-                                "model_uri": model_uri}
-            write_json(out_dir / "metrics.json", result)
     return result
 
 
@@ -132,32 +113,10 @@ def finish_fused(state: TrainState) -> dict:
         **run_summary(state),  # its best_epoch: the latest of the seeds' best epochs
     }
     if worker.is_chief:
-        out_dir = Path(cfg.out_dir)
+        out_dir = worker.outputs or Path(cfg.out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(out_dir / "metrics.json", result)
-        if state.tracking is not None:
-            log_result(state.tracking, result, out_dir, Path(cfg.data_dir))
-            result["mlflow"] = {"tracking_uri": state.tracking.tracking_uri, "run_id": state.tracking.run_id,
-                                "model_uri": None}
-            write_json(out_dir / "metrics.json", result)
     return result
-
-
-def log_model(tracking: TrackingConfig, out_dir: Path, data_dir: Path) -> str | None:
-    """Rank 0, after log_result: `pgt explain`'s plots and best.pt as the logged pyfunc (pgt.serving.models), unless
-    tracking.log_model is off or there is no best.pt (fused seeds). The model's URI, or None."""
-    if not tracking.log_model or not (out_dir / "best.pt").is_file():
-        return None
-    import mlflow
-
-    from pgt.serving.explain import explain
-
-    client = mlflow_client(tracking.tracking_uri)
-    for png in explain(out_dir / "best.pt", data_dir, out_dir / "plots"):
-        client.log_artifact(tracking.run_id, str(png), artifact_path="plots")
-    use_tracking_uri(tracking.tracking_uri)
-    with mlflow.start_run(run_id=tracking.run_id):
-        return log_pytorch_model(out_dir / "best.pt", data_dir).model_uri
 
 
 def write_json(path: Path, data: dict) -> None:

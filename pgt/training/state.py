@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from infra.errors import InputError, SettingsError
-from pgt.config import ModelConfig, TrackingConfig, TrainConfig
+from pgt.config import ModelConfig, TrainConfig
 from pgt.data.dataset import (
     Batch,
     MemoryLayout,
@@ -28,7 +28,6 @@ from pgt.data.dataset import (
 from pgt.data.tables import latest_samples, place_coordinates
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint, rng_state, set_rng_state
 from pgt.network.model import Ensemble, build_model, count_parameters, set_place_coordinates
-from pgt.tracking.runs import EpochLogger
 from pgt.training.batches import BucketBatchSampler, ResidentBatches, StreamedBatches, keep_batch
 from pgt.training.compilation import compiled
 from pgt.training.loss import batch_loss, cross_entropy_sum
@@ -36,10 +35,6 @@ from pgt.training.step import WholeStep, check_capturable, portable_optimizer_st
 from pgt.training.unseen import FirstVisits, UnseenSimulation
 from pgt.training.worker import Worker, broadcast_text, default_threads, seed_everything, wrap_ddp
 from preprocessing.config import SPLITS
-
-# in the train loop's config (beside "tracking"), a refit's: the selection run's held-out validation metrics, its
-# selected epoch and where it is; the refit run reports them as its validation metrics
-HELD_OUT_KEY = "_held_out"
 
 
 def check_streamable(cfg: TrainConfig) -> None:
@@ -124,8 +119,6 @@ class TrainState:
     loader: object  # the train batches: a DataLoader, or StreamedBatches of a Ray Data shard
     splits: dict[str, SequenceDataset]  # validation and test (and train when it is in memory)
     parameters: int
-    epoch_logger: Callable | None = None  # rank 0's MLflow logger
-    tracking: object | None = None  # rank 0's TrackingConfig
     start_epoch: int = 0
     best_metric: float = -math.inf
     best_epoch: int = -1
@@ -134,7 +127,6 @@ class TrainState:
     resumed_at: list[int] = dataclasses.field(default_factory=list)
     best_state: dict | None = None  # the best epoch's weights (of the averaged model when there is one)
     early_stopped: bool = False
-    held_out: dict | None = None  # a refit's: the selection run's validation metrics (HELD_OUT_KEY)
     whole_step: WholeStep | None = None  # capture_step's step (None: the step below, in train_epoch)
     # fused_seeds: each seed's selection, as best_metric/best_epoch/bad_epochs/best_state are the run's
     seeds: list[dict] | None = None
@@ -186,14 +178,7 @@ class TrainState:
 
 def setup(config: dict, worker: Worker) -> TrainState:
     """Seeds, data, model, optimizer and schedule of a run, resumed from the newest checkpoint there is."""
-    config = dict(config)
-    tracking_values = config.pop("tracking", None)
-    held_out = config.pop(HELD_OUT_KEY, None)
     cfg = TrainConfig.from_dict(config)
-    epoch_logger, tracking = None, None
-    if tracking_values and worker.is_chief:
-        tracking = TrackingConfig.from_dict(tracking_values)
-        epoch_logger = EpochLogger(tracking)
     out_dir = Path(cfg.out_dir)
     seed_everything(cfg.seed, deterministic=worker.device.type == "cpu")
     if worker.device.type == "cpu":
@@ -248,7 +233,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
         loader = train_loader(train_set, cfg, worker)
     averaged = copy.deepcopy(model) if cfg.weight_average else None
     state = TrainState(cfg, worker, model_cfg, model, model, batch_loss, averaged, optimizer, scheduler, scaler,
-                       amp_dtype, loader, splits, parameters, epoch_logger, tracking, held_out=held_out,
+                       amp_dtype, loader, splits, parameters,
                        seeds=[{"best_metric": -math.inf, "best_epoch": -1, "bad_epochs": 0, "best_state": None}
                               for _ in range(cfg.fused_seeds)] if cfg.fused_seeds > 1 else None)
     if not cfg.resume and worker.restored is None and worker.is_chief and (out_dir / "checkpoints").exists():
@@ -258,8 +243,6 @@ def setup(config: dict, worker: Worker) -> TrainState:
         saved = read_checkpoint(resume_from, worker.device)
         check_resumable(saved["config"], cfg, resume_from)
         state.restore(saved)
-        if epoch_logger is not None:
-            epoch_logger.backfill(state.history)
     if worker.world_size > 1:
         state.ddp_model = wrap_ddp(model, worker)
     if cfg.compile_model:

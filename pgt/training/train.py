@@ -4,7 +4,8 @@ AdamW, linear warmup then cosine decay (per epoch), label smoothing, gradient cl
 on validation Acc@1, mixed precision on CUDA, seeded and deterministic on CPU. Every epoch ends with a
 checkpoint (model, optimizer, scheduler, epoch, best metric, RNG states); a rerun resumes from the
 latest one. The best epoch's weights are evaluated on test and written to metrics.json (state.py starts a run,
-finish.py ends it).
+finish.py ends it). Every epoch's row goes to one channel, `on_epoch(row, checkpoint_dir)`: Ray's report, Tune's,
+and the driver's MLflow logger listen there (pgt.training.run); the loop itself knows neither MLflow nor Ray.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from pgt.config import TrainConfig, selection_score
 from pgt.data.scoring import evaluate, model_scores
 from pgt.network.checkpoint import save_checkpoint
 from pgt.network.model import networks
-from pgt.tracking.runs import system_metrics
 from pgt.training.finish import finish, mean_metrics
 from pgt.training.state import TrainState, setup
 from pgt.training.step import train_step
@@ -109,34 +109,26 @@ def selection(best_metric: float, bad_epochs: int, evaluated: torch.nn.Module, e
 
 def train_loop_per_worker(config: dict, worker: Worker | None = None, on_epoch=None) -> dict:
     """Train one model: setup, one epoch at a time, finish. `config` is TrainConfig as a dict (the Ray
-    boundary), plus optionally "tracking": a TrackingConfig dict whose run rank 0 logs into. Rank 0 alone
-    writes the checkpoints and logs to MLflow; `on_epoch(row, checkpoint_dir)` is called on every worker
-    after each epoch (Ray reports there). Returns the final metrics."""
+    boundary). Rank 0 alone writes the checkpoints; `on_epoch(row, checkpoint_dir)` is called on every worker
+    after each epoch, once rank 0 has written the epoch's checkpoint (checkpoint_dir: its folder on rank 0, else
+    None). The first row after a resumption carries the rows before it under "earlier", for listeners that missed
+    them. Returns the final metrics."""
     state = setup(config, worker or local_worker())
-    with system_metrics(state.tracking):  # rank 0 samples CPU, memory and GPU into the run while it trains
-        return _train_epochs(state, on_epoch)
-
-
-def _train_epochs(state: TrainState, on_epoch) -> dict:
     for epoch in state.epochs():
         row = train_epoch(state, epoch)
+        if epoch == state.start_epoch and state.resumed_at:
+            row = {**row, "earlier": state.history[:-1]}
         checkpoint_dir, staging = None, None
         if state.worker.is_chief:  # under Ray Train, a staging folder that Ray copies into its storage
             staging = Path(tempfile.mkdtemp(prefix="pgt-checkpoint-")) if state.worker.ray_owned else None
             checkpoint_dir = save_checkpoint(state.checkpoint(epoch), staging or Path(state.cfg.out_dir), epoch,
                                              state.cfg.keep_checkpoints)
-        # MLflow gets the epoch once the checkpoint that holds it is kept: under Ray Train after Ray committed
-        # it (a restarted group redoes any epoch Ray had not), else after rank 0 wrote it
-        if state.epoch_logger is not None and not state.worker.ray_owned:
-            state.epoch_logger(row)
         try:
             if on_epoch is not None:
                 on_epoch(row, checkpoint_dir)
         finally:
             if staging is not None:  # reported: the one copy is Ray's
                 shutil.rmtree(staging, ignore_errors=True)
-        if state.epoch_logger is not None and state.worker.ray_owned:
-            state.epoch_logger(row)
         if row["stop"]:
             state.early_stopped = True
             break

@@ -1,5 +1,5 @@
 """Where a training or scoring loop runs: one process here, or one rank of Ray Train's workers, which supply
-rank, world size and device (pgt.training.distributed builds it from ray.train's context); and what a rank does
+rank, world size and device (pgt.training.ray_train builds it from ray.train's context); and what a rank does
 with the others: seeding, its threads, DDP's wrapping, a mean over ranks, text from rank 0, a check that the
 replicas agree."""
 
@@ -28,6 +28,7 @@ class Worker:
     train_shard: object | None = None  # a Ray Data shard of the train split to stream (--data-engine ray); None: in memory
     ray_owned: bool = False  # under Ray Train: checkpoints go to Ray (reported) and come back only by get_checkpoint;
     # else rank 0 keeps them in out_dir/checkpoints
+    outputs: Path | None = None  # where rank 0 writes best.pt and metrics.json at the end; None: the run's out_dir
 
     @property
     def is_chief(self) -> bool:

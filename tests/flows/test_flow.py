@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from prefect.testing.utilities import prefect_test_harness
 
@@ -151,6 +153,38 @@ def test_flow_and_command_run_the_same_stages_and_log_them_all(first_run, tmp_pa
     for name in ("train.parquet", "test.parquet", "places.parquet"):
         digests = {hashlib.sha256((folder / name).read_bytes()).hexdigest() for folder in (flow_out, tmp_path / "cli")}
         assert len(digests) == 1, name
+
+
+def test_the_flow_and_pgt_train_leave_the_same_record(first_run, tmp_path):
+    """`pgt train` with the settings the flow trained (as a recipe file, with its seed and threads) on the flow's
+    sequences, registered: the same params, datasets, metrics, artifacts and model in MLflow, and a version with the
+    same evidence tags on the same data."""
+    import json
+
+    import yaml
+    from mlflow.tracking import MlflowClient
+
+    from pgt.recipes import RECIPE_FREE
+    from tests.in_process import pgt_here
+    from tests.records import run_record, version_record
+
+    state, params, result = first_run
+    client = MlflowClient(params["tracking_uri"])
+    flow_run = client.get_run(result["mlflow"]["run_id"])
+    config = json.loads((Path(flow_run.data.tags["pgt.out_dir"]) / "metrics.json").read_text())["config"]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump({k: v for k, v in config.items() if k not in (*RECIPE_FREE, "seed", "threads")}))
+    experiment = client.get_experiment(flow_run.info.experiment_id).name
+    trained = pgt_here("train", "--data", config["data_dir"], "--out", tmp_path / "trained", "--recipe-file", recipe,
+                       "--seed", config["seed"], "--threads", config["threads"], "--tracking-uri", params["tracking_uri"],
+                       "--experiment", experiment, "--register", "trained")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    train_run = json.loads((tmp_path / "trained" / "metrics.json").read_text())["mlflow"]["run_id"]
+    record = run_record(client, flow_run.info.run_id)
+    assert record["model"] is not None and "metrics.json" in record["artifacts"] and record["epochs"] == 2
+    assert any(path.startswith("plots/") for path in record["artifacts"]) and len(record["datasets"]) == 3
+    assert run_record(client, train_run) == record
+    assert version_record(client, "trained", "1") == version_record(client, params["model_name"], "1")
 
 
 def test_the_sweep_branch_tunes_registers_its_best_trial_and_a_rerun_resumes_it(tmp_path):

@@ -90,6 +90,25 @@ def test_four_trials_two_at_once(training_sequences, tmp_path, mlflow_server):
     assert champion.version == "1" and champion.tags["champion_decision"] == "promoted"
     assert json.loads(champion.tags["pgt.evidence_seeds"]) == winner["seeds"] == [1, 2]
     assert json.loads(champion.tags["pgt.evidence_scores"]) == pytest.approx(winner["validation_strict_acc@1"], abs=1e-4)
+    # the model is the final run's, logged to its own run (a child of the sweep's) and registered from there
+    final_run = result["final"]["mlflow"]["run_id"]
+    assert champion.run_id == final_run and champion.tags["sweep_run_id"] == parent
+    assert result["mlflow"]["model_uri"] == result["final"]["mlflow"]["model_uri"]
+
+    # `pgt train` of the winner's recipe file, with the final run's seed and threads, leaves the same record
+    from tests.in_process import pgt_here
+    from tests.records import run_record, version_record
+
+    trained = pgt_here("train", "--data", training_sequences, "--out", tmp_path / "trained", "--recipe-file",
+                       out / "best_recipe.yaml", "--seed", 0, "--threads", final["config"]["threads"],
+                       "--tracking-uri", mlflow_server, "--experiment", "sweep-test", "--register", "trained")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    train_run = json.loads((tmp_path / "trained" / "metrics.json").read_text())["mlflow"]["run_id"]
+    record = run_record(client, final_run)
+    assert record["model"] is not None and "metrics.json" in record["artifacts"] and record["epochs"] >= 1
+    assert any(path.startswith("plots/") for path in record["artifacts"]) and len(record["datasets"]) == 3
+    assert run_record(client, train_run) == record
+    assert version_record(client, "trained", "1") == version_record(client, "swept", "1")
 
 
 def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_sequences, tmp_path, mlflow_server):
@@ -124,6 +143,9 @@ def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_
         for name, value in row["config"].items():  # the searched settings, drawn around the recipe
             assert params[name] == str(value), name
     trial = client.get_run(result["trials"][0]["mlflow_run_id"])
+    # its epoch reached MLflow from the listener in Ray Train's controller, once, as the trial's one epoch
+    assert [m.step for m in client.get_metric_history(trial.info.run_id, "train_loss")] == [0]
+    assert trial.info.status == "FINISHED"
     # the winner is a recipe file: `pgt train --recipe-file` of it trains the best trial's configuration
     from pgt.cli import train_config
     from tests.pgt.test_options import parse

@@ -288,7 +288,7 @@ def test_a_refit_is_registered_on_its_held_out_validation(synthetic_sequences, t
     # the same command again passes the resumption's door (a refit's own runs differ from it only where the refit
     # sets them); with another setting it is refused there: no MLflow run made, the finished one left FINISHED
     from pgt.cli import train_config
-    from pgt.training.distributed import check_resume_settings
+    from pgt.training.run import check_resume_settings
     from tests.in_process import pgt_here
     from tests.pgt.test_options import parse
 

@@ -157,7 +157,7 @@ def test_static_width_needs_resident_data_and_streaming_refuses_it(synthetic_seq
     with pytest.raises(ValueError, match="static_width pads the batches of resident_data"):
         config(synthetic_sequences, tmp_path, static_width=8)
     from pgt.config import LaunchConfig
-    from pgt.training.distributed import run_training
+    from pgt.training.run import run_training
 
     with pytest.raises(ValueError, match="resident_data holds the train split on the device"):
         run_training(config(synthetic_sequences, tmp_path, resident_data=True),

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from pgt.config import LaunchConfig, TrainConfig
-from pgt.training.distributed import run_training
+from pgt.training.run import run_training
 from tests.conftest import PROJECT_ROOT, descendant_processes, ray_cluster
 
 pytestmark = pytest.mark.slow  # on GeoLife where ../shared/data is, else synthetic (training_sequences)
@@ -36,8 +36,8 @@ def test_two_workers_train_like_one_process(training_sequences, tmp_path, local_
     one process's batch, so losses and metrics agree within float noise (and one padded duplicate per epoch)."""
     common = dict(data_dir=str(training_sequences), epochs=3, batch_size=64, dropout=0.0, bucket_by_length=False,
                   seed=3, min_epochs=3)
-    one = run_training(TrainConfig.from_dict({"out_dir": str(tmp_path / "one"), **common}))
-    two = run_training(TrainConfig.from_dict({"out_dir": str(tmp_path / "two"), **common}), LaunchConfig(workers=2))
+    one = run_training(TrainConfig.from_dict({"out_dir": str(tmp_path / "one"), **common})).metrics
+    two = run_training(TrainConfig.from_dict({"out_dir": str(tmp_path / "two"), **common}), LaunchConfig(workers=2)).metrics
 
     assert one["workers"] == 1 and two["workers"] == 2
     assert json.loads((tmp_path / "two" / "metrics.json").read_text())["workers"] == 2
@@ -52,8 +52,12 @@ def test_two_workers_train_like_one_process(training_sequences, tmp_path, local_
     for split in ("validation", "test"):
         assert abs(two[split]["acc@1"] - one[split]["acc@1"]) <= 1.5
         assert abs(two[split]["mrr"] - one[split]["mrr"]) <= 1.5
-    # rank 0 wrote one checkpoint per epoch, Ray keeps the latest two in the run's storage under --out
-    assert sorted(p.name for p in (tmp_path / "two" / "ray" / "train").glob("epoch_*")) == ["epoch_001", "epoch_002"]
+    # rank 0 wrote one checkpoint per epoch, Ray keeps the latest two in the run's storage under --out, and the
+    # final report's (best.pt, metrics.json and the last epoch's checkpoint.pt): the driver's result came from it
+    storage = tmp_path / "two" / "ray" / "train"
+    assert sorted(p.name for p in storage.glob("epoch_*")) == ["epoch_001", "epoch_002", "epoch_002_final"]
+    assert sorted(p.name for p in (storage / "epoch_002_final").iterdir()) == ["best.pt", "checkpoint.pt", "metrics.json"]
+    assert (tmp_path / "two" / "best.pt").read_bytes() == (storage / "epoch_002_final" / "best.pt").read_bytes()
 
 
 def _train_worker_pids(root: int) -> list[int]:
@@ -118,7 +122,7 @@ def test_a_running_ray_cluster_does_not_capture_a_local_run():
     """A `ray start` cluster on the machine (someone else's, or one a killed run left) is what a bare
     ray.init() joins, and it then refuses num_cpus: a run without an address starts its own Ray instead, on
     127.0.0.1 only, even in a process that imported ray before asking for it (a flow that imported Tune first)."""
-    probe = ("import ray\nfrom pgt.training.distributed import ray_session\nwith ray_session(num_cpus=2):\n"
+    probe = ("import ray\nfrom infra.ray_session import ray_session\nwith ray_session(num_cpus=2):\n"
              "    print(ray.cluster_resources().get('someone_else', 0), ray.cluster_resources()['CPU'],\n"
              "          ray.util.get_node_ip_address(), ray.get_runtime_context().gcs_address)")
     with ray_cluster('{"someone_else": 1}') as (address, env):
@@ -138,8 +142,9 @@ def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp
     import pyarrow.parquet as pq
 
     common = dict(data_dir=str(training_sequences), epochs=2, seed=3, min_epochs=2)
-    memory = run_training(TrainConfig(out_dir=str(tmp_path / "memory"), **common))
-    streamed = run_training(TrainConfig(out_dir=str(tmp_path / "ray"), **common), LaunchConfig(workers=2, data_engine="ray"))
+    memory = run_training(TrainConfig(out_dir=str(tmp_path / "memory"), **common)).metrics
+    streamed = run_training(TrainConfig(out_dir=str(tmp_path / "ray"), **common),
+                            LaunchConfig(workers=2, data_engine="ray")).metrics
     n = pq.read_metadata(training_sequences / "train.parquet").num_rows
     assert streamed["workers"] == 2 and len(streamed["history"]) == 2
     assert all(n - 1 <= row["samples"] <= n and row["replicas_in_sync"] for row in streamed["history"])
@@ -157,16 +162,17 @@ def test_ray_owns_the_checkpoints_and_a_rerun_resumes_from_its_storage(synthetic
     committed); a second `run_training` with more epochs resumes from there, as Ray restores a run of the same
     name and storage path; out/checkpoints, the folder of runs without Ray, is never written."""
     from pgt.config import LaunchConfig, TrainConfig
-    from pgt.training.distributed import run_training
+    from pgt.training.run import run_training
 
     cfg = TrainConfig(data_dir=str(synthetic_sequences), out_dir=str(tmp_path / "run"), epochs=2, min_epochs=3)
-    first = run_training(cfg, LaunchConfig(workers=2))
+    first = run_training(cfg, LaunchConfig(workers=2)).metrics
     assert first["epochs_run"] == 2 and first["resumed_at_epochs"] == []
-    second = run_training(dataclasses.replace(cfg, epochs=3), LaunchConfig(workers=2))
+    second = run_training(dataclasses.replace(cfg, epochs=3), LaunchConfig(workers=2)).metrics
     assert second["epochs_run"] == 3 and second["resumed_at_epochs"] == [3]
     assert [row["epoch"] for row in second["history"]] == [0, 1, 2]
-    assert sorted(p.name for p in (tmp_path / "run" / "ray" / "train").glob("epoch_*")) == ["epoch_001", "epoch_002"]
+    assert sorted(p.name for p in (tmp_path / "run" / "ray" / "train").glob("epoch_*")) == \
+        ["epoch_001_final", "epoch_002", "epoch_002_final"]
     assert not (tmp_path / "run" / "checkpoints").exists()
     # other settings are refused before Ray Train starts, naming Ray's checkpoint
-    with pytest.raises(ValueError, match=r"ray/train/epoch_002/checkpoint.pt was trained with other settings \(d_model="):
+    with pytest.raises(ValueError, match=r"ray/train/epoch_002_final/checkpoint.pt was trained with other settings \(d_model="):
         run_training(TrainConfig.from_dict({**cfg.to_dict(), "epochs": 3, "d_model": 32}), LaunchConfig(workers=2))
