@@ -67,14 +67,15 @@ def run_benchmark(checkout: Path, script: str, args: list[str], results: Path) -
 
 def measure(checkout: Path, args: argparse.Namespace, tmp: Path, label: str, round_: int) -> dict:
     """The figures of one checkout, one round."""
+    recipe = args.recipe_before if label == "before" and args.recipe_before else args.recipe
     out = tmp / f"{label}-{round_}"
     out.mkdir()
     pre = run_benchmark(checkout, "preprocess.py", ["--input", str(args.input), "--repeat", "1"], out / "preprocess.json")
     train = run_benchmark(checkout, "train.py", ["--input", str(args.input), "--variants", "published", "--data-dir",
-                                                 str(args.sequences), "--models", "pgt:tuned", "--seeds", "0",
+                                                 str(args.sequences), "--models", f"pgt:{recipe}", "--seeds", "0",
                                                  "--epochs", str(args.epochs), "--work", str(out / "work")],
                           out / "train.json")
-    predict = run_benchmark(checkout, "predict.py", ["--input", str(args.input), "--recipe", "tuned", "--epochs", "1",
+    predict = run_benchmark(checkout, "predict.py", ["--input", str(args.input), "--recipe", recipe, "--epochs", "1",
                                                      "--requests", str(args.requests)], out / "predict.json")
     row = next(r for r in train["variants"]["published"]["runs"] if r["model"].startswith("pgt"))
     found = {"preprocess": pre["runs"][-1],
@@ -89,6 +90,9 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--sequences", type=Path, default=DEFAULT_SEQUENCES,
                         help="the published GeoLife sequences (`pgt preprocess` with benchmarks/configs/published.yaml)")
+    parser.add_argument("--recipe", default="tuned", help="the recipe trained and served")
+    parser.add_argument("--recipe-before", default=None,
+                        help="the same settings' name in the before commit, where it differs (e.g. tuned, renamed since)")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--requests", type=int, default=300)
@@ -124,6 +128,7 @@ def main() -> None:
         table[name] = {"before": b, "after": a, "change": round(change, 4), "no_slower": slower <= args.tolerance}
     result = {"benchmark": "before_after", "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "before": before, "after": after, "rounds": args.rounds, "epochs": args.epochs,
+              "recipe": {"before": args.recipe_before or args.recipe, "after": args.recipe},
               "tolerance": args.tolerance, "figures": table, "runs": rows}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
