@@ -156,7 +156,9 @@ def launch_config(params: dict) -> LaunchConfig:
 @settings_options(TrainConfig, LaunchConfig, TrackingConfig, flags={"num_layers": ("--num-layers", "--layers")})
 def train(
     data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
-    out: Path = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with --workers)."),
+    out: str = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with "
+                                                "--workers); with --workers, a URI too (s3://BUCKET/FOLDER, gs://...) "
+                                                "where Ray keeps the checkpoints and the run's files go."),
     recipe: Recipe = typer.Option("paper", "--recipe",
                                   help="paper: the published settings (the defaults below). tuned: ours for GeoLife. "
                                        "ensemble: tuned as an ensemble of networks trained side by side "
@@ -169,6 +171,7 @@ def train(
     """Train a model (by default with the paper's settings, as published), log it to MLflow, write --out/metrics.json."""
     from infra.output import check_apart, check_output_entries
     from infra.ray_session import check_ray_address
+    from infra.storage import is_uri
     from pgt.data.dataset import Vocab
     from pgt.tracking.registry import champion_verdict
     from pgt.tracking.runs import RECIPE_TAG, run_url
@@ -180,8 +183,9 @@ def train(
 
     # a folder without manifest.json fails in Vocab.from_manifest with an InputError
     Vocab.from_manifest(data)  # what --data is comes first, then where --out may go
-    check_apart(out, {"--data": data})
-    check_output_entries(out, "pgt train", OUTPUTS)
+    if not is_uri(out):  # a URI's storage is checked by the run, before any work (pgt.training.run.check_remote)
+        check_apart(Path(out), {"--data": data})
+        check_output_entries(Path(out), "pgt train", OUTPUTS)
     params = {**typed.values, "recipe": recipe, "recipe_file": recipe_file, "data": data, "out": out}
     cfg, launch = train_config(params), launch_config(params)
     tracking = TrackingConfig(**{**typed.of(TrackingConfig),
@@ -200,7 +204,7 @@ def train(
         check_compile_toolchain()  # before any data is read: the run would fail at its first step
     result = run_training(cfg, launch, tracking, on_epoch=EpochPrinter())
     print_metrics(result.to_dict())
-    typer.echo(f"wrote {out / 'metrics.json'}")
+    typer.echo(f"wrote metrics.json and best.pt to {result.kept}" if is_uri(out) else f"wrote {Path(out) / 'metrics.json'}")
     typer.echo(f"mlflow: {run_url(result.mlflow.tracking_uri, result.mlflow.run_id)}")
     registered = result.mlflow.registered
     if registered:

@@ -113,12 +113,12 @@ def pytest_addoption(parser):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    """The run's MLflow server stopped, then the safety net under every test's own cleanup: whatever this test run
+    """The run's servers stopped, then the safety net under every test's own cleanup: whatever this test run
     started and still runs (a subprocess of a test that was interrupted, its Ray, a flow run) is stopped, TERM then
     KILL: only processes below this one in the process tree, never another run's."""
     import signal
 
-    stop_run_server(session)
+    stop_run_servers(session)
     left = descendant_processes(os.getpid())
     for pid in left:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -396,13 +396,15 @@ def made_once(name: str, tmp_path_factory, make: Callable[[Path], dict]) -> dict
 
 
 MLFLOW_SERVER = "mlflow_server"  # its run folder: the server's state folder
+S3_SERVER = "s3_server"
+RUN_SERVERS = {MLFLOW_SERVER: "stop-mlflow.sh", S3_SERVER: "stop-s3.sh"}  # run folder -> the script that stops it
 
 
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory) -> str:
     """A real MLflow tracking server (SQLite, local artifacts, 127.0.0.1), one per test run: started by the project's
     script in the first test process that needs it, shared by the others, stopped by the project's script when
-    the run ends (`stop_run_server`). Tests keep apart by their own experiment and model names."""
+    the run ends (`stop_run_servers`). Tests keep apart by their own experiment and model names."""
     return made_once(MLFLOW_SERVER, tmp_path_factory, start_mlflow_server)["uri"]
 
 
@@ -414,19 +416,35 @@ def start_mlflow_server(state: Path) -> dict:
     return {"uri": f"http://127.0.0.1:{env['MLFLOW_PORT']}"}
 
 
-def stop_run_server(session) -> None:
-    """The run's MLflow server, if a test started it, stopped by the project's script: in the process that started
-    the workers (or the only one), after every worker is done with it. A server that does not stop fails the run."""
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory) -> str:
+    """A real S3-compatible object store (moto's server, 127.0.0.1), one per test run, started and stopped by the
+    project's scripts as the MLflow server is; its address as http://HOST:PORT. Tests keep apart by bucket."""
+    return made_once(S3_SERVER, tmp_path_factory, start_s3_server)["url"]
+
+
+def start_s3_server(state: Path) -> dict:
+    env = {**os.environ, "PGT_STATE_DIR": str(state), "S3_PORT": str(free_port())}
+    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-s3.sh"], env=env, capture_output=True, text=True,
+                             timeout=60)
+    assert started.returncode == 0, started.stderr
+    return {"url": f"http://127.0.0.1:{env['S3_PORT']}"}
+
+
+def stop_run_servers(session) -> None:
+    """The run's servers that a test started, stopped by the project's scripts: in the process that started the
+    workers (or the only one), after every worker is done with them. A server that does not stop fails the run."""
     if hasattr(session.config, "workerinput"):
         return
-    state = session.config._tmp_path_factory.getbasetemp() / MLFLOW_SERVER
-    if not (state / "made.json").is_file():
-        return
-    stopped = subprocess.run([PROJECT_ROOT / "scripts" / "stop-mlflow.sh"], env={**os.environ, "PGT_STATE_DIR": str(state)},
-                             capture_output=True, text=True, timeout=120)
-    if stopped.returncode != 0 or "stopped" not in stopped.stdout:
-        sys.stderr.write(f"stop-mlflow.sh did not stop the test run's server: {stopped.stdout}{stopped.stderr}\n")
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    for name, script in RUN_SERVERS.items():
+        state = session.config._tmp_path_factory.getbasetemp() / name
+        if not (state / "made.json").is_file():
+            continue
+        stopped = subprocess.run([PROJECT_ROOT / "scripts" / script], env={**os.environ, "PGT_STATE_DIR": str(state)},
+                                 capture_output=True, text=True, timeout=120)
+        if stopped.returncode != 0 or "stopped" not in stopped.stdout:
+            sys.stderr.write(f"{script} did not stop the test run's server: {stopped.stdout}{stopped.stderr}\n")
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def split_days(points, fraction: float = 0.8):

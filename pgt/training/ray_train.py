@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from infra.output import write_file_atomically
+from infra.storage import Storage
 from pgt.config import LaunchConfig, TrainConfig
 from pgt.data.dataset import LIST_COLUMNS, PLACE_COLUMNS
 from pgt.training.report import EpochPrinter
@@ -127,9 +128,10 @@ def tune_epochs():
     return TuneEpochs()
 
 
-def fit_with_ray(cfg: TrainConfig, launch: LaunchConfig, storage: Path, callbacks: list | None = None):
+def fit_with_ray(cfg: TrainConfig, launch: LaunchConfig, storage: Storage, callbacks: list | None = None):
     """Run `ray_train_loop` on launch.workers workers (inside an existing Ray session), its checkpoints kept in
-    storage/RUN_NAME; returns Ray's Result (raises Ray's error when the run failed)."""
+    storage/RUN_NAME (a local folder, or object storage as Ray's storage_filesystem); returns Ray's Result (raises
+    Ray's error when the run failed)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -151,7 +153,8 @@ def fit_with_ray(cfg: TrainConfig, launch: LaunchConfig, storage: Path, callback
         datasets=datasets,
         scaling_config=ScalingConfig(num_workers=launch.workers, use_gpu=use_gpu, resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        run_config=RunConfig(name=RUN_NAME, storage_path=str(storage.resolve()),
+        run_config=RunConfig(name=RUN_NAME, storage_path=storage.path,
+                             storage_filesystem=None if storage.local is not None else storage.filesystem,
                              failure_config=FailureConfig(max_failures=launch.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints + 1),
                              callbacks=callbacks or []),

@@ -2,24 +2,28 @@
 flow's tasks, in five steps:
 
     data = open_data(cfg.data_dir)                  # the folder checked once: a DataFolder
-    tracking = open_run(cfg, launch, tracking, out_dir, data)   # the MLflow run: new, or reopened by --resume
-    metrics = fit(cfg, launch, out_dir, listeners)  # the loop in this process, or under Ray Train (from its Result)
-    logged = log(tracking, metrics, out_dir, data)  # metrics, metrics.json, plots and the model into the run
+    tracking = open_run(cfg, launch, tracking, folder, data)  # the MLflow run: new, or reopened by --resume
+    metrics = fit(cfg, launch, folder, listeners)   # the loop in this process, or under Ray Train (from its Result)
+    logged = log(tracking, metrics, folder.work, data)  # metrics, metrics.json, plots and the model into the run
     register(logged, name, evidence)                # a registry version under the champion rule
 
 `run_training` strings them together (a refit: its selection run first) and returns a typed `RunResult`. The loop
 reports every epoch through one channel; MLflow's epoch logger listens there on the driver's side (in this
 process, or in Ray Train's controller), so the loop knows neither MLflow nor Ray. The run's storage under Ray is
 `<out>/ray/train`: a rerun with the same --out resumes from its latest checkpoint, and FailureConfig(max_failures)
-restarts the worker group from it when a worker dies.
+restarts the worker group from it when a worker dies. --out may be a URI (s3://, gs://; infra.storage) for runs
+under Ray Train: the checkpoints go there from the workers, and the driver's files (metrics.json, best.pt, plots,
+mlflow_run.json) are uploaded from its local work folder; a rerun on any machine resumes from there.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -27,10 +31,11 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from infra.errors import InputError, ServiceError
+from infra.errors import InputError, ServiceError, SettingsError
 from infra.output import output_lock
 from infra.process import interruptible, shorten
 from infra.ray_session import ray_session
+from infra.storage import Storage, open_storage
 from pgt.config import BASELINES, LaunchConfig, TrackingConfig, TrainConfig
 from pgt.data.dataset import SequenceDataset, Vocab
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint
@@ -44,7 +49,7 @@ from pgt.training.baselines import evaluate_baseline
 from pgt.training.finish import write_json
 from pgt.training.ray_train import RUN_NAME, epoch_listeners, fit_with_ray, ray_result
 from pgt.training.state import check_streamable, refit_epoch_count
-from pgt.training.train import SELECTION_DIR, train_loop_per_worker
+from pgt.training.train import OUTPUTS, SELECTION_DIR, train_loop_per_worker
 from preprocessing.config import SPLITS
 
 # what a refit's own two runs set from the user's settings (the selection and refit configs)
@@ -65,6 +70,43 @@ class DataFolder:
         return _preprocessing_counts(self.path)
 
 
+@dataclass(frozen=True)
+class RunFolder:
+    """Where a run writes: `work`, the driver's local folder, and `kept`, where the run is kept: the same folder for
+    a local --out; for a URI, object storage that Ray Train's checkpoints go to and the driver's files are uploaded
+    to (`keep`)."""
+
+    work: Path
+    kept: Storage
+
+    @property
+    def remote(self) -> bool:
+        return self.kept.local is None
+
+    def child(self, name: str) -> RunFolder:
+        return RunFolder(self.work / name, self.kept.child(name))
+
+    def keep(self, *names: str) -> None:
+        """The driver's files (or folders) `names` copied to the storage, where it is not the work folder."""
+        for name in names:
+            if self.remote and (self.work / name).exists():
+                self.kept.upload(self.work / name, name)
+
+    def read_json(self, name: str) -> dict | None:
+        """A JSON record the run keeps, None if absent or damaged (the program's own note: a new run replaces it)."""
+        try:
+            saved = json.loads(self.kept.read_bytes(name) or b"null")
+        except ValueError:
+            return None
+        return saved if isinstance(saved, dict) else None
+
+
+def run_folder(out: str | Path) -> RunFolder:
+    """The RunFolder of --out: a local folder, or a URI's storage with a new local work folder."""
+    kept = open_storage(out)
+    return RunFolder(kept.local or Path(tempfile.mkdtemp(prefix="pgt-run-")), kept)
+
+
 @dataclass
 class TrackedRun:
     """Where a run is in MLflow, and what it logged and registered."""
@@ -80,7 +122,8 @@ class RunResult:
     """What one run ends with."""
 
     metrics: dict  # metrics.json's scores, selection, history and configs
-    out_dir: Path
+    out_dir: Path  # the driver's folder of the run's files (the work folder of a run kept on object storage)
+    kept: str = ""  # where the run is kept: --out, a folder or a URI
     evidence: Evidence | None = None  # what the model would be registered on (None: baselines, fused seeds)
     mlflow: TrackedRun | None = None  # None untracked
 
@@ -144,42 +187,50 @@ def _preprocessing_counts(data_dir: Path) -> str:
     return ", ".join(said)
 
 
-def check_resume_settings(cfg: TrainConfig, out_dir: Path) -> None:
-    """SettingsError, before an MLflow run or Ray starts, when a resumption would pick up a checkpoint of out_dir (or of
+def check_resume_settings(cfg: TrainConfig, folder: RunFolder) -> None:
+    """SettingsError, before an MLflow run or Ray starts, when a resumption would pick up a checkpoint of the run (or of
     its refit's selection run) trained with other settings: a refused rerun creates no run and changes none. The
     loop checks every setting again when it resumes."""
     if not cfg.resume:
         return
-    for folder in (out_dir, out_dir / SELECTION_DIR):
-        for found in (latest_checkpoint(folder), latest_checkpoint(folder, Path("ray") / RUN_NAME)):
-            if found is not None:
-                check_resumable(read_checkpoint(found, "cpu", ("config",))["config"], cfg, found, ignore=REFIT_DERIVED)
+    for where in (folder, folder.child(SELECTION_DIR)):
+        found = [latest_checkpoint(where.work)] if not where.remote else []
+        found.append(_latest_kept(where.kept.child("ray", RUN_NAME), where.work))
+        for checkpoint in filter(None, found):
+            check_resumable(read_checkpoint(checkpoint, "cpu", ("config",))["config"], cfg, checkpoint,
+                            ignore=REFIT_DERIVED)
 
 
-def open_run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | None, out_dir: Path,
+def _latest_kept(storage: Storage, work: Path) -> Path | None:
+    """Ray Train's newest checkpoint.pt in `storage`, as a local file (downloaded into `work` off object storage)."""
+    if storage.local is not None:
+        return latest_checkpoint(storage.local, ".")
+    found = sorted(f for f in storage.files() if f.startswith("epoch_") and f.endswith("/checkpoint.pt"))
+    if not found:
+        return None
+    local = work / "resumed-from" / found[-1]
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(storage.read_bytes(*found[-1].split("/")))
+    return local
+
+
+def open_run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | None, folder: RunFolder,
              data: DataFolder) -> TrackingConfig | None:
-    """The run's MLflow run (pgt.tracking.runs.open_run): the one out_dir/mlflow_run.json records when resuming it,
+    """The run's MLflow run (pgt.tracking.runs.open_run): the one the run's mlflow_run.json records when resuming it,
     else a new one with the settings as params, the data as dataset inputs and the source as tags; recorded there."""
     if tracking is None:
         return None
-    record = out_dir / "mlflow_run.json"
     params = cfg.to_dict() | {"workers": max(1, launch.workers), "data_manifest": data.summary}
-    tags = {"pgt.network.model": cfg.model, "pgt.out_dir": str(out_dir), **source_tags(tracking.source), **tracking.tags}
-    opened = open_tracked_run(tracking, _run_record(record), cfg.resume, params,
-                              tracking.run_name or f"{cfg.model}-{out_dir.name}", tags, data.path)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(record, {"tracking_uri": opened.tracking_uri, "experiment": opened.experiment, "run_id": opened.run_id})
+    tags = {"pgt.network.model": cfg.model, "pgt.out_dir": folder.kept.uri, **source_tags(tracking.source),
+            **tracking.tags}
+    saved = folder.read_json("mlflow_run.json")
+    opened = open_tracked_run(tracking, saved if saved and isinstance(saved.get("run_id"), str) else None, cfg.resume,
+                              params, tracking.run_name or f"{cfg.model}-{Path(folder.kept.path).name}", tags, data.path)
+    folder.work.mkdir(parents=True, exist_ok=True)
+    write_json(folder.work / "mlflow_run.json",
+               {"tracking_uri": opened.tracking_uri, "experiment": opened.experiment, "run_id": opened.run_id})
+    folder.keep("mlflow_run.json")
     return opened
-
-
-def _run_record(record: Path) -> dict | None:
-    """out_dir/mlflow_run.json (the run an earlier `pgt train` logged into), None if absent or damaged: it is this
-    program's own note, and a new run replaces it."""
-    try:
-        saved = json.loads(record.read_text())
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) and isinstance(saved.get("run_id"), str) else None
 
 
 def epoch_logging(tracking: TrackingConfig | None) -> list[Callable]:
@@ -196,16 +247,16 @@ def epoch_logging(tracking: TrackingConfig | None) -> list[Callable]:
     return [log_epoch]
 
 
-def fit(cfg: TrainConfig, launch: LaunchConfig, out_dir: Path, tracking: TrackingConfig | None = None,
+def fit(cfg: TrainConfig, launch: LaunchConfig, folder: RunFolder, tracking: TrackingConfig | None = None,
         on_epoch: Callable | None = None, callbacks: list | None = None) -> dict:
     """The loop in this process (launch.workers 0), or under Ray Train on launch.workers workers: every epoch to
     MLflow's logger (tracked) and to `on_epoch` (in this process) or `callbacks` (Ray Train's); the driver's machine
-    (CPU, memory, GPU) sampled into the run meanwhile. Returns metrics.json's content; best.pt is in out_dir."""
+    (CPU, memory, GPU) sampled into the run meanwhile. Returns metrics.json's content; best.pt is in the work folder."""
     with system_metrics(tracking):
-        return _fit(cfg, launch, out_dir, tracking, on_epoch, callbacks)
+        return _fit(cfg, launch, folder, tracking, on_epoch, callbacks)
 
 
-def _fit(cfg: TrainConfig, launch: LaunchConfig, out_dir: Path, tracking: TrackingConfig | None,
+def _fit(cfg: TrainConfig, launch: LaunchConfig, folder: RunFolder, tracking: TrackingConfig | None,
          on_epoch: Callable | None, callbacks: list | None) -> dict:
     if launch.workers == 0:
         listeners = [*epoch_logging(tracking), *([on_epoch] if on_epoch else [])]
@@ -219,9 +270,9 @@ def _fit(cfg: TrainConfig, launch: LaunchConfig, out_dir: Path, tracking: Tracki
     cpus = max(os.cpu_count() or 1, launch.workers) + (1 if launch.data_engine == "ray" else 0)
     listening = [epoch_listeners(lambda: epoch_logging(tracking))] if tracking else []
     with ray_session(launch.address, num_cpus=cpus):
-        result = fit_with_ray(cfg, launch, out_dir / "ray", callbacks=listening + (callbacks or []))
-    metrics = ray_result(result, out_dir)
-    write_json(out_dir / "metrics.json", metrics)
+        result = fit_with_ray(cfg, launch, folder.kept.child("ray"), callbacks=listening + (callbacks or []))
+    metrics = ray_result(result, folder.work)
+    write_json(folder.work / "metrics.json", metrics)
     return metrics
 
 
@@ -261,32 +312,50 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking:
     if launch.data_engine == "ray" and cfg.model not in BASELINES:
         check_streamable(cfg)  # before a run or Ray starts
     data = open_data(cfg.data_dir)
-    out_dir = Path(cfg.out_dir).resolve()
-    cfg = dataclasses.replace(cfg, out_dir=str(out_dir), data_dir=str(data.path))
+    folder = run_folder(cfg.out_dir)
+    if folder.remote:
+        check_remote(cfg, launch, folder)
+    cfg = dataclasses.replace(cfg, out_dir=folder.kept.uri, data_dir=str(data.path))
     # SIGTERM stops the run as Ctrl+C does whoever handles it (a Prefect flow run's cancel included), and takes
-    # its handler's effect only once the run is closed and its lock released
-    with interruptible(), output_lock(out_dir, command="pgt train"):  # one writer: a second is refused, naming the first
-        check_resume_settings(cfg, out_dir)
-        return _run(cfg, launch, tracking, data, on_epoch, callbacks)
+    # its handler's effect only once the run is closed and its lock released; one writer of a local folder: a
+    # second is refused, naming the first (object storage has no lock: one run per URI is the user's to keep)
+    with interruptible(), output_lock(folder.work, command="pgt train"):
+        check_resume_settings(cfg, folder)
+        return _run(cfg, launch, tracking, data, folder, on_epoch, callbacks)
+
+
+def check_remote(cfg: TrainConfig, launch: LaunchConfig, folder: RunFolder) -> None:
+    """SettingsError or ServiceError in one line, before any work, unless a run can be kept at this URI: Ray Train's
+    workers write the checkpoints there, the storage answers, and it holds nothing but a run's files."""
+    if launch.workers == 0 or cfg.model in BASELINES:
+        raise SettingsError(f"--out {folder.kept.uri}: a run kept on object storage trains under Ray Train, whose "
+                            "workers write its checkpoints there: give --workers 1 or more (or a local --out)")
+    folder.kept.check()
+    foreign = [name for name in folder.kept.entries() if not any(fnmatch.fnmatch(name, p) for p in OUTPUTS)]
+    if foreign:
+        raise InputError(folder.kept.uri, f"holds files that `pgt train` did not write ({', '.join(foreign[:5])}); "
+                                          "nothing there is replaced: choose another --out")
 
 
 def _run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | None, data: DataFolder,
-         on_epoch: Callable | None, callbacks: list | None) -> RunResult:
-    out_dir = Path(cfg.out_dir)
+         folder: RunFolder, on_epoch: Callable | None, callbacks: list | None) -> RunResult:
+    out_dir = folder.work
     if not cfg.resume:  # a fresh start: no checkpoint of an earlier run may be picked up
-        for folder in (out_dir / "checkpoints", out_dir / "ray"):
-            shutil.rmtree(folder, ignore_errors=True)
-    tracking = open_run(cfg, launch, tracking, out_dir, data)
+        for local in (out_dir / "checkpoints", out_dir / "ray"):
+            shutil.rmtree(local, ignore_errors=True)
+        if folder.remote and folder.kept.exists("ray"):
+            folder.kept.filesystem.delete_dir(folder.kept.join("ray"))
+    tracking = open_run(cfg, launch, tracking, folder, data)
     status = "FAILED"
     try:
-        result = RunResult({}, out_dir)
+        result = RunResult({}, out_dir, folder.kept.uri)
         if cfg.model in BASELINES:
             result.metrics = evaluate_baseline(cfg.to_dict())
         else:
             if cfg.refit:  # the epoch chosen on validation first, then train + validation for that many epochs
-                result.metrics = _refit(cfg, launch, tracking, data, on_epoch, callbacks)
+                result.metrics = _refit(cfg, launch, tracking, data, folder, on_epoch, callbacks)
             else:
-                result.metrics = fit(cfg, launch, out_dir, tracking, on_epoch, callbacks)
+                result.metrics = fit(cfg, launch, folder, tracking, on_epoch, callbacks)
             if not cfg.fused_seeds > 1:  # what the model would be registered on
                 result.evidence = Evidence.of_run(result.metrics, data.path)
         write_json(out_dir / "metrics.json", result.to_dict())
@@ -295,13 +364,14 @@ def _run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | None
             if tracking.register and result.mlflow.model_uri:
                 register(result.mlflow, tracking.register, result.evidence)
             write_json(out_dir / "metrics.json", result.to_dict())
+        folder.keep("metrics.json", "best.pt", "plots")
         status = "FINISHED"
         return result
     except BaseException as exc:  # SystemExit: a Tune scheduler stopped the trial; Ctrl+C, SIGTERM: the user did
         status = "FAILED" if isinstance(exc, Exception) else "KILLED"
         if tracking and isinstance(exc, Exception) and not server_answers(tracking.tracking_uri):
             raise ServiceError(f"MLflow tracking server {tracking.tracking_uri} stopped answering during the run "
-                               f"({shorten(' '.join(str(exc).split()), 120)}); the checkpoints in {out_dir} stay: once "
+                               f"({shorten(' '.join(str(exc).split()), 120)}); the checkpoints in {folder.kept.uri} stay: once "
                                "it is back, rerun with --resume (the run's missing epochs are sent, and a run left "
                                "RUNNING is closed as FAILED)") from None
         raise
@@ -315,27 +385,27 @@ def _run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | None
 
 
 def _refit(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | None, data: DataFolder,
-           on_epoch: Callable | None, callbacks: list | None) -> dict:
+           folder: RunFolder, on_epoch: Callable | None, callbacks: list | None) -> dict:
     """A refit: first the same settings on train alone, the best epoch chosen on validation, in out_dir/selection
     (an MLflow run nested under the refit's; test is not scored); then train + validation for the selected number
     of epochs. The refit's validation figures are the selection run's (held out); those of the validation it
     learned from are kept apart."""
-    out_dir = Path(cfg.out_dir)
     child = None
     if tracking:
-        name = tracking.run_name or f"{cfg.model}-{out_dir.name}"
+        name = tracking.run_name or f"{cfg.model}-{Path(folder.kept.path).name}"
         child = dataclasses.replace(tracking, run_id=None, parent_run_id=tracking.run_id, register=None,
                                     log_model=False, run_name=f"{name}-selection")
-    selection_cfg = dataclasses.replace(cfg, refit=False, out_dir=str(out_dir / SELECTION_DIR), evaluate_test=False)
-    with output_lock(out_dir / SELECTION_DIR, command="pgt train"):
-        selection = _run(selection_cfg, launch, child, data, on_epoch, callbacks)
+    inner = folder.child(SELECTION_DIR)
+    selection_cfg = dataclasses.replace(cfg, refit=False, out_dir=inner.kept.uri, evaluate_test=False)
+    with output_lock(inner.work, command="pgt train"):
+        selection = _run(selection_cfg, launch, child, data, inner, on_epoch, callbacks)
     refit = dataclasses.replace(cfg, refit=False, train_on="train+validation",
                                 stop_after_epochs=refit_epoch_count(cfg, selection.metrics["best_epoch"]))
-    metrics = fit(refit, launch, out_dir, tracking, on_epoch, callbacks)
+    metrics = fit(refit, launch, folder, tracking, on_epoch, callbacks)
     learned = metrics["validation"]
     metrics["validation"] = selection.validation
     metrics["deployment"] = {"validation": selection.metrics["deployment"]["validation"], **metrics["deployment"]}
-    metrics["refit"] = {"selected_epoch": selection.metrics["best_epoch"], "selection_dir": str(selection.out_dir),
+    metrics["refit"] = {"selected_epoch": selection.metrics["best_epoch"], "selection_dir": selection.kept,
                         "selection_run_id": selection.mlflow.run_id if selection.mlflow else None,
                         "trained_on": refit.train_on, "epochs": refit.stop_after_epochs, "epochs_rule": cfg.refit_epochs,
                         "validation_learned_from": {"acc@1": learned["acc@1"], "strict_acc@1": learned["strict"]["acc@1"]}}

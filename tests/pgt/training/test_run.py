@@ -176,3 +176,48 @@ def test_ray_owns_the_checkpoints_and_a_rerun_resumes_from_its_storage(synthetic
     # other settings are refused before Ray Train starts, naming Ray's checkpoint
     with pytest.raises(ValueError, match=r"ray/train/epoch_002_final/checkpoint.pt was trained with other settings \(d_model="):
         run_training(TrainConfig.from_dict({**cfg.to_dict(), "epochs": 3, "d_model": 32}), LaunchConfig(workers=2))
+
+
+def test_a_run_kept_on_object_storage_resumes_from_there(synthetic_sequences, tmp_path, local_ray, s3_server,
+                                                         mlflow_server, monkeypatch):
+    """--out s3://...: Ray Train's workers write the checkpoints to the bucket, the driver's files (metrics.json,
+    best.pt, plots, mlflow_run.json) are uploaded from its own work folder, and nothing is written to a local folder
+    named after the URI. A rerun with more epochs, from a new work folder, resumes from the bucket. A run that cannot be
+    kept there is refused in one line before any work."""
+    from mlflow.tracking import MlflowClient
+
+    from infra.errors import InputError, ServiceError, SettingsError
+    from infra.storage import open_storage
+    from pgt.config import TrackingConfig
+    from tests.infra.test_storage import bucket
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.chdir(tmp_path)
+    uri = bucket(s3_server, "pgt-train")
+    tracking = TrackingConfig(tracking_uri=mlflow_server, experiment="kept-on-s3")
+    cfg = TrainConfig(data_dir=str(synthetic_sequences), out_dir=uri, epochs=2, min_epochs=3)
+    first = run_training(cfg, LaunchConfig(workers=2), tracking)
+    storage = open_storage(uri)
+    files = storage.files()
+    assert {"metrics.json", "best.pt", "mlflow_run.json"} <= set(files) and any(f.startswith("plots/") for f in files)
+    assert {"ray/train/epoch_001/checkpoint.pt", "ray/train/epoch_001_final/best.pt"} <= set(files)
+    assert storage.read_bytes("best.pt") == storage.read_bytes("ray", "train", "epoch_001_final", "best.pt")
+    assert json.loads(storage.read_bytes("metrics.json"))["mlflow"]["run_id"] == first.mlflow.run_id
+    assert not list(tmp_path.glob("s3*")) and first.kept == uri and first.metrics["epochs_run"] == 2
+    client = MlflowClient(mlflow_server)
+    assert client.get_run(first.mlflow.run_id).info.status == "FINISHED" and first.mlflow.model_uri
+    assert [m.step for m in client.get_metric_history(first.mlflow.run_id, "train_loss")] == [0, 1]
+
+    second = run_training(dataclasses.replace(cfg, epochs=3), LaunchConfig(workers=2), tracking)
+    assert second.out_dir != first.out_dir  # another work folder: what it resumed from came from the bucket
+    assert second.metrics["epochs_run"] == 3 and second.metrics["resumed_at_epochs"] == [3]
+    assert json.loads(storage.read_bytes("metrics.json"))["epochs_run"] == 3
+
+    with pytest.raises(SettingsError, match="give --workers 1 or more"):
+        run_training(cfg, LaunchConfig(workers=0))
+    with pytest.raises(ServiceError, match="no such bucket"):
+        run_training(dataclasses.replace(cfg, out_dir=uri.replace("pgt-train", "pgt-never")), LaunchConfig(workers=2))
+    storage.child("other").write_bytes(b"x", "notes.txt")
+    with pytest.raises(InputError, match=r"did not write \(notes.txt\)"):
+        run_training(dataclasses.replace(cfg, out_dir=storage.child("other").uri), LaunchConfig(workers=2))
