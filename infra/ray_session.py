@@ -111,6 +111,18 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         ray.shutdown()
 
 
+def cluster_node_addresses(address: str | None) -> list[str]:
+    """The addresses of the live nodes of the cluster at `address` (or $RAY_ADDRESS); [] where neither names one (a
+    local Ray is this machine alone)."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address:
+        return []
+    import ray
+
+    with ray_session(address):
+        return sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
+
+
 @contextlib.contextmanager
 def single_node_mode() -> Iterator[None]:
     """Ray's single-node mode for the local Ray this process starts, even where `ray` was imported before

@@ -15,6 +15,7 @@ requests: generate_memory takes the visits and the samples' moments and returns 
 
 from __future__ import annotations
 
+import array
 import bisect
 from dataclasses import dataclass
 
@@ -82,16 +83,16 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
     ).with_row_index("_q").sort("user_id", "moment", "window_start", "_q")
     out = _Columns(queries.height)
     slots_per_hour = 60 / time_slot_min
-    visit_users = v["user_id"].to_list()
-    bounds = {}  # user -> (first, end) rows of v
-    for i, user in enumerate(visit_users):
-        first, _ = bounds.get(user, (i, i))
-        bounds[user] = (first, i + 1)
-    arrays = {name: v[name].to_list() for name in ("start", "finish", "date", "hour", "weekday", "location_id",
-                                                     "location")}  # Python ints: read one at a time
+    runs = v.with_row_index("_row").group_by("user_id", maintain_order=True).agg(
+        pl.col("_row").first().alias("first"), (pl.col("_row").last() + 1).alias("end"))
+    bounds = {user: (first, end) for user, first, end in runs.iter_rows()}  # user -> (first, end) rows of v
+    arrays = {name: _ints(v[name]) for name in ("start", "finish", "date", "hour", "weekday", "location_id",
+                                                "location")}  # read one at a time, as Python ints
     q_users, q_index = q["user_id"].to_list(), q["_q"].to_numpy()
     q_start, q_moment, q_anchor = q["window_start"].to_numpy(), q["moment"].to_numpy(), q["anchor"].to_numpy()
-    q_window = q["window_places"].to_list()
+    # the windows' places as one flat array and offsets (a Python list per query held 25M ints on a 4x GeoLife)
+    window_places = q["window_places"].rechunk().to_arrow()
+    w_offsets, w_values = window_places.offsets.to_numpy(), window_places.values.to_numpy(zero_copy_only=False)
     q_target = q["target_place"].to_list() if "target_place" in q.columns else None
     kinds = np.zeros(queries.height, np.int8)
     previous_user, memory = None, None
@@ -101,9 +102,10 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
             memory = _Memory(arrays, *bounds.get(user, (0, 0)))
             previous_user = user
         memory.advance(int(q_start[k]), int(q_moment[k]))
-        window = set(q_window[k] or ())
+        places = w_values[w_offsets[k]:w_offsets[k + 1]].tolist()
+        window = set(places)
         entries = memory.top(memory_places, window)
-        current = q_window[k][-1] if q_window[k] else None
+        current = places[-1] if places else None
         out.put(int(q_index[k]), entries, int(q_anchor[k]), slots_per_hour, current)
         if q_target is not None:
             target = q_target[k]
@@ -112,6 +114,14 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
     if q_target is not None:
         arrays["target_kind"] = pa.DictionaryArray.from_arrays(pa.array(kinds), pa.array(TARGET_KINDS))
     return arrays
+
+
+def _ints(column: pl.Series) -> array.array:
+    """A column as a compact array of 64-bit ints (a list of Python ints takes 4x the bytes) that reads as Python
+    ints."""
+    out = array.array("q")
+    out.frombytes(column.cast(pl.Int64).to_numpy().tobytes())
+    return out
 
 
 class _Place:
@@ -193,20 +203,36 @@ class _Memory:
 
 
 class _Columns:
-    """The memory list columns, filled one query at a time in any order."""
+    """The memory list columns, filled one query at a time in any order: the entries' numbers go to one flat int32
+    buffer as they come (a Python tuple per entry held 4x the bytes: 2.2 GB of a 4x GeoLife's 27M entries), and are
+    put in the queries' order once, at the end."""
+
+    WIDTH = len(MEMORY_COLUMNS)
 
     def __init__(self, n: int):
-        self.rows: list[list[tuple] | None] = [None] * n
+        self.lengths = np.zeros(n, np.int64)  # entries per query, by query index
+        self.order = array.array("q")  # the query index of each put, in put order
+        self.values = array.array("i")  # WIDTH numbers per entry, in put order
 
     def put(self, index: int, entries: list[tuple[int, _Place]], anchor: int, slots_per_hour: float, current) -> None:
-        self.rows[index] = [(e.location, place, e.visits, anchor - e.last_date, int(e.peak_hour * slots_per_hour),
-                             e.peak_weekday, e.before.get(current, 0)) for place, e in entries]
+        self.lengths[index] = len(entries)
+        self.order.append(index)
+        for place, e in entries:
+            self.values.extend((e.location, place, e.visits, anchor - e.last_date, int(e.peak_hour * slots_per_hour),
+                                e.peak_weekday, e.before.get(current, 0)))
 
     def arrays(self) -> dict[str, pa.Array]:
-        lengths = np.array([len(r) for r in self.rows], dtype=np.int32)
-        offsets = pa.array(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), pa.int32())
-        flat = [value for row in self.rows for value in row]
-        values = np.array(flat, dtype=np.int64).reshape(-1, len(MEMORY_COLUMNS))
+        values = np.frombuffer(self.values, dtype=np.int32).reshape(-1, self.WIDTH)
+        order = np.frombuffer(self.order, dtype=np.int64)
+        put_starts = np.zeros(len(order), np.int64)  # where each put's entries begin in `values`
+        np.cumsum(self.lengths[order][:-1], out=put_starts[1:])
+        starts = np.zeros(len(self.lengths), np.int64)  # the same, by query index (a query never put has none)
+        starts[order] = put_starts
+        offsets = np.concatenate([[0], np.cumsum(self.lengths)])
+        # entry j of query q sits at starts[q] + j: the rows of `values` in the queries' order
+        gather = np.repeat(starts - offsets[:-1], self.lengths) + np.arange(offsets[-1])
+        values = values[gather]
+        list_offsets = pa.array(offsets.astype(np.int32), pa.int32())
         types = (pa.int32(), pa.int64(), pa.int32(), pa.int32(), pa.int16(), pa.int8(), pa.int32())
-        return {name: pa.ListArray.from_arrays(offsets, pa.array(values[:, i].astype(t.to_pandas_dtype()), t))
+        return {name: pa.ListArray.from_arrays(list_offsets, pa.array(values[:, i].astype(t.to_pandas_dtype()), t))
                 for i, (name, t) in enumerate(zip(MEMORY_COLUMNS, types))}

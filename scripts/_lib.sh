@@ -1,5 +1,5 @@
 # Shared helpers of the stack scripts: state folder, PID files, health checks, shutdown by PID.
-# Everything binds to 127.0.0.1 and lives under $PGT_STATE_DIR (default: <project>/.state).
+# Everything binds to 127.0.0.1 (unless told another address) and lives under $PGT_STATE_DIR (default: <project>/.state).
 
 PROJECT_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STATE="${PGT_STATE_DIR:-$PROJECT_ROOT/.state}"

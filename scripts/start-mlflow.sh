@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Start a local MLflow tracking server: SQLite backend and artifact store under $PGT_STATE_DIR/mlflow,
-# bound to 127.0.0.1:${MLFLOW_PORT:-5055}. Waits for /health; prints the address. Idempotent.
+# bound to ${MLFLOW_HOST:-127.0.0.1}:${MLFLOW_PORT:-5055}. Waits for /health; prints the address. Idempotent.
+# For a team or a Ray cluster: MLFLOW_HOST (an address every node reaches), MLFLOW_BACKEND_STORE_URI (e.g.
+# postgresql://USER@HOST/DB; default SQLite in the state folder) and MLFLOW_ARTIFACTS_DESTINATION (e.g.
+# s3://BUCKET/mlflow; default the state folder), artifacts proxied through the server either way.
 # MLFLOW_ALLOWED_HOSTS (host:port list, comma-separated): the Host headers its API accepts (MLflow's --allowed-hosts;
 # default localhost and private addresses), for a server reached by a name: the others get HTTP 403.
 # MLFLOW_AUTH=basic: MLflow's basic-auth app (users and permissions in $PGT_STATE_DIR/mlflow/basic_auth.db, default
@@ -9,12 +12,17 @@
 set -euo pipefail
 source "$(dirname "$0")/_lib.sh"
 PORT="${MLFLOW_PORT:-5055}"
+HOST="${MLFLOW_HOST:-127.0.0.1}"
 DIR="$STATE/mlflow"
 mkdir -p "$DIR/artifacts"
 PIDFILE="$DIR/server.pid"
+BACKEND="${MLFLOW_BACKEND_STORE_URI:-sqlite:///$DIR/mlflow.db}"
+ARTIFACTS="${MLFLOW_ARTIFACTS_DESTINATION:-$DIR/artifacts}"
 ALLOWED=()
 if [ -n "${MLFLOW_ALLOWED_HOSTS:-}" ]; then
     ALLOWED=(--allowed-hosts "$MLFLOW_ALLOWED_HOSTS")
+elif [ "$HOST" != "127.0.0.1" ]; then  # MLflow answers 403 to a Host header it does not know: its own address
+    ALLOWED=(--allowed-hosts "$HOST:$PORT,$HOST,localhost:$PORT,127.0.0.1:$PORT")
 fi
 APP=()
 case "${MLFLOW_AUTH:-}" in
@@ -47,15 +55,15 @@ INI
         exit 2
         ;;
 esac
-URL="http://127.0.0.1:$PORT"
+URL="http://$HOST:$PORT"
 if running "$PIDFILE"; then
     echo "mlflow: already running at $URL (pid $(cat "$PIDFILE"))"
     exit 0
 fi
 # Job execution off: otherwise startup takes ~35 s and job runners outlive the server (../shared/STACK.md).
 MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false setsid "$VENV_BIN/mlflow" server \
-    --backend-store-uri "sqlite:///$DIR/mlflow.db" --artifacts-destination "$DIR/artifacts" \
-    --host 127.0.0.1 --port "$PORT" --workers 1 "${ALLOWED[@]}" "${APP[@]}" >"$DIR/server.log" 2>&1 &
+    --backend-store-uri "$BACKEND" --artifacts-destination "$ARTIFACTS" \
+    --host "$HOST" --port "$PORT" --workers 1 "${ALLOWED[@]}" "${APP[@]}" >"$DIR/server.log" 2>&1 &
 echo $! >"$PIDFILE"
 if ! wait_healthy mlflow "$URL/health" "${MLFLOW_START_TIMEOUT_S:-90}" "$(cat "$PIDFILE")"; then
     tail -5 "$DIR/server.log" >&2

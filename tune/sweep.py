@@ -22,12 +22,12 @@ from pathlib import Path
 from infra.errors import SettingsError
 from infra.output import output_lock, write_json_atomically
 from infra.process import interruptible, uninterrupted
-from infra.ray_session import prepare_ray_env, ray_session
+from infra.ray_session import cluster_node_addresses, prepare_ray_env, ray_session
 from pgt.config import selection_score
 from pgt.tracking.lineage import source_tags
 from pgt.tracking.registry import Evidence
 from pgt.tracking.runs import end_run, metrics_of, open_run, system_metrics, terminate_run
-from pgt.tracking.store import mlflow_client
+from pgt.tracking.store import check_tracking_reaches, mlflow_client
 from pgt.training.ray_train import RESULT_KEY
 from pgt.training.run import TrackedRun, open_data, register
 from tune.config import SweepConfig
@@ -100,6 +100,9 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
     prepare_ray_env(address)  # before the first import of ray
     import ray
     from ray import tune
+
+    if tracking:  # before the sweep's run or folder: every trial on the cluster must reach it
+        check_tracking_reaches(tracking.tracking_uri, cluster_node_addresses(address))
 
     from tune.scheduler import FinishingASHA
 

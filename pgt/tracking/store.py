@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import ipaddress
 import json
 import os
 import re
@@ -14,7 +15,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from infra.errors import InputError, ServiceError
+from infra.errors import InputError, ServiceError, SettingsError
 from infra.process import shorten
 from infra.state import state_dir
 
@@ -196,6 +197,30 @@ def check_tracking_store(tracking_uri: str, timeout_s: float) -> None:
         raise ServiceError(f"MLflow tracking store {tracking_uri} cannot be opened ({type(exc).__name__}: {problem}); "
                            "choose another --tracking-uri / MLFLOW_TRACKING_URI (unset, runs go to a local SQLite "
                            "store)")
+
+
+def check_tracking_reaches(tracking_uri: str, nodes: list[str]) -> None:
+    """SettingsError, before any work, when the runs' processes on the cluster's `nodes` (their addresses) could not
+    all log to `tracking_uri`: a store on one disk (SQLite, a folder) on a cluster of several nodes, or a tracking
+    server on a loopback address while some node is another machine."""
+    if len(nodes) <= 1:
+        return
+    parsed = urllib.parse.urlsplit(tracking_uri)
+    fix = ("start a tracking server every node reaches (scripts/start-mlflow.sh with MLFLOW_HOST set to an address "
+           "they reach, and a database and artifact store they share) and give --tracking-uri http://HOST:PORT")
+    if parsed.scheme in ("", "file", "sqlite"):
+        raise SettingsError(f"--tracking-uri {tracking_uri} is a store on this machine's disk, and the Ray cluster has "
+                            f"{len(nodes)} nodes whose runs would each log to their own: {fix}")
+    if _loopback(parsed.hostname or "") and not all(_loopback(node) for node in nodes):
+        raise SettingsError(f"--tracking-uri {tracking_uri} is a loopback address, which on the Ray cluster's other "
+                            f"machines ({', '.join(n for n in nodes if not _loopback(n))}) is the machine itself: {fix}")
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def mlflow_client(tracking_uri: str):

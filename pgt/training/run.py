@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from infra.errors import InputError, ServiceError, SettingsError
 from infra.output import output_lock
 from infra.process import interruptible, shorten
-from infra.ray_session import ray_session
+from infra.ray_session import cluster_node_addresses, ray_session
 from infra.storage import Storage, open_storage
 from pgt.config import BASELINES, LaunchConfig, TrackingConfig, TrainConfig
 from pgt.data.dataset import SequenceDataset, Vocab
@@ -44,7 +44,7 @@ from pgt.tracking.lineage import source_tags
 from pgt.tracking.registry import Evidence, register_model
 from pgt.tracking.runs import EpochLogger, end_run, log_result, system_metrics
 from pgt.tracking.runs import open_run as open_tracked_run
-from pgt.tracking.store import mlflow_client, server_answers, use_tracking_uri
+from pgt.tracking.store import check_tracking_reaches, mlflow_client, server_answers, use_tracking_uri
 from pgt.training.baselines import evaluate_baseline
 from pgt.training.finish import write_json
 from pgt.training.ray_train import RUN_NAME, epoch_listeners, fit_with_ray, ray_result
@@ -319,6 +319,8 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking:
     # SIGTERM stops the run as Ctrl+C does whoever handles it (a Prefect flow run's cancel included), and takes
     # its handler's effect only once the run is closed and its lock released; one writer of a local folder: a
     # second is refused, naming the first (object storage has no lock: one run per URI is the user's to keep)
+    if tracking and launch.workers:
+        check_tracking_reaches(tracking.tracking_uri, cluster_node_addresses(launch.address))
     with interruptible(), output_lock(folder.work, command="pgt train"):
         check_resume_settings(cfg, folder)
         return _run(cfg, launch, tracking, data, folder, on_epoch, callbacks)

@@ -19,11 +19,18 @@ def two_node_cluster():
         yield cluster
 
 
-def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two_node_cluster):
+def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two_node_cluster, mlflow_server):
+    """Each node runs a trial, logged to a tracking server both nodes reach; the default store (SQLite on one disk)
+    is refused in one line before the sweep writes anything."""
     address, env = two_node_cluster
     out = tmp_path / "sweep"
+    refused = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--address", address,
+                       env=env)
+    assert refused.returncode == 2 and not out.exists()
+    assert refused.stderr.count("\n") == 1 and "store on this machine's disk, and the Ray cluster has 2 nodes" in refused.stderr
     r = tune_cli("--data", training_sequences, "--out", out, "--trials", 2, "--epochs", 2, "--max-concurrent", 2,
-                 "--grace-period", 2, "--address", address, "--finalists", 0, "--no-final", env=env)
+                 "--grace-period", 2, "--address", address, "--finalists", 0, "--no-final",
+                 "--tracking-uri", mlflow_server, "--experiment", "two-nodes", env=env)
     assert r.returncode == 0, r.stderr[-4000:]
     result = json.loads((out / "tune.json").read_text())
     nodes = {row["node_id"] for row in result["trials"]}
