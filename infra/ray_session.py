@@ -112,15 +112,18 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
 
 
 def cluster_node_addresses(address: str | None) -> list[str]:
-    """The addresses of the live nodes of the cluster at `address` (or $RAY_ADDRESS); [] where neither names one (a
-    local Ray is this machine alone)."""
+    """The addresses of the live nodes of the cluster at `address` (or $RAY_ADDRESS), a node of this machine as
+    127.0.0.1 (Ray may name it by the machine's network address); [] where neither names a cluster (a local Ray is
+    this machine alone)."""
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         return []
     import ray
 
     with ray_session(address):
-        return sorted(node["NodeManagerAddress"] for node in ray.nodes() if node["Alive"])
+        here = ray.util.get_node_ip_address()
+        return sorted("127.0.0.1" if node["NodeManagerAddress"] == here else node["NodeManagerAddress"]
+                      for node in ray.nodes() if node["Alive"])
 
 
 @contextlib.contextmanager

@@ -334,3 +334,40 @@ def test_a_sweep_resume_refuses_new_settings_and_names_a_damaged_record(tmp_path
     assert typed.returncode == 2
     line = one_line(typed.stderr)
     assert "--trials" in line and "--epochs" in line and "cannot change a started sweep" in line
+
+
+def test_a_tracking_server_for_a_cluster_binds_the_address_store_and_artifact_destination_given(tmp_path, s3_server,
+                                                                                                  monkeypatch):
+    """start-mlflow.sh with MLFLOW_HOST (a loopback address other than 127.0.0.1: the tests' rule), the backend store
+    and the artifact destination given (object storage, as a team's server keeps them): it answers there, its API
+    takes that address as Host, and a run's artifact, proxied through the server, lands in the bucket."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    from infra.storage import open_storage
+    from tests.infra.test_storage import bucket
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    bucket(s3_server, "pgt-mlflow")
+    port = free_port()
+    env = {**os.environ, "PGT_STATE_DIR": str(tmp_path / "state"), "MLFLOW_PORT": str(port), "MLFLOW_HOST": "127.0.0.3",
+           "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{tmp_path / 'team.db'}",
+           "MLFLOW_ARTIFACTS_DESTINATION": "s3://pgt-mlflow/artifacts", "MLFLOW_S3_ENDPOINT_URL": s3_server}
+    scripts = PROJECT_ROOT / "scripts"
+    started = subprocess.run([scripts / "start-mlflow.sh"], env=env, capture_output=True, text=True, timeout=180)
+    try:
+        assert started.returncode == 0, started.stderr
+        uri = f"http://127.0.0.3:{port}"
+        assert uri in started.stdout and (tmp_path / "team.db").is_file()
+        client = MlflowClient(uri)
+        run = client.create_run(client.create_experiment("team"))
+        (tmp_path / "note.txt").write_text("kept by the team's server")
+        client.log_artifact(run.info.run_id, str(tmp_path / "note.txt"))
+        kept = open_storage(f"s3://pgt-mlflow/artifacts?endpoint_override={s3_server.removeprefix('http://')}"
+                            "&scheme=http&region=us-east-1")
+        assert [f for f in kept.files() if f.endswith("note.txt")], kept.files()
+        assert mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="note.txt",
+                                                   tracking_uri=uri, dst_path=str(tmp_path / "back")).endswith("note.txt")
+    finally:
+        subprocess.run([scripts / "stop-mlflow.sh"], env=env, capture_output=True, timeout=120)

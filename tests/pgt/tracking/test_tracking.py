@@ -288,13 +288,13 @@ def test_a_refit_is_registered_on_its_held_out_validation(synthetic_sequences, t
     # the same command again passes the resumption's door (a refit's own runs differ from it only where the refit
     # sets them); with another setting it is refused there: no MLflow run made, the finished one left FINISHED
     from pgt.cli import train_config
-    from pgt.training.run import check_resume_settings
+    from pgt.training.run import check_resume_settings, run_folder
     from tests.in_process import pgt_here
     from tests.pgt.test_options import parse
 
     args = ["--data", str(synthetic_sequences), "--out", str(out), "--recipe", "tuned", "--refit-epochs", "scaled",
             "--epochs", "3", "--d-model", "16", "--dim-feedforward", "32", "--nhead", "2"]
-    check_resume_settings(train_config(parse("train", *args)), out)
+    check_resume_settings(train_config(parse("train", *args)), run_folder(out))
     record = (out / "mlflow_run.json").read_text()
     runs_before = len(client.search_runs([child.info.experiment_id]))
     changed = [a if a != "16" else "32" for a in args]
