@@ -194,24 +194,24 @@ def check_resume_settings(cfg: TrainConfig, folder: RunFolder) -> None:
     if not cfg.resume:
         return
     for where in (folder, folder.child(SELECTION_DIR)):
-        found = [latest_checkpoint(where.work)] if not where.remote else []
+        found = [(latest_checkpoint(where.work),) * 2] if not where.remote else []
         found.append(_latest_kept(where.kept.child("ray", RUN_NAME), where.work))
-        for checkpoint in filter(None, found):
-            check_resumable(read_checkpoint(checkpoint, "cpu", ("config",))["config"], cfg, checkpoint,
-                            ignore=REFIT_DERIVED)
+        for checkpoint, named in filter(lambda pair: pair[0] is not None, found):
+            check_resumable(read_checkpoint(checkpoint, "cpu", ("config",))["config"], cfg, named, ignore=REFIT_DERIVED)
 
 
-def _latest_kept(storage: Storage, work: Path) -> Path | None:
-    """Ray Train's newest checkpoint.pt in `storage`, as a local file (downloaded into `work` off object storage)."""
+def _latest_kept(storage: Storage, work: Path) -> tuple[Path | None, str | Path | None]:
+    """Ray Train's newest checkpoint.pt in `storage` as a local file (downloaded into `work` off object storage), and
+    its name for a message (its URI there)."""
     if storage.local is not None:
-        return latest_checkpoint(storage.local, ".")
+        return (latest_checkpoint(storage.local, "."),) * 2
     found = sorted(f for f in storage.files() if f.startswith("epoch_") and f.endswith("/checkpoint.pt"))
     if not found:
-        return None
+        return None, None
     local = work / "resumed-from" / found[-1]
     local.parent.mkdir(parents=True, exist_ok=True)
     local.write_bytes(storage.read_bytes(*found[-1].split("/")))
-    return local
+    return local, storage.uri_of(*found[-1].split("/"))
 
 
 def open_run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | None, folder: RunFolder,

@@ -157,33 +157,16 @@ def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp
         LaunchConfig(data_engine="ray")
 
 
-def test_ray_owns_the_checkpoints_and_a_rerun_resumes_from_its_storage(synthetic_sequences, tmp_path, local_ray):
-    """Under Ray Train the checkpoints exist once, in Ray's storage (out/ray/train/epoch_NNN, reported and
-    committed); a second `run_training` with more epochs resumes from there, as Ray restores a run of the same
-    name and storage path; out/checkpoints, the folder of runs without Ray, is never written."""
-    from pgt.config import LaunchConfig, TrainConfig
-    from pgt.training.run import run_training
-
-    cfg = TrainConfig(data_dir=str(synthetic_sequences), out_dir=str(tmp_path / "run"), epochs=2, min_epochs=3)
-    first = run_training(cfg, LaunchConfig(workers=2)).metrics
-    assert first["epochs_run"] == 2 and first["resumed_at_epochs"] == []
-    second = run_training(dataclasses.replace(cfg, epochs=3), LaunchConfig(workers=2)).metrics
-    assert second["epochs_run"] == 3 and second["resumed_at_epochs"] == [3]
-    assert [row["epoch"] for row in second["history"]] == [0, 1, 2]
-    assert sorted(p.name for p in (tmp_path / "run" / "ray" / "train").glob("epoch_*")) == \
-        ["epoch_001_final", "epoch_002", "epoch_002_final"]
-    assert not (tmp_path / "run" / "checkpoints").exists()
-    # other settings are refused before Ray Train starts, naming Ray's checkpoint
-    with pytest.raises(ValueError, match=r"ray/train/epoch_002_final/checkpoint.pt was trained with other settings \(d_model="):
-        run_training(TrainConfig.from_dict({**cfg.to_dict(), "epochs": 3, "d_model": 32}), LaunchConfig(workers=2))
-
-
-def test_a_run_kept_on_object_storage_resumes_from_there(synthetic_sequences, tmp_path, local_ray, s3_server,
-                                                         mlflow_server, monkeypatch):
-    """--out s3://...: Ray Train's workers write the checkpoints to the bucket, the driver's files (metrics.json,
-    best.pt, plots, mlflow_run.json) are uploaded from its own work folder, and nothing is written to a local folder
-    named after the URI. A rerun with more epochs, from a new work folder, resumes from the bucket. A run that cannot be
-    kept there is refused in one line before any work."""
+def test_ray_owns_the_checkpoints_on_object_storage_and_a_rerun_resumes_from_there(synthetic_sequences, tmp_path,
+                                                                                  local_ray, s3_server, mlflow_server,
+                                                                                  monkeypatch):
+    """Under Ray Train the checkpoints exist once, in Ray's storage (reported and committed), here a bucket
+    (--out s3://...): the workers write them there, the driver's files (metrics.json, best.pt, plots,
+    mlflow_run.json) are uploaded from its own work folder, and nothing is written to a local folder named after the
+    URI, nor to the checkpoints folder of runs without Ray. A rerun with more epochs, from a new work folder, resumes
+    from the bucket, as Ray restores a run of the same name and storage; other settings are refused before Ray
+    Train starts, naming the bucket's checkpoint. A run that cannot be kept there is refused in one line before any
+    work."""
     from mlflow.tracking import MlflowClient
 
     from infra.errors import InputError, ServiceError, SettingsError
@@ -212,7 +195,14 @@ def test_a_run_kept_on_object_storage_resumes_from_there(synthetic_sequences, tm
     second = run_training(dataclasses.replace(cfg, epochs=3), LaunchConfig(workers=2), tracking)
     assert second.out_dir != first.out_dir  # another work folder: what it resumed from came from the bucket
     assert second.metrics["epochs_run"] == 3 and second.metrics["resumed_at_epochs"] == [3]
+    assert [row["epoch"] for row in second.metrics["history"]] == [0, 1, 2]
     assert json.loads(storage.read_bytes("metrics.json"))["epochs_run"] == 3
+    assert sorted({f.split("/")[2] for f in storage.files("ray", "train") if f.count("/") == 3}) == \
+        ["epoch_001_final", "epoch_002", "epoch_002_final"]
+    assert not (second.out_dir / "checkpoints").exists()
+    with pytest.raises(ValueError, match=r"s3://pgt-train/run/ray/train/epoch_002_final/checkpoint.pt\?\S+ was trained "
+                                         r"with other settings \(d_model="):
+        run_training(TrainConfig.from_dict({**cfg.to_dict(), "epochs": 3, "d_model": 32}), LaunchConfig(workers=2))
 
     with pytest.raises(SettingsError, match="give --workers 1 or more"):
         run_training(cfg, LaunchConfig(workers=0))
