@@ -543,9 +543,9 @@ def test_a_request_of_very_many_columns_is_a_short_400_in_milliseconds(served):
 
 
 def large_request(root: Path) -> bytes:
-    """A JSON body of the later period's first 7,000 GPS points (several hundred KB), as a client sends them."""
+    """A JSON body of the later period's first 9,000 GPS points (about 950 KB), as a client sends them."""
     points = pl.read_parquet(root / "late.parquet").sort("user_id", "tracked_at")
-    records = points.head(7_000).select("user_id", pl.col("tracked_at").dt.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    records = points.head(9_000).select("user_id", pl.col("tracked_at").dt.strftime("%Y-%m-%dT%H:%M:%S%z"),
                                         pl.col("latitude", "longitude").cast(pl.Float64)).to_dicts()
     return json.dumps({"dataframe_records": records}).encode()
 
@@ -564,19 +564,18 @@ def test_ping_answers_while_a_large_request_is_answered(served):
     large = {}
 
     def send_large():
-        start = time.monotonic()
         large["status"] = post(url, body)[0]
-        large["seconds"] = time.monotonic() - start
+        large["ended"] = time.monotonic()
 
     thread = threading.Thread(target=send_large)
     thread.start()
-    pings = []
+    pings = []  # when each ping was answered
     while thread.is_alive():
-        start = time.monotonic()
         urllib.request.urlopen(url.replace("/invocations", "/ping"), timeout=60).read()
-        pings.append(time.monotonic() - start)
+        pings.append(time.monotonic())
     thread.join()
-    assert large["status"] == 200 and len(pings) >= 3, (large, pings)
+    # how many pings fit depends on the machine's speed; that one was answered before the large request was is not
+    assert large["status"] == 200 and any(ping < large["ended"] for ping in pings), (large, pings)
     status, _ = post(url, {"dataframe_records": one_user_staypoints(root).to_dicts()})
     assert status == 200
 
