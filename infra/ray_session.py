@@ -38,18 +38,23 @@ SERVICE_TIMEOUT_S = 3.0  # how long an address may take to answer before a comma
 
 
 def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S) -> None:
-    """ServiceError, within `timeout_s`, unless a Ray cluster's GCS answers at `address` (host:port or
-    ray://host:port; "auto" and None are Ray's own lookups): one gRPC call for its cluster id, the first thing
-    ray.init asks. An unreachable address would otherwise keep ray.init retrying for minutes."""
+    """ServiceError, within `timeout_s`, unless a Ray cluster's GCS answers at `address` (host:port; "auto" and None
+    are Ray's own lookups): one gRPC call for its cluster id, the first thing ray.init asks. An unreachable address
+    would otherwise keep ray.init retrying for minutes. SettingsError for a Ray Client address (ray://), which Ray
+    Train and Tune no longer take: such a command goes to the cluster as a Ray Job."""
     import grpc  # Ray's own dependency
 
     if not address or address in ("auto", "local"):
         return
-    hostport = address.removeprefix("ray://")
-    host, _, port = hostport.rpartition(":")
+    if address.startswith("ray://"):
+        raise SettingsError(f"--address {address}: Ray Client (ray://) does not run Ray Train or Tune; run the command "
+                            "on a node of the cluster with --address HOST:6379 (or auto), or submit it from here as a "
+                            "Ray Job: ray job submit --address http://HEAD:8265 --working-dir . -- pgt ...")
+    host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise SettingsError(f"--address {address}: expected host:port (the head node's GCS port, 6379 by default), "
-                            "ray://host:port, or auto")
+        raise SettingsError(f"--address {address}: expected host:port (the head node's GCS port, 6379 by default) "
+                            "or auto")
+    hostport = address
     with grpc.insecure_channel(hostport) as channel:
         ask = channel.unary_unary("/ray.rpc.NodeInfoGcsService/GetClusterId",
                                   request_serializer=lambda request: request, response_deserializer=lambda reply: reply)

@@ -329,7 +329,7 @@ class TrainConfig:
 class LaunchConfig:
     workers: int = setting(0, "DDP workers under Ray Train; 0 = train in this process, without Ray.", low=0, high=4096)
     gpu: bool | None = setting(None, "One GPU per worker; None = when the Ray cluster has enough GPUs.")
-    address: str | None = setting(None, "A Ray cluster to join (auto, ray://host:10001, host:6379); None = "
+    address: str | None = setting(None, "A Ray cluster to join from one of its nodes (auto, host:6379); None = "
                                         "$RAY_ADDRESS, else a local Ray.", env="RAY_ADDRESS")
     max_failures: int = setting(0, "Restarts of the worker group from the last checkpoint when a worker dies, before "
                                    "the run fails (-1: no limit).", low=-1, high=1 << 20)

@@ -165,6 +165,9 @@ def test_an_unreachable_tracking_server_or_ray_cluster_fails_in_seconds(data, tm
         (["train", "--data", data / "seq", "--out", tmp_path / "run", "--workers", 2, "--address", nobody],
          (nobody, "not reachable", "ray start --head")),
         (["tune", "--data", data / "seq", "--out", tmp_path / "sweep", "--address", nobody], (nobody, "not reachable")),
+        # Ray Client, which Ray Train and Tune no longer take: the Ray Job that does it instead
+        (["tune", "--data", data / "seq", "--out", tmp_path / "sweep", "--address", f"ray://{nobody}"],
+         ("Ray Client (ray://) does not run Ray Train or Tune", "ray job submit --address http://HEAD:8265")),
         (["evaluate", "--model", "models:/x@champion", "--data", data / "seq", "--tracking-uri", f"http://{nobody}"],
          ("not reachable",)),
         (["preprocess", "--input", data / "points.parquet", "--format", "positionfixes", "--out", tmp_path / "p",
