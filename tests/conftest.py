@@ -409,11 +409,16 @@ def mlflow_server(tmp_path_factory) -> str:
 
 
 def start_mlflow_server(state: Path) -> dict:
-    env = {**os.environ, "PGT_STATE_DIR": str(state), "MLFLOW_PORT": str(free_port())}
-    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-mlflow.sh"], env=env, capture_output=True, text=True,
-                             timeout=180)
+    return {"uri": start_run_server("start-mlflow.sh", "MLFLOW_PORT", state, timeout_s=180)}
+
+
+def start_run_server(script: str, port_variable: str, state: Path, timeout_s: float) -> str:
+    """scripts/<script> run with its state in `state` and a free port in `port_variable`; its address on 127.0.0.1."""
+    env = {**os.environ, "PGT_STATE_DIR": str(state), port_variable: str(free_port())}
+    started = subprocess.run([PROJECT_ROOT / "scripts" / script], env=env, capture_output=True, text=True,
+                             timeout=timeout_s)
     assert started.returncode == 0, started.stderr
-    return {"uri": f"http://127.0.0.1:{env['MLFLOW_PORT']}"}
+    return f"http://127.0.0.1:{env[port_variable]}"
 
 
 @pytest.fixture(scope="session")
@@ -424,11 +429,7 @@ def s3_server(tmp_path_factory) -> str:
 
 
 def start_s3_server(state: Path) -> dict:
-    env = {**os.environ, "PGT_STATE_DIR": str(state), "S3_PORT": str(free_port())}
-    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-s3.sh"], env=env, capture_output=True, text=True,
-                             timeout=60)
-    assert started.returncode == 0, started.stderr
-    return {"url": f"http://127.0.0.1:{env['S3_PORT']}"}
+    return {"url": start_run_server("start-s3.sh", "S3_PORT", state, timeout_s=60)}
 
 
 def stop_run_servers(session) -> None:

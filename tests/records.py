@@ -45,7 +45,8 @@ def run_record(client, run_id: str) -> dict:
 def version_record(client, name: str, version: str) -> dict:
     """A registered version's tags by kind: which evidence tags it carries, the data it was measured on, its run's
     lineage tags present."""
-    tags = client.get_model_version(name, version).tags
+    found = client.get_model_version(name, version)
+    tags = found.tags
     return {"evidence": sorted(set(tags) & EVIDENCE_TAGS), "data_digest": tags.get("pgt.data_digest"),
             "lineage": sorted(k for k in ("recipe", "git_commit") if k in tags),
-            "run_tags_of": client.get_model_version(name, version).run_id == tags.get("run_id")}
+            "run_tags_of": found.run_id == tags.get("run_id")}
