@@ -65,10 +65,6 @@ class DataFolder:
     rows: dict[str, int]  # samples per split, from the Parquet footers
     summary: dict  # what a run's params say of it: the input's digest, its samples and vocabulary
 
-    @property
-    def counts(self) -> str:
-        return _preprocessing_counts(self.path)
-
 
 @dataclass(frozen=True)
 class RunFolder:
