@@ -109,6 +109,43 @@ def test_one_writer_sigterm_and_resume(training_sequences, tmp_path):
     assert logged_epochs(client, run_id) == list(range(done + 2))
 
 
+def test_sigterm_to_the_process_group_of_a_ray_run_closes_it_before_ray_is_down(training_sequences, tmp_path):
+    """SIGTERM to the whole process group of `pgt train --workers 1` (systemd's stop, `kill -- -PGID`, Prefect's
+    cancel: the local Ray's head gets it too): exit 143 within seconds, the lock released and the MLflow run KILLED
+    while Ray is still being shut down, nothing of the group left. Ray Train's own Ctrl+C handler would wait on the
+    dead head until Ray ended the process after 60 s, run left RUNNING."""
+    uri, out = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "run"
+    proc = subprocess.Popen([*PGT, "train", "--data", str(training_sequences), "--out", str(out), "--workers", "1",
+                             "--tracking-uri", uri, *LONG], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lock = tmp_path / ".run.lock"
+    try:
+        wait_for(lambda: len(list((out / "ray" / "train").glob("epoch_*"))) >= 1 or proc.poll() is not None,
+                 "Ray's first checkpoint")
+        assert proc.poll() is None and lock.exists(), proc.stdout.read()[-3000:]
+        os.killpg(proc.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        wait_for(lambda: not lock.exists() or proc.poll() is not None, "the lock's release", timeout_s=60)
+        released_in = time.monotonic() - signalled
+        alive_then = proc.poll() is None
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 143 and "stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
+    assert alive_then and released_in < 20 and not lock.exists()  # released first, then Ray shut down
+    assert run_of(out, uri)[2].info.status == "KILLED"
+    wait_for(lambda: not _group_alive(proc.pid), "the process group's end", timeout_s=30)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 @pytest.mark.slow
 def test_a_tracking_server_that_dies_fails_the_run_in_seconds_and_a_rerun_completes_it(training_sequences, tmp_path):
     """The server stops mid-run: the run ends within seconds in one line naming the server, its checkpoints kept;

@@ -134,7 +134,7 @@ def fit_with_ray(cfg: TrainConfig, launch: LaunchConfig, storage: Storage, callb
     Ray's error when the run failed)."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
     use_gpu = launch.gpu  # Ray's own name at its door
     if use_gpu is None:
@@ -147,7 +147,7 @@ def fit_with_ray(cfg: TrainConfig, launch: LaunchConfig, storage: Storage, callb
     if launch.data_engine == "ray":  # each worker streams an equal shard of the train split
         datasets = {"train": ray.data.read_parquet(str(Path(cfg.data_dir) / "train.parquet"))
                     .select_columns(list(STREAMED_COLUMNS))}
-    trainer = TorchTrainer(
+    trainer = _trainer_class()(
         ray_train_loop,
         train_loop_config={"train": train, "streamed": datasets is not None},
         datasets=datasets,
@@ -160,6 +160,23 @@ def fit_with_ray(cfg: TrainConfig, launch: LaunchConfig, storage: Storage, callb
                              callbacks=callbacks or []),
     )
     return trainer.fit()
+
+
+def _trainer_class():
+    from ray.train.torch import TorchTrainer
+
+    class Trainer(TorchTrainer):
+        """TorchTrainer whose fit() leaves the process's Ctrl+C handler alone. Ray Train's own asks the controller
+        actor to abort and waits for its answer: where the signal went to the whole process group (a terminal's
+        SIGHUP, `kill -- -PGID`, systemd's stop, Prefect's cancel), the local Ray's head died of it too, the answer
+        never comes, and Ray ends the process 60 s later without its cleanup (MLflow run left RUNNING, lock file
+        left). Here the signal raises KeyboardInterrupt in the driver's wait instead; the local Ray is shut down on
+        the way out, and a cluster ends the job's actors with its driver."""
+
+        def _register_sigint_handler(self, controller) -> None:
+            pass
+
+    return Trainer
 
 
 def ray_result(result, out_dir: Path) -> dict:

@@ -18,6 +18,7 @@ mlflow_run.json) are uploaded from its local work folder; a rerun on any machine
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import json
@@ -262,14 +263,17 @@ def _fit(cfg: TrainConfig, launch: LaunchConfig, folder: RunFolder, tracking: Tr
                 listener(row, checkpoint_dir)
 
         return train_loop_per_worker(cfg.to_dict(), on_epoch=report)
-    # a local Ray: a CPU per worker, and one more for Ray Data's read tasks when it streams the train split
-    cpus = max(os.cpu_count() or 1, launch.workers) + (1 if launch.data_engine == "ray" else 0)
     listening = [epoch_listeners(lambda: epoch_logging(tracking))] if tracking else []
-    with ray_session(launch.address, num_cpus=cpus):
+    with ray_session(launch.address, num_cpus=local_ray_cpus(launch)):  # run_training's, where it started one
         result = fit_with_ray(cfg, launch, folder.kept.child("ray"), callbacks=listening + (callbacks or []))
     metrics = ray_result(result, folder.work)
     write_json(folder.work / "metrics.json", metrics)
     return metrics
+
+
+def local_ray_cpus(launch: LaunchConfig) -> int:
+    """A local Ray's CPUs: one per worker, and one more for Ray Data's read tasks when it streams the train split."""
+    return max(os.cpu_count() or 1, launch.workers) + (1 if launch.data_engine == "ray" else 0)
 
 
 def log(tracking: TrackingConfig, metrics: dict, out_dir: Path, data: DataFolder) -> TrackedRun:
@@ -317,9 +321,15 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking:
     # second is refused, naming the first (object storage has no lock: one run per URI is the user's to keep)
     if tracking and launch.workers:
         check_tracking_reaches(tracking.tracking_uri, cluster_node_addresses(launch.address))
-    with interruptible(), output_lock(folder.work, command="pgt train"):
-        check_resume_settings(cfg, folder)
-        return _run(cfg, launch, tracking, data, folder, on_epoch, callbacks)
+    # Ray starts once the lock is held (a refused second writer starts none) and stops after the lock is released
+    # and the MLflow run closed: a stop signal to the whole process group (Prefect's cancel gives 30 s before
+    # SIGKILL) kills the local Ray's head too, and shutting Ray down then takes seconds the cleanup must not wait on
+    with interruptible(), contextlib.ExitStack() as after_the_lock:
+        with output_lock(folder.work, command="pgt train"):
+            check_resume_settings(cfg, folder)
+            if launch.workers and cfg.model not in BASELINES:
+                after_the_lock.enter_context(ray_session(launch.address, num_cpus=local_ray_cpus(launch)))
+            return _run(cfg, launch, tracking, data, folder, on_epoch, callbacks)
 
 
 def check_remote(cfg: TrainConfig, launch: LaunchConfig, folder: RunFolder) -> None:
