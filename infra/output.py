@@ -150,7 +150,7 @@ def check_apart(out: Path, inputs: dict[str, Path | str | None]) -> None:
     inside an input folder, and not a folder that holds an input (writing there would replace or delete it)."""
     target = Path(out).expanduser().resolve()
     for option, path in inputs.items():
-        if path is None:
+        if path is None or "://" in str(path):  # a URI's storage is no local folder
             continue
         source = Path(path).expanduser().resolve()
         if target == source:

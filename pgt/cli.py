@@ -155,7 +155,8 @@ def launch_config(params: dict) -> LaunchConfig:
 @command()
 @settings_options(TrainConfig, LaunchConfig, TrackingConfig, flags={"num_layers": ("--num-layers", "--layers")})
 def train(
-    data: Path = typer.Option(..., "--data", help="A `pgt preprocess` output folder."),
+    data: str = typer.Option(..., "--data", help="A `pgt preprocess` output folder, or its URI (s3://BUCKET/FOLDER, "
+                                              "gs://...) from which each node copies it."),
     out: str = typer.Option(..., "--out", help="Output folder: metrics.json, best.pt, checkpoints/ (and ray/ with "
                                                 "--workers); with --workers, a URI too (s3://BUCKET/FOLDER, gs://...) "
                                                 "where Ray keeps the checkpoints and the run's files go."),
@@ -182,7 +183,8 @@ def train(
     from pgt.training.train import OUTPUTS
 
     # a folder without manifest.json fails in Vocab.from_manifest with an InputError
-    Vocab.from_manifest(data)  # what --data is comes first, then where --out may go
+    if not is_uri(data):  # what --data is comes first, then where --out may go (a URI: in run_training)
+        Vocab.from_manifest(data)
     if not is_uri(out):  # a URI's storage is checked by the run, before any work (pgt.training.run.check_remote)
         check_apart(Path(out), {"--data": data})
         check_output_entries(Path(out), "pgt train", OUTPUTS)
@@ -215,16 +217,18 @@ def train(
 @command()
 def evaluate(
     model: str = typer.Option(..., "--model", help="An MLflow model URI: models:/NAME@champion, runs:/RUN_ID/model, ..."),
-    data: Path = typer.Option(..., "--data", help="A `pgt preprocess` folder (its test split is scored)."),
+    data: str = typer.Option(..., "--data", help="A `pgt preprocess` folder, or its URI (s3://, gs://): its test split "
+                                              "is scored."),
     split: ScoredSplit = typer.Option("test", "--split", help="test, validation or train; evaluation for an output of "
                                                               "`pgt preprocess --fitted`."),
     tracking_uri: str | None = option_for(TrackingConfig, "tracking_uri"),
 ) -> None:
     """Load a logged or registered model and print its metrics on a split as JSON."""
+    from pgt.data.fetch import local_data
     from pgt.serving.evaluate import evaluate_model
 
     try:
-        metrics = evaluate_model(model, data, split, tracking_uri)
+        metrics = evaluate_model(model, local_data(data), split, tracking_uri)
     except USER_ERRORS:
         raise  # one line, by one_line_errors
     except Exception as exc:  # MLflow's errors (unknown model, alias, run) in one line
@@ -301,14 +305,16 @@ def serve(
 @command()
 def explain(
     checkpoint: Path = typer.Option(..., "--checkpoint", help="best.pt or checkpoints/epoch_NNN/checkpoint.pt."),
-    data: Path = typer.Option(..., "--data", help="The `pgt preprocess` folder the model was trained on."),
+    data: str = typer.Option(..., "--data", help="The `pgt preprocess` folder the model was trained on, or its URI "
+                                              "(s3://, gs://)."),
     out: Path = typer.Option(..., "--out", help="Folder for the PNGs."),
     samples: int = typer.Option(6, "--samples", min=1, help="Test samples in the attention plot."),
 ) -> None:
     """Plots of a trained model: pointer attention, gate, position bias, attention entropy."""
+    from pgt.data.fetch import local_data
     from pgt.serving.explain import explain as run
 
-    written = run(checkpoint, data, out, samples=samples)
+    written = run(checkpoint, local_data(data), out, samples=samples)
     for path in written:
         typer.echo(f"wrote {path}")
 

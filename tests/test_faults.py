@@ -132,7 +132,9 @@ def test_sigterm_to_the_process_group_of_a_ray_run_closes_it_before_ray_is_down(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 143 and "stopped by SIGTERM" in output and "Traceback" not in output, output[-3000:]
+    # Ray's own actors may log their errors as the head goes (prefixed "(ActorName pid=...)"); none of pgt's
+    assert proc.returncode == 143 and output.splitlines()[-1] == "stopped by SIGTERM", output[-3000:]
+    assert not [line for line in output.splitlines() if line.startswith("Traceback")], output[-3000:]
     assert alive_then and released_in < 20 and not lock.exists()  # released first, then Ray shut down
     assert run_of(out, uri)[2].info.status == "KILLED"
     wait_for(lambda: not _group_alive(proc.pid), "the process group's end", timeout_s=30)

@@ -51,7 +51,8 @@ def saved_sweep(path: Path) -> tuple[SweepConfig, TrackingConfig | None, str | N
 
 @settings_options(SweepConfig, TrackingConfig, skip=("select_on", "run_name", "log_model", "system_metrics_interval_s"))
 def tune(
-    data: Path | None = typer.Option(None, "--data", help="A `pgt preprocess` output folder."),
+    data: str | None = typer.Option(None, "--data", help="A `pgt preprocess` output folder, or its URI (s3://BUCKET/"
+                                                       "FOLDER, gs://...) from which each node copies it."),
     out: Path | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/."),
     recipe: Recipe | None = typer.Option(None, "--recipe", show_default="paper",
                                          help="Every trial trains this recipe (pgt.recipes.RECIPES) with only the "
@@ -66,6 +67,7 @@ def tune(
     best few and the base recipe on fresh seeds, and train the winner's recipe as `pgt train` would."""
     from infra.output import check_apart, check_output_entries
     from infra.ray_session import check_ray_address
+    from infra.storage import is_uri
     from pgt.tracking.registry import champion_verdict
     from pgt.tracking.runs import RECIPE_TAG, run_url
     from pgt.tracking.store import check_tracking_server, resolve_tracking_uri
@@ -99,7 +101,8 @@ def tune(
 
             from pgt.data.dataset import Vocab
 
-            Vocab.from_manifest(data)  # a wrong --data fails here, not inside every trial
+            if not is_uri(data):  # a wrong --data fails here, not inside every trial (a URI: in run_sweep)
+                Vocab.from_manifest(data)
         if tracking:  # services answer before any work, or one line says what to start
             check_tracking_server(tracking.tracking_uri)
         check_ray_address(address or os.environ.get("RAY_ADDRESS"))

@@ -12,6 +12,7 @@ import yaml
 
 from infra.output import write_file_atomically
 from pgt.config import selection_score
+from pgt.data.fetch import local_data
 from pgt.recipes import RECIPE_FREE
 from pgt.tracking.registry import Evidence, data_digest
 from tune.config import TRIAL_FIXED, SweepConfig
@@ -28,7 +29,7 @@ def sweep_evidence(spec: SweepConfig, result: dict) -> dict:
         seeds, scores = winner["seeds"], winner["validation_strict_acc@1"]
     else:
         seeds, scores = [spec.seed], [result["final"]["validation"]["strict"]["acc@1"]]
-    return dataclasses.asdict(Evidence(seeds, scores, data_digest(spec.data_dir)))
+    return dataclasses.asdict(Evidence(seeds, scores, data_digest(local_data(spec.data_dir))))
 
 
 def finalist_candidates(spec: SweepConfig, trials: list[dict]) -> list[dict]:

@@ -24,6 +24,7 @@ from infra.output import output_lock, write_json_atomically
 from infra.process import interruptible, uninterrupted
 from infra.ray_session import cluster_node_addresses, prepare_ray_env, ray_session
 from pgt.config import selection_score
+from pgt.data.fetch import local_data
 from pgt.tracking.lineage import source_tags
 from pgt.tracking.registry import Evidence
 from pgt.tracking.runs import end_run, metrics_of, open_run, system_metrics, terminate_run
@@ -89,9 +90,9 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
         raise SettingsError(f"--register {register} registers the sweep's final run, and --no-final skips it: drop "
                             "one of them")
     out = Path(spec.out_dir).resolve()
-    spec = dataclasses.replace(spec, out_dir=str(out), data_dir=str(Path(spec.data_dir).resolve()))
     # before any run, folder or Ray starts: an empty split would fail every trial max_failures + 1 times
-    open_data(spec.data_dir)
+    data = open_data(spec.data_dir)
+    spec = dataclasses.replace(spec, out_dir=str(out), data_dir=data.source)
     with interruptible(), output_lock(out, command="pgt tune"):  # SIGTERM as run_training takes it
         return _run_sweep(spec, tracking, address, resume, register)
 
@@ -254,7 +255,7 @@ def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
     previous = json.loads(saved.read_text()).get("tracking") if resume and saved.is_file() else None
     params = {k: v for k, v in spec.to_dict().items() if k != "space"} | {"space": spec.space.to_dict()}
     return open_run(tracking, previous, resume, params, f"sweep-{out.name}",
-                    {"pgt.kind": "sweep", **source_tags(tracking.source), **tracking.tags}, Path(spec.data_dir))
+                    {"pgt.kind": "sweep", **source_tags(tracking.source), **tracking.tags}, local_data(spec.data_dir))
 
 
 def _log_sweep(spec: SweepConfig, tracking, result: dict, name: str | None, final: dict | None) -> dict:

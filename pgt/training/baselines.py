@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from infra.output import write_json_atomically
 from pgt.config import TrainConfig
 from pgt.data.dataset import Batch, SequenceDataset, Vocab, load_splits
+from pgt.data.fetch import local_data
 from pgt.data.scoring import Scores, evaluate
 from pgt.network.vocabulary import extended_ids
 
@@ -79,10 +80,11 @@ class MostFrequent:
 def evaluate_baseline(config: dict) -> dict:
     """Fit a non-neural baseline on train and write metrics.json in the same shape as the neural models."""
     cfg = TrainConfig.from_dict(config)
-    vocab = Vocab.from_manifest(cfg.data_dir)
-    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab)
+    data_dir = local_data(cfg.data_dir)
+    vocab = Vocab.from_manifest(data_dir)
+    splits = load_splits(data_dir, cfg.network.max_len, vocab)
     began = time.perf_counter()
-    markov = MarkovChain.from_data_dir(cfg.data_dir) if cfg.model == "markov" else None
+    markov = MarkovChain.from_data_dir(data_dir) if cfg.model == "markov" else None
     fit_seconds = time.perf_counter() - began
 
     most_frequent = MostFrequent()

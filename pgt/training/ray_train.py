@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from infra.output import write_file_atomically
-from infra.storage import Storage
+from infra.storage import Storage, open_storage
 from pgt.config import LaunchConfig, TrainConfig
 from pgt.data.dataset import LIST_COLUMNS, PLACE_COLUMNS
 from pgt.training.report import EpochPrinter
@@ -145,7 +145,8 @@ def fit_with_ray(cfg: TrainConfig, launch: LaunchConfig, storage: Storage, callb
         train["threads"] = max(1, int(launch.cpus_per_worker))
     datasets = None
     if launch.data_engine == "ray":  # each worker streams an equal shard of the train split
-        datasets = {"train": ray.data.read_parquet(str(Path(cfg.data_dir) / "train.parquet"))
+        data = open_storage(cfg.data_dir)  # read where it is kept: a local folder or object storage
+        datasets = {"train": ray.data.read_parquet(data.join("train.parquet"), filesystem=data.filesystem)
                     .select_columns(list(STREAMED_COLUMNS))}
     trainer = _trainer_class()(
         ray_train_loop,

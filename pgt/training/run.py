@@ -36,9 +36,10 @@ from infra.errors import InputError, ServiceError, SettingsError
 from infra.output import output_lock
 from infra.process import interruptible, shorten
 from infra.ray_session import cluster_node_addresses, ray_session
-from infra.storage import Storage, open_storage
+from infra.storage import Storage, is_uri, open_storage
 from pgt.config import BASELINES, LaunchConfig, TrackingConfig, TrainConfig
 from pgt.data.dataset import SequenceDataset, Vocab
+from pgt.data.fetch import local_data
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint
 from pgt.serving.models import log_pytorch_model
 from pgt.tracking.lineage import source_tags
@@ -62,9 +63,10 @@ class DataFolder:
     """A `pgt preprocess` output folder, checked: its manifest, and three splits with samples and the columns a
     run reads."""
 
-    path: Path
+    path: Path  # the folder on this machine (for a URI, this node's copy: pgt.data.fetch)
     rows: dict[str, int]  # samples per split, from the Parquet footers
     summary: dict  # what a run's params say of it: the input's digest, its samples and vocabulary
+    source: str  # where it is kept: the absolute path, or the URI that every node copies it from
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,8 @@ class RunResult:
     """What one run ends with."""
 
     metrics: dict  # metrics.json's scores, selection, history and configs
-    out_dir: Path  # the driver's folder of the run's files (the work folder of a run kept on object storage)
+    out_dir: Path  # the driver's folder of the run's files (for a run kept on object storage, its work folder,
+    # removed once the run has ended)
     kept: str = ""  # where the run is kept: --out, a folder or a URI
     evidence: Evidence | None = None  # what the model would be registered on (None: baselines, fused seeds)
     mlflow: TrackedRun | None = None  # None untracked
@@ -148,9 +151,10 @@ class RunResult:
 
 
 def open_data(data_dir: Path | str) -> DataFolder:
-    """InputError, before any run or Ray starts, unless data_dir is a `pgt preprocess` folder holding the three
-    splits, each with samples and the columns a run reads."""
-    path = Path(data_dir).resolve()
+    """InputError, before any run or Ray starts, unless data_dir (a path, or a URI: s3://, gs://) is a
+    `pgt preprocess` folder holding the three splits, each with samples and the columns a run reads."""
+    source = str(data_dir) if is_uri(data_dir) else str(Path(data_dir).resolve())
+    path = local_data(source).resolve()
     Vocab.from_manifest(path)  # not a `pgt preprocess` folder: one line that says so
     rows = {}
     for split in SPLITS:
@@ -168,7 +172,7 @@ def open_data(data_dir: Path | str) -> DataFolder:
     manifest = json.loads((path / "manifest.json").read_text())
     counts = manifest.get("counts") if isinstance(manifest.get("counts"), dict) else {}
     summary = {"input_sha256": manifest.get("input_sha256"), "samples": counts.get("samples"), "vocab": manifest["vocab"]}
-    return DataFolder(path, rows, summary)
+    return DataFolder(path, rows, summary, source)
 
 
 def _preprocessing_counts(data_dir: Path) -> str:
@@ -313,23 +317,28 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking:
         check_streamable(cfg)  # before a run or Ray starts
     data = open_data(cfg.data_dir)
     folder = run_folder(cfg.out_dir)
-    if folder.remote:
-        check_remote(cfg, launch, folder)
-    cfg = dataclasses.replace(cfg, out_dir=folder.kept.uri, data_dir=str(data.path))
-    # SIGTERM stops the run as Ctrl+C does whoever handles it (a Prefect flow run's cancel included), and takes
-    # its handler's effect only once the run is closed and its lock released; one writer of a local folder: a
-    # second is refused, naming the first (object storage has no lock: one run per URI is the user's to keep)
-    if tracking and launch.workers:
-        check_tracking_reaches(tracking.tracking_uri, cluster_node_addresses(launch.address))
-    # Ray starts once the lock is held (a refused second writer starts none) and stops after the lock is released
-    # and the MLflow run closed: a stop signal to the whole process group (Prefect's cancel gives 30 s before
-    # SIGKILL) kills the local Ray's head too, and shutting Ray down then takes seconds the cleanup must not wait on
-    with interruptible(), contextlib.ExitStack() as after_the_lock:
-        with output_lock(folder.work, command="pgt train"):
-            check_resume_settings(cfg, folder)
-            if launch.workers and cfg.model not in BASELINES:
-                after_the_lock.enter_context(ray_session(launch.address, num_cpus=local_ray_cpus(launch)))
-            return _run(cfg, launch, tracking, data, folder, on_epoch, callbacks)
+    try:
+        if folder.remote:
+            check_remote(cfg, launch, folder)
+        cfg = dataclasses.replace(cfg, out_dir=folder.kept.uri, data_dir=data.source)
+        if tracking and launch.workers:
+            check_tracking_reaches(tracking.tracking_uri, cluster_node_addresses(launch.address))
+        # SIGTERM stops the run as Ctrl+C does whoever handles it (a Prefect flow run's cancel included), and takes
+        # its handler's effect only once the run is closed and its lock released; one writer of a local folder: a
+        # second is refused, naming the first (object storage has no lock: one run per URI is the user's to keep).
+        # Ray starts once the lock is held (a refused second writer starts none) and stops after the lock is
+        # released and the MLflow run closed: a stop signal to the whole process group (Prefect's cancel gives 30 s
+        # before SIGKILL) kills the local Ray's head too, and shutting Ray down then takes seconds the cleanup must
+        # not wait on.
+        with interruptible(), contextlib.ExitStack() as after_the_lock:
+            with output_lock(folder.work, command="pgt train"):
+                check_resume_settings(cfg, folder)
+                if launch.workers and cfg.model not in BASELINES:
+                    after_the_lock.enter_context(ray_session(launch.address, num_cpus=local_ray_cpus(launch)))
+                return _run(cfg, launch, tracking, data, folder, on_epoch, callbacks)
+    finally:
+        if folder.remote:  # the driver's scratch: what the run keeps is in the storage
+            shutil.rmtree(folder.work, ignore_errors=True)
 
 
 def check_remote(cfg: TrainConfig, launch: LaunchConfig, folder: RunFolder) -> None:

@@ -25,6 +25,7 @@ from pgt.data.dataset import (
     Vocab,
     load_splits,
 )
+from pgt.data.fetch import local_data
 from pgt.data.tables import latest_samples, place_coordinates
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint, rng_state, set_rng_state
 from pgt.network.model import Ensemble, build_model, count_parameters, set_place_coordinates
@@ -62,7 +63,8 @@ def refit_epoch_count(cfg: TrainConfig, selected: int) -> int:
     ratio of train + validation samples to train samples, rounded, within 1..cfg.epochs."""
     if cfg.refit_epochs == "selected":
         return selected
-    train, validation = split_rows(cfg.data_dir, "train"), split_rows(cfg.data_dir, "validation")
+    data_dir = local_data(cfg.data_dir)
+    train, validation = split_rows(data_dir, "train"), split_rows(data_dir, "validation")
     return min(cfg.epochs, max(1, round(selected * (train + validation) / train)))
 
 
@@ -183,16 +185,17 @@ def setup(config: dict, worker: Worker) -> TrainState:
     seed_everything(cfg.seed, deterministic=worker.device.type == "cpu")
     if worker.device.type == "cpu":
         torch.set_num_threads(cfg.threads or default_threads(worker.world_size))
-    vocab = Vocab.from_manifest(cfg.data_dir)
+    data_dir = local_data(cfg.data_dir)  # this node's copy where --data is a URI
+    vocab = Vocab.from_manifest(data_dir)
     streamed = worker.train_shard is not None
     if streamed:
         check_streamable(cfg)
     memory = MemoryLayout.for_data(cfg.network.memory_places, vocab)
-    splits = load_splits(cfg.data_dir, cfg.network.max_len, vocab, names=("validation", "test") if streamed else SPLITS,
+    splits = load_splits(data_dir, cfg.network.max_len, vocab, names=("validation", "test") if streamed else SPLITS,
                          memory=memory)
-    sizes = [len(s) for s in splits.values()] + ([split_rows(cfg.data_dir)] if streamed else [])
+    sizes = [len(s) for s in splits.values()] + ([split_rows(data_dir)] if streamed else [])
     if min(sizes) == 0:
-        raise InputError(cfg.data_dir, "a split has no samples; nothing to train on")
+        raise InputError(data_dir, "a split has no samples; nothing to train on")
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
         splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
     model_cfg = cfg.model_config(vocab)
@@ -202,7 +205,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
     else:
         model = build_model(model_cfg).to(worker.device)
     if model_cfg.place_distance:
-        set_place_coordinates(model, place_coordinates(cfg.data_dir, model_cfg.num_locations).to(worker.device))
+        set_place_coordinates(model, place_coordinates(data_dir, model_cfg.num_locations).to(worker.device))
     if worker.rank:  # the same initial weights everywhere, but each rank its own dropout masks
         torch.manual_seed(cfg.seed + 7919 * worker.rank)
     parameters = count_parameters(model)
@@ -216,16 +219,16 @@ def setup(config: dict, worker: Worker) -> TrainState:
         check_capturable(cfg, worker.device, amp_dtype, worker.world_size)
     if streamed:
         loader = StreamedBatches(worker.train_shard, max(1, cfg.batch_size // worker.world_size), cfg.network.max_len,
-                                 cfg.seed, vocab=vocab, path=Path(cfg.data_dir) / "train.parquet",
+                                 cfg.seed, vocab=vocab, path=Path(data_dir) / "train.parquet",
                                  at_last_visit=cfg.anchor == "last_visit", memory=memory)
     else:
         learned_from = tuple(cfg.train_on.split("+"))  # ("train",) or ("train", "validation")
         train_set = splits["train"]
         if "validation" in learned_from:
             train_set = train_set.concatenated(splits["validation"])
-        visits = FirstVisits.from_data_dir(cfg.data_dir, vocab, learned_from) if cfg.simulate_unseen else None
+        visits = FirstVisits.from_data_dir(data_dir, vocab, learned_from) if cfg.simulate_unseen else None
         if cfg.recent_repeat:  # each person's latest samples once more, after the others
-            again = latest_samples(cfg.data_dir, learned_from, cfg.recent_repeat)
+            again = latest_samples(data_dir, learned_from, cfg.recent_repeat)
             train_set = train_set.concatenated(train_set.subset(again))
             visits = visits.extended(again) if visits is not None else None
         if cfg.simulate_unseen:

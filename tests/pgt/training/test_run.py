@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from pgt.config import LaunchConfig, TrainConfig
@@ -139,7 +140,6 @@ def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp
     """--data-engine ray: each of 2 workers streams its Ray Data shard of train.parquet. Every epoch sees the
     whole split (an equal split drops at most one sample), the replicas stay in sync, the loss falls, and
     validation lands where the in-memory path's does (other batches, so not to the digit)."""
-    import pyarrow.parquet as pq
 
     common = dict(data_dir=str(training_sequences), epochs=2, seed=3, min_epochs=2)
     memory = run_training(TrainConfig(out_dir=str(tmp_path / "memory"), **common)).metrics
@@ -160,12 +160,14 @@ def test_ray_data_streams_the_train_split_to_two_workers(training_sequences, tmp
 def test_ray_owns_the_checkpoints_on_object_storage_and_a_rerun_resumes_from_there(synthetic_sequences, tmp_path,
                                                                                   local_ray, s3_server, mlflow_server,
                                                                                   monkeypatch):
-    """Under Ray Train the checkpoints exist once, in Ray's storage (reported and committed), here a bucket
-    (--out s3://...): the workers write them there, the driver's files (metrics.json, best.pt, plots,
-    mlflow_run.json) are uploaded from its own work folder, and nothing is written to a local folder named after the
-    URI, nor to the checkpoints folder of runs without Ray. A rerun with more epochs, from a new work folder, resumes
-    from the bucket, as Ray restores a run of the same name and storage; other settings are refused before Ray
-    Train starts, naming the bucket's checkpoint. A run that cannot be kept there is refused in one line before any
+    """Data and run on object storage (--data and --out s3://...): the driver and each rank read the data from
+    their node's copy of the bucket's folder, and the run's config names the bucket. Under Ray Train the
+    checkpoints exist once, in Ray's storage (reported and committed), here the bucket: the workers write them
+    there, the driver's files (metrics.json, best.pt, plots, mlflow_run.json) are uploaded from its own work
+    folder, removed at the end, and nothing is written to a local folder named after the URI, nor to the
+    checkpoints folder of runs without Ray. A rerun with more epochs, from a new work folder, resumes from the
+    bucket, as Ray restores a run of the same name and storage; other settings are refused before Ray Train
+    starts, naming the bucket's checkpoint. A run that cannot be kept there is refused in one line before any
     work."""
     from mlflow.tracking import MlflowClient
 
@@ -178,10 +180,14 @@ def test_ray_owns_the_checkpoints_on_object_storage_and_a_rerun_resumes_from_the
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.chdir(tmp_path)
     uri = bucket(s3_server, "pgt-train")
-    tracking = TrackingConfig(tracking_uri=mlflow_server, experiment="kept-on-s3")
-    cfg = TrainConfig(data_dir=str(synthetic_sequences), out_dir=uri, epochs=2, min_epochs=3)
-    first = run_training(cfg, LaunchConfig(workers=2), tracking)
     storage = open_storage(uri)
+    data = storage.uri_of("..", "sequences").replace("/run/../", "/")
+    open_storage(data).upload(synthetic_sequences)
+    tracking = TrackingConfig(tracking_uri=mlflow_server, experiment="kept-on-s3")
+    cfg = TrainConfig(data_dir=data, out_dir=uri, epochs=2, min_epochs=3)
+    first = run_training(cfg, LaunchConfig(workers=2), tracking)
+    assert first.metrics["config"]["data_dir"] == data
+    assert first.validation["n"] == pq.read_metadata(synthetic_sequences / "validation.parquet").num_rows
     files = storage.files()
     assert {"metrics.json", "best.pt", "mlflow_run.json"} <= set(files) and any(f.startswith("plots/") for f in files)
     assert {"ray/train/epoch_001/checkpoint.pt", "ray/train/epoch_001_final/best.pt"} <= set(files)
@@ -199,7 +205,7 @@ def test_ray_owns_the_checkpoints_on_object_storage_and_a_rerun_resumes_from_the
     assert json.loads(storage.read_bytes("metrics.json"))["epochs_run"] == 3
     assert sorted({f.split("/")[2] for f in storage.files("ray", "train") if f.count("/") == 3}) == \
         ["epoch_001_final", "epoch_002", "epoch_002_final"]
-    assert not (second.out_dir / "checkpoints").exists()
+    assert not first.out_dir.exists() and not second.out_dir.exists()  # the driver's scratch, removed at the end
     with pytest.raises(ValueError, match=r"s3://pgt-train/run/ray/train/epoch_002_final/checkpoint.pt\?\S+ was trained "
                                          r"with other settings \(d_model="):
         run_training(TrainConfig.from_dict({**cfg.to_dict(), "epochs": 3, "d_model": 32}), LaunchConfig(workers=2))

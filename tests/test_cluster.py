@@ -1,0 +1,229 @@
+"""A Ray cluster whose nodes share nothing but the network, used as a team uses one: the test process plays the
+laptop, submits `pgt` commands as Ray Jobs, and checks the outcome from its own view only (the bucket, the MLflow
+server, Ray's Jobs and State APIs).
+
+Each node is `ray start --block` in its own mount namespace (`unshare --mount`) with private tmpfs over /tmp and
+/dev/shm: its Ray session, work folders and data copies are its own, and neither sees the laptop's files (pytest's
+temporary folders are under /tmp) nor the other node's. The head (127.0.0.2) runs no work (`--num-cpus 0`, as
+KubeRay advises) and serves the Jobs API; the worker (127.0.0.3) has the CPUs. Data and runs live in an
+S3-compatible bucket (moto's server), runs are tracked on an MLflow server bound to 127.0.0.4 with artifacts proxied.
+The project itself is installed on the nodes as in an image (the same virtualenv path). Loopback addresses only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import PROJECT_ROOT, free_port
+
+pytestmark = pytest.mark.slow
+
+HEAD, WORKER, TRACKING_HOST = "127.0.0.2", "127.0.0.3", "127.0.0.4"
+BIN = Path(sys.executable).parent
+KEYS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+
+def _unshare_refused() -> str | None:
+    if shutil.which("unshare") is None:
+        return "no unshare command"
+    tried = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True)
+    return None if tried.returncode == 0 else f"unshare --mount is refused here ({tried.stderr.strip()})"
+
+
+def node_command(ray_args: list[str]) -> list[str]:
+    """`ray start --block` in a mount namespace of its own, with private /tmp and /dev/shm."""
+    script = ("set -e; mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /dev/shm; "
+              f'exec "{BIN / "ray"}" start --block --disable-usage-stats "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "bash", "-c", script, "node", *ray_args]
+
+
+class Cluster:
+    """Two isolated Ray nodes, started and stopped by the test; `submit` runs a command as a Ray Job."""
+
+    def __init__(self, env: dict):
+        self.env = env
+        self.port, self.dashboard_port = free_port(), free_port()
+        self.dashboard = f"http://{HEAD}:{self.dashboard_port}"
+        self.nodes: dict[str, subprocess.Popen] = {}
+
+    def start_node(self, name: str, ray_args: list[str]) -> None:
+        log = open(self.env["PGT_TEST_LOGS"] + f"/{name}.log", "ab")
+        self.nodes[name] = subprocess.Popen(node_command(ray_args), env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                            start_new_session=True)
+
+    def start(self) -> None:
+        self.start_node("head", ["--head", "--node-ip-address", HEAD, "--port", str(self.port), "--num-cpus", "0",
+                                 "--include-dashboard", "true", "--dashboard-host", HEAD,
+                                 "--dashboard-port", str(self.dashboard_port)])
+        self.wait_for_nodes(1)
+        self.start_worker()
+
+    def start_worker(self) -> None:
+        self.start_node("worker", ["--address", f"{HEAD}:{self.port}", "--node-ip-address", WORKER, "--num-cpus", "2"])
+        self.wait_for_nodes(2)
+
+    def alive_nodes(self) -> list[dict]:
+        from ray.util.state import list_nodes
+
+        try:
+            return [n for n in list_nodes(address=self.dashboard, raise_on_missing_output=False)
+                    if n.state == "ALIVE"]
+        except Exception:  # noqa: BLE001 - the dashboard is not up yet
+            return []
+
+    def wait_for_nodes(self, count: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.alive_nodes()) < count:
+            for name, proc in self.nodes.items():
+                assert proc.poll() is None, f"the {name} node ended: {self.log(name)[-3000:]}"
+            assert time.monotonic() < deadline, f"{count} node(s) not alive within {timeout_s} s"
+            time.sleep(1)
+
+    def log(self, name: str) -> str:
+        return Path(self.env["PGT_TEST_LOGS"], f"{name}.log").read_text(errors="replace")
+
+    def submit(self, *command: str, env_vars: dict | None = None, timeout_s: float = 600) -> tuple[str, str]:
+        """Run `command` as a Ray Job (`ray job submit`, which waits and streams its logs); its status and logs."""
+        job = f"pgt-{time.monotonic_ns()}"
+        runtime = {"env_vars": {**KEYS, **(env_vars or {})}}
+        done = subprocess.run([BIN / "ray", "job", "submit", "--address", self.dashboard, "--submission-id", job,
+                               "--runtime-env-json", json.dumps(runtime), "--", *command],
+                              env=self.env, capture_output=True, text=True, timeout=timeout_s)
+        return self.status(job), done.stdout + done.stderr
+
+    def status(self, job: str) -> str:
+        from ray.job_submission import JobSubmissionClient
+
+        return str(JobSubmissionClient(self.dashboard).get_job_status(job).value)
+
+    def actors_by_node(self, class_name: str) -> dict[str, int]:
+        """Where the actors of a class ran (alive or not), as node address -> count, from Ray's State API."""
+        from ray.util.state import list_actors, list_nodes
+
+        address = {n.node_id: n.node_ip for n in list_nodes(address=self.dashboard, raise_on_missing_output=False)}
+        counts: dict[str, int] = {}
+        for actor in list_actors(address=self.dashboard, filters=[("class_name", "=", class_name)], detail=True,
+                                 limit=1000, raise_on_missing_output=False):
+            node = address.get(actor.node_id, "?")
+            counts[node] = counts.get(node, 0) + 1
+        return counts
+
+    def stop(self) -> None:
+        for proc in reversed(list(self.nodes.values())):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.nodes.values():  # `ray start --block` takes more than 10 s to end on SIGTERM
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, s3_server):
+    refused = _unshare_refused()
+    if refused:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the isolated-node tests need `unshare --mount` (CI runs as root): {refused}")
+        pytest.skip(refused)
+    logs = tmp_path_factory.mktemp("cluster-logs")
+    env = {**os.environ, **KEYS, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PGT_TEST_LOGS": str(logs),
+           "RAY_USAGE_STATS_ENABLED": "0"}
+    for name in ("RAY_ADDRESS", "PGT_STATE_DIR", "MLFLOW_TRACKING_URI", "VIRTUAL_ENV_PROMPT"):
+        env.pop(name, None)
+    rig = Cluster(env)
+    try:
+        rig.start()
+        yield rig
+    finally:
+        rig.stop()
+
+
+@pytest.fixture(scope="module")
+def tracking_server(tmp_path_factory):
+    """scripts/start-mlflow.sh bound to 127.0.0.4, artifacts proxied; stopped by scripts/stop-mlflow.sh."""
+    state = tmp_path_factory.mktemp("cluster-mlflow")
+    env = {**os.environ, "PGT_STATE_DIR": str(state), "MLFLOW_PORT": str(free_port()), "MLFLOW_HOST": TRACKING_HOST}
+    started = subprocess.run([PROJECT_ROOT / "scripts" / "start-mlflow.sh"], env=env, capture_output=True, text=True,
+                             timeout=180)
+    assert started.returncode == 0, started.stdout + started.stderr
+    try:
+        yield f"http://{TRACKING_HOST}:{env['MLFLOW_PORT']}"
+    finally:
+        subprocess.run([PROJECT_ROOT / "scripts" / "stop-mlflow.sh"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def stored_data(s3_server, tmp_path_factory):
+    """The laptop's synthetic sequences, uploaded to a bucket: (the data's URI, a function naming a folder of the
+    bucket by URI)."""
+    import pyarrow.fs as pafs
+
+    from infra.storage import open_storage
+    from preprocessing.config import SynthConfig
+    from preprocessing.pipeline import preprocess
+    from preprocessing.synthetic import generate_positionfixes
+
+    root = tmp_path_factory.mktemp("laptop")
+    generate_positionfixes(SynthConfig(users=8, days=70, seed=3)).write_parquet(root / "fixes.parquet")
+    preprocess(root / "fixes.parquet", "positionfixes", root / "seq", progress=False)
+    endpoint = s3_server.removeprefix("http://")
+    os.environ.update(KEYS)
+    pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", allow_bucket_creation=True).create_dir("team")
+
+    def uri(folder: str) -> str:
+        return f"s3://team/{folder}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+
+    open_storage(uri("sequences")).upload(root / "seq")
+    return uri("sequences"), uri
+
+
+def test_pgt_train_as_a_ray_job_runs_its_ranks_on_the_worker_and_keeps_everything_in_the_bucket(
+        cluster, tracking_server, stored_data):
+    """`pgt train --workers 2` submitted from the laptop: the job succeeds, both ranks ran on the worker node (the
+    head has no CPUs), the run's files and checkpoints are in the bucket, its MLflow run FINISHED with every epoch
+    and its model; nothing was read from or written to a disk the laptop or the other node has."""
+    from mlflow.tracking import MlflowClient
+
+    from infra.storage import open_storage
+
+    data, uri = stored_data
+    out = uri("runs/train")
+    status, logs = cluster.submit("pgt", "train", "--data", data, "--out", out, "--workers", "2", "--epochs", "2",
+                                  "--tracking-uri", tracking_server, "--experiment", "cluster")
+    assert status == "SUCCEEDED", logs[-4000:]
+    assert cluster.actors_by_node("RayTrainWorker") == {WORKER: 2}
+    kept = open_storage(out)
+    files = set(kept.files())
+    assert {"metrics.json", "best.pt", "mlflow_run.json", "ray/train/epoch_001_final/best.pt"} <= files
+    metrics = json.loads(kept.read_bytes("metrics.json"))
+    assert metrics["epochs_run"] == 2 and metrics["config"]["data_dir"] == data
+    client = MlflowClient(tracking_server)
+    run = client.get_run(metrics["mlflow"]["run_id"])
+    assert run.info.status == "FINISHED" and run.data.params["workers"] == "2"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == [0, 1]
+    assert metrics["mlflow"]["model_uri"]
+
+
+def test_a_store_on_one_disk_is_refused_on_a_cluster_of_two_nodes(cluster, stored_data):
+    """A SQLite tracking store on the two-node cluster: one line before any work, the job FAILED, nothing written to
+    the bucket."""
+    from infra.storage import open_storage
+
+    data, uri = stored_data
+    out = uri("runs/refused")
+    status, logs = cluster.submit("pgt", "train", "--data", data, "--out", out, "--workers", "2", "--epochs", "1",
+                                  "--tracking-uri", "sqlite:////tmp/mlflow.db", timeout_s=180)
+    assert status == "FAILED"
+    assert "is a store on this machine's disk, and the Ray cluster has 2 nodes" in logs and "Traceback" not in logs
+    assert open_storage(out).files() == []
