@@ -39,9 +39,13 @@ def _unshare_refused() -> str | None:
     return None if tried.returncode == 0 else f"unshare --mount is refused here ({tried.stderr.strip()})"
 
 
-def node_command(ray_args: list[str]) -> list[str]:
-    """`ray start --block` in a mount namespace of its own, with private /tmp and /dev/shm."""
-    script = ("set -e; mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /dev/shm; "
+SHARED = Path("/mnt")  # where each node mounts the folder they share (the NFS case), in its own namespace
+
+
+def node_command(ray_args: list[str], shared: Path) -> list[str]:
+    """`ray start --block` in a mount namespace of its own, with private /tmp and /dev/shm, and `shared` (a folder
+    of the laptop's) bind-mounted at SHARED: a mount every node has at one path, as NFS would be."""
+    script = (f'set -e; mount --bind "{shared}" {SHARED}; mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /dev/shm; '
               f'exec "{BIN / "ray"}" start --block --disable-usage-stats "$@"')
     return ["unshare", "--mount", "--propagation", "private", "bash", "-c", script, "node", *ray_args]
 
@@ -49,15 +53,15 @@ def node_command(ray_args: list[str]) -> list[str]:
 class Cluster:
     """Two isolated Ray nodes, started and stopped by the test; `submit` runs a command as a Ray Job."""
 
-    def __init__(self, env: dict):
-        self.env = env
+    def __init__(self, env: dict, shared: Path):
+        self.env, self.shared = env, shared
         self.port, self.dashboard_port = free_port(), free_port()
         self.dashboard = f"http://{HEAD}:{self.dashboard_port}"
         self.nodes: dict[str, subprocess.Popen] = {}
 
     def start_node(self, name: str, ray_args: list[str]) -> None:
         log = open(self.env["PGT_TEST_LOGS"] + f"/{name}.log", "ab")
-        self.nodes[name] = subprocess.Popen(node_command(ray_args), env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        self.nodes[name] = subprocess.Popen(node_command(ray_args, self.shared), env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                             start_new_session=True)
 
     def start(self) -> None:
@@ -132,6 +136,8 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, s3_server):
     refused = _unshare_refused()
+    if refused is None and not SHARED.is_dir():
+        refused = f"no {SHARED} folder to mount the nodes' shared folder on"
     if refused:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the isolated-node tests need `unshare --mount` (CI runs as root): {refused}")
@@ -141,7 +147,7 @@ def cluster(tmp_path_factory, s3_server):
            "RAY_USAGE_STATS_ENABLED": "0"}
     for name in ("RAY_ADDRESS", "PGT_STATE_DIR", "MLFLOW_TRACKING_URI", "VIRTUAL_ENV_PROMPT"):
         env.pop(name, None)
-    rig = Cluster(env)
+    rig = Cluster(env, tmp_path_factory.mktemp("shared"))
     try:
         rig.start()
         yield rig
@@ -227,3 +233,36 @@ def test_a_store_on_one_disk_is_refused_on_a_cluster_of_two_nodes(cluster, store
     assert status == "FAILED"
     assert "is a store on this machine's disk, and the Ray cluster has 2 nodes" in logs and "Traceback" not in logs
     assert open_storage(out).files() == []
+
+
+def test_pgt_tune_as_a_ray_job_on_a_mount_every_node_shares(cluster, tracking_server, stored_data):
+    """The NFS case: --data and --out on a folder every node mounts at one path. `pgt tune` submitted from the laptop
+    runs its trials on the worker node, each with its MLflow run FINISHED, and registers the final run's model with
+    its evidence; the laptop reads tune.json from the share and evaluates the champion from the registry."""
+    from mlflow.tracking import MlflowClient
+
+    from preprocessing.config import SynthConfig
+    from preprocessing.pipeline import preprocess
+    from preprocessing.synthetic import generate_positionfixes
+
+    laptop = cluster.shared
+    generate_positionfixes(SynthConfig(users=8, days=70, seed=3)).write_parquet(laptop / "fixes.parquet")
+    preprocess(laptop / "fixes.parquet", "positionfixes", laptop / "seq", progress=False)
+    status, logs = cluster.submit("pgt", "tune", "--data", str(SHARED / "seq"), "--out", str(SHARED / "sweep"),
+                                  "--trials", "2", "--epochs", "2", "--max-concurrent", "2", "--finalists", "1",
+                                  "--confirm-seeds", "1", "--register", "iso", "--tracking-uri", tracking_server,
+                                  "--experiment", "cluster-tune")
+    assert status == "SUCCEEDED", logs[-4000:]
+    result = json.loads((laptop / "sweep" / "tune.json").read_text())
+    assert [row["status"] for row in result["trials"]] == ["finished"] * 2
+    assert {row["node_address"] for row in result["trials"]} == {WORKER}
+    assert (laptop / "sweep" / "final" / "best.pt").is_file() and (laptop / "sweep" / "best_recipe.yaml").is_file()
+    client = MlflowClient(tracking_server)
+    runs = client.search_runs([client.get_experiment_by_name("cluster-tune").experiment_id])
+    assert runs and {r.info.status for r in runs} == {"FINISHED"}
+    version = client.get_model_version_by_alias("iso", "champion")
+    assert json.loads(version.tags["pgt.evidence_seeds"]) and version.tags["pgt.data_digest"]
+    evaluated = subprocess.run([BIN / "pgt", "evaluate", "--model", "models:/iso@champion", "--data", str(laptop / "seq"),
+                                "--tracking-uri", tracking_server], capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads(evaluated.stdout)["strict"]["acc@1"] >= 0
