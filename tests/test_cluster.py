@@ -61,8 +61,8 @@ class Cluster:
 
     def start_node(self, name: str, ray_args: list[str]) -> None:
         log = open(self.env["PGT_TEST_LOGS"] + f"/{name}.log", "ab")
-        self.nodes[name] = subprocess.Popen(node_command(ray_args, self.shared), env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+        self.nodes[name] = subprocess.Popen(node_command(ray_args, self.shared), env=self.env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
 
     def start(self) -> None:
         self.start_node("head", ["--head", "--node-ip-address", HEAD, "--port", str(self.port), "--num-cpus", "0",
