@@ -65,6 +65,9 @@ def from_setting(config: type, name: str, default: Any = dataclasses.MISSING, no
                  description=" ".join(filter(None, (help_of(config, name), note))))
 
 def _absolute(path: str | Path | None) -> Path | None:
+    if path and "://" in str(path):  # a URI read as a path would become a local folder named "s3:"
+        raise SettingsError(f"{path}: the flows read and write local folders (or a mount every node shares), not "
+                            "URIs yet")
     return Path(path).resolve() if path else None
 
 

@@ -53,14 +53,15 @@ def saved_sweep(path: Path) -> tuple[SweepConfig, TrackingConfig | None, str | N
 def tune(
     data: str | None = typer.Option(None, "--data", help="A `pgt preprocess` output folder, or its URI (s3://BUCKET/"
                                                        "FOLDER, gs://...) from which each node copies it."),
-    out: Path | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/."),
+    out: str | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/ "
+                                                     "(on a cluster, a mount every node has at the same path)."),
     recipe: Recipe | None = typer.Option(None, "--recipe", show_default="paper",
                                          help="Every trial trains this recipe (pgt.recipes.RECIPES) with only the "
                                               "searched settings replaced."),
     recipe_file: Path | None = typer.Option(None, "--recipe-file",
                                             help="The same from a YAML file of training settings (a sweep's winner)."),
     address: str | None = option_for(LaunchConfig, "address"),
-    resume: Path | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
+    resume: str | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
     typed: Typed = None,
 ) -> None:
     """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE), confirm the
@@ -76,6 +77,11 @@ def tune(
     from tune.sweep import SweepInterrupted, run_sweep
 
     try:
+        for flag, value in (("--out", out), ("--resume", resume)):
+            if value is not None and is_uri(value):
+                raise SettingsError(f"{flag} {value}: a sweep is kept in a folder, not yet on object storage; on a "
+                                    "cluster give a folder every node mounts at the same path (docs/cluster.md)")
+        out, resume = (Path(value) if value is not None else None for value in (out, resume))
         if resume is not None:
             saved = resume / "sweep.json"
             if not saved.is_file():

@@ -78,6 +78,7 @@ def test_a_flow_s_parameters_are_its_model_s_fields(flow, tmp_path):
     ({"input_format": "staypoints"}, "the synthetic default input is positionfixes"),
     ({"input_format": "gpx"}, "input_format must be one of geolife-plt, positionfixes, staypoints, got 'gpx'"),
     ({"synthetic_users": "many"}, "synthetic_users: input should be a valid integer"),
+    ({"input_path": "s3://team/fixes.parquet"}, "s3://team/fixes.parquet: the flows read and write local folders"),
 ])
 def test_a_bad_parameter_fails_before_anything_runs_with_its_config_s_message(given, message, tmp_path):
     from flows.settings import FlowSettings
