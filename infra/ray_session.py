@@ -60,11 +60,27 @@ def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S)
                                   request_serializer=lambda request: request, response_deserializer=lambda reply: reply)
         try:
             ask(b"", timeout=timeout_s)
-            return
+            problem = None
         except grpc.RpcError as exc:
             problem = exc.details() or exc.code().name
-    raise ServiceError(f"Ray cluster at {address} is not reachable ({problem.splitlines()[0]}); start its head with "
-                       "`ray start --head --port PORT`, or leave --address (and RAY_ADDRESS) out to run on a local Ray")
+    if problem is not None:
+        raise ServiceError(f"Ray cluster at {address} is not reachable ({problem.splitlines()[0]}); start its head "
+                           "with `ray start --head --port PORT`, or leave --address (and RAY_ADDRESS) out to run on a "
+                           "local Ray")
+    if not _raylets_here():  # Ray would look for one for a minute, then fail with "No node info found"
+        raise ServiceError(f"Ray cluster at {address}: no Ray node runs on this machine, and a command joins a cluster "
+                           "from one of its nodes; submit it from here as a Ray Job instead: ray job submit --address "
+                           "http://HEAD:8265 -- pgt ... (docs/cluster.md)")
+
+
+def _raylets_here() -> bool:
+    """Whether a Ray node (its raylet process) runs on this machine, as ray.init looks for one to attach a driver."""
+    import psutil
+
+    for process in psutil.process_iter(["name"]):
+        if process.info["name"] == "raylet":
+            return True
+    return False
 
 
 @contextlib.contextmanager

@@ -266,3 +266,20 @@ def test_pgt_tune_as_a_ray_job_on_a_mount_every_node_shares(cluster, tracking_se
                                 "--tracking-uri", tracking_server], capture_output=True, text=True, timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     assert json.loads(evaluated.stdout)["strict"]["acc@1"] >= 0
+
+
+def test_joining_the_cluster_from_a_machine_with_no_node_of_it_names_the_jobs_command(cluster, stored_data, tmp_path):
+    """`pgt train --address HEAD:PORT` from the laptop, where no Ray node runs (its own PID namespace: none of the
+    nodes' processes is visible, as on another machine): one line within seconds naming `ray job submit`, where Ray
+    would search for a local node for a minute."""
+    data, _ = stored_data
+    began = time.monotonic()
+    refused = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "pgt.cli", "train",
+                              "--data", data, "--out", str(tmp_path / "run"), "--workers", "1",
+                              "--address", f"{HEAD}:{cluster.port}"],
+                             env={**cluster.env, "PGT_STATE_DIR": str(tmp_path / "state")}, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 2 and time.monotonic() - began < 60, refused.stderr[-3000:]
+    lines = refused.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no Ray node runs on this machine" in lines[0] and "ray job submit" in lines[0]
+    assert not (tmp_path / "run").exists()
