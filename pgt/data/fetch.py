@@ -52,7 +52,7 @@ def local_data(location: str | Path) -> Path:
                 if "/" not in name:  # a preprocess folder's files are all at its top
                     (staging / name).write_bytes(storage.read_bytes(name) or b"")
             (staging / MANIFEST).write_bytes(manifest)  # the manifest compared above, whatever changed meanwhile
-            if target.exists():  # an older copy: no reader of this node holds it (they wait on the lock)
+            if target.exists():  # the copy of an earlier preprocessing of that folder
                 shutil.rmtree(target)
             staging.rename(target)
         finally:
