@@ -9,6 +9,8 @@ import signal
 import threading
 from collections.abc import Iterator
 
+import psutil
+
 from infra.errors import ServiceError, SettingsError
 from infra.process import interruptible
 
@@ -75,8 +77,6 @@ def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S)
 
 def _raylets_here() -> bool:
     """Whether a Ray node (its raylet process) runs on this machine, as ray.init looks for one to attach a driver."""
-    import psutil
-
     for process in psutil.process_iter(["name"]):
         if process.info["name"] == "raylet":
             return True

@@ -319,6 +319,27 @@ def explain(
         typer.echo(f"wrote {path}")
 
 
+@command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def submit(
+    cluster: str = typer.Option(..., "--cluster", help="The Ray head's Jobs API (its dashboard): http://HEAD:8265."),
+    env: list[str] = typer.Option([], "--env", help="NAME=VALUE for the job's environment (repeatable); the storage "
+                                                    "keys and endpoints and the MLflow variables set here travel "
+                                                    "with it anyway (infra.jobs.FORWARDED)."),
+    args: list[str] = typer.Argument(..., help="The pgt command to run on the cluster, after --: "
+                                               "pgt submit --cluster URL -- train --data s3://... --out s3://..."),
+) -> None:
+    """Run a pgt command on a Ray cluster as a Ray Job: its logs here as they come, its end as the exit code (0
+    succeeded, 1 failed), and Ctrl+C stops the job."""
+    from infra.jobs import job_environment, run_job
+
+    if args[0] == "submit" or args[0].startswith("-"):
+        raise SettingsError(f"pgt submit -- {' '.join(args[:2])}: expected a pgt command after -- (train, tune, "
+                            "preprocess, evaluate, ...)")
+    outcome = run_job(cluster, args, job_environment(env), write=typer.echo)
+    typer.echo(f"{outcome.job_id}: {outcome.status}", err=outcome.exit_code != 0)
+    raise typer.Exit(outcome.exit_code)
+
+
 @command()
 def manifest(folder: Path = typer.Argument(..., help="A `pgt preprocess` output folder.")) -> None:
     """Print the counts and vocabulary sizes of a preprocessed folder."""

@@ -194,31 +194,58 @@ def stored_data(s3_server, tmp_path_factory):
     return uri("sequences"), uri
 
 
-def test_pgt_train_as_a_ray_job_runs_its_ranks_on_the_worker_and_keeps_everything_in_the_bucket(
+def test_pgt_train_as_a_ray_job_keeps_everything_in_the_bucket_and_a_stopped_job_resumes_from_there(
         cluster, tracking_server, stored_data):
-    """`pgt train --workers 2` submitted from the laptop: the job succeeds, both ranks ran on the worker node (the
-    head has no CPUs), the run's files and checkpoints are in the bucket, its MLflow run FINISHED with every epoch
-    and its model; nothing was read from or written to a disk the laptop or the other node has."""
+    """`pgt submit -- train --workers 2` from the laptop, its logs streamed to the laptop's terminal, stopped with
+    Ctrl+C once its first checkpoint is in the bucket (the job STOPPED, exit 130), then submitted again: the second
+    job resumes from the bucket's checkpoints and succeeds (exit 0). Both ranks ran on the worker node (the head has
+    no CPUs); the run's files and checkpoints are in the bucket; its one MLflow run, KILLED by the stop, is FINISHED
+    with every epoch logged once and its model. Nothing was read from or written to a disk the laptop or the other
+    node has: the storage keys travelled with the job from the laptop's environment."""
     from mlflow.tracking import MlflowClient
 
     from infra.storage import open_storage
 
     data, uri = stored_data
     out = uri("runs/train")
-    status, logs = cluster.submit("pgt", "train", "--data", data, "--out", out, "--workers", "2", "--epochs", "2",
-                                  "--tracking-uri", tracking_server, "--experiment", "cluster")
-    assert status == "SUCCEEDED", logs[-4000:]
-    assert cluster.actors_by_node("RayTrainWorker") == {WORKER: 2}
     kept = open_storage(out)
-    files = set(kept.files())
-    assert {"metrics.json", "best.pt", "mlflow_run.json", "ray/train/epoch_001_final/best.pt"} <= files
-    metrics = json.loads(kept.read_bytes("metrics.json"))
-    assert metrics["epochs_run"] == 2 and metrics["config"]["data_dir"] == data
+    submit = [str(BIN / "pgt"), "submit", "--cluster", cluster.dashboard, "--", "train", "--data", data, "--out", out,
+              "--workers", "2", "--patience", "1000", "--tracking-uri", tracking_server, "--experiment", "cluster"]
+    first = subprocess.Popen([*submit, "--epochs", "60"], env=cluster.env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not [f for f in kept.files("ray", "train") if f.endswith("/checkpoint.pt")]:
+            assert first.poll() is None, first.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "no checkpoint in the bucket within 300 s"
+            time.sleep(0.5)
+        first.send_signal(signal.SIGINT)  # Ctrl+C
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130, output[-4000:]
+    job = output.split("submitted ")[1].split()[0]
+    assert cluster.status(job) == "STOPPED" and "stopped by SIGINT" in output
+    assert "val strict@1" in output  # the job's logs (rank 0's epoch table) reached the laptop's terminal
+    run_id = json.loads(kept.read_bytes("mlflow_run.json"))["run_id"]
     client = MlflowClient(tracking_server)
-    run = client.get_run(metrics["mlflow"]["run_id"])
+    assert client.get_run(run_id).info.status == "KILLED", output[-4000:]
+    done = max(int(f.split("/")[2].removeprefix("epoch_")[:3]) for f in kept.files("ray", "train"))
+
+    second = subprocess.run([*submit, "--epochs", str(done + 3)], env=cluster.env, capture_output=True, text=True,
+                            timeout=600)
+    assert second.returncode == 0 and "SUCCEEDED" in second.stdout, second.stdout[-4000:] + second.stderr[-2000:]
+    assert cluster.actors_by_node("RayTrainWorker") == {WORKER: 4}  # two ranks in each job
+    files = set(kept.files())
+    assert {"metrics.json", "best.pt", "mlflow_run.json", f"ray/train/epoch_{done + 2:03d}_final/best.pt"} <= files
+    metrics = json.loads(kept.read_bytes("metrics.json"))
+    assert metrics["epochs_run"] == done + 3 and metrics["config"]["data_dir"] == data
+    assert len(metrics["resumed_at_epochs"]) == 1 and metrics["resumed_at_epochs"][0] >= 2
+    assert metrics["mlflow"]["run_id"] == run_id and metrics["mlflow"]["model_uri"]
+    run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.params["workers"] == "2"
-    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss")) == [0, 1]
-    assert metrics["mlflow"]["model_uri"]
+    assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == list(range(done + 3))
 
 
 def test_a_store_on_one_disk_is_refused_on_a_cluster_of_two_nodes(cluster, stored_data):

@@ -22,7 +22,11 @@ def pgt_commands() -> list[tuple[str, list[str]]]:
             for line in block.replace("\\\n", " ").splitlines():
                 line = line.split("  #")[0].strip()
                 if line.startswith("pgt "):
-                    found.append((page.name, shlex.split(line)[1:]))
+                    argv = shlex.split(line)[1:]
+                    if "--" in argv:  # `pgt submit ... -- CMD ARGS`: submit's options, then CMD's
+                        found.append((page.name, argv[argv.index("--") + 1:]))
+                        argv = argv[:argv.index("--")]
+                    found.append((page.name, argv))
     return found
 
 
