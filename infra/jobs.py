@@ -25,6 +25,7 @@ FORWARDED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", 
              "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
 STOP_WAIT_S = 60  # how long a stopped job may take to end before the command gives up waiting
+SUBMIT_WAIT_S = 60  # how long a head that has just started may take to accept jobs
 
 
 @dataclass
@@ -67,7 +68,7 @@ def run_job(cluster: str, args: list[str], env: dict[str, str], write=print) -> 
     """Submit `pgt ARGS`, print its logs as they come, and return its final status. An interrupt (KeyboardInterrupt:
     Ctrl+C, or SIGTERM and SIGHUP as the pgt command takes them) stops the job and waits for Ray to say so."""
     client = connect(cluster)
-    job_id = client.submit_job(entrypoint=shlex.join(["pgt", *args]), runtime_env={"env_vars": env} if env else None)
+    job_id = submit(client, cluster, shlex.join(["pgt", *args]), env)
     write(f"submitted {job_id} to {cluster}")
     try:
         asyncio.run(_follow(client, job_id, write))
@@ -79,6 +80,21 @@ def run_job(cluster: str, args: list[str], env: dict[str, str], write=print) -> 
             time.sleep(0.5)
         raise
     return JobOutcome(job_id, str(client.get_job_status(job_id).value))
+
+
+def submit(client, cluster: str, entrypoint: str, env: dict[str, str], wait_s: float = SUBMIT_WAIT_S) -> str:
+    """The job's id once the cluster took it. A head whose job agent is still starting answers "No available agent"
+    (HTTP 500): asked again for up to `wait_s`; any other refusal is a ServiceError in one line."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return client.submit_job(entrypoint=entrypoint, runtime_env={"env_vars": env} if env else None)
+        except RuntimeError as exc:
+            problem = " ".join(str(exc).split())
+            if "No available agent" in problem and time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            raise ServiceError(f"Ray cluster at {cluster} did not take the job: {problem[:300]}") from None
 
 
 async def _follow(client, job_id: str, write) -> None:

@@ -74,6 +74,24 @@ class Cluster:
     def start_worker(self) -> None:
         self.start_node("worker", ["--address", f"{HEAD}:{self.port}", "--node-ip-address", WORKER, "--num-cpus", "2"])
         self.wait_for_nodes(2)
+        self.wait_for_jobs()
+
+    def wait_for_jobs(self, timeout_s: float = 120) -> None:
+        """Until the head's job agent runs a job (it starts after the node registers: a submission meanwhile is
+        answered "No available agent")."""
+        from ray.job_submission import JobSubmissionClient
+
+        client, deadline = JobSubmissionClient(self.dashboard), time.monotonic() + timeout_s
+        while True:
+            try:
+                job = client.submit_job(entrypoint="true")
+                break
+            except RuntimeError as exc:
+                assert "No available agent" in str(exc) and time.monotonic() < deadline, str(exc)
+                time.sleep(1)
+        while not client.get_job_status(job).is_terminal():
+            assert time.monotonic() < deadline, f"the probe job did not end within {timeout_s} s"
+            time.sleep(0.5)
 
     def alive_nodes(self) -> list[dict]:
         from ray.util.state import list_nodes
@@ -146,7 +164,10 @@ def cluster(tmp_path_factory, s3_server):
     logs = tmp_path_factory.mktemp("cluster-logs")
     env = {**os.environ, **KEYS, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PGT_TEST_LOGS": str(logs),
            "RAY_USAGE_STATS_ENABLED": "0"}
-    for name in ("RAY_ADDRESS", "PGT_STATE_DIR", "MLFLOW_TRACKING_URI", "VIRTUAL_ENV_PROMPT"):
+    # none of this process's own Ray switches (prepare_ray_env's single-node mode refuses a second node), state
+    # folder or tracking store: the nodes are other machines
+    for name in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_enable_metrics_collection", "PGT_STATE_DIR",
+                 "MLFLOW_TRACKING_URI", "VIRTUAL_ENV_PROMPT"):
         env.pop(name, None)
     rig = Cluster(env, tmp_path_factory.mktemp("shared"))
     try:
@@ -249,6 +270,12 @@ def test_pgt_train_as_a_ray_job_keeps_everything_in_the_bucket_and_a_stopped_job
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.params["workers"] == "2"
     assert sorted(m.step for m in client.get_metric_history(run_id, "train_loss")) == list(range(done + 3))
+    # the laptop scores the logged model on the bucket's data: its own copy of it, the model from the server
+    evaluated = subprocess.run([BIN / "pgt", "evaluate", "--model", metrics["mlflow"]["model_uri"], "--data", data,
+                                "--tracking-uri", tracking_server], env={**cluster.env, "PGT_DATA_CACHE": str(
+                                    cluster.shared.parent / "laptop-cache")}, capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads(evaluated.stdout)["strict"]["acc@1"] == pytest.approx(metrics["test"]["strict"]["acc@1"])
 
 
 def test_a_store_on_one_disk_is_refused_on_a_cluster_of_two_nodes(cluster, stored_data):
