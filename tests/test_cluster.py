@@ -59,15 +59,23 @@ class Cluster:
         self.dashboard = f"http://{HEAD}:{self.dashboard_port}"
         self.nodes: dict[str, subprocess.Popen] = {}
 
-    def start_node(self, name: str, ray_args: list[str]) -> None:
+    def _start(self, name: str, ray_args: list[str]) -> None:
         log = open(self.env["PGT_TEST_LOGS"] + f"/{name}.log", "ab")
         self.nodes[name] = subprocess.Popen(node_command(ray_args, self.shared), env=self.env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
+    def start_node(self, name: str, ray_args: list[str]) -> None:
+        # every port a node listens on is a free one: another Ray of this machine (another test process's) holds
+        # the defaults, and a dashboard agent without its port leaves the head with no agent to run jobs
+        ports = ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
+                 "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
+        self._start(name, [*ray_args, *ports])
+
     def start(self) -> None:
         self.start_node("head", ["--head", "--node-ip-address", HEAD, "--port", str(self.port), "--num-cpus", "0",
                                  "--include-dashboard", "true", "--dashboard-host", HEAD,
-                                 "--dashboard-port", str(self.dashboard_port)])
+                                 "--dashboard-port", str(self.dashboard_port),
+                                 "--ray-client-server-port", str(free_port())])
         self.wait_for_nodes(1)
         self.start_worker()
 
