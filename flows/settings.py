@@ -26,6 +26,7 @@ from pydantic.fields import FieldInfo
 from infra.errors import SettingsError
 from infra.settings import help_of, settings_of
 from infra.state import state_dir as default_state_dir
+from infra.storage import is_uri
 from pgt.config import LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings
 from pgt.recipes import RECIPES, recipe_label
 from pgt.serving.inference import prediction_time
@@ -65,7 +66,7 @@ def from_setting(config: type, name: str, default: Any = dataclasses.MISSING, no
                  description=" ".join(filter(None, (help_of(config, name), note))))
 
 def _absolute(path: str | Path | None) -> Path | None:
-    if path and "://" in str(path):  # a URI read as a path would become a local folder named "s3:"
+    if path and is_uri(path):  # a URI read as a path would become a local folder named "s3:"
         raise SettingsError(f"{path}: the flows read and write local folders (or a mount every node shares), not "
                             "URIs yet")
     return Path(path).resolve() if path else None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import requests
 
 from infra.errors import ServiceError, SettingsError
+from infra.process import shorten
 
 # what a job needs of this machine's environment to reach the same storage and tracking server
 FORWARDED = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION",
@@ -94,7 +95,7 @@ def submit(client, cluster: str, entrypoint: str, env: dict[str, str], wait_s: f
             if "No available agent" in problem and time.monotonic() < deadline:
                 time.sleep(1)
                 continue
-            raise ServiceError(f"Ray cluster at {cluster} did not take the job: {problem[:300]}") from None
+            raise ServiceError(f"Ray cluster at {cluster} did not take the job: {shorten(problem)}") from None
 
 
 async def _follow(client, job_id: str, write) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from infra.errors import InputError
+from infra.storage import is_uri
 
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old|split)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
@@ -150,7 +151,7 @@ def check_apart(out: Path, inputs: dict[str, Path | str | None]) -> None:
     inside an input folder, and not a folder that holds an input (writing there would replace or delete it)."""
     target = Path(out).expanduser().resolve()
     for option, path in inputs.items():
-        if path is None or "://" in str(path):  # a URI's storage is no local folder
+        if path is None or is_uri(path):  # a URI's storage is no local folder
             continue
         source = Path(path).expanduser().resolve()
         if target == source:
