@@ -20,12 +20,12 @@ import shutil
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pyarrow.parquet as pq
 
 from infra.errors import InputError
-from infra.storage import is_uri
+from infra.storage import is_uri, open_storage
 
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old|split)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
@@ -149,11 +149,13 @@ PRODUCER_KEY = b"pgt.producer"  # Parquet schema metadata and PNG text key namin
 def check_apart(out: Path, inputs: dict[str, Path | str | None]) -> None:
     """InputError unless `out` is apart from every input (option -> path; None skipped): not the same path, not
     inside an input folder, and not a folder that holds an input (writing there would replace or delete it)."""
-    target = Path(out).expanduser().resolve()
     for option, path in inputs.items():
-        if path is None or is_uri(path):  # a URI's storage is no local folder
+        if path is None or is_uri(path) != is_uri(out):  # a URI's storage is no local folder
             continue
-        source = Path(path).expanduser().resolve()
+        if is_uri(out):  # the same storage, compared by bucket and key
+            target, source = (PurePosixPath(str(uri).partition("?")[0].partition("://")[2]) for uri in (out, path))
+        else:
+            target, source = (Path(p).expanduser().resolve() for p in (out, path))
         if target == source:
             raise InputError(out, f"is {option} itself; writing there would replace it: choose another --out")
         if source in target.parents:
@@ -196,16 +198,22 @@ def check_output_file(out: Path, producer: str, suffixes: tuple[str, ...], csv_h
                               "another --out")
 
 
-def check_output_entries(out: Path, producer: str, own: tuple[str, ...]) -> None:
-    """InputError unless the folder `out` is absent, empty or holds only entries `producer` writes (`own`: names or
-    glob patterns): a folder of someone else's files is never written into, and nothing of theirs is deleted."""
-    out = Path(out)
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise InputError(out, "exists and is not a folder; choose another --out")
-
-    foreign = sorted(p.name for p in out.iterdir() if not any(fnmatch.fnmatch(p.name, pattern) for pattern in own))
+def check_output_entries(out: Path | str, producer: str, own: tuple[str, ...]) -> None:
+    """InputError unless the folder `out` (a path, or a URI whose storage must answer) is absent, empty or holds only
+    entries `producer` writes (`own`: names or glob patterns): a folder of someone else's files is never written
+    into, and nothing of theirs is deleted."""
+    if is_uri(out):
+        storage = open_storage(out)
+        storage.check()
+        names = storage.entries()
+    else:
+        out = Path(out)
+        if not out.exists():
+            return
+        if not out.is_dir():
+            raise InputError(out, "exists and is not a folder; choose another --out")
+        names = [p.name for p in out.iterdir()]
+    foreign = sorted(name for name in names if not any(fnmatch.fnmatch(name, pattern) for pattern in own))
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
         raise InputError(out, f"holds files that `{producer}` did not write ({shown}); nothing there is replaced: "

@@ -9,6 +9,7 @@ credentials or has no such bucket fails in seconds, in one line, before any work
 
 from __future__ import annotations
 
+import json
 import os
 import urllib.parse
 from dataclasses import dataclass
@@ -64,11 +65,26 @@ class Storage:
             return stream.read()
 
     def write_bytes(self, data: bytes, *parts: str) -> None:
-        """A whole file at once (an object store replaces an object whole: readers never see half of one)."""
+        """A whole file at once: readers never see half of one (an object store replaces an object whole; a local
+        file is written beside its name and renamed over it)."""
         target = self.join(*parts)
+        if self.local is not None:
+            from infra.output import write_file_atomically  # infra.output names URIs by this module
+
+            write_file_atomically(Path(target), lambda tmp: Path(tmp).write_bytes(data))
+            return
         self.filesystem.create_dir(target.rpartition("/")[0], recursive=True)
         with self.filesystem.open_output_stream(target) as stream:
             stream.write(data)
+
+    def read_json(self, *parts: str):
+        """A JSON file's content, None where there is none; ValueError when it is not JSON."""
+        data = self.read_bytes(*parts)
+        return None if data is None else json.loads(data)
+
+    def write_json(self, data, *parts: str, **dump_kwargs) -> None:
+        """JSON through write_bytes."""
+        self.write_bytes((json.dumps(data, **dump_kwargs) + "\n").encode(), *parts)
 
     def upload(self, local: Path, *parts: str) -> None:
         """A local file, or a folder with everything below it, to this folder's `parts`."""

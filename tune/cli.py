@@ -31,12 +31,20 @@ def sweep_config(params: dict) -> SweepConfig:
                        recipe_name=recipe_label(recipe, recipe_file), **settings)
 
 
-def saved_sweep(path: Path) -> tuple[SweepConfig, TrackingConfig | None, str | None]:
-    """The sweep, its tracking and its model name from an earlier sweep's sweep.json; InputError naming the file."""
+def saved_sweep(folder: str) -> tuple[SweepConfig, TrackingConfig | None, str | None]:
+    """The sweep, its tracking and its model name from the sweep.json of an earlier sweep's folder (a path or a URI);
+    InputError naming the file."""
     from infra.process import read_small_file, shorten
+    from infra.storage import open_storage
 
+    kept = open_storage(folder)
+    if kept.local is None:
+        kept.check()
+    path = kept.uri_of("sweep.json")
+    if not kept.exists("sweep.json"):
+        raise InputError(folder, "no sweep.json; expected the --out folder of an earlier `pgt tune`")
     try:
-        state = json.loads(read_small_file(path, "sweep record"))
+        state = json.loads(read_small_file(Path(path), "sweep record") if kept.local else kept.read_bytes("sweep.json"))
         spec = SweepConfig.from_dict(state["sweep"])
         tracking = TrackingConfig.from_dict(state["tracking"]) if state.get("tracking") else None
         register = state.get("register")
@@ -53,22 +61,24 @@ def saved_sweep(path: Path) -> tuple[SweepConfig, TrackingConfig | None, str | N
 def tune(
     data: str | None = typer.Option(None, "--data", help="A `pgt preprocess` output folder, or its URI (s3://BUCKET/"
                                                        "FOLDER, gs://...) from which each node copies it."),
-    out: str | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/ "
-                                                     "(on a cluster, a mount every node has at the same path)."),
+    out: str | None = typer.Option(None, "--out", help="Sweep folder: tune.json, trials/, the Tune experiment under ray/. "
+                                                     "On a cluster, object storage (s3://BUCKET/FOLDER, gs://...) or "
+                                                     "a mount every node has at the same path."),
     recipe: Recipe | None = typer.Option(None, "--recipe", show_default="paper",
                                          help="Every trial trains this recipe (pgt.recipes.RECIPES) with only the "
                                               "searched settings replaced."),
     recipe_file: Path | None = typer.Option(None, "--recipe-file",
                                             help="The same from a YAML file of training settings (a sweep's winner)."),
     address: str | None = option_for(LaunchConfig, "address"),
-    resume: str | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder."),
+    resume: str | None = typer.Option(None, "--resume", help="Resume the interrupted sweep in this folder (or URI), "
+                                                           "from any machine."),
     typed: Typed = None,
 ) -> None:
     """Search d_model, nhead, dropout, learning rate, weight decay and layers with Ray Tune (ASHA + TPE), confirm the
     best few and the base recipe on fresh seeds, and train the winner's recipe as `pgt train` would."""
     from infra.output import check_apart, check_output_entries
     from infra.ray_session import check_ray_address
-    from infra.storage import is_uri
+    from infra.storage import is_uri, open_storage
     from pgt.tracking.registry import champion_verdict
     from pgt.tracking.runs import RECIPE_TAG, run_url
     from pgt.tracking.store import check_tracking_server, resolve_tracking_uri
@@ -77,15 +87,7 @@ def tune(
     from tune.sweep import SweepInterrupted, run_sweep
 
     try:
-        for flag, value in (("--out", out), ("--resume", resume)):
-            if value is not None and is_uri(value):
-                raise SettingsError(f"{flag} {value}: a sweep is kept in a folder, not yet on object storage; on a "
-                                    "cluster give a folder every node mounts at the same path (docs/cluster.md)")
-        out, resume = (Path(value) if value is not None else None for value in (out, resume))
         if resume is not None:
-            saved = resume / "sweep.json"
-            if not saved.is_file():
-                raise InputError(resume, "no sweep.json; expected the --out folder of an earlier `pgt tune`")
             changed = sorted({*typed.of(SweepConfig), *(name for name, value in
                               (("data", data), ("out", out), ("recipe", recipe), ("recipe_file", recipe_file))
                               if value is not None)})
@@ -93,7 +95,7 @@ def tune(
                 raise SettingsError(f"--resume continues {resume} as it was started; "
                                     f"{listed(flag_of(name) for name in changed)} cannot change a started "
                                     "sweep: drop them, or start a new sweep in another --out")
-            spec, tracking, saved_register = saved_sweep(saved)
+            spec, tracking, saved_register = saved_sweep(resume)
             register = typed.values.get("register") or saved_register
         else:
             if data is None or out is None:
@@ -119,7 +121,7 @@ def tune(
     except RuntimeError as exc:  # Ray's own, about the cluster
         fail(str(exc))
     print_sweep(result)
-    typer.echo(f"wrote {Path(spec.out_dir) / 'tune.json'}")
+    typer.echo(f"wrote {open_storage(spec.out_dir).uri_of('tune.json')}")
     if "mlflow" in result:
         typer.echo(f"mlflow: {run_url(result['mlflow']['tracking_uri'], result['mlflow']['run_id'])}")
         registered = result["mlflow"].get("registered")

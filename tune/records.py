@@ -1,11 +1,14 @@
-"""What a sweep writes under its folder (--out), and the driver's own record of each trial: the events Tune's
-driver saw (checkpoint registered, completed, restarted, failed), written as they happen, read to resume."""
+"""What a sweep writes under its folder (--out: a local folder, or object storage by URI; infra.storage), and the
+driver's own record of each trial: the events Tune's driver saw (checkpoint registered, completed, restarted,
+failed), written as they happen, read to resume."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+
+from infra.storage import Storage, open_storage
 
 EXPERIMENT_NAME = "sweep"  # the Tune experiment's folder under DIR/ray
 CONFIRMATION = "confirmation"  # the finalists' Tune experiment under DIR/ray, and their runs under DIR/finalists
@@ -21,7 +24,7 @@ OUTPUTS = ("sweep.json", "tune.json", WINNER, "trials", FINALISTS, FINAL, "trial
 TRIAL_EVENTS = "tune_events.jsonl"  # trials/<id>/: what the sweep's driver recorded of the trial (TrialEvents)
 
 
-def make_trial_events(out: Path):
+def make_trial_events(out: Storage):
     """A Tune callback (built here so that ray is imported late) that appends to trials/<id>/tune_events.jsonl,
     in the driver, once Tune itself has acted: `checkpoint` after Tune registered a reported checkpoint (the one a
     restart restores), `restarted` when a failed trial is scheduled again (with the epoch it will resume after),
@@ -45,31 +48,32 @@ def make_trial_events(out: Path):
     return TrialEvents()
 
 
-def append_event(out: Path, trial, event: str) -> None:
+def append_event(out: Storage, trial, event: str) -> None:
     registered = trial.latest_checkpoint_result  # what Tune restores the trial from
     metrics = registered.metrics if registered is not None else {}
-    record = {"event": event, "time": time.time(), "epoch": metrics.get("epoch"),
-              "training_iteration": metrics.get("training_iteration")}
-    folder = out / "trials" / trial.trial_id
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / TRIAL_EVENTS, "a") as fh:  # the driver is its one writer; one whole line per event
-        fh.write(json.dumps(record) + "\n")
+    line = json.dumps({"event": event, "time": time.time(), "epoch": metrics.get("epoch"),
+                       "training_iteration": metrics.get("training_iteration")}) + "\n"
+    folder = out.child("trials", trial.trial_id)
+    if folder.local is None:  # an object is replaced whole: the events so far, and this one
+        folder.write_bytes((folder.read_bytes(TRIAL_EVENTS) or b"") + line.encode(), TRIAL_EVENTS)
+        return
+    folder.local.mkdir(parents=True, exist_ok=True)
+    with open(folder.local / TRIAL_EVENTS, "a") as fh:  # the driver is its one writer; one whole line per event
+        fh.write(line)
         fh.flush()
 
 
-def trial_ended(out: Path, trial) -> bool:
+def trial_ended(out: Storage, trial) -> bool:
     """Whether Tune ended the trial itself (finished, stopped by ASHA, or failed for good): its driver recorded that
     event. Its status alone does not say: on Ctrl+C Tune marks the trials it cleans up, pending ones included,
     TERMINATED without ending them."""
-    return any(e["event"] in ("completed", "failed") for e in read_trial_events(out / "trials" / trial.trial_id))
+    return any(e["event"] in ("completed", "failed") for e in read_trial_events(out.child("trials", trial.trial_id)))
 
 
-def read_trial_events(trial_dir: Path) -> list[dict]:
-    """The events the driver recorded of a trial (make_trial_events), oldest first; [] when none."""
-    path = Path(trial_dir) / TRIAL_EVENTS
-    if not path.is_file():
-        return []
-    lines = path.read_text().splitlines()
+def read_trial_events(trial_dir: Storage | Path) -> list[dict]:
+    """The events the driver recorded of a trial (make_trial_events) in its folder, oldest first; [] when none."""
+    folder = trial_dir if isinstance(trial_dir, Storage) else open_storage(trial_dir)
+    lines = (folder.read_bytes(TRIAL_EVENTS) or b"").decode().splitlines()
     return [json.loads(line) for line in lines if line.endswith("}")]  # a line being written is left out
 
 

@@ -4,13 +4,12 @@ the headline metrics, and the plot of the trials."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
 import yaml
 
-from infra.output import write_file_atomically
+from infra.storage import Storage, open_storage
 from pgt.config import selection_score
 from pgt.data.fetch import local_data
 from pgt.recipes import RECIPE_FREE
@@ -63,16 +62,17 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool 
     run_trial never does), the best finished trial by the objective and its config."""
     rows, never_started = [], 0
     stopped = "stopped (ASHA or time budget)" if out_of_time else "stopped (ASHA)"
+    out = open_storage(spec.out_dir)
     for result in grid:
         if not result.config:  # the time budget ended the sweep before this trial drew its settings
             never_started += 1
             continue
         metrics = result.metrics or {}
-        trial_id = Path(result.path).name.removeprefix("trial_")
-        trial_dir = Path(spec.out_dir) / "trials" / trial_id
+        trial_id = result.path.rstrip("/").rpartition("/")[2].removeprefix("trial_")
+        trial_dir = out.child("trials", trial_id)
         hyper = spec.space.resolve(result.config)
-        node = json.loads((trial_dir / "node.json").read_text()) if (trial_dir / "node.json").is_file() else {}
-        done = json.loads((trial_dir / "metrics.json").read_text()) if (trial_dir / "metrics.json").is_file() else None
+        node = trial_dir.read_json("node.json") or {}
+        done = trial_dir.read_json("metrics.json")
         row = {
             "trial_id": trial_id, "config": hyper,
             "status": "error" if result.error else ("finished" if done else stopped),
@@ -101,7 +101,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool 
             "best_validation_score": best["best_validation_score"], "best_validation_acc@1": best["best_validation_acc@1"],
             "best_validation_strict_acc@1": best["best_validation_strict_acc@1"],
             "best_validation": best["best_validation"], "best_test": best["test"],
-            "best_checkpoint": str(Path(spec.out_dir) / "trials" / best["trial_id"] / "best.pt"),
+            "best_checkpoint": out.uri_of("trials", best["trial_id"], "best.pt"),
             "time_budget_reached": out_of_time, "trials_never_started": never_started, "trials": rows,
             "sweep": spec.to_dict()}
 
@@ -117,9 +117,8 @@ def winner_recipe(spec: SweepConfig, best_config: dict) -> dict:
     return {name: value for name, value in settings.items() if name not in RUN_SETTINGS}
 
 
-def write_winner_recipe(spec: SweepConfig, result: dict) -> Path:
-    """--out/best_recipe.yaml (atomically), with a header that says where it comes from."""
-    path = Path(spec.out_dir) / WINNER
+def winner_recipe_text(spec: SweepConfig, result: dict) -> str:
+    """best_recipe.yaml: the winner's recipe, with a header that says where it comes from."""
     confirmed = result.get("confirmation", {})
     if confirmed.get("winner"):
         winner = confirmed["finalists"][0]
@@ -130,9 +129,8 @@ def write_winner_recipe(spec: SweepConfig, result: dict) -> Path:
         header = (f"# pgt tune: the best of {len(result['trials'])} trials (trial {result['best_trial']}), validation "
                   f"{spec.objective} {result['best_validation_score']:.2f}, searched around the recipe "
                   f"{spec.recipe_name}.\n")
-    header += f"# Train it with: pgt train --recipe-file {path.name} --data DIR --out DIR\n"
-    body = yaml.safe_dump(winner_recipe(spec, result["best_config"]), sort_keys=False)
-    return write_file_atomically(path, lambda tmp: Path(tmp).write_text(header + body, encoding="utf-8"))
+    header += f"# Train it with: pgt train --recipe-file {WINNER} --data DIR --out DIR\n"
+    return header + yaml.safe_dump(winner_recipe(spec, result["best_config"]), sort_keys=False)
 
 
 def headline_metrics(metrics: dict) -> dict:
@@ -149,9 +147,9 @@ def best_seen(result, metric: str) -> float | None:
     return float(frame[metric].max())
 
 
-def trial_run_id(trial_dir: Path) -> str | None:
-    record = trial_dir / "mlflow_run.json"
-    return json.loads(record.read_text())["run_id"] if record.is_file() else None
+def trial_run_id(trial_dir: Storage) -> str | None:
+    record = trial_dir.read_json("mlflow_run.json")
+    return record["run_id"] if record else None
 
 
 def plot_trials(rows: list[dict], path: Path, space: SearchSpace, objective: str = "strict_acc@1") -> Path:

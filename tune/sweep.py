@@ -13,9 +13,11 @@ trial tune/records.py, and the table, finalists and winner tune/results.py.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,16 +25,26 @@ from infra.errors import SettingsError
 from infra.output import output_lock, write_json_atomically
 from infra.process import interruptible, uninterrupted
 from infra.ray_session import cluster_node_addresses, prepare_ray_env, ray_session
+from infra.storage import Storage, open_storage
 from pgt.config import selection_score
 from pgt.data.fetch import local_data
 from pgt.tracking.lineage import source_tags
 from pgt.tracking.registry import Evidence
-from pgt.tracking.runs import end_run, metrics_of, open_run, system_metrics, terminate_run
+from pgt.tracking.runs import OUT_DIR_TAG, end_run, metrics_of, open_run, system_metrics, terminate_run
 from pgt.tracking.store import check_tracking_reaches, mlflow_client
 from pgt.training.ray_train import RESULT_KEY
 from pgt.training.run import TrackedRun, open_data, register
 from tune.config import SweepConfig
-from tune.records import BASE, CONFIRMATION, EXPERIMENT_NAME, FINAL, make_trial_events, trial_dirname, trial_ended
+from tune.records import (
+    BASE,
+    CONFIRMATION,
+    EXPERIMENT_NAME,
+    FINAL,
+    WINNER,
+    make_trial_events,
+    trial_dirname,
+    trial_ended,
+)
 from tune.results import (
     finalist_candidates,
     headline_metrics,
@@ -40,9 +52,10 @@ from tune.results import (
     seeds_of,
     summarise,
     sweep_evidence,
-    write_winner_recipe,
+    winner_recipe,
+    winner_recipe_text,
 )
-from tune.trial import finalist_dir, run_final, run_finalist, run_trial
+from tune.trial import finalist_folder, run_final, run_finalist, run_trial
 
 
 def stage_tuner(name: str, trainable, spec: SweepConfig, tracking, resume: bool, param_space: dict):
@@ -50,31 +63,52 @@ def stage_tuner(name: str, trainable, spec: SweepConfig, tracking, resume: bool,
     failure policy, as many at once as the search's, restored where an interrupted sweep resumes."""
     from ray import tune
 
-    experiment = Path(spec.out_dir) / "ray" / name
     trainable = tune.with_resources(tune.with_parameters(trainable, sweep=spec.to_dict(),
                                                          tracking=tracking.to_dict() if tracking else None),
                                     _trial_resources(spec))
-    if resume and tune.Tuner.can_restore(str(experiment)):
-        return tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
+    restored = restored_tuner(spec, name, trainable, resume)
+    if restored is not None:
+        return restored
     return tune.Tuner(trainable, param_space=param_space,
                       tune_config=tune.TuneConfig(max_concurrent_trials=spec.max_concurrent,
                                                   reuse_actors=spec.reuse_actors),
-                      run_config=tune.RunConfig(name=name, storage_path=str(experiment.parent), verbose=1,
+                      run_config=tune.RunConfig(name=name, verbose=1, **experiment_storage(spec),
                                                 failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                                                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1)))
 
 
-def train_final(spec: SweepConfig, recipe_file: Path, tracking, resume: bool) -> dict:
-    """The final run as a Tune experiment of one trial (the search's resources; resumable). Returns its result
-    (metrics.json's content, with its MLflow run), as its trial reported it; RuntimeError when it did not finish."""
+def experiment_storage(spec: SweepConfig) -> dict:
+    """RunConfig's storage_path and storage_filesystem: the sweep's ray/ folder, local or on object storage (where
+    every trial's checkpoints go from its own node)."""
+    out = open_storage(spec.out_dir)
+    return {"storage_path": out.join("ray"), "storage_filesystem": None if out.local is not None else out.filesystem}
 
-    out = Path(spec.out_dir)
-    grid = stage_tuner(FINAL, run_final, spec, tracking, resume, {"recipe_file": str(recipe_file)}).fit()
+
+def restored_tuner(spec: SweepConfig, name: str, trainable, resume: bool):
+    """The Tune experiment `name` of an interrupted sweep, restored from its storage (any machine may resume it);
+    None when it is not resuming or the experiment never started."""
+    from ray import tune
+
+    storage = experiment_storage(spec)
+    experiment = f"{storage['storage_path']}/{name}"
+    if not resume or not tune.Tuner.can_restore(experiment, storage_filesystem=storage["storage_filesystem"]):
+        return None
+    return tune.Tuner.restore(experiment, trainable, resume_unfinished=True, resume_errored=True,
+                              storage_filesystem=storage["storage_filesystem"])
+
+
+def train_final(spec: SweepConfig, recipe: dict, tracking, resume: bool) -> dict:
+    """The final run of the winner's recipe (its settings, as best_recipe.yaml holds them) as a Tune experiment of
+    one trial (the search's resources; resumable). Returns its result (metrics.json's content, with its MLflow run),
+    as its trial reported it; RuntimeError when it did not finish."""
+
+    out = open_storage(spec.out_dir)
+    grid = stage_tuner(FINAL, run_final, spec, tracking, resume, {"recipe": recipe}).fit()
     done = [r.metrics[RESULT_KEY] for r in grid if r.error is None and r.metrics and RESULT_KEY in r.metrics]
     if not done:
         errors = [str(r.error).splitlines()[0] for r in grid if r.error]
-        raise RuntimeError(f"{out / FINAL}: the winner's final run did not finish"
-                           + (f" ({errors[0]})" if errors else f"; resume it with `pgt tune --resume {out}`"))
+        raise RuntimeError(f"{out.uri_of(FINAL)}: the winner's final run did not finish"
+                           + (f" ({errors[0]})" if errors else f"; resume it with `pgt tune --resume {out.uri}`"))
     return json.loads(done[0])
 
 
@@ -89,11 +123,15 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
     if register and not spec.final:
         raise SettingsError(f"--register {register} registers the sweep's final run, and --no-final skips it: drop "
                             "one of them")
-    out = Path(spec.out_dir).resolve()
+    out = open_storage(spec.out_dir)
+    if out.local is None:  # it answers, and these credentials may list it, before any run or folder
+        out.check()
     # before any run, folder or Ray starts: an empty split would fail every trial max_failures + 1 times
     data = open_data(spec.data_dir)
-    spec = dataclasses.replace(spec, out_dir=str(out), data_dir=data.source)
-    with interruptible(), output_lock(out, command="pgt tune"):  # SIGTERM as run_training takes it
+    spec = dataclasses.replace(spec, out_dir=out.uri, data_dir=data.source)
+    # SIGTERM as run_training takes it; one writer of a local folder (object storage has no lock: one sweep per URI
+    # is the user's to keep)
+    with interruptible(), output_lock(out.local, command="pgt tune") if out.local else contextlib.nullcontext():
         return _run_sweep(spec, tracking, address, resume, register)
 
 
@@ -107,24 +145,21 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
 
     from tune.scheduler import FinishingASHA
 
-    out = Path(spec.out_dir)
-    experiment = out / "ray" / EXPERIMENT_NAME
-    if not resume:
-        if (out / "sweep.json").exists():
-            raise SettingsError(f"{out} holds a sweep already; resume it with --resume {out}, or choose another --out")
-        out.mkdir(parents=True, exist_ok=True)
+    out = open_storage(spec.out_dir)
+    if not resume and out.exists("sweep.json"):
+        raise SettingsError(f"{out.uri} holds a sweep already; resume it with --resume {out.uri}, or choose another "
+                            "--out")
     tracking = _parent_run(spec, tracking, out, resume)
-    write_json_atomically(out / "sweep.json", {"sweep": spec.to_dict(), "tracking": tracking.to_dict() if tracking else None,
-                                               "register": register}, indent=2)
+    out.write_json({"sweep": spec.to_dict(), "tracking": tracking.to_dict() if tracking else None,
+                    "register": register}, "sweep.json", indent=2)
     status = "FAILED"
     try:  # the parent run samples the driver's machine (CPU, memory, GPU) like every training run
         with system_metrics(tracking), ray_session(address):
             trainable = tune.with_parameters(run_trial, sweep=spec.to_dict(),
                                              tracking=tracking.to_dict() if tracking else None)
             trainable = tune.with_resources(trainable, _trial_resources(spec))
-            if resume and tune.Tuner.can_restore(str(experiment)):
-                tuner = tune.Tuner.restore(str(experiment), trainable, resume_unfinished=True, resume_errored=True)
-            else:
+            tuner = restored_tuner(spec, EXPERIMENT_NAME, trainable, resume)
+            if tuner is None:
                 scheduler = FinishingASHA(time_attr="training_iteration", max_t=spec.epochs,
                                           grace_period=max(1, min(spec.grace_period, spec.epochs - 1)),
                                           reduction_factor=spec.reduction_factor)
@@ -136,7 +171,7 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
                                                 max_concurrent_trials=spec.max_concurrent,
                                                 reuse_actors=spec.reuse_actors,
                                                 time_budget_s=spec.time_budget_s, trial_dirname_creator=trial_dirname),
-                    run_config=tune.RunConfig(name=EXPERIMENT_NAME, storage_path=str(out / "ray"), verbose=1,
+                    run_config=tune.RunConfig(name=EXPERIMENT_NAME, verbose=1, **experiment_storage(spec),
                                               failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                                               checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                                               callbacks=[make_trial_events(out)]),
@@ -148,8 +183,8 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
             unfinished = [t for t in grid._experiment_analysis.trials if not trial_ended(out, t)]
             if not out_of_time and (unfinished or len(grid) < spec.trials):
                 status = "KILLED"
-                raise SweepInterrupted(f"{out}: sweep interrupted with {len(grid) - len(unfinished)} of {spec.trials} "
-                                       f"trials done; resume it with `pgt tune --resume {out}`")
+                raise SweepInterrupted(f"{out.uri}: sweep interrupted with {len(grid) - len(unfinished)} of "
+                                       f"{spec.trials} trials done; resume it with `pgt tune --resume {out.uri}`")
             result = summarise(spec, grid, nodes, out_of_time)
             result["search_wall_s"] = round(time.monotonic() - began, 1)
             if spec.finalists:
@@ -158,26 +193,27 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
                 result["confirmation"]["wall_s"] = round(time.monotonic() - began, 1)
                 if result["confirmation"]["unfinished"]:
                     status = "KILLED"
-                    raise SweepInterrupted(f"{out}: confirmation interrupted with finalists "
+                    raise SweepInterrupted(f"{out.uri}: confirmation interrupted with finalists "
                                            f"{', '.join(result['confirmation']['unfinished'])} not done; resume it "
-                                           f"with `pgt tune --resume {out}`")
-            result["best_recipe"] = str(write_winner_recipe(spec, result))
+                                           f"with `pgt tune --resume {out.uri}`")
+            out.write_bytes(winner_recipe_text(spec, result).encode(), WINNER)
+            result["best_recipe"] = out.uri_of(WINNER)
             final = None
             if spec.final:
                 began = time.monotonic()
-                final = train_final(spec, Path(result["best_recipe"]), tracking, resume)
+                final = train_final(spec, winner_recipe(spec, result["best_config"]), tracking, resume)
                 result["final"] = {"wall_s": round(time.monotonic() - began, 1), "seed": spec.seed,
                                    "validation": headline_metrics(final["validation"]),
                                    "test": headline_metrics(final["test"]), "refit": final.get("refit"),
                                    "epochs_run": final["epochs_run"], "mlflow": final.get("mlflow")}
-                result["best_checkpoint"] = str(out / FINAL / "best.pt")
+                result["best_checkpoint"] = out.uri_of(FINAL, "best.pt")
                 result["best_test"] = headline_metrics(final["test"])
                 result["evidence"] = sweep_evidence(spec, result)
             else:  # the search's winner is a recipe file only: no model, and test stays unread
                 result["final"] = result["best_checkpoint"] = result["best_test"] = None
         if tracking:
             result["mlflow"] = _log_sweep(spec, tracking, result, register, final)
-        write_json_atomically(out / "tune.json", result, indent=2, default=float)
+        out.write_json(result, "tune.json", indent=2, default=float)
         status = "FINISHED"
         return result
     finally:
@@ -197,18 +233,18 @@ def confirm_finalists(spec: SweepConfig, result: dict, tracking, resume: bool) -
     objective over those seeds. Sets result's best_config to the winner's. Returns tune.json's "confirmation"."""
     from ray import tune
 
-    out = Path(spec.out_dir)
+    out = open_storage(spec.out_dir)
     candidates = finalist_candidates(spec, result["trials"])
     groups = spec.confirmation_seeds()
     runs = [{**candidate, "seeds": seeds} for candidate in candidates for seeds in groups]
     stage_tuner(CONFIRMATION, run_finalist, spec, tracking, resume, {"finalist": tune.grid_search(runs)}).fit()
     rows, unfinished = [], []
     for candidate in candidates:
-        done = [finalist_dir(out, candidate["name"], seeds) / "metrics.json" for seeds in groups]
-        if not all(path.is_file() for path in done):
+        done = [finalist_folder(out, candidate["name"], seeds).read_json("metrics.json") for seeds in groups]
+        if not all(done):
             unfinished.append(candidate["name"])
             continue
-        each = [seed for path in done for seed in seeds_of(json.loads(path.read_text()))]
+        each = [seed for metrics in done for seed in seeds_of(metrics)]
         scores = [selection_score(seed["validation"], spec.objective) for seed in each]
         strict = [seed["validation"]["strict"]["acc@1"] for seed in each]
         rows.append({**candidate, "seeds": [seed["seed"] for seed in each], "validation_scores": scores,
@@ -216,7 +252,7 @@ def confirm_finalists(spec: SweepConfig, result: dict, tracking, resume: bool) -
                      "mean": sum(scores) / len(scores),
                      "std": statistics.stdev(scores) if len(scores) > 1 else 0.0,
                      "best_epochs": [seed["best_epoch"] for seed in each],
-                     "train_seconds": sum(json.loads(path.read_text())["train_seconds"] for path in done)})
+                     "train_seconds": sum(metrics["train_seconds"] for metrics in done)})
     # best first; the base recipe wins ties: a configuration must beat where the sweep started, not equal it
     rows.sort(key=lambda r: (r["mean"], r["name"] == BASE), reverse=True)
     confirmation = {"objective": spec.objective, "seeds_per_finalist": spec.confirm_seeds,
@@ -247,22 +283,23 @@ def _searcher(spec: SweepConfig):
 # MLflow: the parent run, the best model
 
 
-def _parent_run(spec: SweepConfig, tracking, out: Path, resume: bool):
+def _parent_run(spec: SweepConfig, tracking, out: Storage, resume: bool):
     """The sweep's MLflow run: the one sweep.json records when resuming (reopened), else a new one."""
     if tracking is None:
         return None
-    saved = out / "sweep.json"
-    previous = json.loads(saved.read_text()).get("tracking") if resume and saved.is_file() else None
+    previous = (out.read_json("sweep.json") or {}).get("tracking") if resume else None
     params = {k: v for k, v in spec.to_dict().items() if k != "space"} | {"space": spec.space.to_dict()}
-    return open_run(tracking, previous, resume, params, f"sweep-{out.name}",
-                    {"pgt.kind": "sweep", **source_tags(tracking.source), **tracking.tags}, local_data(spec.data_dir))
+    name = out.path.rstrip("/").rpartition("/")[2]
+    return open_run(tracking, previous, resume, params, f"sweep-{name}",
+                    {"pgt.kind": "sweep", OUT_DIR_TAG: out.uri, **source_tags(tracking.source), **tracking.tags},
+                    local_data(spec.data_dir))
 
 
 def _log_sweep(spec: SweepConfig, tracking, result: dict, name: str | None, final: dict | None) -> dict:
     """Parent run: best config, the final run's test metrics (as that run scored its best checkpoint: test is not
-    scored again), the trials plot and tune.json. The model is the final run's, logged to its own child run;
-    registered under the champion rule when asked (`name`), on the sweep's evidence. Without a final run: no test
-    metrics and no model."""
+    scored again), the trials plot, tune.json and the winner's recipe. The model is the final run's, logged to its own
+    child run; registered under the champion rule when asked (`name`), on the sweep's evidence. Without a final run:
+    no test metrics and no model."""
     from mlflow.entities import Metric, Param
 
     test = final["test"] if final else None
@@ -276,12 +313,16 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, name: str | None, fina
     with uninterrupted():
         client.log_batch(tracking.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
                          params=[Param(f"best.{k}", str(v)) for k, v in result["best_config"].items()])
-    out = Path(spec.out_dir)
-    plot = plot_trials(result["trials"], out / "trials.png", spec.space, spec.objective)
-    client.log_artifact(tracking.run_id, str(plot))
-    write_json_atomically(out / "tune.json", result, indent=2, default=float)
-    client.log_artifact(tracking.run_id, str(out / "tune.json"))
-    client.log_artifact(tracking.run_id, result["best_recipe"])
+    out = open_storage(spec.out_dir)
+    with tempfile.TemporaryDirectory(prefix="pgt-sweep-") as scratch:  # the files, local for MLflow's client
+        folder = out.local or Path(scratch)
+        plot = plot_trials(result["trials"], folder / "trials.png", spec.space, spec.objective)
+        write_json_atomically(folder / "tune.json", result, indent=2, default=float)
+        if out.local is None:
+            (folder / WINNER).write_bytes(out.read_bytes(WINNER))
+            out.upload(plot, "trials.png")
+        for artifact in ("trials.png", "tune.json", WINNER):
+            client.log_artifact(tracking.run_id, str(folder / artifact))
     logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id}
     if final is None:
         return logged
@@ -292,10 +333,11 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, name: str | None, fina
     return logged
 
 
-def _close_trial_runs(tracking, out: Path) -> None:
+def _close_trial_runs(tracking, out: Storage) -> None:
     """Child runs of trials that ASHA stopped (or that died) stay RUNNING in MLflow: mark them KILLED."""
     client = mlflow_client(tracking.tracking_uri)
-    for record in (out / "trials").glob("*/mlflow_run.json"):
-        run_id = json.loads(record.read_text())["run_id"]
-        if client.get_run(run_id).info.status == "RUNNING":
-            terminate_run(tracking.tracking_uri, run_id, "KILLED")
+    for record in out.files("trials"):
+        if record.endswith("/mlflow_run.json"):
+            run_id = (out.read_json(*record.split("/")) or {})["run_id"]
+            if client.get_run(run_id).info.status == "RUNNING":
+                terminate_run(tracking.tracking_uri, run_id, "KILLED")

@@ -31,6 +31,7 @@ CHAMPION = "champion"
 SCORE_TAG = "validation_strict_acc_at_1"  # the registered version's own strict validation Acc@1
 RIVAL_TAG = "champion_validation_strict_acc_at_1"  # the champion's, when the version was compared
 RECIPE_TAG = "pgt.recipe"  # a run's recipe: its name, or the recipe file it trained
+OUT_DIR_TAG = "pgt.out_dir"  # where a run is kept: its --out folder or URI (a sweep's trial: its folder there)
 UI_VIEW = "workflowType=machine_learning"  # links open MLflow 3's UI on runs, datasets and models, not its GenAI view
 # a registered version's tags, copied from its run's: what made it
 VERSION_TAGS = {RECIPE_TAG: "recipe", "mlflow.parentRunId": "sweep_run_id", "mlflow.source.git.commit": "git_commit"}

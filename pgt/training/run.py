@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fnmatch
 import json
 import os
 import shutil
@@ -33,7 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from infra.errors import InputError, ServiceError, SettingsError
-from infra.output import output_lock
+from infra.output import check_output_entries, output_lock
 from infra.process import interruptible, shorten
 from infra.ray_session import cluster_node_addresses, ray_session
 from infra.storage import Storage, is_uri, open_storage
@@ -44,7 +43,7 @@ from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_chec
 from pgt.serving.models import log_pytorch_model
 from pgt.tracking.lineage import source_tags
 from pgt.tracking.registry import Evidence, register_model
-from pgt.tracking.runs import EpochLogger, end_run, log_result, system_metrics
+from pgt.tracking.runs import OUT_DIR_TAG, EpochLogger, end_run, log_result, system_metrics
 from pgt.tracking.runs import open_run as open_tracked_run
 from pgt.tracking.store import check_tracking_reaches, mlflow_client, server_answers, use_tracking_uri
 from pgt.training.baselines import evaluate_baseline
@@ -222,7 +221,7 @@ def open_run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | 
     if tracking is None:
         return None
     params = cfg.to_dict() | {"workers": max(1, launch.workers), "data_manifest": data.summary}
-    tags = {"pgt.network.model": cfg.model, "pgt.out_dir": folder.kept.uri, **source_tags(tracking.source),
+    tags = {"pgt.network.model": cfg.model, OUT_DIR_TAG: folder.kept.uri, **source_tags(tracking.source),
             **tracking.tags}
     saved = folder.read_json("mlflow_run.json")
     opened = open_tracked_run(tracking, saved if saved and isinstance(saved.get("run_id"), str) else None, cfg.resume,
@@ -347,11 +346,7 @@ def check_remote(cfg: TrainConfig, launch: LaunchConfig, folder: RunFolder) -> N
     if launch.workers == 0 or cfg.model in BASELINES:
         raise SettingsError(f"--out {folder.kept.uri}: a run kept on object storage trains under Ray Train, whose "
                             "workers write its checkpoints there: give --workers 1 or more (or a local --out)")
-    folder.kept.check()
-    foreign = [name for name in folder.kept.entries() if not any(fnmatch.fnmatch(name, p) for p in OUTPUTS)]
-    if foreign:
-        raise InputError(folder.kept.uri, f"holds files that `pgt train` did not write ({', '.join(foreign[:5])}); "
-                                          "nothing there is replaced: choose another --out")
+    check_output_entries(folder.kept.uri, "pgt train", OUTPUTS)
 
 
 def _run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | None, data: DataFolder,
