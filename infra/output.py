@@ -35,7 +35,7 @@ def temporary_sibling(path: Path, kind: str = "tmp") -> Path:
     return path.parent / f".{path.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -52,7 +52,7 @@ def clean_stale_temporaries(path: Path) -> list[Path]:
         return removed
     for entry in path.parent.iterdir():
         match = TEMPORARY.match(entry.name)
-        if match and match["name"] == path.name and int(match["pid"]) != os.getpid() and not _alive(int(match["pid"])):
+        if match and match["name"] == path.name and int(match["pid"]) != os.getpid() and not process_alive(int(match["pid"])):
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

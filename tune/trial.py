@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from infra.output import process_alive
 from infra.storage import Storage, open_storage
 from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
 from pgt.network.checkpoint import read_checkpoint
@@ -111,9 +112,14 @@ def trial_folder(kept: Storage) -> Iterator[Path]:
         kept.local.mkdir(parents=True, exist_ok=True)
         yield kept.local
         return
-    work = Path(tempfile.gettempdir()) / "pgt-trials" / hashlib.sha256(kept.uri.encode()).hexdigest()[:16]
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    scratch = Path(tempfile.gettempdir()) / "pgt-trials"
+    scratch.mkdir(parents=True, exist_ok=True)
+    for entry in scratch.iterdir():  # a trial stopped by ASHA ends without its `finally`; a killed process, too
+        pid = entry.name.partition("-")[0]
+        if pid.isdigit() and (int(pid) == os.getpid() or not process_alive(int(pid))):
+            shutil.rmtree(entry, ignore_errors=True)
+    work = scratch / f"{os.getpid()}-{hashlib.sha256(kept.uri.encode()).hexdigest()[:16]}"
+    work.mkdir()
     try:
         for name in ("mlflow_run.json", "metrics.json"):
             data = kept.read_bytes(name)
@@ -172,8 +178,9 @@ def finished_before(cfg, out_dir: Path, checkpoint: Path) -> bool:
         epoch = int(checkpoint.parent.name.removeprefix("epoch_"))
     except (OSError, ValueError):
         return False
-    same = {k: v for k, v in done.get("config", {}).items() if k != "resume"} == \
-        {k: v for k, v in cfg.to_dict().items() if k != "resume"}
+    # the same settings; its folder may be another node's (a sweep on object storage trains in node-local folders)
+    same = {k: v for k, v in done.get("config", {}).items() if k not in ("resume", "out_dir")} == \
+        {k: v for k, v in cfg.to_dict().items() if k not in ("resume", "out_dir")}
     return same and done.get("epochs_run") == epoch + 1
 
 
