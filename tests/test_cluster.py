@@ -300,6 +300,83 @@ def test_a_store_on_one_disk_is_refused_on_a_cluster_of_two_nodes(cluster, store
     assert open_storage(out).files() == []
 
 
+def test_pgt_tune_as_a_ray_job_keeps_the_sweep_in_the_bucket_through_a_stopped_job_and_a_lost_node(
+        cluster, tracking_server, stored_data):
+    """`pgt submit -- tune` with --data and --out in the bucket, stopped with Ctrl+C once the first trial's first
+    checkpoint is there; `--resume URI` submitted again, and mid-way the worker node is killed (SIGKILL to every
+    process of it) and a new one started: the sweep finishes from the checkpoints in the bucket. Every trial ran on
+    the worker's address, the killed trial restarted once, every record is in the bucket, each MLflow run is closed,
+    and the final run's model is registered with its evidence; the laptop evaluates the champion from the registry."""
+    from mlflow.tracking import MlflowClient
+
+    from infra.storage import open_storage
+    from tune.records import read_trial_events
+
+    data, uri = stored_data
+    out = uri("runs/sweep")
+    kept = open_storage(out)
+    submit = [str(BIN / "pgt"), "submit", "--cluster", cluster.dashboard, "--", "tune"]
+    first = subprocess.Popen([*submit, "--data", data, "--out", out, "--trials", "2", "--epochs", "3",
+                              "--grace-period", "3", "--max-concurrent", "1", "--finalists", "0", "--register", "iso-s3",
+                              "--tracking-uri", tracking_server, "--experiment", "cluster-sweep"],
+                             env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not [f for f in kept.files("ray", "sweep") if f.endswith("/checkpoint.pt")]:
+            assert first.poll() is None, first.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, "no trial checkpoint in the bucket within 300 s"
+            time.sleep(0.5)
+        first.send_signal(signal.SIGINT)  # Ctrl+C
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 130 and "stopped by SIGINT" in output, output[-4000:]
+    assert kept.exists("sweep.json") and not kept.exists("tune.json")
+
+    def events() -> dict[str, list[dict]]:
+        return {trial: read_trial_events(kept.child("trials", trial)) for trial in kept.child("trials").entries()}
+
+    second = subprocess.Popen([*submit, "--resume", out], env=cluster.env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 400
+        # the second trial's first checkpoint, registered by the resumed sweep: two epochs of it still to train
+        while not [trial for trial, seen in events().items() if len(events()) == 2 and
+                   not any(e["event"] == "completed" for e in seen) and any(e["event"] == "checkpoint" for e in seen)]:
+            assert second.poll() is None, second.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, f"the second trial registered no checkpoint within 400 s: {events()}"
+            time.sleep(0.5)
+        os.killpg(cluster.nodes["worker"].pid, signal.SIGKILL)  # the node's raylet, workers and trial with it
+        cluster.nodes["worker"].wait(timeout=30)
+        cluster.start_worker()
+        output, _ = second.communicate(timeout=600)
+    finally:
+        if second.poll() is None:
+            second.kill()
+    assert second.returncode == 0 and "SUCCEEDED" in output, output[-4000:]
+    result = json.loads(kept.read_bytes("tune.json"))
+    assert [row["status"] for row in result["trials"]] == ["finished"] * 2
+    assert {row["node_address"] for row in result["trials"]} == {WORKER}
+    assert sorted(row["restarts"] for row in result["trials"]) == [0, 1]
+    files = set(kept.files())
+    assert {"sweep.json", "best_recipe.yaml", "trials.png", "final/best.pt", "final/metrics.json"} <= files
+    client = MlflowClient(tracking_server)
+    runs = client.search_runs([client.get_experiment_by_name("cluster-sweep").experiment_id])
+    assert {r.info.run_name for r in runs} >= {f"trial-{row['trial_id']}" for row in result["trials"]} | {"final"}
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    for row in result["trials"]:  # every epoch of each trial logged, the restarted one's included
+        assert sorted(m.step for m in client.get_metric_history(row["mlflow_run_id"], "train_loss")) == [0, 1, 2]
+    version = client.get_model_version_by_alias("iso-s3", "champion")
+    assert json.loads(version.tags["pgt.evidence_seeds"]) == [0] and version.tags["pgt.data_digest"]
+    evaluated = subprocess.run([BIN / "pgt", "evaluate", "--model", "models:/iso-s3@champion", "--data", data,
+                                "--tracking-uri", tracking_server], env={**cluster.env, "PGT_DATA_CACHE": str(
+                                    cluster.shared.parent / "laptop-cache")}, capture_output=True, text=True, timeout=300)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert json.loads(evaluated.stdout)["strict"]["acc@1"] == pytest.approx(
+        json.loads(kept.read_bytes("final", "metrics.json"))["test"]["strict"]["acc@1"])
+
+
 def test_pgt_tune_as_a_ray_job_on_a_mount_every_node_shares(cluster, tracking_server, stored_data):
     """The NFS case: --data and --out on a folder every node mounts at one path. `pgt tune` submitted from the laptop
     runs its trials on the worker node, each with its MLflow run FINISHED, and registers the final run's model with
