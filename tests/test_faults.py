@@ -374,10 +374,10 @@ def test_a_sweep_resume_refuses_new_settings_and_names_a_damaged_record(tmp_path
     line = one_line(typed.stderr)
     assert "--trials" in line and "--epochs" in line and "cannot change a started sweep" in line
 
-    for flag in ("--out", "--resume"):  # never a local folder named "s3:"
-        uri = pgt_here("tune", "--data", folder, flag, "s3://team/sweep")
-        assert uri.returncode == 2 and "not yet on object storage" in one_line(uri.stderr)
-    assert not (Path.cwd() / "s3:").exists()
+    for flag in ("--out", "--resume"):  # a URI of storage the project cannot open: never a local folder "ftp:"
+        uri = pgt_here("tune", *(("--data", folder) if flag == "--out" else ()), flag, "ftp://team/sweep")
+        assert uri.returncode == 2 and "storage URIs are s3:// or gs://" in one_line(uri.stderr)
+    assert not (Path.cwd() / "ftp:").exists()
 
 
 def test_a_tracking_server_for_a_cluster_binds_the_address_store_and_artifact_destination_given(tmp_path, s3_server,
