@@ -4,15 +4,19 @@ environment, a quick check that a cluster's address answers, and a session that 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import signal
 import threading
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
 from infra.errors import ServiceError, SettingsError
 from infra.process import interruptible
+from infra.storage import is_uri
 
 TRAIN_POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls its workers (Ray's default: 2 s)
 
@@ -145,6 +149,60 @@ def cluster_node_addresses(address: str | None) -> list[str]:
         here = ray.util.get_node_ip_address()
         return sorted("127.0.0.1" if node["NodeManagerAddress"] == here else node["NodeManagerAddress"]
                       for node in ray.nodes() if node["Alive"])
+
+
+def check_paths_shared(address: str | None, out: Path | str | None = None, data: Path | str | None = None) -> None:
+    """SettingsError in one line, before any work, when a local --out or --data is not one folder for every node of
+    the cluster at `address` (or $RAY_ADDRESS) that has more than one: ranks and trials on other nodes would write
+    their checkpoints to, and read the data from, a disk of their own. A task on each node looks for a marker this
+    process writes into --out (created for it, removed after), and reads --data's manifest.json (never written to);
+    a folder every node mounts at one path (NFS) passes. URIs are every node's storage alike; no cluster: nothing
+    to check."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    if not address or all(p is None or is_uri(p) for p in (out, data)):
+        return
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    with ray_session(address):
+        nodes = [node for node in ray.nodes() if node["Alive"]]
+        if len(nodes) <= 1:
+            return
+        look = ray.remote(num_cpus=0, max_retries=0)(_file_digest)
+        wanted, made = {}, []
+        if out is not None and not is_uri(out):
+            folder = Path(out).resolve()
+            made = [p for p in (folder, *folder.parents) if not p.exists()]
+            folder.mkdir(parents=True, exist_ok=True)
+            marker = folder / f".pgt-shared-{uuid.uuid4().hex}"
+            marker.write_text(marker.name)
+            wanted["--out"] = (folder, marker, _file_digest(str(marker)))
+        if data is not None and not is_uri(data):
+            manifest = Path(data).resolve() / "manifest.json"
+            wanted["--data"] = (manifest.parent, manifest, _file_digest(str(manifest)))
+        try:
+            for flag, (folder, probe, digest) in wanted.items():
+                seen = ray.get([look.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+                                .remote(str(probe)) for node in nodes], timeout=60)
+                apart = [node["NodeManagerAddress"] for node, got in zip(nodes, seen) if got != digest]
+                if apart:
+                    raise SettingsError(f"{flag} {folder} is a folder on this machine's disk, which the Ray cluster's "
+                                        f"node(s) {', '.join(apart)} do not have: give object storage (s3://BUCKET/"
+                                        "FOLDER) or a folder every node mounts at the same path (docs/cluster.md)")
+        finally:
+            if "--out" in wanted:
+                wanted["--out"][1].unlink(missing_ok=True)
+            for folder in made:  # what was created for the marker, where the run does not go on
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+
+
+def _file_digest(path: str) -> str | None:
+    """The SHA-256 of a file on the node this runs on; None where it has none."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 @contextlib.contextmanager

@@ -286,9 +286,10 @@ def test_pgt_train_as_a_ray_job_keeps_everything_in_the_bucket_and_a_stopped_job
     assert json.loads(evaluated.stdout)["strict"]["acc@1"] == pytest.approx(metrics["test"]["strict"]["acc@1"])
 
 
-def test_a_store_on_one_disk_is_refused_on_a_cluster_of_two_nodes(cluster, stored_data):
-    """A SQLite tracking store on the two-node cluster: one line before any work, the job FAILED, nothing written to
-    the bucket."""
+def test_stores_on_one_disk_are_refused_on_a_cluster_of_two_nodes(cluster, stored_data):
+    """A SQLite tracking store, and a run's or a sweep's --out on the head's own disk (its private /tmp), on the
+    two-node cluster: each one line before any work, the job FAILED, nothing written to the bucket; a folder every
+    node mounts (the NFS case) passes the same check (test_pgt_tune_as_a_ray_job_on_a_mount_every_node_shares)."""
     from infra.storage import open_storage
 
     data, uri = stored_data
@@ -298,6 +299,12 @@ def test_a_store_on_one_disk_is_refused_on_a_cluster_of_two_nodes(cluster, store
     assert status == "FAILED"
     assert "is a store on this machine's disk, and the Ray cluster has 2 nodes" in logs and "Traceback" not in logs
     assert open_storage(out).files() == []
+    for command in (["train", "--workers", "2"], ["tune", "--trials", "1"]):
+        status, logs = cluster.submit("pgt", *command, "--data", data, "--out", "/tmp/on-the-head", "--epochs", "1",
+                                      timeout_s=180)
+        assert status == "FAILED" and "Traceback" not in logs, logs[-3000:]
+        assert (f"--out /tmp/on-the-head is a folder on this machine's disk, which the Ray cluster's node(s) {WORKER} "
+                "do not have") in logs, logs[-3000:]
 
 
 def test_pgt_tune_as_a_ray_job_keeps_the_sweep_in_the_bucket_through_a_stopped_job_and_a_lost_node(

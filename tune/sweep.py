@@ -24,7 +24,7 @@ from pathlib import Path
 from infra.errors import SettingsError
 from infra.output import output_lock, write_json_atomically
 from infra.process import interruptible, uninterrupted
-from infra.ray_session import cluster_node_addresses, prepare_ray_env, ray_session
+from infra.ray_session import check_paths_shared, cluster_node_addresses, prepare_ray_env, ray_session
 from infra.storage import Storage, open_storage
 from pgt.config import selection_score
 from pgt.data.fetch import local_data
@@ -140,7 +140,9 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
     import ray
     from ray import tune
 
-    if tracking:  # before the sweep's run or folder: every trial on the cluster must reach it
+    # before the sweep's run or folder: every trial on the cluster must reach its folder, data and tracking
+    check_paths_shared(address, out=spec.out_dir, data=spec.data_dir)
+    if tracking:
         check_tracking_reaches(tracking.tracking_uri, cluster_node_addresses(address))
 
     from tune.scheduler import FinishingASHA
