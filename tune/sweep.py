@@ -25,7 +25,7 @@ from infra.errors import SettingsError
 from infra.output import output_lock, write_json_atomically
 from infra.process import interruptible, uninterrupted
 from infra.ray_session import check_paths_shared, cluster_node_addresses, prepare_ray_env, ray_session
-from infra.storage import Storage, open_storage
+from infra.storage import Storage, is_uri, open_storage
 from pgt.config import selection_score
 from pgt.data.fetch import local_data
 from pgt.tracking.lineage import source_tags
@@ -294,7 +294,7 @@ def _parent_run(spec: SweepConfig, tracking, out: Storage, resume: bool):
     name = out.path.rstrip("/").rpartition("/")[2]
     return open_run(tracking, previous, resume, params, f"sweep-{name}",
                     {"pgt.kind": "sweep", OUT_DIR_TAG: out.uri, **source_tags(tracking.source), **tracking.tags},
-                    local_data(spec.data_dir))
+                    local_data(spec.data_dir), spec.data_dir if is_uri(spec.data_dir) else None)
 
 
 def _log_sweep(spec: SweepConfig, tracking, result: dict, name: str | None, final: dict | None) -> dict:

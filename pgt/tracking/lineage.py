@@ -4,6 +4,7 @@ prediction came from: the registered version a model URI names (`model_version`)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import subprocess
@@ -41,34 +42,56 @@ def source_tags(command: str) -> dict[str, str]:
     return tags
 
 
-def split_datasets(data_dir: Path) -> list:
-    """MLflow dataset inputs for the splits of a `pgt preprocess` folder: name, a digest of the file, its path,
-    and as profile its rows and the preprocessing (input digest and settings) that made it."""
+def split_datasets(data_dir: Path, source: str | None = None) -> list:
+    """MLflow dataset inputs for the splits of a `pgt preprocess` folder: name, a digest of the file, where it is
+    kept (`source`, the folder's URI where it was copied from object storage; else its path), and as profile its
+    rows and the preprocessing (input digest and settings) that made it."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
     inputs = []
     for split, context in SPLIT_CONTEXT.items():
         path = (Path(data_dir) / f"{split}.parquet").resolve()
-        digest = hashlib.sha256()
-        with path.open("rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):
-                digest.update(block)
+        uri = path.as_uri() if source is None else _file_uri(source, path.name)
         profile = {"num_rows": pq.read_metadata(path).num_rows, "input_sha256": manifest.get("input_sha256"),
                    "input": manifest.get("input"), "preprocessing": manifest.get("config")}
-        dataset = Dataset(name=f"{path.parent.name}/{split}", digest=digest.hexdigest()[:16], source_type="local",
-                          source=json.dumps({"uri": path.as_uri()}), profile=json.dumps(profile, default=str))
+        name = (source.partition("?")[0].rstrip("/").rpartition("/")[2] if source else path.parent.name) or path.parent.name
+        dataset = Dataset(name=f"{name}/{split}", digest=file_digest(path)[:16], source_type="local" if source is None
+                          else "s3" if source.startswith("s3://") else "gcs",
+                          source=json.dumps({"uri": uri}), profile=json.dumps(profile, default=str))
         inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
     return inputs
 
 
-def log_datasets(tracking_uri: str, run_id: str, data_dir: Path) -> None:
+def _file_uri(folder_uri: str, name: str) -> str:
+    """The URI of a file in the folder `folder_uri` names (its query, the endpoint, kept)."""
+    base, _, query = folder_uri.partition("?")
+    return f"{base.rstrip('/')}/{name}" + (f"?{query}" if query else "")
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file's bytes, computed once per process while the file is unchanged (a sweep's trial process
+    runs many trials on one split)."""
+    stat = Path(path).stat()
+    return _digest(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def log_datasets(tracking_uri: str, run_id: str, data_dir: Path, source: str | None = None) -> None:
     """The splits a run trained and was scored on, as the run's dataset inputs (split_datasets). Two runs that log
     the same new dataset at once race in MLflow's store (a unique key on the dataset): the loser tries again, and
     then finds the dataset the winner created."""
     from mlflow.exceptions import MlflowException
 
-    datasets = split_datasets(data_dir)
+    datasets = split_datasets(data_dir, source)
     for attempt in range(3):
         try:
             mlflow_client(tracking_uri).log_inputs(run_id, datasets=datasets)
@@ -84,11 +107,7 @@ def input_dataset(path: Path, context: str = "prediction"):
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     path = Path(path).resolve()
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    dataset = Dataset(name=path.name, digest=digest.hexdigest()[:16], source_type="local",
+    dataset = Dataset(name=path.name, digest=file_digest(path)[:16], source_type="local",
                       source=json.dumps({"uri": path.as_uri()}), profile=json.dumps({"bytes": path.stat().st_size}))
     return DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)])
 

@@ -101,17 +101,18 @@ def start_run(tracking: TrackingConfig, params: dict, run_name: str | None = Non
 
 
 def open_run(tracking: TrackingConfig, saved: dict | None, resume: bool, params: dict, run_name: str, tags: dict,
-             data_dir: Path) -> TrackingConfig:
+             data_dir: Path, data_source: str | None = None) -> TrackingConfig:
     """The MLflow run a command logs into, as `tracking` with its run_id: the run `saved` records (an earlier
     invocation's {"tracking_uri", "experiment", "run_id"}) reopened when resuming it, unless it finished or is gone;
     else a new one with the params, the tags and the data's splits as dataset inputs (the saved run, left RUNNING by a
-    process that died, closed as FAILED first). Every training run and sweep starts here."""
+    process that died, closed as FAILED first). Every training run and sweep starts here. `data_source`: the data's
+    URI where data_dir is this node's copy of object storage."""
     if saved and saved.get("tracking_uri") == tracking.tracking_uri and saved.get("experiment") == tracking.experiment:
         if resume and reopen_run(tracking.tracking_uri, saved["run_id"]):
             return dataclasses.replace(tracking, run_id=saved["run_id"])
         close_abandoned_run(tracking.tracking_uri, saved["run_id"])
     run_id = start_run(tracking, params, run_name=run_name, tags=tags, parent_run_id=tracking.parent_run_id)
-    log_datasets(tracking.tracking_uri, run_id, data_dir)
+    log_datasets(tracking.tracking_uri, run_id, data_dir, data_source)
     return dataclasses.replace(tracking, run_id=run_id)
 
 

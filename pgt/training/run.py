@@ -225,7 +225,8 @@ def open_run(cfg: TrainConfig, launch: LaunchConfig, tracking: TrackingConfig | 
             **tracking.tags}
     saved = folder.read_json("mlflow_run.json")
     opened = open_tracked_run(tracking, saved if saved and isinstance(saved.get("run_id"), str) else None, cfg.resume,
-                              params, tracking.run_name or f"{cfg.model}-{Path(folder.kept.path).name}", tags, data.path)
+                              params, tracking.run_name or f"{cfg.model}-{Path(folder.kept.path).name}", tags, data.path,
+                              data.source if is_uri(data.source) else None)
     folder.work.mkdir(parents=True, exist_ok=True)
     write_json(folder.work / "mlflow_run.json",
                {"tracking_uri": opened.tracking_uri, "experiment": opened.experiment, "run_id": opened.run_id})

@@ -28,3 +28,20 @@ def test_a_tracking_uri_is_made_absolute_only_where_it_is_a_path(given, expected
 ])
 def test_a_refusal_is_said_by_its_message_or_title(body, said):
     assert refusal_words(body) == said
+
+
+def test_a_file_digest_is_computed_once_per_process_while_the_file_is_unchanged(tmp_path):
+    """A sweep's trial process logs the same splits for every trial it runs: hashed once, and again once changed."""
+    import hashlib
+    import os
+
+    from pgt.tracking.lineage import _digest, file_digest
+
+    path = tmp_path / "train.parquet"
+    path.write_bytes(b"a" * 1000)
+    before = _digest.cache_info().hits
+    assert file_digest(path) == hashlib.sha256(b"a" * 1000).hexdigest() == file_digest(path)
+    assert _digest.cache_info().hits == before + 1
+    path.write_bytes(b"b" * 1000)
+    os.utime(path, ns=(1, 1))  # a rewrite within the clock's tick still changes the key (size, mtime)
+    assert file_digest(path) == hashlib.sha256(b"b" * 1000).hexdigest()

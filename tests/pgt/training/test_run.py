@@ -197,6 +197,10 @@ def test_ray_owns_the_checkpoints_on_object_storage_and_a_rerun_resumes_from_the
     client = MlflowClient(mlflow_server)
     assert client.get_run(first.mlflow.run_id).info.status == "FINISHED" and first.mlflow.model_uri
     assert [m.step for m in client.get_metric_history(first.mlflow.run_id, "train_loss")] == [0, 1]
+    inputs = client.get_run(first.mlflow.run_id).inputs.dataset_inputs  # the splits named where they are kept
+    assert sorted(json.loads(i.dataset.source)["uri"] for i in inputs) == \
+        sorted(open_storage(data).uri_of(f"{split}.parquet") for split in ("train", "validation", "test"))
+    assert {i.dataset.name for i in inputs} == {"sequences/train", "sequences/validation", "sequences/test"}
 
     second = run_training(dataclasses.replace(cfg, epochs=3), LaunchConfig(workers=2), tracking)
     assert second.out_dir != first.out_dir  # another work folder: what it resumed from came from the bucket
