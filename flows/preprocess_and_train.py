@@ -32,11 +32,16 @@ def preprocess_and_train(parameters: PreprocessAndTrainParameters) -> dict:
         manifest = tasks.sequences(stage, source, s.input_format, s.config_file, s.engine_config, s.sequences_dir)
     else:
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
-    if s.tune:  # the sweep's model is its winner's recipe trained, registered on the winner's evidence
+    if s.cluster:  # a Ray Job there, reading the sequences from storage and keeping its run there
+        tasks.publish_sequences(s.sequences_dir, s.kept_sequences)
+        result = tasks.ray_job(s.cluster, s.cluster_job)
+    elif s.tune:
         result = tasks.tune(s.sweep_config, s.tracking_config, s.address)
-        validation, model = result["final"]["validation"], result["final"]["mlflow"]  # the final run's model
     else:
         result = tasks.train(s.train_config, s.launch_config, s.tracking_config)
+    if s.tune:  # the sweep's model is its winner's recipe trained, registered on the winner's evidence
+        validation, model = result["final"]["validation"], result["final"]["mlflow"]  # the final run's model
+    else:
         validation, model = result["validation"], result["mlflow"]
     logged = result["mlflow"]
     evaluated = tasks.evaluate(model["model_uri"], s.sequences_dir, s.tracking_uri)

@@ -26,8 +26,9 @@ from pydantic.fields import FieldInfo
 from infra.errors import SettingsError
 from infra.settings import help_of, settings_of
 from infra.state import state_dir as default_state_dir
-from infra.storage import is_uri
+from infra.storage import is_uri, open_storage
 from pgt.config import LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings
+from pgt.options import flag_of
 from pgt.recipes import RECIPES, recipe_label
 from pgt.serving.inference import prediction_time
 from pgt.tracking.registry import champion_verdict
@@ -129,6 +130,13 @@ class PreprocessAndTrainParameters(FlowParameters):
                                         "GeoLife) or ensemble (tuned, several networks side by side).")
     recipe_file: str | None = described(None, "A YAML file of training settings (a sweep's winner) instead of "
                                               "recipe; it sets any training setting.")
+    cluster: str | None = described(None, "A Ray cluster's Jobs API (http://HEAD:8265): the training or the sweep runs "
+                                          "there as a Ray Job, reading the sequences from and keeping its run under "
+                                          "storage; preprocessing, evaluation and registration stay with the flow. "
+                                          "Empty: Ray runs here, or joins address.")
+    storage: str | None = described(None, "With cluster: where the sequences and the run or sweep are kept for "
+                                          "every node: object storage (s3://BUCKET/FOLDER, gs://...) or a folder "
+                                          "every node mounts at one path.")
 
 
 class PredictNextPlacesParameters(FlowParameters):
@@ -216,6 +224,7 @@ class FlowSettings(ResolvedParameters):
         """The flow's parameters checked and resolved, once, before anything runs: each setting by the config it
         builds (TrainConfig or SweepConfig, LaunchConfig), with that config's message."""
         checked = PreprocessAndTrainParameters.checked(parameters)
+        _check_cluster(checked)
         settings = cls(**cls._paths(checked), config_file=_absolute(checked.config_file),
                        recipe_file=_absolute(checked.recipe_file))
         for config in ("sweep_config" if settings.tune else "train_config", "launch_config", "tracking_config"):
@@ -283,12 +292,71 @@ class FlowSettings(ResolvedParameters):
                            recipe=base_settings(self.recipe, self.recipe_file),
                            recipe_name=recipe_label(self.recipe, self.recipe_file), **given)
 
+    @property
+    def kept_sequences(self) -> str:
+        """With cluster: the sequences' folder under storage, which every node reads."""
+        return open_storage(self.storage).uri_of("sequences", self.sequences_dir.name)
+
+    @cached_property
+    def cluster_job(self) -> ClusterJob:
+        """With cluster: the `pgt train` or `pgt tune` the flow runs there, its data and output under storage; the
+        same settings as the flow's own training or sweep (the recipe, epochs, workers, trials, tracking)."""
+        kept = open_storage(self.storage)
+        given = {name: getattr(self, name) for name in (("trials", "epochs", "finalists", "confirm_seeds") if self.tune
+                                                        else ("epochs",)) if getattr(self, name) is not None}
+        settings = [arg for name, value in given.items() for arg in (flag_of(name), str(value))]
+        tracking = ["--tracking-uri", self.tracking_uri, "--experiment", self.tracking_config.experiment]
+        if self.tune:
+            out = kept.uri_of("sweeps", self.run_name)
+            return ClusterJob(["tune", "--data", self.kept_sequences, "--out", out, "--recipe", self.recipe, *settings,
+                               *tracking], out, "tune.json", resume=["tune", "--resume", out])
+        out = kept.uri_of("runs", self.runs_dir.name)
+        gpu = [] if self.gpu is None else ["--gpu" if self.gpu else "--no-gpu"]
+        return ClusterJob(["train", "--data", self.kept_sequences, "--out", out, "--recipe", self.recipe,
+                           "--workers", str(self.workers), *gpu, *settings, *tracking], out, "metrics.json")
+
     def report(self, test: dict, validation: dict, logged: dict, registered: dict) -> str:
         links = {"MLflow run": run_url(logged["tracking_uri"], logged["run_id"]),
                  "registered model": f"models:/{registered['name']}/{registered['version']} ({champion_verdict(registered)})",
-                 "sequences": str(self.sequences_dir)}
+                 "sequences": self.kept_sequences if self.cluster else str(self.sequences_dir)}
         what = "sweep" if self.tune else f"training ({self.workers or 1} worker{'s' if self.workers > 1 else ''})"
         return metrics_markdown(test, validation, f"preprocess-and-train: {self.run_name}, {what}", links)
+
+
+@dataclass(frozen=True)
+class ClusterJob:
+    """A `pgt` command the flow runs on a Ray cluster as a Ray Job, and where it keeps its result."""
+
+    start: list[str]  # the command's arguments after `pgt`
+    out: str  # its --out: a URI, or a folder every node mounts
+    record: str  # the JSON file it keeps there with its result: metrics.json (train) or tune.json (tune)
+    resume: list[str] | None = None  # a sweep whose record (sweep.json) is kept at out already: continued
+
+
+def _check_cluster(parameters: PreprocessAndTrainParameters) -> None:
+    """SettingsError for cluster and storage given apart, or with what cannot go to the cluster."""
+    if parameters.cluster is None:
+        if parameters.storage is not None:
+            raise SettingsError("storage keeps a cluster's data and runs: give cluster (http://HEAD:8265) too, or leave "
+                                "storage empty (the state folder keeps them here)")
+        return
+    problems = []
+    if not parameters.storage:
+        problems.append("cluster needs storage, where every node reads the sequences and keeps the run: "
+                        "s3://BUCKET/FOLDER, gs://..., or a folder every node mounts")
+    elif not is_uri(parameters.storage) and not Path(parameters.storage).is_absolute():
+        problems.append(f"storage {parameters.storage}: a URI or an absolute path (the nodes do not share this "
+                        "working folder)")
+    if parameters.address:
+        problems.append("cluster runs the job on the cluster, address joins Ray from here: give one of them")
+    if parameters.recipe_file:
+        problems.append("recipe_file is a file of this machine, which the cluster's nodes do not read: with cluster, "
+                        "name a recipe")
+    if parameters.workers == 0 and not parameters.tune:
+        problems.append("workers 0 trains in the job's driver on the head, which keeps no run on storage: give "
+                        "workers 1 or more")
+    if problems:
+        raise SettingsError("; ".join(problems))
 
 
 @dataclass(frozen=True)

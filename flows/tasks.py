@@ -18,7 +18,12 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
+from flows.settings import ClusterJob
+from infra.jobs import job_environment, run_job
+from infra.process import interruptible
+from infra.storage import open_storage
 from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
+from pgt.data.fetch import publish_data
 from pgt.serving.evaluate import evaluate_model
 from pgt.serving.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
 from pgt.tracking.lineage import model_version
@@ -111,6 +116,28 @@ def tune(sweep_config: SweepConfig, tracking_config: TrackingConfig, address: st
     """A Ray Tune sweep; its best trial's model is logged to the sweep's MLflow run, not registered yet."""
     resume = (Path(sweep_config.out_dir) / "sweep.json").is_file()  # a rerun continues an interrupted sweep
     return run_sweep(sweep_config, tracking_config, address=address, resume=resume)
+
+
+@task(name="publish sequences", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io,
+      cache_policy=NO_CACHE)
+def publish_sequences(folder: Path, location: str) -> str:
+    """The sequences copied where the cluster's nodes read them (unless they are there already)."""
+    return publish_data(folder, location)
+
+
+@task(name="ray job", cache_policy=NO_CACHE)
+def ray_job(cluster: str, job: ClusterJob) -> dict:
+    """`pgt` run on the cluster as a Ray Job (a sweep kept there already is resumed), its logs in the flow run's;
+    the result the job kept (metrics.json or tune.json). A cancelled flow run stops the job."""
+    log = get_run_logger()
+    kept = open_storage(job.out)
+    args = job.resume if job.resume and kept.exists("sweep.json") else job.start
+    with interruptible():  # Prefect's cancel (SIGTERM) stops the job, as Ctrl+C stops `pgt submit`'s
+        outcome = run_job(cluster, args, job_environment([]), write=log.info)
+    if outcome.status != "SUCCEEDED":
+        raise RuntimeError(f"Ray Job {outcome.job_id} on {cluster} ended {outcome.status}; its logs are above, and "
+                           f"with `ray job logs --address {cluster} {outcome.job_id}`")
+    return kept.read_json(job.record)
 
 
 @task(name="evaluate", cache_policy=NO_CACHE)

@@ -32,30 +32,38 @@ def make_trial_events(out: Storage):
     line: event, time, epoch (0-based, or null), training_iteration."""
     from ray.tune import Callback
 
+    written: dict[str, bytes] = {}  # on object storage, each trial's events so far (the driver is their one writer)
+
     class TrialEvents(Callback):
         def on_trial_save(self, iteration, trials, trial, **info):
-            append_event(out, trial, "checkpoint")
+            append_event(out, trial, "checkpoint", written)
 
         def on_trial_recover(self, iteration, trials, trial, **info):
-            append_event(out, trial, "restarted")
+            append_event(out, trial, "restarted", written)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            append_event(out, trial, "failed")
+            append_event(out, trial, "failed", written)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            append_event(out, trial, "completed")
+            append_event(out, trial, "completed", written)
 
     return TrialEvents()
 
 
-def append_event(out: Storage, trial, event: str) -> None:
+def append_event(out: Storage, trial, event: str, written: dict[str, bytes] | None = None) -> None:
+    """One event appended to the trial's record. On object storage the object is replaced whole, with the events
+    so far: those `written` holds (this driver's), else read back once (a resumed sweep's)."""
     registered = trial.latest_checkpoint_result  # what Tune restores the trial from
     metrics = registered.metrics if registered is not None else {}
     line = json.dumps({"event": event, "time": time.time(), "epoch": metrics.get("epoch"),
                        "training_iteration": metrics.get("training_iteration")}) + "\n"
     folder = out.child("trials", trial.trial_id)
-    if folder.local is None:  # an object is replaced whole: the events so far, and this one
-        folder.write_bytes((folder.read_bytes(TRIAL_EVENTS) or b"") + line.encode(), TRIAL_EVENTS)
+    if folder.local is None:
+        written = {} if written is None else written
+        if trial.trial_id not in written:
+            written[trial.trial_id] = folder.read_bytes(TRIAL_EVENTS) or b""
+        written[trial.trial_id] += line.encode()
+        folder.write_bytes(written[trial.trial_id], TRIAL_EVENTS)
         return
     folder.local.mkdir(parents=True, exist_ok=True)
     with open(folder.local / TRIAL_EVENTS, "a") as fh:  # the driver is its one writer; one whole line per event

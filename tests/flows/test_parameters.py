@@ -79,6 +79,14 @@ def test_a_flow_s_parameters_are_its_model_s_fields(flow, tmp_path):
     ({"input_format": "gpx"}, "input_format must be one of geolife-plt, positionfixes, staypoints, got 'gpx'"),
     ({"synthetic_users": "many"}, "synthetic_users: input should be a valid integer"),
     ({"input_path": "s3://team/fixes.parquet"}, "s3://team/fixes.parquet: the flows read and write local folders"),
+    ({"storage": "s3://team/pgt"}, "storage keeps a cluster's data and runs: give cluster"),
+    ({"cluster": "http://127.0.0.2:8265"}, "cluster needs storage"),
+    ({"cluster": "http://127.0.0.2:8265", "storage": "rel/folder"}, "storage rel/folder: a URI or an absolute path"),
+    ({"cluster": "http://127.0.0.2:8265", "storage": "s3://team/pgt", "address": "127.0.0.2:6379"},
+     "give one of them"),
+    ({"cluster": "http://127.0.0.2:8265", "storage": "s3://team/pgt", "recipe_file": "r.yaml"},
+     "recipe_file is a file of this machine"),
+    ({"cluster": "http://127.0.0.2:8265", "storage": "s3://team/pgt", "workers": 0}, "give workers 1 or more"),
 ])
 def test_a_bad_parameter_fails_before_anything_runs_with_its_config_s_message(given, message, tmp_path):
     from flows.settings import FlowSettings
@@ -133,3 +141,21 @@ def test_every_parameter_is_described_and_a_setting_s_description_is_its_help(fl
     for name, (config, setting) in settings.items():
         if name in properties:
             assert properties[name]["description"].startswith(help_of(config, setting)), name
+
+
+def test_on_a_cluster_the_flow_s_job_is_the_command_a_user_would_submit(tmp_path):
+    """cluster and storage: `pgt train` (or `pgt tune`, resumed where its record is kept) with the flow's settings,
+    its data and output under storage."""
+    from flows.settings import FlowSettings
+
+    common = {"cluster": "http://127.0.0.2:8265", "storage": "s3://team/pgt", "state_dir": str(tmp_path),
+              "tracking_uri": "http://127.0.0.4:5055"}
+    train = FlowSettings.resolve(parameters(preprocess_and_train, **common, epochs=3, gpu=False)).cluster_job
+    assert train.start == ["train", "--data", "s3://team/pgt/sequences/synthetic", "--out", "s3://team/pgt/runs/synthetic",
+                           "--recipe", "paper", "--workers", "2", "--no-gpu", "--epochs", "3", "--tracking-uri",
+                           "http://127.0.0.4:5055", "--experiment", "pgt"]
+    assert (train.out, train.record, train.resume) == ("s3://team/pgt/runs/synthetic", "metrics.json", None)
+    sweep = FlowSettings.resolve(parameters(preprocess_and_train, **common, tune=True, trials=4, recipe="tuned")).cluster_job
+    assert sweep.start[:8] == ["tune", "--data", "s3://team/pgt/sequences/synthetic", "--out",
+                               "s3://team/pgt/sweeps/synthetic", "--recipe", "tuned", "--trials"]
+    assert sweep.resume == ["tune", "--resume", "s3://team/pgt/sweeps/synthetic"] and sweep.record == "tune.json"
