@@ -29,8 +29,9 @@ class EngineConfig:
                                            "either way.", low=0.0)
     address: str | None = setting(None, "Engine ray: the Ray cluster to run on (host:port or auto); None = "
                                         "$RAY_ADDRESS or a local Ray.", env="RAY_ADDRESS")
-    work_dir: Path | None = setting(None, "Where the input's partitions are written (None: a temporary folder); on a "
-                                          "multi-machine Ray cluster, a path every node can read, like the input.")
+    work_dir: Path | None = setting(None, "Where the input's partitions are written on this machine (None: a "
+                                          "temporary folder); on a cluster of several nodes their bytes go to the "
+                                          "tasks through Ray's object store.")
 
     def __post_init__(self) -> None:
         check_settings(self)
@@ -76,10 +77,16 @@ def _on_node(fn: Callable, item, *args) -> tuple[str, object]:
 class RayMap:
     """fn(item, *args) for each item as Ray tasks (1 CPU each, spread over the cluster's nodes), results in
     the items' order; arguments shared by all tasks go to the object store once. `nodes` counts the tasks
-    each node ran."""
+    each node ran; `ships_files` says whether the cluster has more than one node (whose disks it cannot assume
+    shared)."""
 
     def __init__(self) -> None:
+        import ray
+
         self.nodes: Counter[str] = Counter()
+        # nodes that may not share this machine's disk: the partitions' tasks then get their files' bytes
+        # (preprocessing.partitions.ship_partition) instead of paths; one node reads the paths
+        self.ships_files = sum(node["Alive"] for node in ray.nodes()) > 1
 
     def __call__(self, fn: Callable, items: list, *args, on_done: Callable[[], None] | None = None) -> list:
         import ray

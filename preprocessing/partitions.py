@@ -163,6 +163,58 @@ def staypoints_of_partition(task: PartitionTask) -> PartitionResult:
     return PartitionResult(staypoints, tracking, quarantine, rows_read, users, notes)
 
 
+@dataclass(frozen=True)
+class ShippedPartition:
+    """A partition's task with its files' bytes: what a Ray task on a node that does not share the driver's disk
+    receives (through Ray's object store), and writes into a folder of its own before reading."""
+
+    task: PartitionTask
+    files: tuple[tuple[str, bytes], ...]  # (the file's path relative to `root`, its bytes)
+    root: str  # the folder the files lie under on the driver: the GeoLife folder, or the parts' scratch folder
+
+
+def ship_partition(task: PartitionTask) -> ShippedPartition:
+    """The task with its part files, or its GeoLife .plt files, read into it (a task without its own files reads
+    nothing: staypoints_of_input ships only split tables and GeoLife folders)."""
+    if task.plt_files:
+        root = Path(task.folder)
+        return ShippedPartition(task, tuple((str(f.relative_to(root)), f.read_bytes()) for f in task.plt_files), str(root))
+    root = Path(task.parts[0]).parent.parent  # the scratch folder: _part=k/*.parquet
+    return ShippedPartition(task, tuple((str(f.relative_to(root)), Path(f).read_bytes()) for f in task.parts), str(root))
+
+
+def staypoints_of_shipped(shipped: ShippedPartition) -> PartitionResult:
+    """staypoints_of_partition of a shipped task, its files written into a folder of this node's (removed after);
+    the quarantine and notes name each file by its path on the driver, as they would without shipping."""
+    local = Path(tempfile.mkdtemp(prefix="pgt-shipped-"))
+    try:
+        paths = []
+        for relative, data in shipped.files:
+            path = local / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            paths.append(path)
+        task = shipped.task
+        if task.plt_files:
+            moved = PartitionTask(task.input_format, task.config, task.window, folder=local, plt_files=tuple(paths),
+                                  tracking=task.tracking)
+        else:
+            moved = PartitionTask(task.input_format, task.config, task.window, source=task.source, parts=tuple(paths),
+                                  tracking=task.tracking)
+        result = staypoints_of_partition(moved)
+        if not task.plt_files:  # a table's quarantine names its source, which did not move
+            return result
+        here, there = str(local), shipped.root
+        quarantine = result.quarantine.with_columns(pl.col("source_file").str.replace(here, there, literal=True, n=1))
+        notes = {**result.notes}
+        if "plt_files_with_short_header" in notes:
+            notes["plt_files_with_short_header"] = [name.replace(here, there, 1)
+                                                    for name in notes["plt_files_with_short_header"]]
+        return PartitionResult(result.staypoints, result.tracking, quarantine, result.rows_read, result.users, notes)
+    finally:
+        shutil.rmtree(local, ignore_errors=True)
+
+
 def combine_partitions(tasks: list[PartitionTask], results: list[PartitionResult], input_path: Path | str,
                        input_format: str) -> InputStaypoints:
     """The whole input's staypoints, tracked days, quarantine, counts and details, from the partitions'."""
@@ -213,7 +265,10 @@ def staypoints_of_input(input_path: Path | pl.DataFrame, input_format: str, conf
         if input_format == "geolife-plt":
             raise InputError(name, "a table in memory holds positionfixes or staypoints, not a GeoLife folder")
         partitions = 1
-    split = partitions > 1 and input_format != "geolife-plt"
+    # on nodes that do not share this machine's disk (the map's ships_files), a partition goes with its files' bytes:
+    # a table input is then always split (one part holds what a task reads), a GeoLife folder's files are read here
+    ship = getattr(map_partitions, "ships_files", False) and not isinstance(input_path, pl.DataFrame)
+    split = (partitions > 1 or ship) and input_format != "geolife-plt"
     tmp = None
     if split:
         base = Path(work_dir if work_dir is not None else tempfile.gettempdir()) / "pgt-partitions"
@@ -226,7 +281,10 @@ def staypoints_of_input(input_path: Path | pl.DataFrame, input_format: str, conf
                                 tmp, tracking, name)
         if on_planned:
             on_planned(len(tasks))
-        results = map_partitions(staypoints_of_partition, tasks, on_done=on_done)
+        if ship:
+            results = map_partitions(staypoints_of_shipped, [ship_partition(task) for task in tasks], on_done=on_done)
+        else:
+            results = map_partitions(staypoints_of_partition, tasks, on_done=on_done)
         return combine_partitions(tasks, results, where, input_format)
     finally:
         if tmp is not None:
