@@ -106,8 +106,9 @@ def resolved_window(config: PreprocessConfig) -> TimeWindow:
 
 def plan_partitions(input_path: Path | pl.DataFrame, input_format: str, config: PreprocessConfig, partitions: int,
                     work_dir: Path | None, tracking: bool = True, name: str = "request") -> list[PartitionTask]:
-    """The partitions' tasks; a table input of several partitions is split into work_dir (streaming, one pass). A
-    table in memory (called `name` in messages) is one partition."""
+    """The partitions' tasks; a table input is split into work_dir (streaming, one pass) where one is given (several
+    partitions, or one whose files are shipped to a node), else one partition is the input itself. A table in
+    memory (called `name` in messages) is one partition."""
     window = resolved_window(config)
     if input_format == "geolife-plt":
         files = geolife.find_plt_files(input_path)
@@ -118,7 +119,7 @@ def plan_partitions(input_path: Path | pl.DataFrame, input_format: str, config: 
                 for g in groups if g]
     opener = readers.open_staypoints if input_format == "staypoints" else readers.open_positionfixes
     source = opener(input_path, name=name)
-    if partitions == 1:
+    if partitions == 1 and work_dir is None:
         return [PartitionTask(input_format, config, window, source=source, tracking=tracking)]  # the input, no copy
     return [PartitionTask(input_format, config, window, source=source, parts=tuple(p), tracking=tracking)
             for p in split_table(source, partitions, work_dir) if p]
