@@ -299,8 +299,8 @@ def test_preprocessing_s_ray_engine_ships_each_partition_to_a_node_that_shares_n
     generate_positionfixes(SynthConfig(users=8, days=70, seed=5)).write_parquet(laptop / "fixes-pp.parquet")
     preprocess(laptop / "fixes-pp.parquet", "positionfixes", tmp_path / "local", progress=False)
     status, logs = cluster.submit("bash", "-c", f"cp {SHARED}/fixes-pp.parquet /tmp/fixes.parquet && pgt preprocess "
-                                  f"--input /tmp/fixes.parquet --format positionfixes --out {SHARED}/pp-ray --engine ray --partitions 3 "
-                                  "--no-progress", timeout_s=300)
+                                  f"--input /tmp/fixes.parquet --format positionfixes --out {SHARED}/pp-ray --engine ray "
+                                  "--partitions 3 --no-progress", timeout_s=300)
     assert status == "SUCCEEDED", logs[-4000:]
     manifest = json.loads((laptop / "pp-ray" / "manifest.json").read_text())
     assert manifest["engine"]["engine"] == "ray" and sum(manifest["engine"]["ray_tasks_per_node"].values()) >= 3
