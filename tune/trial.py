@@ -107,7 +107,9 @@ def trial_folder(kept: Storage) -> Iterator[Path]:
     """The local folder a one-worker trial trains in (its checkpoints go to Tune's storage through its reports): the
     trial's own folder in a local sweep. In a sweep on object storage, a folder on this node that starts with the
     records kept there (the MLflow run a restarted trial reopens, a finished result) and whose records are kept there
-    when the run ends, however it ends (ASHA's stop included); the folder is removed then."""
+    when the run ends; the folder is removed then. A trial that ASHA stops never returns here (Tune drops its
+    thread): its MLflow run's record was kept at its first epoch, and its folder goes when this node's next trial
+    of the same process, or of a process that has ended, starts."""
     if kept.local is not None:
         kept.local.mkdir(parents=True, exist_ok=True)
         yield kept.local
