@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.parse
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,10 +69,15 @@ class Storage:
         """A whole file at once: readers never see half of one (an object store replaces an object whole; a local
         file is written beside its name and renamed over it)."""
         target = self.join(*parts)
-        if self.local is not None:
-            from infra.output import write_file_atomically  # infra.output names URIs by this module
-
-            write_file_atomically(Path(target), lambda tmp: Path(tmp).write_bytes(data))
+        if self.local is not None:  # the hidden sibling infra.output's writers use, cleaned the same way
+            path = Path(target)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            try:
+                tmp.write_bytes(data)
+                tmp.replace(path)
+            finally:
+                tmp.unlink(missing_ok=True)
             return
         self.filesystem.create_dir(target.rpartition("/")[0], recursive=True)
         with self.filesystem.open_output_stream(target) as stream:
