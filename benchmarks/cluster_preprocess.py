@@ -3,7 +3,8 @@ engine on this machine: the same splits, byte for byte, and each one's wall time
 
 The two nodes are tests/cluster_rig.py's (each `ray start --block` in its own mount namespace with private /tmp,
 which needs root for `unshare`; a head with no CPUs for work, a worker with `--cpus`). `pgt preprocess --engine ray`
-is submitted with `pgt submit` and reads the input from the head's own disk (its private /tmp): the partitions'
+is submitted with `ray job submit` (a shell command: the input is copied first) and reads the input from the head's
+own disk (its private /tmp): the partitions'
 tasks on the worker get their files through Ray's object store. Writes JSON (default
 benchmarks/results/cluster_preprocess.json) and prints a table.
 
@@ -75,13 +76,12 @@ def main() -> None:
                    f"--format positionfixes --config {SHARED}/config.yaml --out {SHARED}/ray --engine ray "
                    f"--no-progress {' '.join(partitions)}")
         began = time.time()
-        done = subprocess.run([pgt, "submit", "--cluster", rig.dashboard, "--", "bash", "-c", command], env=rig.env,
-                              capture_output=True, text=True, timeout=3600)
+        status, logs = rig.submit("bash", "-c", command, timeout_s=3600)  # `ray job submit`: a shell command
         ray_s = time.time() - began
     finally:
         rig.stop()
-    if done.returncode != 0:
-        raise SystemExit(f"error: the Ray engine's job failed: {done.stdout[-3000:]}")
+    if status != "SUCCEEDED":
+        raise SystemExit(f"error: the Ray engine's job ended {status}: {logs[-3000:]}")
     local, ray = digests(work / "local"), digests(shared / "ray")
     manifest = json.loads((shared / "ray" / "manifest.json").read_text())
     report = {
@@ -89,7 +89,7 @@ def main() -> None:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
         "input": shown_path(args.input), "config": str(CONFIG.relative_to(ROOT)),
         "default_engine_wall_s": round(local_s, 1),
-        "ray_engine_two_nodes_wall_s": round(ray_s, 1),  # pgt submit to the job's end: the copy into /tmp included
+        "ray_engine_two_nodes_wall_s": round(ray_s, 1),  # submission to the job's end: the copy into /tmp included
         "ray_engine": manifest["engine"], "counts": manifest["counts"],
         "identical": local == ray and len(local) == len(COMPARED), "files_compared": sorted(local),
     }
