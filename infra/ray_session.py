@@ -75,8 +75,8 @@ def check_ray_address(address: str | None, timeout_s: float = SERVICE_TIMEOUT_S)
                            "local Ray")
     if not _raylets_here():  # Ray would look for one for a minute, then fail with "No node info found"
         raise ServiceError(f"Ray cluster at {address}: no Ray node runs on this machine, and a command joins a cluster "
-                           "from one of its nodes; submit it from here as a Ray Job instead: ray job submit --address "
-                           "http://HEAD:8265 -- pgt ... (docs/cluster.md)")
+                           "from one of its nodes; submit it from here as a Ray Job instead: pgt submit --cluster "
+                           "http://HEAD:8265 -- COMMAND ... (or ray job submit; docs/cluster.md)")
 
 
 def _raylets_here() -> bool:

@@ -312,7 +312,7 @@ def test_preprocessing_s_ray_engine_ships_each_partition_to_a_node_that_shares_n
 
 def test_joining_the_cluster_from_a_machine_with_no_node_of_it_names_the_jobs_command(cluster, stored_data, tmp_path):
     """`pgt train --address HEAD:PORT` from the laptop, where no Ray node runs (its own PID namespace: none of the
-    nodes' processes is visible, as on another machine): one line within seconds naming `ray job submit`, where Ray
+    nodes' processes is visible, as on another machine): one line within seconds naming `pgt submit`, where Ray
     would search for a local node for a minute."""
     data, _ = stored_data
     began = time.monotonic()
@@ -323,7 +323,8 @@ def test_joining_the_cluster_from_a_machine_with_no_node_of_it_names_the_jobs_co
                              text=True, timeout=120)
     assert refused.returncode == 2 and time.monotonic() - began < 60, refused.stderr[-3000:]
     lines = refused.stderr.strip().splitlines()
-    assert len(lines) == 1 and "no Ray node runs on this machine" in lines[0] and "ray job submit" in lines[0]
+    assert len(lines) == 1 and "no Ray node runs on this machine" in lines[0]
+    assert "pgt submit --cluster http://HEAD:8265" in lines[0] and "ray job submit" in lines[0]
     assert not (tmp_path / "run").exists()
 
 
