@@ -89,12 +89,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
 
-    from tests.cluster_rig import Cluster, cluster_env, start_tracking_server, stop_tracking_server, unshare_refused
+    from tests.cluster_rig import Cluster, cluster_env, require_isolated_nodes, start_tracking_server, stop_tracking_server
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # the nodes' and this process's: loopback addresses only
-    refused = unshare_refused()
-    if refused:
-        raise SystemExit(f"error: the isolated nodes need `unshare --mount` (root): {refused}")
+    require_isolated_nodes()
     import pyarrow.fs as pafs
 
     from infra.storage import open_storage

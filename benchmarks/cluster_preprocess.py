@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -50,12 +49,9 @@ def main() -> None:
     if not args.input.is_file():
         raise SystemExit(f"error: {args.input}: no such file; give --input, GeoLife positionfixes as Parquet")
 
-    from tests.cluster_rig import SHARED, Cluster, cluster_env, unshare_refused
+    from tests.cluster_rig import SHARED, Cluster, cluster_env, require_isolated_nodes
 
-    os.environ["RAY_AUTH_MODE"] = "disabled"  # the nodes' and this process's: loopback addresses only
-    refused = unshare_refused()
-    if refused:
-        raise SystemExit(f"error: the isolated nodes need `unshare --mount` (root): {refused}")
+    require_isolated_nodes()
     work = Path(tempfile.mkdtemp(prefix="pgt-bench-cluster-pp-"))
     shared = work / "shared"
     shared.mkdir()

@@ -156,6 +156,15 @@ class Cluster:
 
 
 
+def require_isolated_nodes() -> None:
+    """For a script (a benchmark): SystemExit in one line where the nodes cannot be isolated; this process's Ray
+    clients without token authentication, as the nodes (loopback addresses only)."""
+    refused = unshare_refused()
+    if refused:
+        raise SystemExit(f"error: the isolated nodes need `unshare --mount` (root): {refused}")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+
+
 def cluster_env(logs: Path) -> dict:
     """The nodes' environment: this one's, with the storage keys and the virtualenv's commands, and none of this
     process's own Ray switches (prepare_ray_env's single-node mode refuses a second node), state folder or tracking

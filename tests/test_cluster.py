@@ -88,6 +88,24 @@ def stored_data(s3_server, tmp_path_factory):
     return uri("sequences"), uri
 
 
+def ctrl_c_once_a_checkpoint_is_in(folder, command: list[str], env: dict) -> tuple[int, str]:
+    """Run `command` (a `pgt submit`), press Ctrl+C once a checkpoint.pt is in `folder` of the bucket (within 300 s);
+    its exit code and output."""
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not [f for f in folder.files() if f.endswith("/checkpoint.pt")]:
+            assert proc.poll() is None, proc.stdout.read()[-4000:]
+            assert time.monotonic() < deadline, f"no checkpoint in {folder.uri} within 300 s"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)  # Ctrl+C
+        output, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, output
+
+
 def test_pgt_train_as_a_ray_job_keeps_everything_in_the_bucket_and_a_stopped_job_resumes_from_there(
         cluster, tracking_server, stored_data):
     """`pgt submit -- train --workers 2` from the laptop, its logs streamed to the laptop's terminal, stopped with
@@ -105,20 +123,9 @@ def test_pgt_train_as_a_ray_job_keeps_everything_in_the_bucket_and_a_stopped_job
     kept = open_storage(out)
     submit = [str(BIN / "pgt"), "submit", "--cluster", cluster.dashboard, "--", "train", "--data", data, "--out", out,
               "--workers", "2", "--patience", "1000", "--tracking-uri", tracking_server, "--experiment", "cluster"]
-    first = subprocess.Popen([*submit, "--epochs", "60"], env=cluster.env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not [f for f in kept.files("ray", "train") if f.endswith("/checkpoint.pt")]:
-            assert first.poll() is None, first.stdout.read()[-4000:]
-            assert time.monotonic() < deadline, "no checkpoint in the bucket within 300 s"
-            time.sleep(0.5)
-        first.send_signal(signal.SIGINT)  # Ctrl+C
-        output, _ = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 130, output[-4000:]
+    returncode, output = ctrl_c_once_a_checkpoint_is_in(kept.child("ray", "train"), [*submit, "--epochs", "60"],
+                                                        cluster.env)
+    assert returncode == 130, output[-4000:]
     job = output.split("submitted ")[1].split()[0]
     assert cluster.status(job) == "STOPPED" and "stopped by SIGINT" in output
     assert "world_rank=1" in output  # the job's logs (Ray Train's start of its worker group) reached the laptop
@@ -188,23 +195,12 @@ def test_pgt_tune_as_a_ray_job_keeps_the_sweep_in_the_bucket_through_a_stopped_j
     out = uri("runs/sweep")
     kept = open_storage(out)
     submit = [str(BIN / "pgt"), "submit", "--cluster", cluster.dashboard, "--", "tune"]
-    first = subprocess.Popen([*submit, "--data", data, "--out", out, "--trials", "2", "--epochs", "3",
-                              "--grace-period", "3", "--max-concurrent", "1", "--finalists", "1", "--confirm-seeds", "1",
-                              "--register", "iso-s3",
-                              "--tracking-uri", tracking_server, "--experiment", "cluster-sweep"],
-                             env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while not [f for f in kept.files("ray", "sweep") if f.endswith("/checkpoint.pt")]:
-            assert first.poll() is None, first.stdout.read()[-4000:]
-            assert time.monotonic() < deadline, "no trial checkpoint in the bucket within 300 s"
-            time.sleep(0.5)
-        first.send_signal(signal.SIGINT)  # Ctrl+C
-        output, _ = first.communicate(timeout=120)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    assert first.returncode == 130 and "stopped by SIGINT" in output, output[-4000:]
+    returncode, output = ctrl_c_once_a_checkpoint_is_in(
+        kept.child("ray", "sweep"),
+        [*submit, "--data", data, "--out", out, "--trials", "2", "--epochs", "3", "--grace-period", "3",
+         "--max-concurrent", "1", "--finalists", "1", "--confirm-seeds", "1", "--register", "iso-s3",
+         "--tracking-uri", tracking_server, "--experiment", "cluster-sweep"], cluster.env)
+    assert returncode == 130 and "stopped by SIGINT" in output, output[-4000:]
     assert kept.exists("sweep.json") and not kept.exists("tune.json")
 
     def events() -> dict[str, list[dict]]:
