@@ -23,7 +23,6 @@ from infra.jobs import job_environment, run_job
 from infra.process import interruptible
 from infra.storage import open_storage
 from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
-from pgt.data.fetch import publish_data
 from pgt.serving.evaluate import evaluate_model
 from pgt.serving.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
 from pgt.tracking.lineage import model_version
@@ -35,6 +34,7 @@ from preprocessing.config import SynthConfig, load_config
 from preprocessing.engine import EngineConfig, mapper
 from preprocessing.pipeline import STEPS, StageRun, cached_stage, reusable_manifest, run_step, stage_input, write_stages
 from preprocessing.stages import Stage
+from preprocessing.stored import publish_output
 from preprocessing.synthetic import write_positionfixes
 from tune.config import SweepConfig
 from tune.sweep import run_sweep
@@ -122,7 +122,7 @@ def tune(sweep_config: SweepConfig, tracking_config: TrackingConfig, address: st
       cache_policy=NO_CACHE)
 def publish_sequences(folder: Path, location: str) -> str:
     """The sequences copied where the cluster's nodes read them (unless they are there already)."""
-    return publish_data(folder, location)
+    return publish_output(folder, location)
 
 
 @task(name="ray job", cache_policy=NO_CACHE)

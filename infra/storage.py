@@ -13,6 +13,8 @@ import json
 import os
 import urllib.parse
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,8 @@ from infra.errors import ServiceError, SettingsError
 
 SCHEMES = ("s3", "gs", "gcs")  # object storage; a path on storage every node mounts (NFS) is a local path
 S3_TIMEOUTS_S = {"connect_timeout": 3.0, "request_timeout": 10.0}  # an unreachable endpoint fails in seconds
+COPY_THREADS = 8  # files copied at once by download: an object store's latency, not its bandwidth, bounds one at a time
+COPY_BLOCK_BYTES = 1 << 22
 S3_OPTIONS = ("endpoint_override", "scheme", "region", "access_key", "secret_key", "allow_bucket_creation")
 
 
@@ -101,6 +105,32 @@ class Storage:
         else:
             self.write_bytes(local.read_bytes(), *parts)
 
+    def kind(self, *parts: str) -> str | None:
+        """"file" or "folder" for what is at `parts`, None where there is nothing."""
+        found = self._info(self.join(*parts)).type
+        return {pafs.FileType.File: "file", pafs.FileType.Directory: "folder"}.get(found)
+
+    def download(self, local: Path, *parts: str, on_file: Callable[[int], object] | None = None) -> None:
+        """The file at `parts` copied to the local path `local`, or the folder at `parts` with everything below it
+        into the local folder `local`, a few files at a time (an object store answers each request with a delay);
+        `on_file(size in bytes)` after each file."""
+        local = Path(local)
+        if self.kind(*parts) == "file":
+            pairs = [(self.join(*parts), local)]
+        else:
+            pairs = [(self.join(*parts, name), local.joinpath(*name.split("/"))) for name in self.child(*parts).files()]
+
+        def copy(pair: tuple[str, Path]) -> int:
+            source, target = pair
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with self._call(self.filesystem.open_input_stream, source) as stream, target.open("wb") as sink:
+                return sum(sink.write(block) for block in iter(lambda: stream.read(COPY_BLOCK_BYTES), b""))
+
+        with ThreadPoolExecutor(max_workers=COPY_THREADS) as pool:
+            for size in pool.map(copy, pairs):
+                if on_file is not None:
+                    on_file(size)
+
     def entries(self) -> list[str]:
         """The names directly in this folder ([] where it does not exist)."""
         selector = pafs.FileSelector(self.path, allow_not_found=True, recursive=False)
@@ -118,7 +148,13 @@ class Storage:
         its folder."""
         if self.local is None and self._info(self.path.split("/")[0]).type == pafs.FileType.NotFound:
             raise ServiceError(f"{self.uri}: no such bucket {self.path.split('/')[0]!r}; create it first")
-        self.entries()
+        if self.kind() != "file":  # a file (an input named by its URI) has no folder to list
+            self.entries()
+
+    def delete(self, *parts: str) -> None:
+        """The file at `parts` removed (nothing where there is none)."""
+        if self.kind(*parts) == "file":
+            self._call(self.filesystem.delete_file, self.join(*parts))
 
     def _info(self, path: str) -> pafs.FileInfo:
         return self._call(self.filesystem.get_file_info, path)

@@ -55,26 +55,28 @@ ScoredSplit = Literal[(*SPLITS, APPLIED_SPLIT)]
 @command()
 @settings_options(EngineConfig)
 def preprocess(
-    input: Path = typer.Option(..., "--input", help="A GeoLife folder, or a Parquet/CSV file of GPS points or staypoints."),
+    input: str = typer.Option(..., "--input", help="A GeoLife folder, or a Parquet/CSV file of GPS points or staypoints; "
+                                                   "a path, or its URI on object storage (s3://BUCKET/KEY, gs://)."),
     format: InputFormat = typer.Option(..., "--format", help="What --input holds."),
-    out: Path = typer.Option(..., "--out",
-                             help="Output folder: train/validation/test.parquet, quarantine.parquet, manifest.json."),
+    out: str = typer.Option(..., "--out", help="Output folder: train/validation/test.parquet, quarantine.parquet, "
+                                               "manifest.json; a path, or a URI (s3://BUCKET/FOLDER, gs://)."),
     config: Path | None = typer.Option(None, "--config", help="YAML, JSON or TOML file of PreprocessConfig settings."),
     force: bool = typer.Option(False, "--force", help="Recompute even if --out holds the result for this input and config."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar per stage."),
-    fitted: Path | None = typer.Option(None, "--fitted",
-                                       help="Apply the preprocessing fitted in this folder (the output a model was trained "
-                                            "on) to new data: its places, users and settings; writes latest.parquet "
-                                            "(one sample per user) and evaluation.parquet."),
+    fitted: str | None = typer.Option(None, "--fitted",
+                                      help="Apply the preprocessing fitted in this folder (the output a model was trained "
+                                           "on) to new data: its places, users and settings; writes latest.parquet "
+                                           "(one sample per user) and evaluation.parquet."),
     typed: Typed = None,
 ) -> None:
     """Raw GPS points or staypoints -> Parquet sequences, by the reference protocol."""
     from infra.errors import InputError
     from infra.output import check_apart
     from infra.ray_session import check_ray_address
+    from infra.storage import is_uri
     from preprocessing.config import load_config
-    from preprocessing.pipeline import preprocess as run
     from preprocessing.pipeline import preprocess_fitted
+    from preprocessing.stored import named, preprocess_stored
 
     engine = typed.of(EngineConfig)
     if engine.get("engine") != "ray":  # $RAY_ADDRESS is for Ray's engine only
@@ -89,12 +91,16 @@ def preprocess(
         if engine.get("engine", "local") != "local" or engine.get("partitions") or "tile_deg" in engine:
             raise InputError(fitted, "--engine, --partitions and --tile-deg apply to a full run, not to --fitted "
                                      "(new data is scored in memory)")
+        if is_uri(input) or is_uri(out) or is_uri(fitted):
+            raise InputError(fitted, "--fitted reads and writes local files: give --input, --out and --fitted as "
+                                     "paths")
         result = preprocess_fitted(input, format, fitted, out, force=force, progress=progress)
     else:
         engine = EngineConfig(**engine)
         if engine.engine == "ray":
             check_ray_address(engine.address)
-        result = run(input, format, out, load_config(config), force=force, progress=progress, engine=engine)
+        result = preprocess_stored(input, format, out, load_config(config), force=force, progress=progress,
+                                   engine=engine)
     counts = result.manifest["counts"]
     if fitted is not None:
         samples = counts["samples"]
@@ -106,13 +112,13 @@ def preprocess(
             f"samples latest {samples['latest']:,} / evaluation {samples['evaluation']:,}")
         return
     if min(counts["samples"].values()) == 0:
-        typer.echo(f"warning: {result.out_dir}: a split has no samples: {counts['users_kept']} users track more than "
-                   f"{result.manifest['config']['min_tracking_days']} days, "
+        typer.echo(f"warning: {named(result.out_dir)}: a split has no samples: {counts['users_kept']} users track "
+                   f"more than {result.manifest['config']['min_tracking_days']} days, "
                    f"{result.manifest['details']['users_with_samples_in_all_splits']} have samples in all splits", err=True)
     state = "reused" if result.reused else "wrote"
     samples = counts["samples"]
     typer.echo(
-        f"{state} {result.out_dir}: {counts['positionfixes_read']:,} rows read, "
+        f"{state} {named(result.out_dir)}: {counts['positionfixes_read']:,} rows read, "
         f"{counts['positionfixes_quarantined']:,} quarantined, {counts['staypoints']:,} staypoints, "
         f"{counts['users_kept']} users kept, {counts['locations']:,} locations, samples "
         f"train {samples['train']:,} / validation {samples['validation']:,} / test {samples['test']:,}"

@@ -73,11 +73,11 @@ def input_sha256(path: Path, input_format: str) -> str:
 @dataclass
 class PreprocessResult:
     manifest: dict
-    out_dir: Path
+    out_dir: Path | str  # a URI where the output was published to object storage (preprocessing.stored)
     reused: bool
 
 
-def _progress(enabled: bool):
+def progress_bars(enabled: bool):
     return Progress(SpinnerColumn(), TextColumn("[bold]preprocess[/] {task.description:<20}"), BarColumn(),
                     MofNCompleteColumn(), TimeElapsedColumn(), console=Console(stderr=True), disable=not enabled,
                     transient=False)
@@ -92,15 +92,19 @@ def reusable_manifest(out_dir: Path, sha: str, input_format: str, config: Prepro
         manifest = read_manifest(out_dir)
     except InputError:
         return None
-    if not is_own_manifest(manifest):
-        return None
-    same = (manifest.get("input_sha256") == sha and manifest.get("input_format") == input_format
-            and manifest.get("config") == config.to_dict() and manifest.get("version") == code_version())
-    return manifest if same else None
+    return manifest if same_output(manifest, sha, input_format, config) else None
+
+
+def same_output(manifest: dict | None, sha: str, input_format: str, config: PreprocessConfig) -> bool:
+    """Whether a manifest is `pgt preprocess`'s for this input, format, config and code."""
+    return (is_own_manifest(manifest) and manifest.get("input_sha256") == sha
+            and manifest.get("input_format") == input_format and manifest.get("config") == config.to_dict()
+            and manifest.get("version") == code_version())
 
 
 def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, config: PreprocessConfig | None = None,
-               force: bool = False, progress: bool = True, engine: EngineConfig | None = None) -> PreprocessResult:
+               force: bool = False, progress: bool = True, engine: EngineConfig | None = None,
+               source: str | None = None) -> PreprocessResult:
     """Run the protocol on one input and write out_dir atomically (a temporary folder, then a rename).
 
     `engine` says where the work runs (partitions and DBSCAN tiles, locally or on Ray); the outputs are the
@@ -109,6 +113,9 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
     A rerun with the same input, format, config and code reuses out_dir unless `force`. Only a folder that
     `pgt preprocess` wrote, holding nothing else, is ever replaced; a second run into the same out_dir while
     the first writes it is refused, naming the first.
+
+    `source` names where a local copy of the input came from (a URI, preprocessing.stored): the manifest and the
+    quarantine name it in place of the copy.
     """
     config = config or PreprocessConfig()
     check_format(input_path, input_format)
@@ -116,7 +123,8 @@ def preprocess(input_path: Path | str, input_format: str, out_dir: Path | str, c
     check_output_folder(out_dir, OWN_FILES)
     with output_lock(out_dir, command="pgt preprocess"):
         check_output_folder(out_dir, OWN_FILES)  # what a run that ended meanwhile left there
-        return _preprocess_locked(input_path, input_format, out_dir, config, force, progress, engine or EngineConfig())
+        return _preprocess_locked(input_path, input_format, out_dir, config, force, progress, engine or EngineConfig(),
+                                  source)
 
 
 def _hide_all(bar) -> None:
@@ -163,8 +171,8 @@ class StageBar:
 
 
 def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, config: PreprocessConfig, force: bool,
-                       progress: bool, engine: EngineConfig) -> PreprocessResult:
-    with _progress(progress) as bar:
+                       progress: bool, engine: EngineConfig, source: str | None) -> PreprocessResult:
+    with progress_bars(progress) as bar:
         shown = StageBar(bar)
         try:
             stage = stage_input(input_path, input_format)
@@ -174,12 +182,13 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
                 return PreprocessResult(manifest, out_dir, reused=True)
             shown.hashed()
             with mapper(engine) as map_fn:
-                run = StageRun(input_path, input_format, config, engine, map_fn, shown)
+                run = StageRun(input_path, input_format, config, engine, map_fn, shown, source)
                 for step in STEPS:
                     stage = run_step(step, run, stage)
             manifest = output_manifest(stage, run)
             shown.writing()
-            _write_atomically(out_dir, manifest, stage.tables.files(), StageLog(stages=list(stage.stages)))
+            tables = stage.tables.files() if source is None else named_sources(stage.tables.files(), input_path, source)
+            _write_atomically(out_dir, manifest, tables, StageLog(stages=list(stage.stages)))
             shown.written()
         except BaseException:
             _hide_all(bar)  # the error is the one line left on stderr
@@ -187,7 +196,7 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
     return PreprocessResult(manifest, out_dir, reused=False)
 
 
-def finish_manifest(manifest: dict, input_path: Path, input_format: str, sha: str, config: PreprocessConfig,
+def finish_manifest(manifest: dict, input_path: Path | str, input_format: str, sha: str, config: PreprocessConfig,
                     engine: EngineConfig | None = None) -> dict:
     """What a run adds to its stages' manifest: its input, config and code version, and the engine it ran on
     (with the partitions and DBSCAN tiles used, which the stages left in the details)."""
@@ -198,6 +207,21 @@ def finish_manifest(manifest: dict, input_path: Path, input_format: str, sha: st
     if engine is not None:
         manifest["engine"] = {**engine.to_dict(), **used}
     return manifest
+
+
+def named_sources(tables: dict[str, pl.DataFrame], copy: Path, source: str) -> dict[str, pl.DataFrame]:
+    """The tables with every `source_file` (the quarantine's) under the local copy `copy` of the input renamed to
+    the same place under `source`, the URI it was copied from."""
+    prefix = str(copy)
+    named = {}
+    for name, table in tables.items():
+        if "source_file" in table.columns:
+            column = pl.col("source_file")
+            table = table.with_columns(pl.when(column.str.starts_with(prefix))
+                                       .then(pl.lit(source) + column.str.slice(len(prefix)))
+                                       .otherwise(column).alias("source_file"))
+        named[name] = table
+    return named
 
 
 def stage_key(sha: str, input_format: str, config: PreprocessConfig) -> str:
@@ -225,6 +249,7 @@ class StageRun:
     engine: EngineConfig = field(default_factory=EngineConfig)
     map_fn: Callable = serial_map  # the engine's map (preprocessing.engine.mapper)
     progress: StageBar | None = None  # the runner's bars; None: none shown (the flow's tasks)
+    source: str | None = None  # the URI input_path is a local copy of, named in the manifest in its place
 
 
 @dataclass(frozen=True)
@@ -289,7 +314,7 @@ def output_manifest(final: Stage, run: StageRun) -> dict:
     sha, vocab = details.pop("input_sha256"), details.pop("vocab")
     ray_nodes = details.pop("ray_tasks_per_node", None)
     manifest = {"counts": final.counts, "vocab": vocab, "details": details}
-    finish_manifest(manifest, run.input_path, run.input_format, sha, run.config, run.engine)
+    finish_manifest(manifest, run.source or run.input_path, run.input_format, sha, run.config, run.engine)
     if ray_nodes is not None:
         manifest["engine"]["ray_tasks_per_node"] = ray_nodes
     return manifest
@@ -337,7 +362,7 @@ def preprocess_fitted(input_path: Path | str, input_format: str, fitted_dir: Pat
     with output_lock(out_dir, command="pgt preprocess"):
         check_output_folder(out_dir, OWN_FILES)
         log = StageLog()
-        with _progress(progress) as bar:
+        with progress_bars(progress) as bar:
             task = bar.add_task("hash input", total=3)
             try:
                 with log.stage("hash input"):

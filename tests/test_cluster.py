@@ -281,28 +281,35 @@ def test_pgt_tune_as_a_ray_job_on_a_mount_every_node_shares(cluster, tracking_se
     assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
 
 
-def test_preprocessing_s_ray_engine_ships_each_partition_to_a_node_that_shares_no_disk(cluster, tmp_path):
-    """`pgt preprocess --engine ray` as a Ray Job whose input is on the head's own disk (its private /tmp): the
-    partitions' tasks run on the worker node, which never sees that file (each gets its partition's bytes through
-    Ray's object store), and the sequences are those of the default engine on the laptop, byte for byte."""
+def test_preprocessing_s_ray_engine_reads_the_bucket_and_ships_each_partition_to_a_node_that_shares_no_disk(
+        cluster, stored_data, tmp_path):
+    """`pgt preprocess --engine ray` as a Ray Job whose input and output are in the bucket: the job's driver (on the
+    head) copies the input to its own disk, the partitions' tasks run on the worker node, which never sees that copy
+    (each gets its partition's bytes through Ray's object store), and the sequences it publishes to the bucket are
+    those of the default engine on the laptop, byte for byte; the manifest names the input by its URI."""
     import hashlib
 
+    from infra.storage import open_storage
     from preprocessing.config import SynthConfig
     from preprocessing.pipeline import preprocess
     from preprocessing.synthetic import generate_positionfixes
 
-    laptop = cluster.shared
-    generate_positionfixes(SynthConfig(users=8, days=70, seed=5)).write_parquet(laptop / "fixes-pp.parquet")
-    preprocess(laptop / "fixes-pp.parquet", "positionfixes", tmp_path / "local", progress=False)
-    status, logs = cluster.submit("bash", "-c", f"cp {SHARED}/fixes-pp.parquet /tmp/fixes.parquet && pgt preprocess "
-                                  f"--input /tmp/fixes.parquet --format positionfixes --out {SHARED}/pp-ray --engine ray "
-                                  "--partitions 3 --no-progress", timeout_s=300)
+    _, uri = stored_data
+    generate_positionfixes(SynthConfig(users=8, days=70, seed=5)).write_parquet(tmp_path / "fixes-pp.parquet")
+    preprocess(tmp_path / "fixes-pp.parquet", "positionfixes", tmp_path / "local", progress=False)
+    open_storage(uri("raw")).upload(tmp_path / "fixes-pp.parquet", "fixes.parquet")
+    out = open_storage(uri("pp-ray"))
+    status, logs = cluster.submit(str(BIN / "pgt"), "preprocess", "--input", open_storage(uri("raw")).uri_of(
+        "fixes.parquet"), "--format", "positionfixes", "--out", out.uri, "--engine", "ray", "--partitions", "3",
+        "--no-progress", timeout_s=300)
     assert status == "SUCCEEDED", logs[-4000:]
-    manifest = json.loads((laptop / "pp-ray" / "manifest.json").read_text())
+    assert "wrote s3://team/pp-ray:" in logs
+    manifest = out.read_json("manifest.json")
+    assert manifest["input"] == "s3://team/raw/fixes.parquet"
     assert manifest["engine"]["engine"] == "ray" and sum(manifest["engine"]["ray_tasks_per_node"].values()) >= 3
     assert len(manifest["engine"]["ray_tasks_per_node"]) == 1  # one node ran them: the worker (the head has no CPUs)
     for name in ("train.parquet", "validation.parquet", "test.parquet", "places.parquet"):
-        assert hashlib.sha256((laptop / "pp-ray" / name).read_bytes()).digest() == \
+        assert hashlib.sha256(out.read_bytes(name)).digest() == \
             hashlib.sha256((tmp_path / "local" / name).read_bytes()).digest(), name
 
 

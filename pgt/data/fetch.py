@@ -59,22 +59,3 @@ def local_data(location: str | Path) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
     return target
 
-
-def publish_data(folder: Path, location: str) -> str:
-    """A local `pgt preprocess` folder's files copied to `location` (a URI, or a folder every node mounts), for the
-    nodes of a cluster to read; nothing is copied where the stored manifest.json is already this folder's. The
-    manifest goes last, so that a reader (local_data) never takes a half-copied folder for a complete one. Returns
-    `location`."""
-    folder = Path(folder)
-    manifest = (folder / MANIFEST).read_bytes()
-    target = open_storage(location)
-    if target.local is None:
-        target.check()
-    if target.local is not None and target.local.resolve() == folder.resolve():
-        return location
-    if target.read_bytes(MANIFEST) == manifest:
-        return location
-    for path in sorted(p for p in folder.iterdir() if p.is_file() and p.name != MANIFEST):
-        target.upload(path, path.name)
-    target.write_bytes(manifest, MANIFEST)
-    return location

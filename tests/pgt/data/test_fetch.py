@@ -52,18 +52,3 @@ def test_a_uri_without_a_preprocessed_folder_is_one_line(tmp_path):
     with pytest.raises(SettingsError, match="storage URIs are s3:// or gs://"):
         local_data("ftp://host/seq")
 
-
-def test_a_folder_is_published_once_with_its_manifest_last(synthetic_sequences, tmp_path):
-    """publish_data copies a preprocess folder to storage (a file:// URI here) for a cluster's nodes, and copies
-    nothing where the stored manifest is the folder's; a folder published to itself is left alone."""
-    from pgt.data.fetch import publish_data
-
-    target = (tmp_path / "bucket" / "seq").as_uri()
-    assert publish_data(synthetic_sequences, target) == target
-    published = tmp_path / "bucket" / "seq"
-    assert sorted(p.name for p in published.iterdir()) == sorted(p.name for p in synthetic_sequences.iterdir() if p.is_file())
-    assert (published / "train.parquet").read_bytes() == (synthetic_sequences / "train.parquet").read_bytes()
-    (published / "train.parquet").write_bytes(b"kept")  # the same manifest: nothing is copied again
-    publish_data(synthetic_sequences, target)
-    assert (published / "train.parquet").read_bytes() == b"kept"
-    assert publish_data(published, str(published)) == str(published)
