@@ -21,15 +21,20 @@ def preprocess_and_train(parameters: PreprocessAndTrainParameters) -> dict:
     the searched settings replaced."""
     s = FlowSettings.resolve(parameters)  # first: every parameter checked before anything runs
     log = get_run_logger()
-    source = s.input_path or tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days, s.synthetic_seed)
+    if s.input_uri:  # the stages read local files: a copy of what is on object storage
+        source = tasks.fetch_input(s.input_uri, s.input_format, s.inputs_dir)
+    else:
+        source = s.input_path or tasks.synthetic_input(s.synthetic_file, s.synthetic_users, s.synthetic_days,
+                                                       s.synthetic_seed)
     hashed = tasks.hash_input(source, s.input_format)
     manifest = tasks.cached_sequences(s.sequences_dir, hashed, s.input_format, s.config_file)
     if manifest is None:  # the table of stages `pgt preprocess` runs (preprocessing.pipeline.STEPS)
         key, stage = s.stage_key(hashed), hashed
         for step in tasks.cached_steps():
             stage = tasks.preprocess_stage.with_options(name=step)(step, stage, source, s.input_format, s.config_file,
-                                                                   s.engine_config, s.work_dir, key)
-        manifest = tasks.sequences(stage, source, s.input_format, s.config_file, s.engine_config, s.sequences_dir)
+                                                                   s.engine_config, s.work_dir, key, s.input_uri)
+        manifest = tasks.sequences(stage, source, s.input_format, s.config_file, s.engine_config, s.sequences_dir,
+                                   s.input_uri)
     else:
         log.info(f"sequences reused from {s.sequences_dir} (same input, config and code)")
     if s.cluster:  # a Ray Job there, reading the sequences from storage and keeping its run there

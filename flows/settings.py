@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal, get_args
 
 from prefect import flow
@@ -38,6 +38,7 @@ from pgt.training.report import metrics_markdown
 from preprocessing.config import FORMATS, SynthConfig, load_config
 from preprocessing.engine import EngineConfig
 from preprocessing.pipeline import stage_key
+from preprocessing.stored import named
 from tune.config import SweepConfig
 
 InputFormat = Literal[FORMATS]
@@ -68,8 +69,8 @@ def from_setting(config: type, name: str, default: Any = dataclasses.MISSING, no
 
 def _absolute(path: str | Path | None) -> Path | None:
     if path and is_uri(path):  # a URI read as a path would become a local folder named "s3:"
-        raise SettingsError(f"{path}: the flows read and write local folders (or a mount every node shares), not "
-                            "URIs yet")
+        raise SettingsError(f"{path}: a local path here (or a mount every node shares); input_path and storage "
+                            "take a URI")
     return Path(path).resolve() if path else None
 
 
@@ -106,8 +107,9 @@ class FlowParameters(BaseModel):
 class PreprocessAndTrainParameters(FlowParameters):
     """The parameters of `preprocess-and-train`."""
 
-    input_path: str | None = described(None, "GPS points or staypoints: a GeoLife folder, or a Parquet or CSV file. "
-                                             "Empty: the synthetic default city.")
+    input_path: str | None = described(None, "GPS points or staypoints: a GeoLife folder, or a Parquet or CSV file; "
+                                             "a path, or its URI on object storage (s3://, gs://), copied to the "
+                                             "state folder. Empty: the synthetic default city.")
     input_format: InputFormat = described("positionfixes", INPUT_FORMAT_HELP)
     config_file: str | None = described(None, "A YAML, JSON or TOML file of PreprocessConfig settings. Empty: the "
                                               "reference protocol.")
@@ -193,7 +195,7 @@ class ResolvedParameters:
     other parameter reads through to the model, by the same name."""
 
     parameters: FlowParameters
-    input_path: Path | None  # None: the synthetic default
+    input_path: Path | str | None  # None: the synthetic default; a str: a URI on object storage
     state_dir: Path  # every output lives here
     tracking_uri: str
 
@@ -207,7 +209,10 @@ class ResolvedParameters:
         if parameters.input_path is None and parameters.input_format != "positionfixes":
             raise SettingsError("the synthetic default input is positionfixes; give input_path for other formats")
         state = _absolute(parameters.state_dir) or default_state_dir()
-        return {"parameters": parameters, "input_path": _absolute(parameters.input_path), "state_dir": state,
+        given = parameters.input_path
+        stored = open_storage(given) if given and is_uri(given) else None
+        input_path = (stored.local or stored.uri) if stored else _absolute(given)
+        return {"parameters": parameters, "input_path": input_path, "state_dir": state,
                 "tracking_uri": resolve_tracking_uri(parameters.tracking_uri, state)}
 
 
@@ -233,7 +238,17 @@ class FlowSettings(ResolvedParameters):
 
     @property
     def run_name(self) -> str:
-        return self.input_path.stem if self.input_path else "synthetic"
+        return PurePosixPath(named(self.input_path)).stem if self.input_path else "synthetic"
+
+    @property
+    def input_uri(self) -> str | None:
+        """input_path where it names object storage; the flow then works on a copy (inputs_dir)."""
+        return self.input_path if isinstance(self.input_path, str) else None
+
+    @property
+    def inputs_dir(self) -> Path:
+        """The local copies of inputs named by a URI, one folder per content."""
+        return self.state_dir / "inputs"
 
     @property
     def synthetic_file(self) -> Path:
@@ -373,6 +388,8 @@ class PredictSettings(ResolvedParameters):
         PredictConfig(top_k=checked.top_k, at=checked.at)
         if not checked.recent_days > 0:
             raise SettingsError(f"recent_days must be > 0, got {checked.recent_days}")
+        if checked.input_path and is_uri(checked.input_path):
+            raise SettingsError(f"input_path {checked.input_path}: predict-next-places reads a local file or folder")
         return cls(**cls._paths(checked), at=prediction_time(checked.at, "at"))
 
     @property

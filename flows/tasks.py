@@ -34,7 +34,7 @@ from preprocessing.config import SynthConfig, load_config
 from preprocessing.engine import EngineConfig, mapper
 from preprocessing.pipeline import STEPS, StageRun, cached_stage, reusable_manifest, run_step, stage_input, write_stages
 from preprocessing.stages import Stage
-from preprocessing.stored import publish_output
+from preprocessing.stored import kept_input, named, publish_output
 from preprocessing.synthetic import write_positionfixes
 from tune.config import SweepConfig
 from tune.sweep import run_sweep
@@ -55,6 +55,12 @@ def synthetic_input(out_file: Path, users: int, days: int, seed: int) -> Path:
     return write_positionfixes(SynthConfig(users=users, days=days, seed=seed), out_file)
 
 
+@task(name="fetch input", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
+def fetch_input(uri: str, input_format: str, folder: Path) -> Path:
+    """An input on object storage copied to this machine (one folder per content, shared by runs of the same)."""
+    return kept_input(uri, input_format, folder)
+
+
 @task(name="hash input", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
 def hash_input(input_path: Path, input_format: str) -> Stage:
     """The first stage: the input's sha256, with its stage log entry."""
@@ -72,32 +78,36 @@ def cached_steps() -> list[str]:
     return [step.name for step in STEPS if step.cached]
 
 
-def _stage_run(input_path: Path, input_format: str, config_file: Path | None, engine: EngineConfig, map_fn):
-    return StageRun(input_path, input_format, load_config(config_file), engine, map_fn)
+def _stage_run(input_path: Path, input_format: str, config_file: Path | None, engine: EngineConfig, map_fn,
+               source: str | None):
+    return StageRun(input_path, input_format, load_config(config_file), engine, map_fn,
+                    source=named(source) if source else None)
 
 
 @task(name="preprocess stage", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
 def preprocess_stage(step_name: str, previous: Stage | Path, input_path: Path, input_format: str,
-                     config_file: Path | None, engine: EngineConfig, work_dir: Path, key: str) -> Path:
+                     config_file: Path | None, engine: EngineConfig, work_dir: Path, key: str,
+                     source: str | None = None) -> Path:
     """One cached stage of the table (preprocessing.pipeline.STEPS), locally or as Ray tasks: its folder
-    under work_dir, reused when complete, so that a rerun continues after the last finished stage."""
+    under work_dir, reused when complete, so that a rerun continues after the last finished stage. `source`: the
+    URI input_path is a copy of."""
     step = next(step for step in STEPS if step.name == step_name)
 
     def compute():
         before = Stage.load(previous) if isinstance(previous, Path) else previous
         with mapper(engine) as map_fn:
-            return run_step(step, _stage_run(input_path, input_format, config_file, engine, map_fn), before)
+            return run_step(step, _stage_run(input_path, input_format, config_file, engine, map_fn, source), before)
 
     return cached_stage(work_dir, step.name, key, compute)
 
 
 @task(name="sequences", cache_policy=NO_CACHE)
 def sequences(previous: Path, input_path: Path, input_format: str, config_file: Path | None, engine: EngineConfig,
-              out_dir: Path) -> dict:
+              out_dir: Path, source: str | None = None) -> dict:
     """The stages of the table the flow does not keep, then the output folder, written atomically: its manifest."""
     stage = Stage.load(previous)
     with mapper(engine) as map_fn:
-        run = _stage_run(input_path, input_format, config_file, engine, map_fn)
+        run = _stage_run(input_path, input_format, config_file, engine, map_fn, source)
         for step in STEPS:
             if not step.cached:
                 stage = run_step(step, run, stage)

@@ -187,8 +187,7 @@ def _preprocess_locked(input_path: Path, input_format: str, out_dir: Path, confi
                     stage = run_step(step, run, stage)
             manifest = output_manifest(stage, run)
             shown.writing()
-            tables = stage.tables.files() if source is None else named_sources(stage.tables.files(), input_path, source)
-            _write_atomically(out_dir, manifest, tables, StageLog(stages=list(stage.stages)))
+            _write_atomically(out_dir, manifest, output_tables(stage, run), StageLog(stages=list(stage.stages)))
             shown.written()
         except BaseException:
             _hide_all(bar)  # the error is the one line left on stderr
@@ -320,11 +319,17 @@ def output_manifest(final: Stage, run: StageRun) -> dict:
     return manifest
 
 
+def output_tables(final: Stage, run: StageRun) -> dict[str, pl.DataFrame]:
+    """The output folder's tables by file name, the input named by run.source where it is a local copy."""
+    tables = final.tables.files()
+    return tables if run.source is None else named_sources(tables, run.input_path, run.source)
+
+
 def write_stages(out_dir: Path, final: Stage, run: StageRun) -> dict:
     """The output folder from the last stage, written atomically (refused if out_dir holds anything `pgt
     preprocess` did not write); returns its manifest."""
     manifest = output_manifest(final, run)
-    write_output(out_dir, manifest, final.tables.files(), StageLog(stages=list(final.stages)))
+    write_output(out_dir, manifest, output_tables(final, run), StageLog(stages=list(final.stages)))
     return manifest
 
 

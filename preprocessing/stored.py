@@ -13,6 +13,8 @@ Object storage has no lock: two runs into one URI at once are the user's to avoi
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -62,6 +64,27 @@ def fetch_input(uri: str, input_format: str, into: Path, progress: bool = True) 
         task = bar.add_task("fetch input", total=files)
         storage.download(local, on_file=lambda size: bar.advance(task))
     return local
+
+
+def kept_input(uri: str, input_format: str, folder: Path) -> Path:
+    """The input at `uri` copied below `folder`, in a subfolder named by its content's hash, so that runs of the
+    same bytes share one copy and a copy is never changed while another run reads it (the flow's input; a new
+    content is a new subfolder). The local path returned."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".fetching-", dir=folder))
+    try:
+        fetched = fetch_input(uri, input_format, scratch, progress=False)
+        home = folder / f"{input_sha256(fetched, input_format)[:16]}-{fetched.name}"
+        if not (home / fetched.name).exists():
+            try:
+                scratch.rename(home)  # the copy whole, or not at all where another run's identical one just came
+            except OSError:
+                if not (home / fetched.name).exists():
+                    raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return home / fetched.name
 
 
 def check_stored_output(target: Storage) -> dict | None:
@@ -127,11 +150,24 @@ def preprocess_stored(input_path: str | Path, input_format: str, out: str | Path
         if is_uri(input_path):
             local_input = fetch_input(str(input_path), input_format, scratch / "input", progress)
             source = named(input_path)
-        if target is None:
-            return preprocess(local_input, input_format, out, config, force, progress, engine, source)
-        if not force and stored is not None and set(OUTPUT_FILES) <= set(target.entries()) and same_output(
-                stored, input_sha256(local_input, input_format), input_format, config):
-            return PreprocessResult(stored, str(out), reused=True)
-        result = preprocess(local_input, input_format, scratch / "output", config, True, progress, engine, source)
+        with named_as(local_input, source):
+            if target is None:
+                return preprocess(local_input, input_format, out, config, force, progress, engine, source)
+            if not force and stored is not None and set(OUTPUT_FILES) <= set(target.entries()) and same_output(
+                    stored, input_sha256(local_input, input_format), input_format, config):
+                return PreprocessResult(stored, str(out), reused=True)
+            result = preprocess(local_input, input_format, scratch / "output", config, True, progress, engine, source)
         publish_output(result.out_dir, str(out))
         return PreprocessResult(result.manifest, str(out), reused=False)
+
+
+@contextlib.contextmanager
+def named_as(copy: Path, source: str | None):
+    """An InputError about a file of the local copy `copy` of the input names it under `source`, the URI the user
+    gave (the copy is gone once the run ends)."""
+    try:
+        yield
+    except InputError as exc:
+        if source is None or not exc.source.startswith(str(copy)):
+            raise
+        raise InputError(source + exc.source[len(str(copy)):], exc.problem) from None

@@ -81,32 +81,44 @@ def test_bad_config_fails_the_flow_with_its_message(tmp_path):
     assert not list((tmp_path / "state").glob("stages/*/stage.json"))  # it failed before any stage ran
 
 
-def test_rerun_continues_from_the_finished_stages(tmp_path):
-    """With the final output gone (a failure while writing it leaves none: it is written atomically), a rerun
-    recomputes only the sequences: staypoints (read, validated by partition) and locations come from their cached
-    stage folders."""
+def test_rerun_continues_from_the_finished_stages_of_an_input_on_object_storage(tmp_path, s3_server, monkeypatch):
+    """input_path on object storage (a real S3-compatible server): the flow copies it to its state folder once per
+    content and names the URI in the manifest. With the final output gone (a failure while writing it leaves none:
+    it is written atomically), a rerun recomputes only the sequences: staypoints (read, validated by partition) and
+    locations come from their cached stage folders, and the input's copy is the same one."""
+    import json
     import shutil
 
     import polars as pl
 
     from flows.preprocess_and_train import preprocess_and_train
+    from infra.storage import open_storage
     from preprocessing.config import SynthConfig
     from preprocessing.synthetic import generate_positionfixes
+    from tests.infra.test_storage import bucket
 
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     points = tmp_path / "points.parquet"
     generate_positionfixes(SynthConfig(users=6, days=70, seed=5)).write_parquet(points)
-    params = dict(input_path=str(points), workers=0, epochs=1, state_dir=str(tmp_path / "state"), model_name="rerun",
-                  tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    stored = open_storage(bucket(s3_server, "flow-input"))
+    stored.upload(points, "points.parquet")
+    params = dict(input_path=stored.uri_of("points.parquet"), workers=0, epochs=1, state_dir=str(tmp_path / "state"),
+                  model_name="rerun", tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     first = preprocess_and_train(**params)
     stages = sorted((tmp_path / "state" / "stages").glob("*/stage.json"))
     assert [p.parent.name.split("-")[0] for p in stages] == ["locations", "staypoints"]
     stamps = [p.stat().st_mtime_ns for p in stages]
     sequences = tmp_path / "state" / "sequences" / "points"
+    assert json.loads((sequences / "manifest.json").read_text())["input"] == "s3://flow-input/run/points.parquet"
+    copies = sorted((tmp_path / "state" / "inputs").iterdir())
+    assert [(c / "points.parquet").read_bytes() == points.read_bytes() for c in copies] == [True]
     shutil.rmtree(sequences)
     second = preprocess_and_train(**params)
     assert [p.stat().st_mtime_ns for p in stages] == stamps  # not recomputed
     assert second["manifest_counts"] == first["manifest_counts"]
     assert (sequences / "manifest.json").is_file() and pl.read_parquet(sequences / "train.parquet").height > 0
+    assert sorted((tmp_path / "state" / "inputs").iterdir()) == copies  # the same content: the same copy
 
 
 def test_flow_preprocesses_on_the_ray_cluster_at_address(first_run, tmp_path, monkeypatch):

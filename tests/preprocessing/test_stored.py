@@ -85,6 +85,9 @@ def test_storage_refusals_are_one_line_and_write_nothing(stored_fixes, tmp_path,
         preprocess_stored(storage.uri_of("missing.csv"), "positionfixes", tmp_path / "a", progress=False)
     with pytest.raises(InputError, match="is a file; --format geolife-plt reads a GeoLife folder"):
         preprocess_stored(storage.uri_of("fixes.csv"), "geolife-plt", tmp_path / "b", progress=False)
+    storage.write_bytes(b"not Parquet", "bad.parquet")
+    with pytest.raises(InputError, match=r"^s3://stored-fixes/run/bad.parquet: not a Parquet file"):
+        preprocess_stored(storage.uri_of("bad.parquet"), "positionfixes", tmp_path / "c", progress=False)
     storage.write_bytes(b"theirs", "notes", "readme.txt")
     with pytest.raises(InputError, match=r"did not write \(readme.txt\)"):
         preprocess_stored(local, "positionfixes", storage.uri_of("notes"), progress=False)
@@ -93,7 +96,7 @@ def test_storage_refusals_are_one_line_and_write_nothing(stored_fixes, tmp_path,
     with pytest.raises(ServiceError, match="no such bucket 'nobucket'"):
         preprocess_stored(local, "positionfixes", f"s3://nobucket/x?endpoint_override={endpoint}&scheme=http",
                           progress=False)
-    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert not any((tmp_path / name).exists() for name in "abc")
 
 
 def test_a_folder_is_published_once_with_its_manifest_last(sequences, tmp_path):
