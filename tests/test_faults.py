@@ -415,3 +415,70 @@ def test_a_tracking_server_for_a_cluster_binds_the_address_store_and_artifact_de
                                                    tracking_uri=uri, dst_path=str(tmp_path / "back")).endswith("note.txt")
     finally:
         subprocess.run([scripts / "stop-mlflow.sh"], env=env, capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def locked_bucket(tmp_path, monkeypatch):
+    """An S3-compatible server that checks credentials, as a cloud's does: moto's server with its IAM
+    authentication on after the first four requests, which make a user, its key, its policy (s3:*) and the bucket
+    `locked`. Started and stopped by the project's scripts; yields (endpoint URL, the user's key, its secret)."""
+    import boto3
+
+    from tests.conftest import start_run_server
+
+    state = tmp_path / "locked-s3"
+    monkeypatch.setenv("INITIAL_NO_AUTH_ACTION_COUNT", "4")  # read by the server at its start
+    url = start_run_server("start-s3.sh", "S3_PORT", state, timeout_s=60)
+    monkeypatch.delenv("INITIAL_NO_AUTH_ACTION_COUNT")
+    try:
+        anyone = dict(endpoint_url=url, region_name="us-east-1", aws_access_key_id="setup", aws_secret_access_key="x")
+        iam = boto3.client("iam", **anyone)
+        iam.create_user(UserName="team")
+        key = iam.create_access_key(UserName="team")["AccessKey"]
+        iam.put_user_policy(UserName="team", PolicyName="s3", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        boto3.client("s3", **anyone).create_bucket(Bucket="locked")
+        yield url, key["AccessKeyId"], key["SecretAccessKey"]
+    finally:
+        subprocess.run([PROJECT_ROOT / "scripts" / "stop-s3.sh"], env={**os.environ, "PGT_STATE_DIR": str(state)},
+                       capture_output=True, timeout=30)
+
+
+def test_wrong_storage_credentials_are_one_line_in_seconds_and_write_nothing(locked_bucket, training_sequences,
+                                                                             tmp_path, monkeypatch):
+    """Against storage that checks keys: a key it does not know, or the right key with a wrong secret, is refused in
+    one line naming the fix, within seconds, by preprocess (input and output), train (data and output) and tune,
+    before any work; nothing is left in the bucket. The right key then writes there."""
+    from infra.storage import open_storage
+    from preprocessing.config import SynthConfig
+    from preprocessing.synthetic import generate_positionfixes
+
+    url, key, secret = locked_bucket
+    fixes = tmp_path / "fixes.parquet"
+    generate_positionfixes(SynthConfig(users=3, days=20, seed=1)).write_parquet(fixes)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    commands = [("preprocess", "--input", fixes, "--format", "positionfixes", "--out", "s3://locked/seq"),
+                ("preprocess", "--input", "s3://locked/raw/fixes.parquet", "--format", "positionfixes", "--out",
+                 tmp_path / "seq"),
+                ("train", "--data", training_sequences, "--out", "s3://locked/run", "--workers", "1"),
+                ("train", "--data", "s3://locked/seq", "--out", tmp_path / "run", "--workers", "0"),
+                ("tune", "--data", training_sequences, "--out", "s3://locked/sweep", "--trials", "1")]
+    for wrong_key, wrong_secret in (("AKIAWRONGKEY0000000", secret), (key, "not-the-secret")):
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", wrong_key)
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", wrong_secret)
+        for command in commands:
+            began = time.monotonic()
+            refused = pgt_here(*command)
+            line = one_line(refused.stderr)
+            assert refused.returncode == 2, (command, refused.stderr[-2000:])
+            assert "s3://locked/" in line and "refused the credentials" in line and "AWS_ACCESS_KEY_ID" in line, line
+            assert time.monotonic() - began < 15, (command, time.monotonic() - began)
+    assert not (tmp_path / "seq").exists() and not (tmp_path / "run").exists()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
+    assert open_storage("s3://locked").entries() == []  # nothing of the refused commands
+    written = pgt_here("preprocess", "--input", fixes, "--format", "positionfixes", "--out", "s3://locked/seq",
+                       "--no-progress")
+    assert written.returncode == 0, written.stderr[-2000:]
+    assert "manifest.json" in open_storage("s3://locked/seq").entries()
