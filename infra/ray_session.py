@@ -136,65 +136,63 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         ray.shutdown()
 
 
-def cluster_node_addresses(address: str | None) -> list[str]:
+def cluster_nodes(address: str | None, out: Path | str | None = None, data: Path | str | None = None) -> list[str]:
     """The addresses of the live nodes of the cluster at `address` (or $RAY_ADDRESS), a node of this machine as
     127.0.0.1 (Ray may name it by the machine's network address); [] where neither names a cluster (a local Ray is
-    this machine alone)."""
+    this machine alone). One connection, which also checks, before any work, that a local `out` or `data` is one
+    folder for every node of a cluster of more than one (SettingsError in one line otherwise): ranks and trials on
+    other nodes would write their checkpoints to, and read the data from, a disk of their own. A task on each node
+    looks for a marker this process writes into `out` (created for it, removed after), and reads `data`'s
+    manifest.json (never written to); a folder every node mounts at one path (NFS) passes, and URIs are every
+    node's storage alike."""
     address = address or os.environ.get("RAY_ADDRESS")
     if not address:
         return []
     import ray
 
     with ray_session(address):
+        nodes = [node for node in ray.nodes() if node["Alive"]]
+        if len(nodes) > 1:
+            local = {flag: path for flag, path in (("--out", out), ("--data", data))
+                     if path is not None and not is_uri(path)}
+            _check_shared(nodes, local)
         here = ray.util.get_node_ip_address()
         return sorted("127.0.0.1" if node["NodeManagerAddress"] == here else node["NodeManagerAddress"]
-                      for node in ray.nodes() if node["Alive"])
+                      for node in nodes)
 
 
-def check_paths_shared(address: str | None, out: Path | str | None = None, data: Path | str | None = None) -> None:
-    """SettingsError in one line, before any work, when a local --out or --data is not one folder for every node of
-    the cluster at `address` (or $RAY_ADDRESS) that has more than one: ranks and trials on other nodes would write
-    their checkpoints to, and read the data from, a disk of their own. A task on each node looks for a marker this
-    process writes into --out (created for it, removed after), and reads --data's manifest.json (never written to);
-    a folder every node mounts at one path (NFS) passes. URIs are every node's storage alike; no cluster: nothing
-    to check."""
-    address = address or os.environ.get("RAY_ADDRESS")
-    if not address or all(p is None or is_uri(p) for p in (out, data)):
-        return
+def _check_shared(nodes: list[dict], local: dict[str, Path | str]) -> None:
+    """cluster_nodes' check of the local folders `local` (flag -> path) on every node of `nodes`."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    with ray_session(address):
-        nodes = [node for node in ray.nodes() if node["Alive"]]
-        if len(nodes) <= 1:
-            return
-        look = ray.remote(num_cpus=0, max_retries=0)(_file_digest)
-        wanted, made = {}, []
-        if out is not None and not is_uri(out):
-            folder = Path(out).resolve()
-            made = [p for p in (folder, *folder.parents) if not p.exists()]
-            folder.mkdir(parents=True, exist_ok=True)
-            marker = folder / f".pgt-shared-{uuid.uuid4().hex}"
-            marker.write_text(marker.name)
-            wanted["--out"] = (folder, marker, _file_digest(str(marker)))
-        if data is not None and not is_uri(data):
-            manifest = Path(data).resolve() / "manifest.json"
-            wanted["--data"] = (manifest.parent, manifest, _file_digest(str(manifest)))
-        try:
-            for flag, (folder, probe, digest) in wanted.items():
-                seen = ray.get([look.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
-                                .remote(str(probe)) for node in nodes], timeout=60)
-                apart = [node["NodeManagerAddress"] for node, got in zip(nodes, seen) if got != digest]
-                if apart:
-                    raise SettingsError(f"{flag} {folder} is a folder on this machine's disk, which the Ray cluster's "
-                                        f"node(s) {', '.join(apart)} do not have: give object storage (s3://BUCKET/"
-                                        "FOLDER) or a folder every node mounts at the same path (docs/cluster.md)")
-        finally:
-            if "--out" in wanted:
-                wanted["--out"][1].unlink(missing_ok=True)
-            for folder in made:  # what was created for the marker, where the run does not go on
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
+    look = ray.remote(num_cpus=0, max_retries=0)(_file_digest)
+    wanted, made = {}, []
+    if "--out" in local:
+        folder = Path(local["--out"]).resolve()
+        made = [p for p in (folder, *folder.parents) if not p.exists()]
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = folder / f".pgt-shared-{uuid.uuid4().hex}"
+        marker.write_text(marker.name)
+        wanted["--out"] = (folder, marker, _file_digest(str(marker)))
+    if "--data" in local:
+        manifest = Path(local["--data"]).resolve() / "manifest.json"
+        wanted["--data"] = (manifest.parent, manifest, _file_digest(str(manifest)))
+    try:
+        for flag, (folder, probe, digest) in wanted.items():
+            seen = ray.get([look.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False))
+                            .remote(str(probe)) for node in nodes], timeout=60)
+            apart = [node["NodeManagerAddress"] for node, got in zip(nodes, seen) if got != digest]
+            if apart:
+                raise SettingsError(f"{flag} {folder} is a folder on this machine's disk, which the Ray cluster's "
+                                    f"node(s) {', '.join(apart)} do not have: give object storage (s3://BUCKET/"
+                                    "FOLDER) or a folder every node mounts at the same path (docs/cluster.md)")
+    finally:
+        if "--out" in wanted:
+            wanted["--out"][1].unlink(missing_ok=True)
+        for folder in made:  # what was created for the marker, where the run does not go on
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def _file_digest(path: str) -> str | None:

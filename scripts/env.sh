@@ -3,6 +3,10 @@
 source "$(dirname "${BASH_SOURCE[0]}")/_lib.sh"
 export PGT_STATE_DIR="$STATE"
 export PGT_PROJECT_DIR="$PROJECT_ROOT"
+# where the `cluster` deployment clones the flow's code from at each run: a team's remote, or this checkout's
+# committed branch by default
+export PGT_REPOSITORY="${PGT_REPOSITORY:-file://$PROJECT_ROOT}"
+export PGT_BRANCH="${PGT_BRANCH:-$(git -C "$PROJECT_ROOT" branch --show-current 2>/dev/null || true)}"
 export PREFECT_PORT="${PREFECT_PORT:-4200}"
 export MLFLOW_PORT="${MLFLOW_PORT:-5055}"
 export PREFECT_HOME="$STATE/prefect"

@@ -24,7 +24,7 @@ from pathlib import Path
 from infra.errors import SettingsError
 from infra.output import output_lock, write_json_atomically
 from infra.process import interruptible, uninterrupted
-from infra.ray_session import check_paths_shared, cluster_node_addresses, prepare_ray_env, ray_session
+from infra.ray_session import cluster_nodes, prepare_ray_env, ray_session
 from infra.storage import Storage, is_uri, open_storage
 from pgt.config import selection_score
 from pgt.data.fetch import local_data
@@ -141,9 +141,9 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
     from ray import tune
 
     # before the sweep's run or folder: every trial on the cluster must reach its folder, data and tracking
-    check_paths_shared(address, out=spec.out_dir, data=spec.data_dir)
+    nodes = cluster_nodes(address, out=spec.out_dir, data=spec.data_dir)
     if tracking:
-        check_tracking_reaches(tracking.tracking_uri, cluster_node_addresses(address))
+        check_tracking_reaches(tracking.tracking_uri, nodes)
 
     from tune.scheduler import FinishingASHA
 
@@ -319,12 +319,12 @@ def _log_sweep(spec: SweepConfig, tracking, result: dict, name: str | None, fina
     with tempfile.TemporaryDirectory(prefix="pgt-sweep-") as scratch:  # the files, local for MLflow's client
         folder = out.local or Path(scratch)
         plot = plot_trials(result["trials"], folder / "trials.png", spec.space, spec.objective)
-        write_json_atomically(folder / "tune.json", result, indent=2, default=float)
-        if out.local is None:
+        record = write_json_atomically(Path(scratch) / "tune.json", result, indent=2, default=float)  # the sweep's
+        if out.local is None:  # own tune.json is written once, by the driver, with this run's block added
             (folder / WINNER).write_bytes(out.read_bytes(WINNER))
             out.upload(plot, "trials.png")
-        for artifact in ("trials.png", "tune.json", WINNER):
-            client.log_artifact(tracking.run_id, str(folder / artifact))
+        for artifact in (plot, record, folder / WINNER):
+            client.log_artifact(tracking.run_id, str(artifact))
     logged = {"tracking_uri": tracking.tracking_uri, "run_id": tracking.run_id}
     if final is None:
         return logged

@@ -34,7 +34,7 @@ import pyarrow.parquet as pq
 from infra.errors import InputError, ServiceError, SettingsError
 from infra.output import check_output_entries, output_lock
 from infra.process import interruptible, shorten
-from infra.ray_session import check_paths_shared, cluster_node_addresses, ray_session
+from infra.ray_session import cluster_nodes, ray_session
 from infra.storage import Storage, is_uri, open_storage
 from pgt.config import BASELINES, LaunchConfig, TrackingConfig, TrainConfig
 from pgt.data.dataset import SequenceDataset, Vocab
@@ -321,10 +321,10 @@ def run_training(cfg: TrainConfig, launch: LaunchConfig | None = None, tracking:
         if folder.remote:
             check_remote(cfg, launch, folder)
         cfg = dataclasses.replace(cfg, out_dir=folder.kept.uri, data_dir=data.source)
-        if launch.workers and cfg.model not in BASELINES:  # every node reaches the run's folder and data
-            check_paths_shared(launch.address, out=None if folder.remote else folder.work, data=cfg.data_dir)
-        if tracking and launch.workers:
-            check_tracking_reaches(tracking.tracking_uri, cluster_node_addresses(launch.address))
+        if launch.workers and cfg.model not in BASELINES:  # every node reaches the run's folder, data and tracking
+            nodes = cluster_nodes(launch.address, out=None if folder.remote else folder.work, data=cfg.data_dir)
+            if tracking:
+                check_tracking_reaches(tracking.tracking_uri, nodes)
         # SIGTERM stops the run as Ctrl+C does whoever handles it (a Prefect flow run's cancel included), and takes
         # its handler's effect only once the run is closed and its lock released; one writer of a local folder: a
         # second is refused, naming the first (object storage has no lock: one run per URI is the user's to keep).
