@@ -331,33 +331,53 @@ def test_joining_the_cluster_from_a_machine_with_no_node_of_it_names_the_jobs_co
     assert not (tmp_path / "run").exists()
 
 
-def test_the_flow_trains_on_the_cluster_as_a_ray_job_and_registers_from_the_laptop(cluster, tracking_server,
-                                                                                   stored_data, tmp_path):
-    """`preprocess-and-train` with cluster and storage, run on the laptop (Prefect's test server): it preprocesses
-    here, publishes the sequences to the bucket, runs `pgt train --workers 2` on the cluster as a Ray Job (both
+def test_the_cluster_deployment_runs_through_a_prefect_worker_with_its_code_cloned_and_trains_as_a_ray_job(
+        cluster, tracking_server, stored_data, tmp_path):
+    """`prefect deployment run preprocess-and-train/cluster`, as a team runs it: a Prefect server and process worker
+    started by the project's scripts on the laptop, the deployment of prefect.yaml deployed, its flow's code cloned
+    from the repository (its git_clone pull step; this checkout's committed branch). The flow preprocesses on the
+    laptop, publishes the sequences to the bucket, runs `pgt train --workers 2` on the cluster as a Ray Job (both
     ranks on the worker node), reads the job's result back from the bucket, evaluates the logged model on its own
     sequences and registers it."""
     from mlflow.tracking import MlflowClient
-    from prefect.testing.utilities import prefect_test_harness
 
-    from flows.preprocess_and_train import preprocess_and_train
     from infra.storage import open_storage
+    from tests.conftest import PROJECT_ROOT, free_port
 
     _, uri = stored_data
-    storage = uri("flow")
-    params = dict(cluster=cluster.dashboard, storage=storage, tracking_uri=tracking_server, workers=2, epochs=2,
-                  state_dir=str(tmp_path / "state"), synthetic_users=8, synthetic_days=70, model_name="flow-on-cluster")
+    storage, state = uri("flow"), tmp_path / "state"
+    env = {**os.environ, **KEYS, "PGT_STATE_DIR": str(tmp_path / "stack"), "PREFECT_PORT": str(free_port()),
+           "PGT_VENV_BIN": str(BIN), "PREFECT_WORKER_QUERY_SECONDS": "1", "RAY_AUTH_MODE": "disabled"}
+    for key in ("PREFECT_API_URL", "PREFECT_HOME", "MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PGT_REPOSITORY", "PGT_BRANCH"):
+        env.pop(key, None)
+    scripts = PROJECT_ROOT / "scripts"
     before = cluster.actors_by_node("RayTrainWorker").get(WORKER, 0)
-    with prefect_test_harness(server_startup_timeout=120):
-        result = preprocess_and_train(**params)
-        kept = open_storage(storage)
-        published = {name: kept.read_bytes("sequences", "synthetic", name) for name in ("manifest.json", "train.parquet")}
-        local = tmp_path / "state" / "sequences" / "synthetic"
-        assert published == {name: (local / name).read_bytes() for name in published}
-        metrics = kept.child("runs", "synthetic").read_json("metrics.json")
-        assert metrics["config"]["data_dir"] == kept.uri_of("sequences", "synthetic") and metrics["epochs_run"] == 2
-        assert result["mlflow"]["run_id"] == metrics["mlflow"]["run_id"]
-        assert result["test"]["strict"]["acc@1"] == pytest.approx(metrics["test"]["strict"]["acc@1"])
-        assert result["registered"]["name"] == "flow-on-cluster" and result["registered"]["version"] == 1
-        assert cluster.actors_by_node("RayTrainWorker").get(WORKER, 0) == before + 2
-        assert MlflowClient(tracking_server).get_run(metrics["mlflow"]["run_id"]).info.status == "FINISHED"
+
+    def stack(command: str, timeout_s: float = 300) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f"source {scripts}/env.sh && cd {PROJECT_ROOT} && {command}"], env=env,
+                              capture_output=True, text=True, timeout=timeout_s)
+
+    try:
+        started = stack(f"{scripts}/start-prefect.sh && prefect --no-prompt deploy --name cluster")
+        assert started.returncode == 0, (started.stdout + started.stderr)[-3000:]
+        params = dict(cluster=cluster.dashboard, storage=storage, tracking_uri=tracking_server, workers=2, epochs=2,
+                      state_dir=str(state), synthetic_users=8, synthetic_days=70, model_name="flow-on-cluster")
+        given = " ".join(f"--param {k}='{v}'" for k, v in params.items())
+        ran = stack(f"prefect deployment run preprocess-and-train/cluster {given} --watch --watch-interval 1 "
+                    "--watch-timeout 500", timeout_s=600)
+        worker_log = (tmp_path / "stack" / "prefect" / "worker.log").read_text(errors="replace")
+        assert ran.returncode == 0, (ran.stdout + ran.stderr)[-3000:] + worker_log[-3000:]
+    finally:
+        stack(f"{scripts}/stop-prefect.sh", timeout_s=120)
+    assert "git_clone" in worker_log and "set_working_directory" not in worker_log, worker_log[-3000:]
+    kept = open_storage(storage)
+    published = {name: kept.read_bytes("sequences", "synthetic", name) for name in ("manifest.json", "train.parquet")}
+    local = state / "sequences" / "synthetic"
+    assert published == {name: (local / name).read_bytes() for name in published}
+    metrics = kept.child("runs", "synthetic").read_json("metrics.json")
+    assert metrics["config"]["data_dir"] == kept.uri_of("sequences", "synthetic") and metrics["epochs_run"] == 2
+    client = MlflowClient(tracking_server)
+    version = client.get_model_version_by_alias("flow-on-cluster", "champion")
+    assert version.version == "1" and version.run_id == metrics["mlflow"]["run_id"]
+    assert cluster.actors_by_node("RayTrainWorker").get(WORKER, 0) == before + 2
+    assert client.get_run(metrics["mlflow"]["run_id"]).info.status == "FINISHED"
