@@ -364,6 +364,7 @@ class TrackingConfig:
     parent_run_id: str | None = None  # nest the new run under this one (a sweep's trials)
     source: str = "pgt train"  # the command or flow that makes the run (the UI's Source column)
     tags: dict = dataclasses.field(default_factory=dict)  # more run tags: pgt.recipe (tracking.RECIPE_TAG), ...
+    split_digests: dict | None = None  # split -> SHA-256 of its file, hashed once by a sweep's driver for every trial
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -428,6 +428,14 @@ def s3_server(tmp_path_factory) -> str:
     return made_once(S3_SERVER, tmp_path_factory, start_s3_server)["url"]
 
 
+@pytest.fixture
+def credentials(monkeypatch):
+    """What a user sets for an S3-compatible store (moto takes any key)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+
+
 def start_s3_server(state: Path) -> dict:
     return {"url": start_run_server("start-s3.sh", "S3_PORT", state, timeout_s=60)}
 

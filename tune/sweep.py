@@ -28,7 +28,7 @@ from infra.ray_session import cluster_nodes, prepare_ray_env, ray_session
 from infra.storage import Storage, is_uri, open_storage
 from pgt.config import selection_score
 from pgt.data.fetch import local_data
-from pgt.tracking.lineage import source_tags
+from pgt.tracking.lineage import source_tags, split_digests
 from pgt.tracking.registry import Evidence
 from pgt.tracking.runs import OUT_DIR_TAG, end_run, metrics_of, open_run, system_metrics, terminate_run
 from pgt.tracking.store import check_tracking_reaches, mlflow_client
@@ -292,9 +292,11 @@ def _parent_run(spec: SweepConfig, tracking, out: Storage, resume: bool):
     previous = (out.read_json("sweep.json") or {}).get("tracking") if resume else None
     params = {k: v for k, v in spec.to_dict().items() if k != "space"} | {"space": spec.space.to_dict()}
     name = out.path.rstrip("/").rpartition("/")[2]
+    data = local_data(spec.data_dir)
+    tracking = dataclasses.replace(tracking, split_digests=split_digests(data))  # hashed here once for every trial
     return open_run(tracking, previous, resume, params, f"sweep-{name}",
                     {"pgt.kind": "sweep", OUT_DIR_TAG: out.uri, **source_tags(tracking.source), **tracking.tags},
-                    local_data(spec.data_dir), spec.data_dir if is_uri(spec.data_dir) else None)
+                    data, spec.data_dir if is_uri(spec.data_dir) else None)
 
 
 def _log_sweep(spec: SweepConfig, tracking, result: dict, name: str | None, final: dict | None) -> dict:

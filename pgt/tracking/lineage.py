@@ -42,10 +42,16 @@ def source_tags(command: str) -> dict[str, str]:
     return tags
 
 
-def split_datasets(data_dir: Path, source: str | None = None) -> list:
-    """MLflow dataset inputs for the splits of a `pgt preprocess` folder: name, a digest of the file, where it is
-    kept (`source`, the folder's URI where it was copied from object storage; else its path), and as profile its
-    rows and the preprocessing (input digest and settings) that made it."""
+def split_digests(data_dir: Path) -> dict[str, str]:
+    """Each split's SHA-256 (file_digest), by split name."""
+    return {split: file_digest(Path(data_dir) / f"{split}.parquet") for split in SPLIT_CONTEXT}
+
+
+def split_datasets(data_dir: Path, source: str | None = None, digests: dict[str, str] | None = None) -> list:
+    """MLflow dataset inputs for the splits of a `pgt preprocess` folder: name, a digest of the file (from
+    `digests`, split_digests' of the same folder, where the caller has them), where it is kept (`source`, the
+    folder's URI where it was copied from object storage; else its path), and as profile its rows and the
+    preprocessing (input digest and settings) that made it."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     manifest = json.loads((Path(data_dir) / "manifest.json").read_text())
@@ -56,7 +62,8 @@ def split_datasets(data_dir: Path, source: str | None = None) -> list:
         profile = {"num_rows": pq.read_metadata(path).num_rows, "input_sha256": manifest.get("input_sha256"),
                    "input": manifest.get("input"), "preprocessing": manifest.get("config")}
         name = (source.partition("?")[0].rstrip("/").rpartition("/")[2] if source else path.parent.name) or path.parent.name
-        dataset = Dataset(name=f"{name}/{split}", digest=file_digest(path)[:16], source_type="local" if source is None
+        digest = digests[split] if digests else file_digest(path)
+        dataset = Dataset(name=f"{name}/{split}", digest=digest[:16], source_type="local" if source is None
                           else "s3" if source.startswith("s3://") else "gcs",
                           source=json.dumps({"uri": uri}), profile=json.dumps(profile, default=str))
         inputs.append(DatasetInput(dataset, tags=[InputTag("mlflow.data.context", context)]))
@@ -85,13 +92,14 @@ def file_digest(path: Path) -> str:
     return _digest(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
 
 
-def log_datasets(tracking_uri: str, run_id: str, data_dir: Path, source: str | None = None) -> None:
+def log_datasets(tracking_uri: str, run_id: str, data_dir: Path, source: str | None = None,
+                 digests: dict[str, str] | None = None) -> None:
     """The splits a run trained and was scored on, as the run's dataset inputs (split_datasets). Two runs that log
     the same new dataset at once race in MLflow's store (a unique key on the dataset): the loser tries again, and
     then finds the dataset the winner created."""
     from mlflow.exceptions import MlflowException
 
-    datasets = split_datasets(data_dir, source)
+    datasets = split_datasets(data_dir, source, digests)
     for attempt in range(3):
         try:
             mlflow_client(tracking_uri).log_inputs(run_id, datasets=datasets)

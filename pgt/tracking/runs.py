@@ -112,7 +112,7 @@ def open_run(tracking: TrackingConfig, saved: dict | None, resume: bool, params:
             return dataclasses.replace(tracking, run_id=saved["run_id"])
         close_abandoned_run(tracking.tracking_uri, saved["run_id"])
     run_id = start_run(tracking, params, run_name=run_name, tags=tags, parent_run_id=tracking.parent_run_id)
-    log_datasets(tracking.tracking_uri, run_id, data_dir, data_source)
+    log_datasets(tracking.tracking_uri, run_id, data_dir, data_source, tracking.split_digests)
     return dataclasses.replace(tracking, run_id=run_id)
 
 

@@ -11,14 +11,6 @@ from infra.storage import is_uri, open_storage
 from tests.conftest import free_port
 
 
-@pytest.fixture
-def credentials(monkeypatch):
-    """What a user sets for an S3-compatible store (moto takes any key)."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-
-
 def bucket(s3_server: str, name: str) -> str:
     """A new bucket on the test server; the URI of a folder in it, the endpoint in the URI as pyarrow reads it."""
     import pyarrow.fs as pafs

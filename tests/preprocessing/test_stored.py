@@ -15,12 +15,12 @@ from infra.storage import open_storage
 from pgt.data.fetch import local_data
 from preprocessing.pipeline import OUTPUT_FILES, preprocess
 from preprocessing.stored import preprocess_stored, publish_output
-from tests.infra.test_storage import bucket, credentials  # noqa: F401  (credentials: a fixture)
+from tests.infra.test_storage import bucket
 from tests.preprocessing.test_pipeline import commuter_csv
 
 
 @pytest.fixture
-def stored_fixes(s3_server, credentials, tmp_path):  # noqa: F811
+def stored_fixes(s3_server, credentials, tmp_path):
     """The commuter's fixes (test_pipeline) as a local CSV and as an object in a new bucket."""
     local = tmp_path / "fixes.csv"
     commuter_csv(local)
@@ -130,7 +130,8 @@ def test_a_new_output_replaces_the_stored_one_whole(sequences, tmp_path):
     assert (target / "manifest.json").read_bytes() == (sequences / "manifest.json").read_bytes()
 
 
-def test_a_geolife_folder_on_object_storage_reads_as_the_local_folder(plt_sample, s3_server, credentials, tmp_path):  # noqa: F811
+def test_a_geolife_folder_on_object_storage_reads_as_the_local_folder(plt_sample, s3_server, credentials,
+                                                                       tmp_path):
     folder = bucket(s3_server, "stored-plt")
     storage = open_storage(folder)
     storage.upload(plt_sample, "Data")

@@ -170,6 +170,8 @@ def test_trials_of_the_tuned_recipe_run_a_torch_trainer_of_two_workers(training_
         assert contexts == ["test", "training", "validation"], run.info.run_name
         assert run.data.tags["mlflow.source.name"] == "pgt tune" and run.data.tags["pgt.recipe"] == "tuned"
         assert any(key.startswith("system/cpu_utilization") for key in run.data.metrics), run.info.run_name
+    digests = json.loads((out / "sweep.json").read_text())["tracking"]["split_digests"]  # hashed once, by the driver
+    assert {i.dataset.digest for i in trial.inputs.dataset_inputs} == {d[:16] for d in digests.values()}
 
 
 def test_a_time_budget_ends_the_sweep_with_the_trials_that_fit(training_sequences, tmp_path):

@@ -45,3 +45,19 @@ def test_a_file_digest_is_computed_once_per_process_while_the_file_is_unchanged(
     path.write_bytes(b"b" * 1000)
     os.utime(path, ns=(1, 1))  # a rewrite within the clock's tick still changes the key (size, mtime)
     assert file_digest(path) == hashlib.sha256(b"b" * 1000).hexdigest()
+
+
+def test_dataset_inputs_take_digests_hashed_elsewhere(synthetic_sequences, monkeypatch):
+    """A sweep's driver hashes the splits once (split_digests) and every trial's dataset inputs carry those digests:
+    given them, split_datasets reads no split's bytes."""
+    import hashlib
+
+    from pgt.tracking import lineage
+
+    digests = lineage.split_digests(synthetic_sequences)
+    assert digests["train"] == hashlib.sha256((synthetic_sequences / "train.parquet").read_bytes()).hexdigest()
+    assert sorted(digests) == ["test", "train", "validation"]
+    monkeypatch.setattr(lineage, "file_digest", lambda path: pytest.fail(f"hashed {path}"))
+    given = {split: f"{split:0<64}" for split in digests}
+    datasets = lineage.split_datasets(synthetic_sequences, digests=given)
+    assert sorted(d.dataset.digest for d in datasets) == sorted(value[:16] for value in given.values())
