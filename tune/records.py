@@ -24,39 +24,42 @@ OUTPUTS = ("sweep.json", "tune.json", WINNER, "trials", FINALISTS, FINAL, "trial
 TRIAL_EVENTS = "tune_events.jsonl"  # trials/<id>/: what the sweep's driver recorded of the trial (TrialEvents)
 
 
-def make_trial_events(out: Storage):
+def make_trial_events(out: Storage, metric: str):
     """A Tune callback (built here so that ray is imported late) that appends to trials/<id>/tune_events.jsonl,
     in the driver, once Tune itself has acted: `checkpoint` after Tune registered a reported checkpoint (the one a
     restart restores), `restarted` when a failed trial is scheduled again (with the epoch it will resume after),
     `failed` when it errors for good, `completed` when it ended (finished, or stopped by ASHA). One JSON object per
-    line: event, time, epoch (0-based, or null), training_iteration."""
+    line: event, time, epoch (0-based, or null), training_iteration, score (the reported `metric` of that
+    checkpoint, or null)."""
     from ray.tune import Callback
 
     written: dict[str, bytes] = {}  # on object storage, each trial's events so far (the driver is their one writer)
 
     class TrialEvents(Callback):
         def on_trial_save(self, iteration, trials, trial, **info):
-            append_event(out, trial, "checkpoint", written)
+            append_event(out, trial, "checkpoint", written, metric)
 
         def on_trial_recover(self, iteration, trials, trial, **info):
-            append_event(out, trial, "restarted", written)
+            append_event(out, trial, "restarted", written, metric)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            append_event(out, trial, "failed", written)
+            append_event(out, trial, "failed", written, metric)
 
         def on_trial_complete(self, iteration, trials, trial, **info):
-            append_event(out, trial, "completed", written)
+            append_event(out, trial, "completed", written, metric)
 
     return TrialEvents()
 
 
-def append_event(out: Storage, trial, event: str, written: dict[str, bytes] | None = None) -> None:
+def append_event(out: Storage, trial, event: str, written: dict[str, bytes] | None = None,
+                 metric: str | None = None) -> None:
     """One event appended to the trial's record. On object storage the object is replaced whole, with the events
     so far: those `written` holds (this driver's), else read back once (a resumed sweep's)."""
     registered = trial.latest_checkpoint_result  # what Tune restores the trial from
     metrics = registered.metrics if registered is not None else {}
     line = json.dumps({"event": event, "time": time.time(), "epoch": metrics.get("epoch"),
-                       "training_iteration": metrics.get("training_iteration")}) + "\n"
+                       "training_iteration": metrics.get("training_iteration"),
+                       "score": metrics.get(metric) if metric else None}) + "\n"
     folder = out.child("trials", trial.trial_id)
     if folder.local is None:
         written = {} if written is None else written

@@ -78,7 +78,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool 
             "status": "error" if result.error else ("finished" if done else stopped),
             "epochs": done["epochs_run"] if done else metrics.get("training_iteration", 0),
             "best_validation_score": (selection_score(done["validation"], spec.objective) if done
-                                      else best_seen(result, spec.metric)),
+                                      else best_seen(trial_dir)),
             "best_validation_acc@1": done["validation"]["acc@1"] if done else None,
             "best_validation_strict_acc@1": done["validation"]["strict"]["acc@1"] if done else None,
             "best_validation": done["validation"] if done else None,
@@ -140,11 +140,10 @@ def headline_metrics(metrics: dict) -> dict:
                                                                            "new_place": metrics["new_place"]}
 
 
-def best_seen(result, metric: str) -> float | None:
-    frame = result.metrics_dataframe
-    if frame is None or metric not in frame:
-        return None
-    return float(frame[metric].max())
+def best_seen(trial_dir: Storage) -> float | None:
+    """The best objective a trial reported at its checkpoints (its events), None where it reported none."""
+    scores = [e["score"] for e in read_trial_events(trial_dir) if e.get("score") is not None]
+    return max(scores) if scores else None
 
 
 def trial_run_id(trial_dir: Storage) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -137,6 +138,11 @@ def run_sweep(spec: SweepConfig, tracking=None, address: str | None = None, resu
 
 def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, register: str | None) -> dict:
     prepare_ray_env(address)  # before the first import of ray
+    # Tune's own per-trial logs (result.json, progress.csv, params, TensorBoard events) are read by nothing here
+    # (each trial's records and MLflow are the sweep's), yet Tune uploads every one of them again at each snapshot
+    # of the experiment, which one checkpoint kept per trial forces at every reported checkpoint: on object storage
+    # most of a sweep's requests. $TUNE_DISABLE_AUTO_CALLBACK_LOGGERS=0 brings them back.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     import ray
     from ray import tune
 
@@ -176,7 +182,7 @@ def _run_sweep(spec: SweepConfig, tracking, address: str | None, resume: bool, r
                     run_config=tune.RunConfig(name=EXPERIMENT_NAME, verbose=1, **experiment_storage(spec),
                                               failure_config=tune.FailureConfig(max_failures=spec.max_failures),
                                               checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                                              callbacks=[make_trial_events(out)]),
+                                              callbacks=[make_trial_events(out, spec.metric)]),
                 )
             began = time.monotonic()
             grid = tuner.fit()
