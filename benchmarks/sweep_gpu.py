@@ -124,6 +124,8 @@ def main() -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: torch sees no CUDA device on this machine (--device cpu runs the harness without)")
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # time_breakdown reads each trial's reports from Tune's own result.json, which sweeps leave off by default
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "0"
 
     from pgt.recipes import recipe_settings
     from tune.config import SweepConfig
