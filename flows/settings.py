@@ -26,7 +26,7 @@ from pydantic.fields import FieldInfo
 from infra.errors import SettingsError
 from infra.settings import help_of, settings_of
 from infra.state import state_dir as default_state_dir
-from infra.storage import is_uri, open_storage
+from infra.storage import is_uri, open_storage, without_query
 from pgt.config import LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings
 from pgt.options import flag_of
 from pgt.recipes import RECIPES, recipe_label
@@ -38,7 +38,6 @@ from pgt.training.report import metrics_markdown
 from preprocessing.config import FORMATS, SynthConfig, load_config
 from preprocessing.engine import EngineConfig
 from preprocessing.pipeline import stage_key
-from preprocessing.stored import named
 from tune.config import SweepConfig
 
 InputFormat = Literal[FORMATS]
@@ -238,7 +237,7 @@ class FlowSettings(ResolvedParameters):
 
     @property
     def run_name(self) -> str:
-        return PurePosixPath(named(self.input_path)).stem if self.input_path else "synthetic"
+        return PurePosixPath(without_query(self.input_path)).stem if self.input_path else "synthetic"
 
     @property
     def input_uri(self) -> str | None:

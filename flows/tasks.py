@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from flows.settings import ClusterJob
 from infra.jobs import job_environment, run_job
 from infra.process import interruptible
-from infra.storage import open_storage
+from infra.storage import open_storage, without_query
 from pgt.config import LaunchConfig, TrackingConfig, TrainConfig
 from pgt.serving.evaluate import evaluate_model
 from pgt.serving.predict import last_days, plot_predicted_places, predict_raw, predict_summary, prediction_summary
@@ -34,7 +34,7 @@ from preprocessing.config import SynthConfig, load_config
 from preprocessing.engine import EngineConfig, mapper
 from preprocessing.pipeline import STEPS, StageRun, cached_stage, reusable_manifest, run_step, stage_input, write_stages
 from preprocessing.stages import Stage
-from preprocessing.stored import kept_input, named, publish_output
+from preprocessing.stored import kept_input, publish_output
 from preprocessing.synthetic import write_positionfixes
 from tune.config import SweepConfig
 from tune.sweep import run_sweep
@@ -81,7 +81,7 @@ def cached_steps() -> list[str]:
 def _stage_run(input_path: Path, input_format: str, config_file: Path | None, engine: EngineConfig, map_fn,
                source: str | None):
     return StageRun(input_path, input_format, load_config(config_file), engine, map_fn,
-                    source=named(source) if source else None)
+                    source=without_query(source) if source else None)
 
 
 @task(name="preprocess stage", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)

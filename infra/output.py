@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 import pyarrow.parquet as pq
 
 from infra.errors import InputError
-from infra.storage import is_uri, open_storage
+from infra.storage import is_uri, open_storage, without_query
 
 TEMPORARY = re.compile(r"^\.(?P<name>.+)\.(?:tmp|old|split)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
@@ -153,7 +153,7 @@ def check_apart(out: Path, inputs: dict[str, Path | str | None]) -> None:
         if path is None or is_uri(path) != is_uri(out):  # a URI's storage is no local folder
             continue
         if is_uri(out):  # the same storage, compared by bucket and key
-            target, source = (PurePosixPath(str(uri).partition("?")[0].partition("://")[2]) for uri in (out, path))
+            target, source = (PurePosixPath(without_query(uri).partition("://")[2]) for uri in (out, path))
         else:
             target, source = (Path(p).expanduser().resolve() for p in (out, path))
         if target == source:

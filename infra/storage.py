@@ -34,6 +34,11 @@ def is_uri(text: str | Path) -> bool:
     return "://" in str(text)
 
 
+def without_query(uri: str | Path) -> str:
+    """A URI as records and messages name it: without its query (an endpoint, or keys given in the URI)."""
+    return str(uri).partition("?")[0]
+
+
 @dataclass(frozen=True)
 class Storage:
     """A folder on a pyarrow filesystem: `path` inside `filesystem`, named `uri`."""

@@ -73,10 +73,10 @@ def preprocess(
     from infra.errors import InputError
     from infra.output import check_apart
     from infra.ray_session import check_ray_address
-    from infra.storage import is_uri
+    from infra.storage import is_uri, without_query
     from preprocessing.config import load_config
     from preprocessing.pipeline import preprocess_fitted
-    from preprocessing.stored import named, preprocess_stored
+    from preprocessing.stored import preprocess_stored
 
     engine = typed.of(EngineConfig)
     if engine.get("engine") != "ray":  # $RAY_ADDRESS is for Ray's engine only
@@ -112,13 +112,13 @@ def preprocess(
             f"samples latest {samples['latest']:,} / evaluation {samples['evaluation']:,}")
         return
     if min(counts["samples"].values()) == 0:
-        typer.echo(f"warning: {named(result.out_dir)}: a split has no samples: {counts['users_kept']} users track "
+        typer.echo(f"warning: {without_query(result.out_dir)}: a split has no samples: {counts['users_kept']} users track "
                    f"more than {result.manifest['config']['min_tracking_days']} days, "
                    f"{result.manifest['details']['users_with_samples_in_all_splits']} have samples in all splits", err=True)
     state = "reused" if result.reused else "wrote"
     samples = counts["samples"]
     typer.echo(
-        f"{state} {named(result.out_dir)}: {counts['positionfixes_read']:,} rows read, "
+        f"{state} {without_query(result.out_dir)}: {counts['positionfixes_read']:,} rows read, "
         f"{counts['positionfixes_quarantined']:,} quarantined, {counts['staypoints']:,} staypoints, "
         f"{counts['users_kept']} users kept, {counts['locations']:,} locations, samples "
         f"train {samples['train']:,} / validation {samples['validation']:,} / test {samples['test']:,}"

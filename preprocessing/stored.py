@@ -20,7 +20,7 @@ from pathlib import Path
 
 from infra.errors import InputError
 from infra.output import check_output_entries
-from infra.storage import Storage, is_uri, open_storage
+from infra.storage import Storage, is_uri, open_storage, without_query
 from preprocessing.config import PreprocessConfig
 from preprocessing.engine import EngineConfig
 from preprocessing.output import PRODUCER, is_own_manifest
@@ -39,11 +39,6 @@ MANIFEST = "manifest.json"
 FOLDER_FORMATS = ("geolife-plt",)  # formats whose input is a folder; the others are one Parquet or CSV file
 
 
-def named(uri: str | Path) -> str:
-    """A URI as outputs name it: without its query (an endpoint, or keys given in the URI)."""
-    return str(uri).partition("?")[0]
-
-
 def fetch_input(uri: str, input_format: str, into: Path, progress: bool = True) -> Path:
     """The input at `uri` copied below the local folder `into`, its file or folder name kept (a file's suffix says
     Parquet or CSV); the local path returned. InputError when nothing is there or it is a file where the format
@@ -54,10 +49,10 @@ def fetch_input(uri: str, input_format: str, into: Path, progress: bool = True) 
     expected = "folder" if input_format in FOLDER_FORMATS else "file"
     found = storage.kind()
     if found is None:
-        raise InputError(named(uri), f"no such {expected} on the storage")
+        raise InputError(without_query(uri), f"no such {expected} on the storage")
     if found != expected:
         what = "a GeoLife folder (Data/<user>/Trajectory/*.plt)" if expected == "folder" else "a Parquet or CSV file"
-        raise InputError(named(uri), f"is a {found}; --format {input_format} reads {what}")
+        raise InputError(without_query(uri), f"is a {found}; --format {input_format} reads {what}")
     local = Path(into) / (storage.path.rstrip("/").rpartition("/")[2] or "input")
     files = 1 if found == "file" else len(storage.files())
     with progress_bars(progress) as bar:
@@ -98,7 +93,7 @@ def check_stored_output(target: Storage) -> dict | None:
     except ValueError:
         manifest = None
     if not is_own_manifest(manifest) or not isinstance(manifest, dict):
-        raise InputError(named(target.uri), "holds no `pgt preprocess` manifest.json beside its files; nothing there "
+        raise InputError(without_query(target.uri), "holds no `pgt preprocess` manifest.json beside its files; nothing there "
                                             "is replaced: choose another --out")
     return manifest
 
@@ -149,7 +144,7 @@ def preprocess_stored(input_path: str | Path, input_format: str, out: str | Path
         local_input, source = Path(input_path), None
         if is_uri(input_path):
             local_input = fetch_input(str(input_path), input_format, scratch / "input", progress)
-            source = named(input_path)
+            source = without_query(input_path)
         with named_as(local_input, source):
             if target is None:
                 return preprocess(local_input, input_format, out, config, force, progress, engine, source)

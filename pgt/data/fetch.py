@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from infra.errors import InputError
-from infra.storage import is_uri, open_storage
+from infra.storage import is_uri, open_storage, without_query
 
 MANIFEST = "manifest.json"
 CACHE_ENV = "PGT_DATA_CACHE"  # where a node keeps its copies of data named by a URI; default: <temp>/pgt-data
@@ -38,7 +38,7 @@ def local_data(location: str | Path) -> Path:
     manifest = storage.read_bytes(MANIFEST)
     if manifest is None:
         raise InputError(storage.uri, "no manifest.json; expected a `pgt preprocess` output folder")
-    key = hashlib.sha256(storage.uri.partition("?")[0].encode()).hexdigest()[:16]
+    key = hashlib.sha256(without_query(storage.uri).encode()).hexdigest()[:16]
     target = data_cache() / key
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / f".{key}.lock", "a") as lock:

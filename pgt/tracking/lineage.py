@@ -14,6 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 import pgt
+from infra.storage import without_query
 from pgt.tracking.store import mlflow_client
 
 SPLIT_CONTEXT = {"train": "training", "validation": "validation", "test": "test"}  # dataset input contexts
@@ -61,7 +62,7 @@ def split_datasets(data_dir: Path, source: str | None = None, digests: dict[str,
         uri = path.as_uri() if source is None else _file_uri(source, path.name)
         profile = {"num_rows": pq.read_metadata(path).num_rows, "input_sha256": manifest.get("input_sha256"),
                    "input": manifest.get("input"), "preprocessing": manifest.get("config")}
-        name = (source.partition("?")[0].rstrip("/").rpartition("/")[2] if source else path.parent.name) or path.parent.name
+        name = (without_query(source).rstrip("/").rpartition("/")[2] if source else path.parent.name) or path.parent.name
         digest = digests[split] if digests else file_digest(path)
         dataset = Dataset(name=f"{name}/{split}", digest=digest[:16], source_type="local" if source is None
                           else "s3" if source.startswith("s3://") else "gcs",
