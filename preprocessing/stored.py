@@ -84,7 +84,8 @@ def kept_input(uri: str, input_format: str, folder: Path) -> Path:
 
 def check_stored_output(target: Storage) -> dict | None:
     """The stored manifest of an output folder on object storage (None where the folder is empty); InputError when
-    the folder holds anything `pgt preprocess` did not write, which is never replaced."""
+    the folder holds anything `pgt preprocess` did not write, which is never replaced; ServiceError when the storage
+    does not answer, has no such bucket or refuses the credentials (check_output_entries asks it first)."""
     check_output_entries(target.uri, PRODUCER, OWN_FILES)
     if not target.entries():
         return None
@@ -108,7 +109,6 @@ def publish_output(folder: Path, location: str) -> str:
     target = open_storage(location)
     if target.local is not None and target.local.resolve() == folder.resolve():
         return location
-    target.check()
     check_stored_output(target)
     if target.read_bytes(MANIFEST) == manifest:
         return location
@@ -135,7 +135,6 @@ def preprocess_stored(input_path: str | Path, input_format: str, out: str | Path
         out, target = target.local, None
     stored = None
     if target is not None:
-        target.check()
         stored = check_stored_output(target)
     if engine.work_dir is not None:
         engine.work_dir.mkdir(parents=True, exist_ok=True)

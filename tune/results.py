@@ -73,12 +73,13 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool 
         hyper = spec.space.resolve(result.config)
         node = trial_dir.read_json("node.json") or {}
         done = trial_dir.read_json("metrics.json")
+        events = read_trial_events(trial_dir)
         row = {
             "trial_id": trial_id, "config": hyper,
             "status": "error" if result.error else ("finished" if done else stopped),
             "epochs": done["epochs_run"] if done else metrics.get("training_iteration", 0),
             "best_validation_score": (selection_score(done["validation"], spec.objective) if done
-                                      else best_seen(trial_dir)),
+                                      else best_seen(events)),
             "best_validation_acc@1": done["validation"]["acc@1"] if done else None,
             "best_validation_strict_acc@1": done["validation"]["strict"]["acc@1"] if done else None,
             "best_validation": done["validation"] if done else None,
@@ -86,7 +87,7 @@ def summarise(spec: SweepConfig, grid, nodes: dict[str, str], out_of_time: bool 
             "node_id": node.get("node_id"), "node_address": nodes.get(node.get("node_id", ""), None),
             "started_at": node.get("started_at"), "last_report_at": metrics.get("timestamp"),
             "mlflow_run_id": trial_run_id(trial_dir),
-            "restarts": sum(e["event"] == "restarted" for e in read_trial_events(trial_dir)),
+            "restarts": sum(e["event"] == "restarted" for e in events),
         }
         if done:
             row["train_loss_last"] = done["history"][-1]["train_loss"] if done["history"] else None
@@ -140,9 +141,10 @@ def headline_metrics(metrics: dict) -> dict:
                                                                            "new_place": metrics["new_place"]}
 
 
-def best_seen(trial_dir: Storage) -> float | None:
-    """The best objective a trial reported at its checkpoints (its events), None where it reported none."""
-    scores = [e["score"] for e in read_trial_events(trial_dir) if e.get("score") is not None]
+def best_seen(events: list[dict]) -> float | None:
+    """The best objective a trial reported at its checkpoints (its events, read_trial_events'), None where it
+    reported none."""
+    scores = [e["score"] for e in events if e.get("score") is not None]
     return max(scores) if scores else None
 
 

@@ -94,12 +94,12 @@ def test_a_stopped_trial_s_best_score_is_the_best_its_checkpoints_reported(tmp_p
     """A trial ASHA stopped has no metrics.json: its row's best score is the best objective its events recorded
     (the driver writes one per registered checkpoint), None where it reported none."""
     from infra.storage import open_storage
-    from tune.records import TRIAL_EVENTS
+    from tune.records import TRIAL_EVENTS, read_trial_events
     from tune.results import best_seen
 
     events = [{"event": "checkpoint", "epoch": 0, "score": 41.5}, {"event": "checkpoint", "epoch": 1, "score": 44.25},
               {"event": "restarted", "epoch": 1, "score": 44.25}, {"event": "checkpoint", "epoch": 2, "score": 43.0},
               {"event": "completed", "epoch": 2, "score": None}]
     (tmp_path / TRIAL_EVENTS).write_text("".join(json.dumps(e) + "\n" for e in events))
-    assert best_seen(open_storage(tmp_path)) == 44.25
-    assert best_seen(open_storage(tmp_path / "none")) is None
+    assert best_seen(read_trial_events(open_storage(tmp_path))) == 44.25
+    assert best_seen(read_trial_events(open_storage(tmp_path / "none"))) is None
