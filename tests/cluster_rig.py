@@ -39,6 +39,29 @@ def node_command(ray_args: list[str], shared: Path) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "bash", "-c", script, "node", *ray_args]
 
 
+def alive_nodes(dashboard: str) -> list:
+    """The cluster's live nodes, from Ray's State API at `dashboard` (none while it does not answer)."""
+    from ray.util.state import list_nodes
+
+    try:
+        return [n for n in list_nodes(address=dashboard, raise_on_missing_output=False) if n.state == "ALIVE"]
+    except Exception:  # noqa: BLE001 - the dashboard is not up (or no longer)
+        return []
+
+
+def actors_by_node(dashboard: str, class_name: str) -> dict[str, int]:
+    """Where the actors of a class ran (alive or not), as node address -> count, from Ray's State API."""
+    from ray.util.state import list_actors, list_nodes
+
+    address = {n.node_id: n.node_ip for n in list_nodes(address=dashboard, raise_on_missing_output=False)}
+    counts: dict[str, int] = {}
+    for actor in list_actors(address=dashboard, filters=[("class_name", "=", class_name)], detail=True, limit=1000,
+                             raise_on_missing_output=False):
+        node = address.get(actor.node_id, "?")
+        counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
 class Cluster:
     """Two isolated Ray nodes, started and stopped by the test; `submit` runs a command as a Ray Job."""
 
@@ -95,14 +118,8 @@ class Cluster:
             assert time.monotonic() < deadline, f"the probe job did not end within {timeout_s} s"
             time.sleep(0.5)
 
-    def alive_nodes(self) -> list[dict]:
-        from ray.util.state import list_nodes
-
-        try:
-            return [n for n in list_nodes(address=self.dashboard, raise_on_missing_output=False)
-                    if n.state == "ALIVE"]
-        except Exception:  # noqa: BLE001 - the dashboard is not up yet
-            return []
+    def alive_nodes(self) -> list:
+        return alive_nodes(self.dashboard)
 
     def wait_for_nodes(self, count: int, timeout_s: float = 120) -> None:
         deadline = time.monotonic() + timeout_s
@@ -130,16 +147,7 @@ class Cluster:
         return str(JobSubmissionClient(self.dashboard).get_job_status(job).value)
 
     def actors_by_node(self, class_name: str) -> dict[str, int]:
-        """Where the actors of a class ran (alive or not), as node address -> count, from Ray's State API."""
-        from ray.util.state import list_actors, list_nodes
-
-        address = {n.node_id: n.node_ip for n in list_nodes(address=self.dashboard, raise_on_missing_output=False)}
-        counts: dict[str, int] = {}
-        for actor in list_actors(address=self.dashboard, filters=[("class_name", "=", class_name)], detail=True,
-                                 limit=1000, raise_on_missing_output=False):
-            node = address.get(actor.node_id, "?")
-            counts[node] = counts.get(node, 0) + 1
-        return counts
+        return actors_by_node(self.dashboard, class_name)
 
     def stop(self) -> None:
         for proc in reversed(list(self.nodes.values())):
@@ -154,6 +162,128 @@ class Cluster:
                 proc.wait(timeout=20)
 
 
+
+
+RAY_UP_HEAD, RAY_UP_WORKER = "127.0.0.5", "127.0.0.6"  # other addresses than the `ray start` nodes': both may run
+
+
+def ssh_refused() -> str | None:
+    """Why `ray up` cannot reach nodes over SSH here (None: it can): it needs an sshd per node, and Ray's
+    command runner calls ssh and rsync."""
+    missing = [name for name in ("sshd", "ssh", "ssh-keygen", "rsync")
+               if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
+    if missing:
+        return f"no {', '.join(missing)} (Debian's openssh-server and rsync: scripts/install-system-packages.sh)"
+    return unshare_refused()
+
+
+# One machine of a team's, as `ray up` sees it: an sshd on its own address, in mount and PID namespaces of its own
+# (so `ray stop`, which ends every Ray process it can see, ends only this node's), with private /tmp, /dev/shm and
+# /run, and a home of its own in /tmp (root's entry in a private view of /etc/passwd) whose .bashrc puts the
+# project's virtualenv on the PATH, as a node's image would.
+SSH_NODE_SCRIPT = r"""set -e
+address="$1" config="$2"
+mount -t proc proc /proc
+mount -t tmpfs -o mode=0755 tmpfs /run
+mkdir -m 755 /run/sshd
+mkdir -m 700 /run/node
+cp "$config"/host_key "$config"/authorized_keys "$config"/sshd_config "$config"/bashrc /run/node/
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /dev/shm
+mkdir -m 700 /tmp/home
+cp /run/node/bashrc /tmp/home/.bashrc
+sed 's#^root:\([^:]*\):0:0:\([^:]*\):[^:]*:#root:\1:0:0:\2:/tmp/home:#' /etc/passwd > /run/node/passwd
+mount --bind /run/node/passwd /etc/passwd
+exec "$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f /run/node/sshd_config -o ListenAddress="$address"
+"""
+
+
+class SshNodes:
+    """Machines for `ray up`'s local provider: one sshd per address (port 22), logged into as root with a key of
+    the test's; `key` is the private key `ray up` is given."""
+
+    def __init__(self, folder: Path, addresses: list[str], logs: Path):
+        self.folder, self.addresses, self.logs = folder, addresses, logs
+        self.key = folder / "key"
+        self.procs: list[subprocess.Popen] = []
+        for name in ("key", "host_key"):
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", folder / name], check=True)
+        shutil.copy(folder / "key.pub", folder / "authorized_keys")
+        (folder / "sshd_config").write_text(
+            "Port 22\nHostKey /run/node/host_key\nAuthorizedKeysFile /run/node/authorized_keys\n"
+            "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
+            "UsePAM no\nPidFile none\n")
+        (folder / "bashrc").write_text(f'export PATH="{BIN}:$PATH" RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0\n')
+
+    def start(self, timeout_s: float = 20) -> None:
+        import socket
+
+        for address in self.addresses:
+            log = open(self.logs / f"sshd-{address}.log", "ab")
+            self.procs.append(subprocess.Popen(
+                ["unshare", "--mount", "--pid", "--fork", "--propagation", "private", "bash", "-c", SSH_NODE_SCRIPT,
+                 "node", address, str(self.folder)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        deadline = time.monotonic() + timeout_s
+        for address, proc in zip(self.addresses, self.procs):
+            while True:
+                assert proc.poll() is None, (self.logs / f"sshd-{address}.log").read_text()[-2000:]
+                try:
+                    socket.create_connection((address, 22), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline, f"no sshd on {address}:22 within {timeout_s} s"
+                    time.sleep(0.2)
+
+    def stop(self) -> None:
+        """Ends each node's namespace (its sshd is the namespace's first process: every Ray process of the node
+        goes with it)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=20)
+
+
+def replaced(command: str, old: str, new: str) -> str:
+    """`command` with `old` replaced by `new`; an error where `old` is not in it (deploy/ray-cluster.yaml changed
+    under the test)."""
+    if old not in command:
+        raise AssertionError(f"deploy/ray-cluster.yaml's command no longer holds {old!r}: {command}")
+    return command.replace(old, new)
+
+
+def ray_up_config(template: dict, nodes: SshNodes, name: str) -> tuple[dict, str]:
+    """deploy/ray-cluster.yaml for `nodes`: their addresses, the test's key and user, free ports and loopback
+    addresses for everything Ray listens on (another Ray of this machine holds the defaults); the rest as the file
+    has it. Also the head's dashboard address (the Jobs API)."""
+    import getpass
+
+    config = json.loads(json.dumps(template))
+    head, *workers = nodes.addresses
+    gcs, dashboard = free_port(), free_port()
+
+    def ports() -> str:
+        return (f" --dashboard-agent-listen-port={free_port()} --dashboard-agent-grpc-port={free_port()}"
+                f" --metrics-export-port={free_port()} --runtime-env-agent-port={free_port()}")
+
+    config["cluster_name"] = name
+    config["provider"].update(head_ip=head, worker_ips=workers)
+    config["auth"] = {"ssh_user": getpass.getuser(), "ssh_private_key": str(nodes.key)}
+    start_head = config["head_start_ray_commands"][-1]
+    for old, new in (("--port=6379", f"--port={gcs}"), ("--dashboard-host=0.0.0.0", f"--dashboard-host={head}"),
+                     ("--dashboard-port=8265", f"--dashboard-port={dashboard}")):
+        start_head = replaced(start_head, old, new)
+    config["head_start_ray_commands"][-1] = (f"{start_head} --node-ip-address={head} "
+                                             f"--ray-client-server-port={free_port()}{ports()}")
+    # a worker names the address the head reached it on (Ray would pick 127.0.0.1, loopback's own, for every node)
+    config["worker_start_ray_commands"][-1] = (
+        replaced(config["worker_start_ray_commands"][-1], "$RAY_HEAD_IP:6379", f"$RAY_HEAD_IP:{gcs}")
+        + " --node-ip-address=$(echo $SSH_CONNECTION | cut -d' ' -f3)" + ports())
+    return config, f"http://{head}:{dashboard}"
 
 
 def require_isolated_nodes() -> None:

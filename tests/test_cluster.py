@@ -25,10 +25,17 @@ from tests.cluster_rig import (
     BIN,
     HEAD,
     KEYS,
+    RAY_UP_HEAD,
+    RAY_UP_WORKER,
     SHARED,
     WORKER,
     Cluster,
+    SshNodes,
+    actors_by_node,
+    alive_nodes,
     cluster_env,
+    ray_up_config,
+    ssh_refused,
     start_tracking_server,
     stop_tracking_server,
     unshare_refused,
@@ -311,6 +318,65 @@ def test_preprocessing_s_ray_engine_reads_the_bucket_and_ships_each_partition_to
     for name in ("train.parquet", "validation.parquet", "test.parquet", "places.parquet"):
         assert hashlib.sha256(out.read_bytes(name)).digest() == \
             hashlib.sha256((tmp_path / "local" / name).read_bytes()).digest(), name
+
+
+def test_ray_up_brings_up_the_committed_cluster_over_ssh_and_a_job_trains_on_its_worker(
+        tracking_server, stored_data, tmp_path):
+    """deploy/ray-cluster.yaml, as docs/cluster.md runs it: `ray up` from the laptop reaches two machines over SSH
+    (each an sshd in mount and PID namespaces of its own, on its own loopback address, its home and /tmp private);
+    the head's setup command finds `pgt`, Ray starts there with no CPUs, and the head's own autoscaler starts Ray on
+    the listed worker over SSH. `pgt submit -- train` then trains on the worker (the head has no CPUs) and keeps
+    its run in the bucket; `ray down` stops Ray on both (the Jobs API no longer answers)."""
+    import yaml
+
+    from infra.storage import open_storage
+    from tests.conftest import PROJECT_ROOT
+
+    refused = ssh_refused()
+    if refused:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"`ray up` needs SSH to its nodes (CI installs it): {refused}")
+        pytest.skip(refused)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    nodes = SshNodes(tmp_path, [RAY_UP_HEAD, RAY_UP_WORKER], logs)
+    template = yaml.safe_load((PROJECT_ROOT / "deploy" / "ray-cluster.yaml").read_text())
+    config, dashboard = ray_up_config(template, nodes, f"pgt-test-{os.getpid()}")
+    cluster_file = tmp_path / "cluster.yaml"
+    cluster_file.write_text(yaml.safe_dump(config))
+    # the laptop's `ray up` keeps its cluster state and bootstrap files in TMPDIR; Ray 2.60's v2 autoscaler starts
+    # no worker of the local provider (docs/cluster.md)
+    (tmp_path / "laptop-tmp").mkdir()
+    env = {**cluster_env(logs), "RAY_UP_enable_autoscaler_v2": "0", "TMPDIR": str(tmp_path / "laptop-tmp")}
+    data, uri = stored_data
+    nodes.start()
+    try:
+        up = subprocess.run([BIN / "ray", "up", "-y", "--no-config-cache", cluster_file], env=env, capture_output=True,
+                            text=True, timeout=300)
+        assert up.returncode == 0, up.stdout[-4000:] + up.stderr[-2000:]
+        deadline = time.monotonic() + 120
+        while sorted(n.node_ip for n in alive_nodes(dashboard)) != [RAY_UP_HEAD, RAY_UP_WORKER]:
+            assert time.monotonic() < deadline, f"the worker did not join within 120 s: {alive_nodes(dashboard)}"
+            time.sleep(1)
+
+        out = uri("runs/ray-up")
+        trained = subprocess.run([BIN / "pgt", "submit", "--cluster", dashboard, "--", "train", "--data", data,
+                                  "--out", out, "--workers", "1", "--epochs", "2", "--tracking-uri", tracking_server,
+                                  "--experiment", "ray-up"], env=env, capture_output=True, text=True, timeout=600)
+        assert trained.returncode == 0 and "SUCCEEDED" in trained.stdout, trained.stdout[-4000:] + trained.stderr[-2000:]
+        assert actors_by_node(dashboard, "RayTrainWorker") == {RAY_UP_WORKER: 1}
+        metrics = json.loads(open_storage(out).read_bytes("metrics.json"))
+        assert metrics["epochs_run"] == 2 and metrics["mlflow"]["model_uri"]
+
+        down = subprocess.run([BIN / "ray", "down", "-y", cluster_file], env=env, capture_output=True, text=True,
+                              timeout=180)
+        assert down.returncode == 0, down.stdout[-4000:] + down.stderr[-2000:]
+        deadline = time.monotonic() + 60
+        while alive_nodes(dashboard):
+            assert time.monotonic() < deadline, "Ray still answers 60 s after `ray down`"
+            time.sleep(1)
+    finally:
+        nodes.stop()
 
 
 def test_joining_the_cluster_from_a_machine_with_no_node_of_it_names_the_jobs_command(cluster, stored_data, tmp_path):
