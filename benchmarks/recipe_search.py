@@ -114,6 +114,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                         {**TUNED_SELECTION, "recent_repeat": 0.2}),
     "tuned-recent-40": ("+ each person's latest 40% of train samples twice an epoch (recent_repeat 0.4)",
                         {**TUNED_SELECTION, "recent_repeat": 0.4}),
+    "tuned-distance-head-02": ("+ an auxiliary head predicting the next move's distance band, at weight 0.2 "
+                               "(distance_head 0.2)", {**TUNED_SELECTION, "distance_head": 0.2}),
+    "tuned-distance-head-05": ("+ the same auxiliary head at weight 0.5 (distance_head 0.5)",
+                               {**TUNED_SELECTION, "distance_head": 0.5}),
 }
 
 

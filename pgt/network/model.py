@@ -78,6 +78,11 @@ class Output(NamedTuple):
     gate: torch.Tensor  # (B,) weight of the pointer distribution
     attention: torch.Tensor  # (B, T) pointer attention over the history (0 on padding)
     members: torch.Tensor | None = None  # (K, B, V) each member's log_probs (an Ensemble's); None for one network
+    # distance_head, while training: (B, bands) logits of the band of the distance to the next place (an Ensemble's
+    # (K, B, bands)), and (B, V) the band of each location id from the current place, which the loss reads the
+    # target's from; None otherwise
+    distance: torch.Tensor | None = None
+    bands: torch.Tensor | None = None
 
 
 class VisitEmbedding(nn.Module):
@@ -197,6 +202,9 @@ class PointerGeneratorTransformer(nn.Module):
         self.generator = nn.Linear(d, cfg.num_locations)
         if cfg.place_distance:  # b[distance band from the current place] over the generator's places
             self.distance_bias = nn.Parameter(torch.zeros(len(DISTANCE_EDGES_KM) + 2))
+        # an auxiliary task: the next move's distance band from the context (training only)
+        self.distance_head = nn.Linear(d, len(DISTANCE_EDGES_KM) + 2) if cfg.distance_head else None
+        if cfg.place_distance or cfg.distance_head:
             # (V, 2) latitude and longitude of each location id in degrees, NaN where none (set_place_coordinates)
             self.register_buffer("place_coords", torch.full((cfg.num_locations, 2), math.nan))
             self.register_buffer("distance_edges", torch.tensor(DISTANCE_EDGES_KM), persistent=False)
@@ -238,20 +246,28 @@ class PointerGeneratorTransformer(nn.Module):
         else:
             gate, attention = memory_pointer(self.gate(c), scores, pad, memory)  # (B,), (B, T)
         logits = self.generator(c)  # (B, V)
-        if self.cfg.place_distance:  # the pointer's visits take no such bias: on validation it did not help
+        bands = distance = None
+        if self.cfg.place_distance or (self.distance_head is not None and self.training):
             current = locations.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)  # (B,) the last visit's place
-            logits = logits + lookup(self.distance_bias, distance_bands(self.place_coords, self.distance_edges, current))
+            bands = distance_bands(self.place_coords, self.distance_edges, current)  # (B, V)
+        if self.cfg.place_distance:  # the pointer's visits take no such bias: on validation it did not help
+            logits = logits + lookup(self.distance_bias, bands)
+        if self.distance_head is not None and self.training:
+            distance = self.distance_head(c)  # (B, bands)
+        else:
+            bands = None
         p_gen = torch.softmax(logits, dim=-1)  # (B, V)
         probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_gen)  # (B, V + S)
-        return Output(torch.log(probs + EPS), gate, attention)
+        return Output(torch.log(probs + EPS), gate, attention, distance=distance, bands=bands)
 
 
 def set_place_coordinates(model: nn.Module, coords: torch.Tensor) -> None:
-    """Give every network of a place_distance model the (V, 2) coordinates of its location ids (degrees; NaN where
-    none): the data's, once, before training; a checkpoint carries them with the weights."""
+    """Give every network of a place_distance (or distance_head) model the (V, 2) coordinates of its location ids
+    (degrees; NaN where none): the data's, once, before training; a checkpoint carries them with the weights."""
     for net in networks(model):
         if getattr(net, "place_coords", None) is None or net.place_coords.shape != coords.shape:
-            raise ValueError(f"set_place_coordinates: a place_distance network of {net.cfg.num_locations} locations "
+            raise ValueError(f"set_place_coordinates: a place_distance or distance_head network of "
+                             f"{net.cfg.num_locations} locations "
                              f"takes ({net.cfg.num_locations}, 2) coordinates, got {tuple(coords.shape)}")
         net.place_coords.copy_(coords)
 
@@ -414,7 +430,10 @@ class Ensemble(nn.Module):
         log_probs = mean_probability(each)  # (B, V + S)
         gate = torch.stack([out.gate for out in outs]).mean(0)  # (B,)
         attention = torch.stack([out.attention for out in outs]).mean(0)  # (B, T)
-        return Output(log_probs, gate, attention, each)
+        if outs[0].distance is None:
+            return Output(log_probs, gate, attention, each)
+        distance = torch.stack([out.distance for out in outs])  # (K, B, bands)
+        return Output(log_probs, gate, attention, each, distance, outs[0].bands)
 
 
 def mean_probability(each: torch.Tensor) -> torch.Tensor:

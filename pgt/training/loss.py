@@ -47,10 +47,27 @@ def smoothed_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor, smoot
 
 def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig) -> torch.Tensor:
     """What a batch backpropagates: the criterion of the model's log-probabilities, or for an ensemble the sum of
-    its members' criteria, so that each member gets the gradient it would get trained alone."""
+    its members' criteria, so that each member gets the gradient it would get trained alone; with distance_head, each
+    network's distance_loss at that weight beside its criterion."""
     if out.members is None:
-        return criterion(out.log_probs.float(), batch, model_cfg, cfg)
-    return sum(criterion(log_probs.float(), batch, model_cfg, cfg) for log_probs in out.members)
+        loss = criterion(out.log_probs.float(), batch, model_cfg, cfg)
+        if out.distance is not None:
+            loss = loss + model_cfg.distance_head * distance_loss(out.distance, out.bands, batch)
+        return loss
+    loss = sum(criterion(log_probs.float(), batch, model_cfg, cfg) for log_probs in out.members)
+    if out.distance is not None:
+        loss = loss + model_cfg.distance_head * sum(distance_loss(each, out.bands, batch) for each in out.distance)
+    return loss
+
+
+def distance_loss(distance: torch.Tensor, bands: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """() The auxiliary task's cross-entropy: (B, bands) logits against the band of each row's target place from
+    its current place, read off the (B, V) bands of every location id; averaged over the rows whose target has a
+    band (a place unseen in train has no coordinates: band 0, which counts for nothing). No host synchronisation."""
+    target = bands.gather(1, batch.targets.unsqueeze(1)).squeeze(1)  # (B,)
+    losses = F.cross_entropy(distance.float(), target, reduction="none")  # (B,)
+    kept = target > 0
+    return (losses * kept).sum() / kept.sum().clamp_min(1)
 
 
 def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Batch, torch.Tensor], torch.Tensor]:

@@ -204,7 +204,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
         model = fused_seed_model(model_cfg, cfg.seed).to(worker.device)
     else:
         model = build_model(model_cfg).to(worker.device)
-    if model_cfg.place_distance:
+    if model_cfg.place_distance or model_cfg.distance_head:
         set_place_coordinates(model, place_coordinates(data_dir, model_cfg.num_locations).to(worker.device))
     if worker.rank:  # the same initial weights everywhere, but each rank its own dropout masks
         torch.manual_seed(cfg.seed + 7919 * worker.rank)

@@ -373,3 +373,48 @@ def test_usual_places_flag_the_windows_most_visited_night_and_day_places():
     flags = usual_places(ids, times, window, 96)
     assert flags.tolist() == [[2, 0, 2, 1, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]]
 
+
+
+def test_the_distance_head_predicts_the_next_moves_band_while_training_and_predictions_ignore_it(tiny_batch,
+                                                                                              tiny_config):
+    """distance_head: in training mode the model gives (B, bands) logits and the (B, V) bands from the current place;
+    the loss adds distance_loss at the setting's weight, averaged over the rows whose target has coordinates (target
+    6 has none here: its row counts for nothing). In eval mode there is neither, and the head changes no prediction:
+    the same weights without it predict the same. An ensemble gives each member's logits."""
+    import torch.nn.functional as F
+
+    from pgt.config import TrainConfig
+    from pgt.training.loss import criterion, distance_loss, training_loss
+
+    nan = float("nan")
+    coords = torch.tensor([[nan, nan]] * 2 + [[39.9 + 0.01 * i, 116.4] for i in range(2, 10)])
+    coords[6] = nan
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, distance_head=0.5)
+    model = build_model(cfg)
+    set_place_coordinates(model, coords)
+    out = model.train()(*tiny_batch.inputs())
+    current = torch.tensor([7, 4, 9])  # each row's last visit
+    assert out.distance.shape == (3, len(DISTANCE_EDGES_KM) + 2)
+    assert torch.equal(out.bands, distance_bands(coords, model.distance_edges, current))
+    target_bands = out.bands[torch.arange(3), tiny_batch.targets]  # targets 5, 6, 9
+    assert target_bands[1] == 0 and (target_bands[[0, 2]] > 0).all()
+    expected = F.cross_entropy(out.distance[[0, 2]], target_bands[[0, 2]])
+    assert torch.allclose(distance_loss(out.distance, out.bands, tiny_batch), expected)
+    train_cfg = TrainConfig(data_dir="d", out_dir="o")
+    assert torch.allclose(training_loss(out, tiny_batch, cfg, train_cfg),
+                          criterion(out.log_probs, tiny_batch, cfg, train_cfg) + 0.5 * expected)
+
+    served = model.eval()(*tiny_batch.inputs())
+    assert served.distance is None and served.bands is None
+    plain = build_model(tiny_config).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items()
+                           if not k.startswith("distance_head.") and k != "place_coords"})
+    assert torch.allclose(plain(*tiny_batch.inputs()).log_probs, served.log_probs)
+
+    ensemble = build_model(dataclasses.replace(cfg, members=2))
+    set_place_coordinates(ensemble, coords)
+    both = ensemble.train()(*tiny_batch.inputs())
+    assert both.distance.shape == (2, 3, len(DISTANCE_EDGES_KM) + 2) and torch.equal(both.bands, out.bands)
+    with pytest.raises(Exception, match="lstm-pg"):
+        dataclasses.replace(tiny_config, variant="lstm-pg", distance_head=0.5)

@@ -22,6 +22,7 @@ SWITCHES = {
     "place distance, slots": {"place_distance": True, "unseen_slots": True},
     "usual places, slots, relations": {"usual_places": True, "unseen_slots": True, "visit_relations": True},
     "usual places": {"usual_places": True},
+    "distance head (training's only), slots": {"distance_head": 0.5, "unseen_slots": True},
 }
 
 
