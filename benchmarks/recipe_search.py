@@ -118,6 +118,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                                "(distance_head 0.2)", {**TUNED_SELECTION, "distance_head": 0.2}),
     "tuned-distance-head-05": ("+ the same auxiliary head at weight 0.5 (distance_head 0.5)",
                                {**TUNED_SELECTION, "distance_head": 0.5}),
+    "tuned-wa99": ("+ a moving average of the weights, decay 0.99", {**TUNED_SELECTION, "weight_average": 0.99}),
+    "tuned-ls0": ("+ no label smoothing", {**TUNED_SELECTION, "label_smoothing": 0.0}),
+    "tuned-rel2": ("+ relations to the last two places (relation_order 2)", {**TUNED_SELECTION, "relation_order": 2}),
+    "tuned-l3": ("+ a third encoder layer", {**TUNED_SELECTION, "num_layers": 3}),
 }
 
 

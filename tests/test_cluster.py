@@ -377,6 +377,21 @@ def test_ray_up_brings_up_the_committed_cluster_over_ssh_and_a_job_trains_on_its
             time.sleep(1)
     finally:
         nodes.stop()
+        remove_ssh_control_folder(config["cluster_name"])
+
+
+def remove_ssh_control_folder(cluster_name: str) -> None:
+    """`ray up`'s SSH connections share a folder of control sockets per user and cluster under /tmp, whatever TMPDIR
+    says (ray.autoscaler._private.command_runner): the test's goes with it, and the user's folder if nothing is left."""
+    import getpass
+    import hashlib
+    import shutil
+    from pathlib import Path
+
+    user = Path("/tmp", f"ray_ssh_{hashlib.sha256(getpass.getuser().encode()).hexdigest()[:10]}")
+    shutil.rmtree(user / hashlib.sha256(cluster_name.encode()).hexdigest()[:10], ignore_errors=True)
+    if user.is_dir() and not any(user.iterdir()):
+        user.rmdir()
 
 
 def test_joining_the_cluster_from_a_machine_with_no_node_of_it_names_the_jobs_command(cluster, stored_data, tmp_path):
