@@ -164,7 +164,8 @@ class Cluster:
 
 
 
-RAY_UP_HEAD, RAY_UP_WORKER = "127.0.0.5", "127.0.0.6"  # other addresses than the `ray start` nodes': both may run
+# other addresses than the `ray start` nodes': both may run; BARE: a machine without the project
+RAY_UP_HEAD, RAY_UP_WORKER, RAY_UP_BARE = "127.0.0.5", "127.0.0.6", "127.0.0.7"
 
 
 def ssh_refused() -> str | None:
@@ -200,9 +201,11 @@ exec "$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f /run/node/sshd_config 
 
 class SshNodes:
     """Machines for `ray up`'s local provider: one sshd per address (port 22), logged into as root with a key of
-    the test's; `key` is the private key `ray up` is given."""
+    the test's; `key` is the private key `ray up` is given. `project_installed` False: the login shell's PATH lacks
+    the project's virtualenv, as a machine where it was never installed."""
 
-    def __init__(self, folder: Path, addresses: list[str], logs: Path):
+    def __init__(self, folder: Path, addresses: list[str], logs: Path, project_installed: bool = True):
+        folder.mkdir(parents=True, exist_ok=True)
         self.folder, self.addresses, self.logs = folder, addresses, logs
         self.key = folder / "key"
         self.procs: list[subprocess.Popen] = []
@@ -213,7 +216,8 @@ class SshNodes:
             "Port 22\nHostKey /run/node/host_key\nAuthorizedKeysFile /run/node/authorized_keys\n"
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nPidFile none\n")
-        (folder / "bashrc").write_text(f'export PATH="{BIN}:$PATH" RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0\n')
+        path = f'"{BIN}:$PATH"' if project_installed else '"$PATH"'  # not installed: neither pgt nor ray is found
+        (folder / "bashrc").write_text(f"export PATH={path} RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0\n")
 
     def start(self, timeout_s: float = 20) -> None:
         import socket

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from tests.cluster_rig import (
     BIN,
     HEAD,
     KEYS,
+    RAY_UP_BARE,
     RAY_UP_HEAD,
     RAY_UP_WORKER,
     SHARED,
@@ -322,7 +324,8 @@ def test_preprocessing_s_ray_engine_reads_the_bucket_and_ships_each_partition_to
 
 def test_ray_up_brings_up_the_committed_cluster_over_ssh_and_a_job_trains_on_its_worker(
         tracking_server, stored_data, tmp_path):
-    """deploy/ray-cluster.yaml, as docs/cluster.md runs it: `ray up` from the laptop reaches two machines over SSH
+    """deploy/ray-cluster.yaml, as docs/cluster.md runs it. On a machine without the project, `ray up` stops at the
+    file's setup command, naming the machine. Then `ray up` from the laptop reaches two machines over SSH
     (each an sshd in mount and PID namespaces of its own, on its own loopback address, its home and /tmp private);
     the head's setup command finds `pgt`, Ray starts there with no CPUs, and the head's own autoscaler starts Ray on
     the listed worker over SSH. `pgt submit -- train` then trains on the worker (the head has no CPUs) and keeps
@@ -349,6 +352,20 @@ def test_ray_up_brings_up_the_committed_cluster_over_ssh_and_a_job_trains_on_its
     (tmp_path / "laptop-tmp").mkdir()
     env = {**cluster_env(logs), "RAY_UP_enable_autoscaler_v2": "0", "TMPDIR": str(tmp_path / "laptop-tmp")}
     data, uri = stored_data
+    # first a machine where the project was never installed: `ray up` stops at the setup command, naming it
+    bare = SshNodes(tmp_path / "bare", [RAY_UP_BARE], logs, project_installed=False)
+    bare_file = tmp_path / "bare.yaml"
+    bare_file.write_text(yaml.safe_dump(ray_up_config(template, bare, f"pgt-bare-{os.getpid()}")[0]))
+    bare.start()
+    try:
+        refused = subprocess.run([BIN / "ray", "up", "-y", "--no-config-cache", bare_file], env=env,
+                                 capture_output=True, text=True, timeout=120)
+    finally:
+        bare.stop()
+        remove_ssh_control_folder(f"pgt-bare-{os.getpid()}")
+    assert refused.returncode != 0 and f"pgt is not installed on {socket.gethostname()}" in refused.stdout + refused.stderr, (
+        refused.stdout[-3000:] + refused.stderr[-2000:])
+
     nodes.start()
     try:
         up = subprocess.run([BIN / "ray", "up", "-y", "--no-config-cache", cluster_file], env=env, capture_output=True,
