@@ -169,12 +169,15 @@ RAY_UP_HEAD, RAY_UP_WORKER, RAY_UP_BARE = "127.0.0.5", "127.0.0.6", "127.0.0.7"
 
 
 def ssh_refused() -> str | None:
-    """Why `ray up` cannot reach nodes over SSH here (None: it can): it needs an sshd per node, and Ray's
-    command runner calls ssh and rsync."""
+    """Why `ray up` cannot reach nodes over SSH here (None: it can): it needs an sshd per node on port 22 of its
+    address, and Ray's command runner calls ssh and rsync."""
     missing = [name for name in ("sshd", "ssh", "ssh-keygen", "rsync")
                if shutil.which(name) is None and not Path("/usr/sbin", name).exists()]
     if missing:
         return f"no {', '.join(missing)} (Debian's openssh-server and rsync: scripts/install-system-packages.sh)"
+    taken = [a for a in (RAY_UP_HEAD, RAY_UP_WORKER, RAY_UP_BARE) if port_answers(a, 22)]
+    if taken:
+        return f"port 22 of {', '.join(taken)} is taken (an SSH server of this machine on every address?)"
     return unshare_refused()
 
 
@@ -220,23 +223,23 @@ class SshNodes:
         (folder / "bashrc").write_text(f"export PATH={path} RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0\n")
 
     def start(self, timeout_s: float = 20) -> None:
-        import socket
-
+        """Each node's sshd, answering on its address's port 22; an error first where something else answers there
+        (an sshd of the machine's own, on every address), which `ray up` would reach instead."""
         for address in self.addresses:
-            log = open(self.logs / f"sshd-{address}.log", "ab")
-            self.procs.append(subprocess.Popen(
-                ["unshare", "--mount", "--pid", "--fork", "--propagation", "private", "bash", "-c", SSH_NODE_SCRIPT,
-                 "node", address, str(self.folder)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+            if port_answers(address, 22):
+                raise RuntimeError(f"port 22 of {address} is taken (an SSH server of this machine on every address?)")
+        for address in self.addresses:
+            with open(self.logs / f"sshd-{address}.log", "ab") as log:
+                self.procs.append(subprocess.Popen(
+                    ["unshare", "--mount", "--pid", "--fork", "--propagation", "private", "bash", "-c",
+                     SSH_NODE_SCRIPT, "node", address, str(self.folder)], stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True))
         deadline = time.monotonic() + timeout_s
         for address, proc in zip(self.addresses, self.procs):
-            while True:
+            while not port_answers(address, 22):
                 assert proc.poll() is None, (self.logs / f"sshd-{address}.log").read_text()[-2000:]
-                try:
-                    socket.create_connection((address, 22), timeout=1).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline, f"no sshd on {address}:22 within {timeout_s} s"
-                    time.sleep(0.2)
+                assert time.monotonic() < deadline, f"no sshd on {address}:22 within {timeout_s} s"
+                time.sleep(0.2)
 
     def stop(self) -> None:
         """Ends each node's namespace (its sshd is the namespace's first process: every Ray process of the node
@@ -250,6 +253,16 @@ class SshNodes:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=20)
+
+
+def port_answers(address: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((address, port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def replaced(command: str, old: str, new: str) -> str:
