@@ -246,19 +246,18 @@ class PointerGeneratorTransformer(nn.Module):
         else:
             gate, attention = memory_pointer(self.gate(c), scores, pad, memory)  # (B,), (B, T)
         logits = self.generator(c)  # (B, V)
-        bands = distance = None
-        if self.cfg.place_distance or (self.distance_head is not None and self.training):
+        auxiliary = self.distance_head is not None and self.training  # the distance head's task: training only
+        bands = None
+        if self.cfg.place_distance or auxiliary:
             current = locations.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)  # (B,) the last visit's place
             bands = distance_bands(self.place_coords, self.distance_edges, current)  # (B, V)
         if self.cfg.place_distance:  # the pointer's visits take no such bias: on validation it did not help
             logits = logits + lookup(self.distance_bias, bands)
-        if self.distance_head is not None and self.training:
-            distance = self.distance_head(c)  # (B, bands)
-        else:
-            bands = None
         p_gen = torch.softmax(logits, dim=-1)  # (B, V)
         probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_gen)  # (B, V + S)
-        return Output(torch.log(probs + EPS), gate, attention, distance=distance, bands=bands)
+        if not auxiliary:
+            return Output(torch.log(probs + EPS), gate, attention)
+        return Output(torch.log(probs + EPS), gate, attention, distance=self.distance_head(c), bands=bands)  # (B, bands)
 
 
 def set_place_coordinates(model: nn.Module, coords: torch.Tensor) -> None:
@@ -430,9 +429,7 @@ class Ensemble(nn.Module):
         log_probs = mean_probability(each)  # (B, V + S)
         gate = torch.stack([out.gate for out in outs]).mean(0)  # (B,)
         attention = torch.stack([out.attention for out in outs]).mean(0)  # (B, T)
-        if outs[0].distance is None:
-            return Output(log_probs, gate, attention, each)
-        distance = torch.stack([out.distance for out in outs])  # (K, B, bands)
+        distance = None if outs[0].distance is None else torch.stack([out.distance for out in outs])  # (K, B, bands)
         return Output(log_probs, gate, attention, each, distance, outs[0].bands)
 
 
