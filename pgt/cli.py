@@ -20,13 +20,13 @@ from pgt.config import (
     BASELINES,
     LaunchConfig,
     PredictConfig,
-    ServeConfig,
     TrackingConfig,
     TrainConfig,
     base_settings,
 )
 from pgt.options import USER_ERRORS, Typed, fail, one_line_errors, option_for, settings_options, typed_from
 from pgt.recipes import RECIPES, recipe_label
+from pgt.serving.config import ServeConfig
 from preprocessing.config import APPLIED_SPLIT, FORMATS, SPLITS, SynthConfig
 from preprocessing.engine import EngineConfig
 

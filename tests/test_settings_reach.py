@@ -21,13 +21,13 @@ from pgt.config import (
     LaunchConfig,
     ModelSettings,
     PredictConfig,
-    ServeConfig,
     TrackingConfig,
     TrainConfig,
     load_recipe_file,
 )
 from pgt.options import typed_from
 from pgt.recipes import RECIPE_FREE
+from pgt.serving.config import ServeConfig
 from preprocessing.config import PreprocessConfig, SynthConfig, load_config
 from preprocessing.engine import EngineConfig
 from tune.config import TRIAL_FIXED, SweepConfig

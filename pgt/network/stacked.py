@@ -27,9 +27,9 @@ from pgt.network.model import (
     mean_probability,
     networks,
     positions_from_end,
-    visit_relations,
 )
 from pgt.network.places import distance_bands, usual_places
+from pgt.network.pointer import visit_relations
 from pgt.network.vocabulary import extended_ids, visit_ids
 
 

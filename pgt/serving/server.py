@@ -39,8 +39,8 @@ import polars as pl
 import torch
 
 from infra.errors import SettingsError
-from pgt.config import ServeConfig
 from pgt.serving.admission import Admission, Busy
+from pgt.serving.config import ServeConfig
 from pgt.serving.models import check_model_uri
 from pgt.serving.requests import BadRequest, parse_body
 from pgt.tracking.store import use_tracking_uri

@@ -12,8 +12,9 @@ import typer.main
 
 from infra.errors import InputError, SettingsError
 from pgt.cli import app
-from pgt.config import LaunchConfig, ServeConfig
+from pgt.config import LaunchConfig
 from pgt.options import USER_ERRORS
+from pgt.serving.config import ServeConfig
 
 
 def test_an_input_error_names_its_file_and_crosses_processes_as_itself():

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgt.config import ServeConfig
+from pgt.serving.config import ServeConfig
 
 
 def test_the_environment_round_trip_keeps_every_setting_and_its_type(monkeypatch):

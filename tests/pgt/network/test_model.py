@@ -168,7 +168,7 @@ def test_previous_location_reaches_the_next_visits_embedding(tiny_config):
 
 def test_visit_relations_on_a_hand_built_history(tiny_config):
     """Relations to the last visit and the clock buckets, computed by hand (values stored + 1, 0 = padding)."""
-    from pgt.network.model import visit_relations
+    from pgt.network.pointer import visit_relations
 
     cfg = dataclasses.replace(tiny_config, unseen_slots=True, time_slots=96, weekdays=7, duration_buckets=96)
     locations = torch.tensor([[2, 3, 2, 4, 2, 0], [1, 1, 5, 1, 0, 0]])
@@ -206,7 +206,7 @@ def test_visit_relations_start_neutral_and_move_the_pointer(tiny_batch, tiny_con
 
 
 def test_second_order_relations_mark_what_followed_the_last_two_places(tiny_config):
-    from pgt.network.model import visit_relations
+    from pgt.network.pointer import visit_relations
 
     cfg = dataclasses.replace(tiny_config, visit_relations=True, relation_order=2)
     locations = torch.tensor([[3, 2, 4, 3, 2, 5, 4, 2, 0]])  # the last two places: 4, then 2

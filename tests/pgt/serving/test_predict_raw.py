@@ -487,7 +487,7 @@ def test_a_request_that_finds_no_room_within_the_wait_limit_gets_503_with_retry_
 
     import uvicorn
 
-    from pgt.config import ServeConfig
+    from pgt.serving.config import ServeConfig
     from pgt.serving.server import create_app
 
     root, tracking = trained
@@ -587,8 +587,8 @@ def test_a_large_body_is_parsed_and_scored_off_the_event_loop(trained, monkeypat
 
     from fastapi.testclient import TestClient
 
-    from pgt.config import ServeConfig
     from pgt.serving import server
+    from pgt.serving.config import ServeConfig
 
     root, tracking = trained
     where = []

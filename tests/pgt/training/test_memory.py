@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from pgt.data.dataset import MemoryLayout, SequenceDataset, Vocab
-from pgt.network.model import build_model, memory_pointer
+from pgt.network.model import build_model
+from pgt.network.pointer import memory_pointer
 from pgt.network.stacked import StackedTransformer
 
 LAYOUT = MemoryLayout(places=2, recency=8, durations=96)  # the reference protocol's 8 recency values, 96 buckets
@@ -119,7 +120,7 @@ def test_a_model_that_remembers_can_name_a_remembered_place_and_is_not_stacked(s
 
 
 def test_a_remembered_place_that_followed_the_current_place_before_has_that_relation(split, tiny_config):
-    from pgt.network.model import visit_relations
+    from pgt.network.pointer import visit_relations
 
     cfg = dataclasses.replace(tiny_config, memory_places=2, visit_relations=True, time_slots=96, duration_buckets=96)
     ds = SequenceDataset.from_parquet(split, max_len=cfg.max_len, memory=MemoryLayout.of(cfg))
