@@ -79,8 +79,8 @@ def main() -> None:
     parser.add_argument("--recipe-file", type=Path, default=None,
                         help="a recipe file instead of --recipe (benchmarks/configs/tuned-memory.yaml: tuned with the "
                              "long-term memory)")
-    parser.add_argument("--memory-places", type=int, default=None,
-                        help="the served model's memory_places, over the recipe's (0: no long-term memory)")
+    parser.add_argument("--memory-size", type=int, default=None,
+                        help="the served model's memory_size, over the recipe's (0: no long-term memory)")
     parser.add_argument("--requests", type=int, default=300, help="served one-user requests (cycling over users)")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
@@ -103,7 +103,7 @@ def main() -> None:
         del early
         fit_s, _ = run(*PGT, "preprocess", "--input", tmp / "early.parquet", "--format", "positionfixes", "--out",
                        tmp / "early", "--no-progress", env=env)
-        memory = ["--memory-places", args.memory_places] if args.memory_places is not None else []
+        memory = ["--memory-size", args.memory_size] if args.memory_size is not None else []
         recipe = ["--recipe-file", args.recipe_file] if args.recipe_file else ["--recipe", args.recipe]
         train_s, _ = run(*PGT, "train", "--data", tmp / "early", "--out", tmp / "run", *recipe, "--epochs",
                          args.epochs, *memory, "--register", "bench", env=env)
@@ -170,7 +170,7 @@ def main() -> None:
         "input": shown_path(args.input), "fit": {"preprocess_s": round(fit_s, 1), "train_s": round(train_s, 1),
                                           "epochs": args.epochs,
                                           "recipe": shown_path(args.recipe_file) if args.recipe_file else args.recipe,
-                                          "memory_places": args.memory_places},
+                                          "memory_size": args.memory_size},
         "artifact": artifact,
         "predict": {"wall_s": round(predict_s, 2), "points": recent.height, "users_in_input": recent["user_id"].n_unique(),
                     "users_scored": users_scored,

@@ -90,12 +90,12 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "rel-in-do2": ("rel-in + dropout 0.2", {**REL_IN, "dropout": 0.2}),
     "rel-in-do4": ("rel-in + dropout 0.4", {**REL_IN, "dropout": 0.4}),
     # the long-term memory (preprocessing.memory) over the tuned recipe: how many remembered places to read
-    "mem8": ("tuned + the 8 most visited earlier places beyond the window", {**REL_IN, "dropout": 0.4, "memory_places": 8}),
-    "mem16": ("tuned + 16 remembered places", {**REL_IN, "dropout": 0.4, "memory_places": 16}),
-    "mem32": ("tuned + 32 remembered places", {**REL_IN, "dropout": 0.4, "memory_places": 32}),
-    "mem8-joint": ("mem8, one pointer over the history and the memory", {**REL_IN, "dropout": 0.4, "memory_places": 8,
+    "mem8": ("tuned + the 8 most visited earlier places beyond the window", {**REL_IN, "dropout": 0.4, "memory_size": 8}),
+    "mem16": ("tuned + 16 remembered places", {**REL_IN, "dropout": 0.4, "memory_size": 16}),
+    "mem32": ("tuned + 32 remembered places", {**REL_IN, "dropout": 0.4, "memory_size": 32}),
+    "mem8-joint": ("mem8, one pointer over the history and the memory", {**REL_IN, "dropout": 0.4, "memory_size": 8,
                                                                        "memory_gate": False}),
-    "mem16-joint": ("mem16, one pointer over both", {**REL_IN, "dropout": 0.4, "memory_places": 16,
+    "mem16-joint": ("mem16, one pointer over both", {**REL_IN, "dropout": 0.4, "memory_size": 16,
                                                      "memory_gate": False}),
     "rel-in-d96": ("rel-in + d_model 96", {**REL_IN, "d_model": 96, "dim_feedforward": 192}),
     "rel-in2-l3": ("rel-in2 + 3 layers", {**REL_IN2, "num_layers": 3}),
@@ -122,6 +122,9 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "tuned-ls0": ("+ no label smoothing", {**TUNED_SELECTION, "label_smoothing": 0.0}),
     "tuned-rel2": ("+ relations to the last two places (relation_order 2)", {**TUNED_SELECTION, "relation_order": 2}),
     "tuned-l3": ("+ a third encoder layer", {**TUNED_SELECTION, "num_layers": 3}),
+    "tuned-mem8-joint": ("+ the 8 most visited earlier places beyond the window, one pointer over both (the memory "
+                         "configuration validation chose for tuned-2026-11)",
+                         {**TUNED_SELECTION, "memory_size": 8, "memory_gate": False}),
 }
 
 

@@ -19,6 +19,10 @@ from infra.errors import SettingsError
 
 HELP, LOW, HIGH, LOW_OPEN, HIGH_OPEN, CHOICES, ENV = "help", "low", "high", "low_open", "high_open", "choices", "env"
 NESTED = "nested"  # the metadata key of a field that holds another config of settings
+# Settings renamed since records were written (old -> new). A stored record (a checkpoint's or a logged model's
+# config, a preprocessing manifest) is read under today's names (stored_settings); a name a person types (a recipe
+# or settings file, a sweep's base) is refused, the refusal naming the new one (renamed_hint).
+RENAMED = {"memory_places": "memory_size"}
 
 
 def setting(default: Any, help: str, *, low: float | None = None, high: float | None = None, low_open: bool = False,
@@ -91,8 +95,19 @@ def unflatten(config: type, values: dict[str, Any], what: str = "setting") -> di
             taken.add(name)
     unknown = sorted(set(values) - taken)
     if unknown:
-        raise SettingsError(f"unknown {what}(s): {', '.join(unknown)}")
+        raise SettingsError(f"unknown {what}(s): {', '.join(unknown)}{renamed_hint(unknown)}")
     return kwargs
+
+
+def stored_settings(values: dict[str, Any]) -> dict[str, Any]:
+    """A stored record's settings under today's names (RENAMED)."""
+    return {RENAMED.get(name, name): value for name, value in values.items()}
+
+
+def renamed_hint(names) -> str:
+    """" (memory_places is memory_size now)" for the renamed among unknown names; "" for none."""
+    hints = [f"{name} is {RENAMED[name]} now" for name in names if name in RENAMED]
+    return f" ({'; '.join(hints)})" if hints else ""
 
 
 def help_of(config: type | object, name: str) -> str:

@@ -25,7 +25,7 @@ from preprocessing.config import ANCHORS
 
 TOP_K = 5  # places per prediction unless asked otherwise (`pgt predict --top-k`, the flow, a request's params)
 MAX_TOP_K = 1000  # the most places one answer may list
-DATA_ENGINES = ("memory", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
+DATA_ENGINES = ("loaded", "ray")  # how Ray Train workers get the train split: loaded whole, or streamed by Ray Data
 VARIANTS = ("pgt", "mhsa", "pointer", "lstm-pg")  # the neural models (pgt.network.model)
 # The memory's entries enter the model as visits in front of the history: the recency of one is its age bucket
 # (days since the place's last visit, counted back from the sample's anchor day, at least each lower edge) after
@@ -62,11 +62,11 @@ class ModelSettings:
     relation_inputs: bool = setting(False, "With visit_relations: the encoder's inputs embed them too.")
     relation_order: int = setting(1, "With visit_relations: transitions from the current place (1) or from the last "
                                      "two places (2).", choices=(1, 2))
-    memory_places: int = setting(0, "Long-term memory: the person's earlier places outside the 7-day window the model "
+    memory_size: int = setting(0, "Long-term memory: the person's earlier places outside the 7-day window the model "
                                     "reads (the data's first N: the most visited), in front of the history, with a "
                                     "pointer and a gate of their own; 0 reads none (pgt.network.model, preprocessing.memory).",
                                  low=0, high=1024)
-    memory_gate: bool = setting(True, "With memory_places: the remembered places get a pointer and a gate weight of "
+    memory_gate: bool = setting(True, "With memory_size: the remembered places get a pointer and a gate weight of "
                                       "their own (window, memory, generator); off, one pointer over the history and "
                                       "the remembered places together, the gate as without a memory.")
     usual_places: bool = setting(False, "The pointer scores each visit also by learned biases for being at the "
@@ -113,8 +113,8 @@ class ModelConfig(ModelSettings):
         if self.variant == "lstm-pg" and (self.place_distance or self.usual_places or self.distance_head):
             raise SettingsError("place_distance, usual_places and distance_head are the transformer's: not variant "
                                 "'lstm-pg'")
-        if self.memory_places and self.variant != "pgt":
-            raise SettingsError(f"memory_places gives the transformer's gate a memory to point at: variant 'pgt', "
+        if self.memory_size and self.variant != "pgt":
+            raise SettingsError(f"memory_size gives the transformer's gate a memory to point at: variant 'pgt', "
                                 f"got {self.variant!r}")
         small = [name for name in ("time_slots", "weekdays", "recency_days", "duration_buckets") if getattr(self, name) < 1]
         if small:
@@ -123,18 +123,18 @@ class ModelConfig(ModelSettings):
     @property
     def recency_rows(self) -> int:
         """Recency values the model embeds: the window's, then the memory's age buckets (MEMORY_AGE_EDGES_DAYS)."""
-        return self.recency_days + (len(MEMORY_AGE_EDGES_DAYS) if self.memory_places else 0)
+        return self.recency_days + (len(MEMORY_AGE_EDGES_DAYS) if self.memory_size else 0)
 
     @property
     def duration_rows(self) -> int:
         """Duration values the model embeds: the window's buckets, then the memory's visit-count buckets, without and
         with a visit that followed the current place."""
-        return self.duration_buckets + (2 * len(MEMORY_VISIT_EDGES) if self.memory_places else 0)
+        return self.duration_buckets + (2 * len(MEMORY_VISIT_EDGES) if self.memory_size else 0)
 
     @property
     def positions(self) -> int:
-        """The widest input: max_len visits of the window and memory_places places of the memory."""
-        return self.max_len + self.memory_places
+        """The widest input: max_len visits of the window and memory_size places of the memory."""
+        return self.max_len + self.memory_size
 
     def settings(self) -> ModelSettings:
         """The chosen part, without the data's sizes."""
@@ -340,7 +340,7 @@ class LaunchConfig:
     cpus_per_worker: float = setting(1.0, "Ray CPUs each worker reserves.", low=0.0, low_open=True)
     gpus_per_worker: float = setting(1.0, "Ray GPUs each worker reserves with gpu (fractions share a GPU).",
                                      low=0.0)
-    data_engine: str = setting("memory", "memory: each worker loads the train split; ray (with workers >= 1): each "
+    data_engine: str = setting("loaded", "loaded: each worker loads the train split whole; ray (with workers >= 1): each "
                                          "streams its shard with Ray Data, for splits larger than a worker's memory "
                                          "(a local shuffle buffer, no length bucketing).", choices=DATA_ENGINES)
 

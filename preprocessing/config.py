@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 import yaml
 
 from infra.errors import InputError, SettingsError
-from infra.settings import check_settings, setting, setting_problems
+from infra.settings import check_settings, renamed_hint, setting, setting_problems
 
 FORMATS = ("geolife-plt", "positionfixes", "staypoints")  # what an input may hold (preprocessing.readers)
 SPLITS = ("train", "validation", "test")  # the protocol's per-user day splits, in time order
@@ -61,8 +61,8 @@ class PreprocessConfig:
     history_days: int = setting(7, "History = the split's staypoints that started at most this many days before "
                                    "the target's day.", low=1, high=127)
     min_history_staypoints: int = setting(3, "Samples need at least this many history staypoints.", **POSITIVE)
-    memory_places: int = setting(32, "The most earlier places outside the history window a sample remembers; a "
-                                     "model reads as many as its own memory_places asks, up to this.",
+    memory_size: int = setting(32, "The most earlier places outside the history window a sample remembers; a "
+                                     "model reads as many as its own memory_size asks, up to this.",
                                  low=1, high=1024)
     # feature buckets (slots and buckets are stored as int16)
     time_slot_min: int = setting(15, "Time slot = start minute of day // this (0..95 for 15).", low=1, high=1440)
@@ -134,7 +134,8 @@ class PreprocessConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise InputError(source, f"unknown setting(s) {', '.join(unknown)}; expected some of: {', '.join(sorted(known))}")
+            raise InputError(source, f"unknown setting(s) {', '.join(unknown)}{renamed_hint(unknown)}; expected some of: "
+                                     f"{', '.join(sorted(known))}")
         values = {k: v.isoformat() if isinstance(v, (date, datetime)) else v for k, v in values.items()}  # YAML dates
         try:
             return cls(**values)

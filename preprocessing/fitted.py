@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from infra.errors import InputError, SettingsError
+from infra.settings import stored_settings
 from preprocessing.config import PreprocessConfig
 from preprocessing.fitted_places import join_fitted_places
 from preprocessing.locations import merge_staypoints
@@ -69,7 +70,7 @@ class FittedPreprocessing:
                     source: str, visits: pl.DataFrame | None = None) -> FittedPreprocessing:
         if not isinstance(manifest.get("config"), dict) or not isinstance(manifest.get("vocab"), dict):
             raise InputError(source, "the manifest has no `config` and `vocab`; expected a `pgt preprocess` output")
-        config = PreprocessConfig.from_dict({**manifest["config"], "latest_valid_time": None}, source)
+        config = PreprocessConfig.from_dict({**stored_settings(manifest["config"]), "latest_valid_time": None}, source)
         kinds = {"location_id": "integer", "location": "integer", "user": "integer", "latitude": "float",
                  "longitude": "float", "is_core": "boolean", "source_user_id": None}
         for name, table, needed in (("places", places, ("location_id", "latitude", "longitude", "location")),

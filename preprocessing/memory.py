@@ -6,7 +6,7 @@ when the prediction was made: only visits that started before the window and end
 moment count. Per place: its visits (count), days since the last of them (from the sample's anchor day, as the
 history's recency), the peak of its time-of-day and weekday profile (the hour and the weekday most of its
 visits started in), and how many of its visits came right after a visit to the place the person is at now (the
-history's last visit's): the person's own transitions from here to it. At most `memory_places` places are kept,
+history's last visit's): the person's own transitions from here to it. At most `memory_size` places are kept,
 the most visited first (ties: the most recently visited, then the lower place id).
 
 One rule for the splits (`preprocessing.sequences.sample_table`), new data (`preprocessing.fitted`) and served
@@ -41,7 +41,7 @@ TARGET_KINDS = ("window", "return", "new")
 @dataclass(frozen=True)
 class MemoryRule:
     """How a memory is built: at most `places` places; dates, hours and weekdays in `timezone`; time slots of
-    `time_slot_min` minutes (PreprocessConfig's memory_places, timezone and time_slot_min)."""
+    `time_slot_min` minutes (PreprocessConfig's memory_size, timezone and time_slot_min)."""
 
     places: int
     timezone: str = "UTC"
@@ -50,10 +50,10 @@ class MemoryRule:
     @classmethod
     def of(cls, config) -> MemoryRule:
         """The rule of a PreprocessConfig."""
-        return cls(config.memory_places, config.timezone, config.time_slot_min)
+        return cls(config.memory_size, config.timezone, config.time_slot_min)
 
 
-def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: int, timezone: str,
+def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_size: int, timezone: str,
                     time_slot_min: int) -> dict[str, pa.Array]:
     """The memory list columns (MEMORY_COLUMNS) of each row of `queries`, in its order.
 
@@ -67,8 +67,8 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
     (TARGET_KINDS), from every remembered place, not only the kept ones."""
     require_columns(visits, "memory visits", VISIT_COLUMNS)
     require_columns(queries, "memory queries", QUERY_COLUMNS)
-    if isinstance(memory_places, bool) or not isinstance(memory_places, int) or memory_places < 1:
-        raise SettingsError(f"memory_places must be a positive integer, got {memory_places!r}")
+    if isinstance(memory_size, bool) or not isinstance(memory_size, int) or memory_size < 1:
+        raise SettingsError(f"memory_size must be a positive integer, got {memory_size!r}")
     zone = pl.col("started_at").dt.convert_time_zone(timezone)
     v = visits.select(
         pl.col("user_id").cast(pl.String), "location", "location_id",
@@ -104,7 +104,7 @@ def generate_memory(visits: pl.DataFrame, queries: pl.DataFrame, memory_places: 
         memory.advance(int(q_start[k]), int(q_moment[k]))
         places = w_values[w_offsets[k]:w_offsets[k + 1]].tolist()
         window = set(places)
-        entries = memory.top(memory_places, window)
+        entries = memory.top(memory_size, window)
         current = places[-1] if places else None
         out.put(int(q_index[k]), entries, int(q_anchor[k]), slots_per_hour, current)
         if q_target is not None:

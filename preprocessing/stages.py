@@ -252,7 +252,7 @@ def memory_description(samples: dict[str, pl.DataFrame], config: PreprocessConfi
     kinds = {split: {kind: int((table["target_kind"].cast(pl.String) == kind).sum()) for kind in TARGET_KINDS}
              for split, table in samples.items() if "target_kind" in table.columns}
     return {
-        "places": config.memory_places,
+        "places": config.memory_size,
         "columns": list(MEMORY_COLUMNS),
         "rule": "per sample, the user's earlier places outside the history window, from visits that started before "
                 "the history's first and ended before its last visit ended; the most visited first (then the most "

@@ -59,9 +59,9 @@ RULES: tuple[Callable[[dict], Dimension | None], ...] = (
                                                         round(b["new_place_weight"] + 0.4, 6))) if b["unseen_slots"] else None,
     lambda b: Dimension("relation_order", "choice", (1, 2)) if b["visit_relations"] else None,
     # a recipe that remembers: with fewer, as many, more remembered places, or none
-    lambda b: Dimension("memory_places", "choice", tuple(sorted({0, b["memory_places"] // 2, b["memory_places"],
-                                                                 2 * b["memory_places"]})))
-    if b.get("memory_places") else None,
+    lambda b: Dimension("memory_size", "choice", tuple(sorted({0, b["memory_size"] // 2, b["memory_size"],
+                                                                 2 * b["memory_size"]})))
+    if b.get("memory_size") else None,
 )
 
 

@@ -38,19 +38,19 @@ class MemoryLayout:
     after the window's `durations` buckets, the buckets a second time for a place that came right after the current
     place before (pgt.config.MEMORY_AGE_EDGES_DAYS, MEMORY_VISIT_EDGES)."""
 
-    places: int  # entries read per sample (ModelConfig.memory_places)
+    places: int  # entries read per sample (ModelConfig.memory_size)
     recency: int  # the window's recency values (ModelConfig.recency_days)
     durations: int  # the window's duration buckets (ModelConfig.duration_buckets)
 
     @classmethod
     def of(cls, cfg: ModelConfig) -> MemoryLayout | None:
         """The layout of a model that reads a memory; None for one that does not."""
-        return cls(cfg.memory_places, cfg.recency_days, cfg.duration_buckets) if cfg.memory_places else None
+        return cls(cfg.memory_size, cfg.recency_days, cfg.duration_buckets) if cfg.memory_size else None
 
     @classmethod
-    def for_data(cls, memory_places: int, vocab: Vocab) -> MemoryLayout | None:
-        """The layout of a model reading memory_places places, built for data of the manifest's `vocab`."""
-        return cls(memory_places, vocab.recency, vocab.durations) if memory_places else None
+    def for_data(cls, memory_size: int, vocab: Vocab) -> MemoryLayout | None:
+        """The layout of a model reading memory_size places, built for data of the manifest's `vocab`."""
+        return cls(memory_size, vocab.recency, vocab.durations) if memory_size else None
 
     def ages(self, days: np.ndarray | torch.Tensor):
         """Days since a remembered place's last visit -> the recency values of its visit (stored + 1 as every feature)."""
@@ -285,7 +285,7 @@ class SequenceDataset(Dataset):
         (n,) how many each row has), from a table's memory columns (MEMORY_AS_VISITS)."""
         missing = [c for c in MEMORY_AS_VISITS if c not in table.column_names]
         if missing:
-            raise InputError(path, f"no memory column(s) {', '.join(missing)}, which a model with memory_places reads; "
+            raise InputError(path, f"no memory column(s) {', '.join(missing)}, which a model with memory_size reads; "
                                    "preprocess the input again (older `pgt preprocess` outputs lack them)")
         first = table.column("memory_locations").combine_chunks()
         offsets = first.offsets.to_numpy()

@@ -19,6 +19,7 @@ import torch
 from infra.errors import InputError, SettingsError
 from infra.output import write_file_atomically
 from infra.process import uninterrupted
+from infra.settings import stored_settings
 from pgt.config import ModelConfig, TrainConfig
 from pgt.network.model import build_model
 
@@ -109,7 +110,7 @@ def check_resumable(saved: dict, cfg: TrainConfig, path: Path, ignore: frozenset
     """SettingsError unless the checkpoint was trained with these settings (a setting it predates counts as its
     default); `ignore`: settings the caller knows may differ as well."""
     current = cfg.to_dict()
-    saved = {**TrainConfig.from_dict({"data_dir": ".", "out_dir": "."}).to_dict(), **saved}
+    saved = {**TrainConfig.from_dict({"data_dir": ".", "out_dir": "."}).to_dict(), **stored_settings(saved)}
     changed = sorted(k for k in current if k not in RESUMABLE_CHANGES | ignore and saved.get(k) != current[k])
     if changed:
         raise SettingsError(f"{path} was trained with other settings ({', '.join(f'{k}={saved.get(k)!r}' for k in changed)}); "
@@ -120,7 +121,7 @@ def load_checkpoint(path: Path | str, device: str = "cpu") -> tuple[torch.nn.Mod
     """A model from best.pt or an epoch checkpoint (both hold model_config and the weights)."""
     state = read_checkpoint(path, device, ("model_config", "model"))
     try:
-        cfg = ModelConfig(**state["model_config"])
+        cfg = ModelConfig(**stored_settings(state["model_config"]))
         model = build_model(cfg)
         model.load_state_dict(state.get("best_model") or state["model"])
     except (TypeError, ValueError, RuntimeError) as exc:

@@ -218,7 +218,7 @@ class PointerGeneratorTransformer(nn.Module):
             self.register_buffer("place_coords", torch.full((cfg.num_locations, 2), math.nan))
             self.register_buffer("distance_edges", torch.tensor(DISTANCE_EDGES_KM), persistent=False)
         # with a memory and its own gate, the gate weighs three sources (window, memory, generator) instead of two
-        sources = 3 if cfg.memory_places and cfg.memory_gate else 1
+        sources = 3 if cfg.memory_size and cfg.memory_gate else 1
         self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, sources))
         _xavier(self)
 

@@ -56,7 +56,7 @@ def visit_relations(locations, slots, times, weekdays, recency, durations, lengt
 def remembered_places(recency: torch.Tensor, cfg: ModelConfig) -> torch.Tensor | None:
     """(B, T) True on the remembered places in front of the history, told by their recency (an age bucket after the
     window's values, pgt.data.dataset.MemoryLayout); None for a model that reads no memory."""
-    return recency > cfg.recency_days if cfg.memory_places else None
+    return recency > cfg.recency_days if cfg.memory_size else None
 
 
 def memory_pointer(logits: torch.Tensor, scores: torch.Tensor, pad: torch.Tensor,

@@ -106,7 +106,7 @@ class StackedTransformer(nn.Module):
         """Whether every network of the model is a transformer without a memory (the LSTM model, and the memory's
         second pointer, are not stacked: such a model runs its own pass)."""
         return (all(isinstance(net, PointerGeneratorTransformer) for net in networks(model))
-                and not model.cfg.memory_places)
+                and not model.cfg.memory_size)
 
     @classmethod
     def of(cls, model: nn.Module) -> StackedTransformer | None:

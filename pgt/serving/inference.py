@@ -14,6 +14,7 @@ import pyarrow as pa
 import torch
 
 from infra.errors import InputError, SettingsError
+from infra.settings import stored_settings
 from pgt.config import EVAL_BATCH_SIZE, MAX_TOP_K, TOP_K, ModelConfig
 from pgt.data.dataset import MemoryLayout, SequenceDataset
 from pgt.network.packed import input_tables
@@ -166,7 +167,7 @@ def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> No
         return
 
     def settings(manifest: dict) -> dict:
-        return {k: v for k, v in (manifest.get("config") or {}).items() if k != "latest_valid_time"}
+        return {k: v for k, v in stored_settings(manifest.get("config") or {}).items() if k != "latest_valid_time"}
 
     fitted = data.get("mode") == "fitted"
     source = (data.get("fitted") or {}).get("input_sha256") if fitted else data.get("input_sha256")

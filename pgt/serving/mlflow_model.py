@@ -52,6 +52,7 @@ from mlflow.types import DataType
 from mlflow.types.schema import AnyType, Array, ColSpec, Schema
 
 from infra.errors import InputError
+from infra.settings import stored_settings
 from pgt.config import ModelConfig
 from pgt.data.dataset import MemoryLayout, SequenceDataset
 from pgt.network.model import build_model
@@ -71,7 +72,7 @@ from preprocessing.readers import GEOMETRY_COLUMNS, POSITIONFIX_COLUMNS, STAYPOI
 WEIGHTS, CONFIG = "weights", "model_config"  # artifact keys: the model itself
 LOCATIONS, USERS, MANIFEST = "locations", "users", "manifest"  # the data it was trained on: tables and preprocessing
 PLACES, CLUSTERED = "places", "location_staypoints"  # every place and the staypoints DBSCAN clustered: new data joins them
-VISITS = "visits"  # the training data's visits, which a model that remembers (memory_places) recalls for known people
+VISITS = "visits"  # the training data's visits, which a model that remembers (memory_size) recalls for known people
 DATA_FILES = {LOCATIONS: "locations.parquet", USERS: "users.parquet", MANIFEST: "manifest.json",
               PLACES: "places.parquet", CLUSTERED: "location_staypoints.parquet",
               VISITS: "staypoints.parquet"}  # artifact key -> file of the data folder
@@ -100,7 +101,7 @@ class PGTModel(PythonModel):
 
     def load_context(self, context) -> None:
         try:
-            cfg = ModelConfig(**_read_json(context.artifacts[CONFIG], "model_config.json"))
+            cfg = ModelConfig(**stored_settings(_read_json(context.artifacts[CONFIG], "model_config.json")))
         except TypeError as exc:
             raise InputError("the model's model_config.json", f"does not describe a model ({exc}); log the model again") from None
         model = build_model(cfg)
@@ -134,7 +135,7 @@ class PGTModel(PythonModel):
                                          "preprocessing); train it again to score raw GPS")
             visits = (pl.read_parquet(self.data_files[VISITS], columns=list(VISIT_COLUMNS))
                       if VISITS in self.data_files else None)
-            if self.packed.cfg.memory_places and visits is None:
+            if self.packed.cfg.memory_size and visits is None:
                 raise InputError(source, "remembers earlier places but carries no staypoints.parquet (the training "
                                          "data's visits); log the model again")
             self._fitted = FittedPreprocessing.from_tables(
@@ -209,7 +210,7 @@ class PGTModel(PythonModel):
             input_format = "positionfixes" if "tracked_at" in columns else "staypoints"
             applied = apply_fitted(frame, input_format, self.fitted(), StageLog(sample_memory=False),
                                    evaluation=False, at=at, name="request", users_table=False,
-                                   memory=bool(self.packed.cfg.memory_places))
+                                   memory=bool(self.packed.cfg.memory_size))
             result = predict_applied(self.packed, applied, top_k, evaluation=False)
             quarantine = applied.quarantine
             quarantined = pl.DataFrame({"row": quarantine["source_row"].cast(pl.Int64), "reason": quarantine["reason"]})

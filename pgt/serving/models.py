@@ -51,7 +51,7 @@ def log_pytorch_model(checkpoint: Path, data_dir: Path, name: str = "model"):
         torch.save(model.state_dict(), weights)
         config.write_text(json.dumps(dataclasses.asdict(cfg), indent=2) + "\n")
         # the visits only for a model that remembers them: the others' artifacts stay as small as they were
-        data = {key: Path(data_dir) / name for key, name in DATA_FILES.items() if key != VISITS or cfg.memory_places}
+        data = {key: Path(data_dir) / name for key, name in DATA_FILES.items() if key != VISITS or cfg.memory_size}
         artifacts = {WEIGHTS: str(weights), CONFIG: str(config)} | {k: str(v) for k, v in data.items() if v.is_file()}
         with warnings.catch_warnings():  # a folder without places has no example to give
             warnings.filterwarnings("ignore", message=r"(?s).*An input example was not provided")

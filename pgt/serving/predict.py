@@ -91,7 +91,7 @@ def _predict_raw(model_uri: str, input_path: Path, input_format: str, out_path: 
     model_uri = answering_model(model_uri, tracking_uri)  # after the checks: nothing is asked of MLflow before
     wrapper = load_pgt_model(model_uri, tracking_uri)
     applied = apply_fitted(input_path, input_format, wrapper.fitted(model_uri), at=at,
-                           memory=bool(wrapper.packed.cfg.memory_places))
+                           memory=bool(wrapper.packed.cfg.memory_size))
     frame = predict_applied(wrapper.packed, applied, top_k)
     files = {"predictions": out_path}
     check_output_file(out_path, PREDICTOR, (".parquet", ".csv"), PREDICTION_COLUMNS)

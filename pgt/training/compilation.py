@@ -38,7 +38,7 @@ def compiled(step: Callable, cfg: TrainConfig, device: torch.device) -> Callable
     import torch._dynamo.config
 
     check_compile_toolchain(device)
-    shapes = -(-(cfg.network.max_len + cfg.network.memory_places) // cfg.static_width)  # the widths static_width gives
+    shapes = -(-(cfg.network.max_len + cfg.network.memory_size) // cfg.static_width)  # the widths static_width gives
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, shapes + 1)
     if device.type != "cuda" or cfg.capture_step:  # capture_step captures the whole step, compiled kernels and all
         return torch.compile(step, mode="default", dynamic=False)

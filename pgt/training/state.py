@@ -41,16 +41,16 @@ from preprocessing.config import SPLITS
 def check_streamable(cfg: TrainConfig) -> None:
     """SettingsError unless the train split can be streamed (--data-engine ray) under these settings."""
     if cfg.resident_data:
-        raise SettingsError("resident_data holds the train split on the device: use --data-engine memory with it")
+        raise SettingsError("resident_data holds the train split on the device: use --data-engine loaded with it")
     if cfg.refit or cfg.train_on != "train":
         raise SettingsError("refit (train_on train+validation) learns from two splits in memory; the streamed path reads "
-                            "train.parquet alone: use --data-engine memory")
+                            "train.parquet alone: use --data-engine loaded")
     if cfg.recent_repeat:
         raise SettingsError("recent_repeat repeats the latest samples of the train split in memory; the streamed path "
-                            "reads train.parquet as it is: use --data-engine memory")
+                            "reads train.parquet as it is: use --data-engine loaded")
     if cfg.simulate_unseen:
         raise SettingsError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
-                            "use --data-engine memory, or a recipe without it")
+                            "use --data-engine loaded, or a recipe without it")
 
 
 def split_rows(data_dir: str, split: str = "train") -> int:
@@ -190,7 +190,7 @@ def setup(config: dict, worker: Worker) -> TrainState:
     streamed = worker.train_shard is not None
     if streamed:
         check_streamable(cfg)
-    memory = MemoryLayout.for_data(cfg.network.memory_places, vocab)
+    memory = MemoryLayout.for_data(cfg.network.memory_size, vocab)
     splits = load_splits(data_dir, cfg.network.max_len, vocab, names=("validation", "test") if streamed else SPLITS,
                          memory=memory)
     sizes = [len(s) for s in splits.values()] + ([split_rows(data_dir)] if streamed else [])
@@ -199,9 +199,8 @@ def setup(config: dict, worker: Worker) -> TrainState:
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
         splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
     model_cfg = cfg.model_config(vocab)
-    if cfg.fused_seeds > 1:
-        model_cfg = dataclasses.replace(model_cfg, members=cfg.fused_seeds)
-        model = fused_seed_model(model_cfg, cfg.seed).to(worker.device)
+    if cfg.fused_seeds > 1:  # model_cfg stays each seed's network; the ensemble only trains them side by side
+        model = fused_seed_model(model_cfg, cfg.seed, cfg.fused_seeds).to(worker.device)
     else:
         model = build_model(model_cfg).to(worker.device)
     if model_cfg.place_distance or model_cfg.distance_head:
@@ -256,15 +255,14 @@ def setup(config: dict, worker: Worker) -> TrainState:
     return state
 
 
-def fused_seed_model(model_cfg: ModelConfig, seed: int) -> Ensemble:
-    """fused_seeds: model_cfg.members networks side by side, network i drawn from seed + i as a run of that seed
-    draws its model. The first seed's is drawn last, so that the global generator then goes on (batches, dropout)
-    as in a run of that seed alone."""
-    one = dataclasses.replace(model_cfg, members=1)
+def fused_seed_model(model_cfg: ModelConfig, seed: int, seeds: int) -> Ensemble:
+    """fused_seeds: `seeds` networks of model_cfg (one network each) side by side, network i drawn from seed + i as a
+    run of that seed draws its model. The first seed's is drawn last, so that the global generator then goes on
+    (batches, dropout) as in a run of that seed alone."""
     drawn = {}
-    for i in reversed(range(model_cfg.members)):
+    for i in reversed(range(seeds)):
         torch.manual_seed(seed + i)
-        drawn[i] = build_model(one)
-    return Ensemble.of([drawn[i] for i in range(model_cfg.members)], model_cfg)
+        drawn[i] = build_model(model_cfg)
+    return Ensemble.of([drawn[i] for i in range(seeds)], dataclasses.replace(model_cfg, members=seeds))
 
 

@@ -25,7 +25,7 @@ class Worker:
     world_size: int = 1
     device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
     restored: Path | None = None  # a checkpoint.pt the runtime hands back after a failure (Ray's get_checkpoint)
-    train_shard: object | None = None  # a Ray Data shard of the train split to stream (--data-engine ray); None: in memory
+    train_shard: object | None = None  # a Ray Data shard of the train split to stream (--data-engine ray); None: loaded whole
     ray_owned: bool = False  # under Ray Train: checkpoints go to Ray (reported) and come back only by get_checkpoint;
     # else rank 0 keeps them in out_dir/checkpoints
     outputs: Path | None = None  # where rank 0 writes best.pt and metrics.json at the end; None: the run's out_dir

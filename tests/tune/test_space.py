@@ -85,10 +85,10 @@ def test_widths_around_a_recipe_reach_three_times_its_width():
 
 
 def test_a_recipe_that_remembers_searches_fewer_more_or_no_remembered_places():
-    base = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o", memory_places=8).to_dict()
-    assert SearchSpace.around(base).dimension("memory_places").values == (0, 4, 8, 16)
+    base = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o", memory_size=8).to_dict()
+    assert SearchSpace.around(base).dimension("memory_size").values == (0, 4, 8, 16)
     plain = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o").to_dict()
-    assert SearchSpace.around(plain).dimension("memory_places") is None  # a recipe without memory keeps none
+    assert SearchSpace.around(plain).dimension("memory_size") is None  # a recipe without memory keeps none
 
 
 def test_random_search_draws_only_heads_that_divide_d_model_from_plain_numbers():

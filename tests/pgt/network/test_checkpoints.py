@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from pgt.network.checkpoint import read_checkpoint, rng_state, set_rng_state
+from infra.errors import SettingsError
+from pgt.config import TrainConfig
+from pgt.network.checkpoint import check_resumable, load_checkpoint, read_checkpoint, rng_state, set_rng_state
 from pgt.training.train import train_loop_per_worker
 
 
@@ -34,6 +36,27 @@ def test_training_checkpoints_and_best_pt_load_with_weights_only(synthetic_seque
     assert state["epoch"] == 0 and isinstance(state["rng"]["numpy"]["keys"], torch.Tensor)
     best = torch.load(tmp_path / "best.pt", weights_only=True)
     assert set(best) == {"model", "model_config", "config", "best_epoch"}
+
+
+def test_a_checkpoint_written_under_a_settings_old_name_loads_and_resumes(synthetic_sequences, tmp_path):
+    """best.pt and an epoch checkpoint whose configs name the long-term memory's size memory_places (its name before
+    memory_size) load as the same model, and a run of the same settings resumes from it; another size is refused."""
+    config = {"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 1, "min_epochs": 1,
+              "d_model": 16, "nhead": 2, "dim_feedforward": 32, "memory_size": 4}
+    train_loop_per_worker(config)
+    best = torch.load(tmp_path / "best.pt", weights_only=True)
+    old = {**best, "model_config": {("memory_places" if k == "memory_size" else k): v
+                                    for k, v in best["model_config"].items()},
+           "config": {("memory_places" if k == "memory_size" else k): v for k, v in best["config"].items()}}
+    assert "memory_size" not in old["model_config"] and old["model_config"]["memory_places"] == 4
+    torch.save(old, tmp_path / "old.pt")
+    model, cfg = load_checkpoint(tmp_path / "old.pt")
+    assert cfg.memory_size == 4
+    again, _ = load_checkpoint(tmp_path / "best.pt")
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
+    check_resumable(old["config"], TrainConfig.from_dict(config), tmp_path / "old.pt")
+    with pytest.raises(SettingsError, match="memory_size=4"):
+        check_resumable(old["config"], TrainConfig.from_dict({**config, "memory_size": 8}), tmp_path / "old.pt")
 
 
 @pytest.mark.parametrize("content,problem", [

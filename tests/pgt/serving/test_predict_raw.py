@@ -678,11 +678,11 @@ def test_a_prediction_time_is_an_input_of_pgt_predict_and_of_the_served_model(se
 
 @pytest.fixture(scope="module")
 def remembers(trained, tmp_path_factory) -> str:
-    """A model that remembers (--memory-places 8), trained in process on the early data and registered as
+    """A model that remembers (--memory-size 8), trained in process on the early data and registered as
     `remembers`: its URI."""
     root, server = trained
     r = pgt_here("train", "--data", root / "early", "--out", tmp_path_factory.mktemp("remembers") / "run", "--epochs",
-                 "2", "--unseen-slots", "--memory-places", "8", "--tracking-uri", server, "--experiment", "raw",
+                 "2", "--unseen-slots", "--memory-size", "8", "--tracking-uri", server, "--experiment", "raw",
                  "--register", "remembers")
     assert r.returncode == 0, r.stderr[-3000:]
     return "models:/remembers@champion"

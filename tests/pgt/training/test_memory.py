@@ -104,7 +104,7 @@ def test_the_two_pointers_and_the_gate():
 
 
 def test_a_model_that_remembers_can_name_a_remembered_place_and_is_not_stacked(split, tiny_config):
-    cfg = dataclasses.replace(tiny_config, memory_places=2)
+    cfg = dataclasses.replace(tiny_config, memory_size=2)
     ds = SequenceDataset.from_parquet(split, max_len=cfg.max_len, memory=MemoryLayout.of(cfg))
     torch.manual_seed(0)
     model = build_model(cfg).eval()
@@ -116,13 +116,13 @@ def test_a_model_that_remembers_can_name_a_remembered_place_and_is_not_stacked(s
     assert out.log_probs[0, 7].exp() >= out.gate[0] * out.attention[0, 0] * 0.999
     assert not StackedTransformer.stackable(model)
     with pytest.raises(ValueError, match="variant 'pgt'"):
-        dataclasses.replace(tiny_config, memory_places=2, variant="lstm-pg")
+        dataclasses.replace(tiny_config, memory_size=2, variant="lstm-pg")
 
 
 def test_a_remembered_place_that_followed_the_current_place_before_has_that_relation(split, tiny_config):
     from pgt.network.pointer import visit_relations
 
-    cfg = dataclasses.replace(tiny_config, memory_places=2, visit_relations=True, time_slots=96, duration_buckets=96)
+    cfg = dataclasses.replace(tiny_config, memory_size=2, visit_relations=True, time_slots=96, duration_buckets=96)
     ds = SequenceDataset.from_parquet(split, max_len=cfg.max_len, memory=MemoryLayout.of(cfg))
     b = ds.__getitems__([0])
     relation, _ = visit_relations(b.locations, b.slots, b.times, b.weekdays, b.recency, b.durations,
@@ -133,7 +133,7 @@ def test_a_remembered_place_that_followed_the_current_place_before_has_that_rela
 
 
 def test_without_its_own_gate_one_pointer_spans_the_history_and_the_memory(split, tiny_config):
-    cfg = dataclasses.replace(tiny_config, memory_places=2, memory_gate=False)
+    cfg = dataclasses.replace(tiny_config, memory_size=2, memory_gate=False)
     ds = SequenceDataset.from_parquet(split, max_len=cfg.max_len, memory=MemoryLayout.of(cfg))
     torch.manual_seed(0)
     model = build_model(cfg).eval()

@@ -5,7 +5,6 @@ learns exactly as that seed's network alone on the same batches."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 
@@ -119,7 +118,8 @@ def test_fused_seeds_draw_each_network_as_its_seed_alone(synthetic_sequences, tm
     """Network i of a fused model is the network a run of seed + i draws, and the first seed's generator then goes
     on as in that run (the same batches and dropout draws)."""
     fused = setup(config(synthetic_sequences, tmp_path / "fused", fused_seeds=3, seed=7), Worker())
-    assert fused.model_cfg.members == 3 and len(networks(fused.model)) == 3
+    # the run's model config is each seed's network (members names an ensemble's size, not fused seeds)
+    assert fused.model_cfg.members == 1 and len(networks(fused.model)) == 3
     for i, net in enumerate(networks(fused.model)):
         alone = setup(config(synthetic_sequences, tmp_path / f"alone{i}", seed=7 + i), Worker())
         assert max_difference(weights(net), weights(alone.model)) == 0.0
@@ -127,7 +127,7 @@ def test_fused_seeds_draw_each_network_as_its_seed_alone(synthetic_sequences, tm
     fused_next = (setup(config(synthetic_sequences, tmp_path / "f2", fused_seeds=3, seed=7), Worker()), torch.rand(4))[1]
     alone_next = (setup(config(synthetic_sequences, tmp_path / "a2", seed=7), Worker()), torch.rand(4))[1]
     assert torch.equal(fused_next, alone_next)
-    two = fused_seed_model(dataclasses.replace(fused.model_cfg, members=2), 7)
+    two = fused_seed_model(fused.model_cfg, 7, 2)
     assert max_difference(weights(two.members[1]), weights(networks(fused.model)[1])) == 0.0
 
 
