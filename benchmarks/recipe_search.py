@@ -122,6 +122,9 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "tuned-ls0": ("+ no label smoothing", {**TUNED_SELECTION, "label_smoothing": 0.0}),
     "tuned-rel2": ("+ relations to the last two places (relation_order 2)", {**TUNED_SELECTION, "relation_order": 2}),
     "tuned-l3": ("+ a third encoder layer", {**TUNED_SELECTION, "num_layers": 3}),
+    "tuned-arrival-02": ("+ an auxiliary head predicting the hour the next visit starts, at weight 0.2 "
+                         "(arrival_head 0.2)", {**TUNED_SELECTION, "arrival_head": 0.2}),
+    "tuned-arrival-05": ("+ the same head at weight 0.5 (arrival_head 0.5)", {**TUNED_SELECTION, "arrival_head": 0.5}),
     "tuned-mem8-joint": ("+ the 8 most visited earlier places beyond the window, one pointer over both (the memory "
                          "configuration validation chose for tuned-2026-11)",
                          {**TUNED_SELECTION, "memory_size": 8, "memory_gate": False}),

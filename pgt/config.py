@@ -77,6 +77,10 @@ class ModelSettings:
                                         "the distance from the current place to the next known one "
                                         "(pgt.network.places), its cross-entropy added to the loss at this weight; "
                                         "predictions ignore it. 0: no head.", low=0.0, high=10.0)
+    arrival_head: float = setting(0.0, "Auxiliary task while training: a head on the context predicts the hour of day "
+                                       "the next visit starts (the split's target_time_slot), its cross-entropy added "
+                                       "to the loss at this weight; predictions ignore it. 0: no head.",
+                                  low=0.0, high=10.0)
     members: int = setting(1, "Networks trained side by side from their own initial weights, each on its own loss; "
                               "the prediction is the mean of their probabilities (an ensemble). Each member costs "
                               "its forward and backward pass.", low=1, high=64)
@@ -110,9 +114,10 @@ class ModelConfig(ModelSettings):
         if self.visit_relations and self.variant not in ("pgt", "pointer"):
             raise SettingsError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
                                 f"got {self.variant!r}")
-        if self.variant == "lstm-pg" and (self.place_distance or self.usual_places or self.distance_head):
-            raise SettingsError("place_distance, usual_places and distance_head are the transformer's: not variant "
-                                "'lstm-pg'")
+        if self.variant == "lstm-pg" and (self.place_distance or self.usual_places or self.distance_head
+                                          or self.arrival_head):
+            raise SettingsError("place_distance, usual_places, distance_head and arrival_head are the transformer's: "
+                                "not variant 'lstm-pg'")
         if self.memory_size and self.variant != "pgt":
             raise SettingsError(f"memory_size gives the transformer's gate a memory to point at: variant 'pgt', "
                                 f"got {self.variant!r}")

@@ -77,13 +77,16 @@ class Batch(NamedTuple):
     targets: torch.Tensor  # (B,) the protocol's target: a known id, or 1 for any place unseen in train
     slots: torch.Tensor  # (B, T) extended vocabulary: k >= 1 for the row's k-th distinct unseen place, else 0
     target_slots: torch.Tensor  # (B,) the target's slot when its place is one of the history's slots, else 0
+    # (B,) the time slot the target visit starts in (0-based, the split's target_time_slot), -1 where unknown:
+    # arrival_head's label, never an input
+    target_times: torch.Tensor | None = None
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
         """The model's positional arguments."""
         return self.locations, self.users, self.times, self.weekdays, self.recency, self.durations, self.slots
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(*(t.to(device, non_blocking=non_blocking) for t in self))
+        return Batch(*(t if t is None else t.to(device, non_blocking=non_blocking) for t in self))
 
     def packed(self) -> torch.Tensor:
         """The inputs as one (B, 7, T) int64 tensor (the user repeated along T): the interface of
@@ -173,6 +176,7 @@ class SequenceDataset(Dataset):
         self.lengths = (self.locations != 0).sum(dim=1)
         self.memory = memory  # how remembered places sit in front of each history; None: they do not
         self.target_kinds: np.ndarray | None = None  # (N,) int8 codes of metrics.TARGET_KINDS, where the split has them
+        self.target_times = torch.full_like(self.targets, -1)  # (N,) target_time_slot where the split has it, else -1
         # (N, T) days since each remembered place's last visit, 0 on the history's visits and padding
         self.memory_days = torch.from_numpy(memory_days) if memory_days is not None else torch.zeros_like(self.locations)
         self.slots, self.target_slots = torch.zeros_like(self.locations), torch.zeros_like(self.targets)
@@ -215,7 +219,7 @@ class SequenceDataset(Dataset):
             targets = ["target", target_place] if with_target else []
             # those present: memory_values names the missing ones
             remembered = [c for c in MEMORY_AS_VISITS if c in present] if memory is not None else []
-            kinds = ["target_kind"] if with_target and "target_kind" in present else []
+            kinds = [c for c in ("target_kind", "target_time_slot") if with_target and c in present]
             table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places, *remembered, *targets, *kinds])
         except (pa.ArrowException, OSError) as exc:
             raise InputError(path, f"unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
@@ -276,6 +280,11 @@ class SequenceDataset(Dataset):
                       column("target_place"), memory_days if memory is not None else None, memory)
         if with_target and "target_kind" in table.column_names:
             dataset.target_kinds = target_kind_codes(table.column("target_kind").combine_chunks(), path)
+        if with_target and "target_time_slot" in table.column_names:
+            times = table.column("target_time_slot").combine_chunks()
+            if times.null_count:
+                raise InputError(path, "column target_time_slot holds null values; every target needs its start slot")
+            dataset.target_times = torch.from_numpy(times.to_numpy().astype(np.int64))
         return dataset
 
     @staticmethod
@@ -388,7 +397,7 @@ class SequenceDataset(Dataset):
         """The samples `idx` (on this dataset's device) as a Batch `width` visits wide: no transfer, no sync."""
         return Batch(self.locations[idx, :width], self.users[idx], self.times[idx, :width],
                      self.weekdays[idx, :width], self.recency[idx, :width], self.durations[idx, :width],
-                     self.targets[idx], self.slots[idx, :width], self.target_slots[idx])
+                     self.targets[idx], self.slots[idx, :width], self.target_slots[idx], self.target_times[idx])
 
     def to(self, device: torch.device | str) -> SequenceDataset:
         """A copy whose tensors live on `device`."""

@@ -50,6 +50,7 @@ from pgt.network.pointer import (
 from pgt.network.vocabulary import visit_ids
 
 EPS = 1e-10
+HOURS = 24  # arrival_head's classes: the hour of day the next visit starts
 # Tables of at most this many rows are looked up as a one-hot product while training on these devices (lookup).
 # A CUDA embedding's backward sorts the batch's indices and adds their duplicates one after another: the small
 # tables (7 weekdays, 96 time slots, position and relation biases) get thousands of duplicates a batch, and their
@@ -92,6 +93,8 @@ class Output(NamedTuple):
     # target's from; None otherwise
     distance: torch.Tensor | None = None
     bands: torch.Tensor | None = None
+    # arrival_head, while training: (B, 24) logits of the hour the next visit starts (an Ensemble's (K, B, 24))
+    arrival: torch.Tensor | None = None
 
 
 class VisitEmbedding(nn.Module):
@@ -213,6 +216,7 @@ class PointerGeneratorTransformer(nn.Module):
             self.distance_bias = nn.Parameter(torch.zeros(len(DISTANCE_EDGES_KM) + 2))
         # an auxiliary task: the next move's distance band from the context (training only)
         self.distance_head = nn.Linear(d, len(DISTANCE_EDGES_KM) + 2) if cfg.distance_head else None
+        self.arrival_head = nn.Linear(d, HOURS) if cfg.arrival_head else None  # and its hour (training only)
         if cfg.place_distance or cfg.distance_head:
             # (V, 2) latitude and longitude of each location id in degrees, NaN where none (set_place_coordinates)
             self.register_buffer("place_coords", torch.full((cfg.num_locations, 2), math.nan))
@@ -255,18 +259,22 @@ class PointerGeneratorTransformer(nn.Module):
         else:
             gate, attention = memory_pointer(self.gate(c), scores, pad, memory)  # (B,), (B, T)
         logits = self.generator(c)  # (B, V)
-        auxiliary = self.distance_head is not None and self.training  # the distance head's task: training only
+        distance_task = self.distance_head is not None and self.training  # the auxiliary tasks: training only
+        arrival_task = self.arrival_head is not None and self.training
         bands = None
-        if self.cfg.place_distance or auxiliary:
+        if self.cfg.place_distance or distance_task:
             current = locations.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)  # (B,) the last visit's place
             bands = distance_bands(self.place_coords, self.distance_edges, current)  # (B, V)
         if self.cfg.place_distance:  # the pointer's visits take no such bias: on validation it did not help
             logits = logits + lookup(self.distance_bias, bands)
         p_gen = torch.softmax(logits, dim=-1)  # (B, V)
         probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_gen)  # (B, V + S)
-        if not auxiliary:
+        if not (distance_task or arrival_task):
             return Output(torch.log(probs + EPS), gate, attention)
-        return Output(torch.log(probs + EPS), gate, attention, distance=self.distance_head(c), bands=bands)  # (B, bands)
+        return Output(torch.log(probs + EPS), gate, attention,
+                      distance=self.distance_head(c) if distance_task else None,  # (B, bands)
+                      bands=bands if distance_task else None,
+                      arrival=self.arrival_head(c) if arrival_task else None)  # (B, 24)
 
 
 def set_place_coordinates(model: nn.Module, coords: torch.Tensor) -> None:
@@ -358,7 +366,8 @@ class Ensemble(nn.Module):
         gate = torch.stack([out.gate for out in outs]).mean(0)  # (B,)
         attention = torch.stack([out.attention for out in outs]).mean(0)  # (B, T)
         distance = None if outs[0].distance is None else torch.stack([out.distance for out in outs])  # (K, B, bands)
-        return Output(log_probs, gate, attention, each, distance, outs[0].bands)
+        arrival = None if outs[0].arrival is None else torch.stack([out.arrival for out in outs])  # (K, B, 24)
+        return Output(log_probs, gate, attention, each, distance, outs[0].bands, arrival)
 
 
 def mean_probability(each: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,7 @@ class StackedTransformer(nn.Module):
         first = nets[0]
         named = [dict(net.named_parameters()) for net in nets]
         params = {name: torch.stack([each[name].detach() for each in named])  # (K, ...) each
-                  for name in named[0] if not name.startswith("distance_head.")}  # a training task's: unused here
+                  for name in named[0] if not name.startswith(("distance_head.", "arrival_head."))}  # training tasks'
         self.slot_rows = first.embed.slot.num_embeddings if first.embed.slot is not None else 0
         self.features = fold_embedding(params, first)  # feature -> its first row in "embed.folded"
         self.starts = {}  # group -> the first row of each of its tables, where ids are looked up side by side

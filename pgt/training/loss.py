@@ -47,16 +47,17 @@ def smoothed_cross_entropy(log_probs: torch.Tensor, targets: torch.Tensor, smoot
 
 def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig) -> torch.Tensor:
     """What a batch backpropagates: the criterion of the model's log-probabilities, or for an ensemble the sum of
-    its members' criteria, so that each member gets the gradient it would get trained alone; with distance_head, each
-    network's distance_loss at that weight beside its criterion."""
-    if out.members is None:
-        loss = criterion(out.log_probs.float(), batch, model_cfg, cfg)
-        if out.distance is not None:
-            loss = loss + model_cfg.distance_head * distance_loss(out.distance, out.bands, batch)
-        return loss
-    loss = sum(criterion(log_probs.float(), batch, model_cfg, cfg) for log_probs in out.members)
+    its members' criteria, so that each member gets the gradient it would get trained alone; with distance_head and
+    arrival_head, each network's auxiliary losses at their weights beside its criterion."""
+    one = out.members is None
+    loss = criterion(out.log_probs.float(), batch, model_cfg, cfg) if one else \
+        sum(criterion(log_probs.float(), batch, model_cfg, cfg) for log_probs in out.members)
     if out.distance is not None:
-        loss = loss + model_cfg.distance_head * sum(distance_loss(each, out.bands, batch) for each in out.distance)
+        each = [out.distance] if one else out.distance  # (B, bands) per network
+        loss = loss + model_cfg.distance_head * sum(distance_loss(logits, out.bands, batch) for logits in each)
+    if out.arrival is not None:
+        each = [out.arrival] if one else out.arrival  # (B, 24) per network
+        loss = loss + model_cfg.arrival_head * sum(arrival_loss(logits, batch, model_cfg.time_slots) for logits in each)
     return loss
 
 
@@ -68,6 +69,18 @@ def distance_loss(distance: torch.Tensor, bands: torch.Tensor, batch: Batch) -> 
     losses = F.cross_entropy(distance.float(), target, reduction="none")  # (B,)
     kept = target > 0
     return (losses * kept).sum() / kept.sum().clamp_min(1)
+
+
+def arrival_loss(arrival: torch.Tensor, batch: Batch, time_slots: int) -> torch.Tensor:
+    """() The auxiliary task's cross-entropy: (B, 24) logits against the hour of day each row's target visit starts
+    (its time slot of `time_slots` a day), averaged over the rows that have one (target_times -1: none). No host
+    synchronisation."""
+    if batch.target_times is None:
+        raise ValueError("arrival_loss needs the batch's target_times (SequenceDataset.gather gives them)")
+    known = batch.target_times >= 0  # (B,)
+    hours = (batch.target_times.clamp_min(0) * arrival.shape[1]) // time_slots  # (B,)
+    losses = F.cross_entropy(arrival.float(), hours, reduction="none")  # (B,)
+    return (losses * known).sum() / known.sum().clamp_min(1)
 
 
 def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Batch, torch.Tensor], torch.Tensor]:

@@ -51,6 +51,9 @@ def check_streamable(cfg: TrainConfig) -> None:
     if cfg.simulate_unseen:
         raise SettingsError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
                             "use --data-engine loaded, or a recipe without it")
+    if cfg.network.arrival_head:
+        raise SettingsError("arrival_head learns from each target's start time, which the streamed path does not read; "
+                            "use --data-engine loaded")
 
 
 def split_rows(data_dir: str, split: str = "train") -> int:
@@ -196,6 +199,9 @@ def setup(config: dict, worker: Worker) -> TrainState:
     sizes = [len(s) for s in splits.values()] + ([split_rows(data_dir)] if streamed else [])
     if min(sizes) == 0:
         raise InputError(data_dir, "a split has no samples; nothing to train on")
+    if cfg.network.arrival_head and not streamed and bool((splits["train"].target_times < 0).all()):
+        raise InputError(Path(data_dir) / "train.parquet", "no column target_time_slot, which arrival_head learns "
+                                                           "from; preprocess the input again")
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
         splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
     model_cfg = cfg.model_config(vocab)

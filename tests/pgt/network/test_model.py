@@ -418,3 +418,48 @@ def test_the_distance_head_predicts_the_next_moves_band_while_training_and_predi
     assert both.distance.shape == (2, 3, len(DISTANCE_EDGES_KM) + 2) and torch.equal(both.bands, out.bands)
     with pytest.raises(Exception, match="lstm-pg"):
         dataclasses.replace(tiny_config, variant="lstm-pg", distance_head=0.5)
+
+
+def test_the_arrival_head_predicts_the_next_visits_hour_while_training_and_predictions_ignore_it(tiny_batch,
+                                                                                               tiny_config):
+    """arrival_head: in training mode the model gives (B, 24) logits; the loss adds arrival_loss at the setting's
+    weight: the cross-entropy against each target's start hour (slot * 24 // time_slots: slots 95, 40 and 0 of 96
+    are hours 23, 10 and 0), averaged over the rows that have one (-1: the second has none). In eval mode there is
+    none, and the head changes no prediction. An ensemble gives each member's logits; a batch without target times
+    is refused."""
+    import torch.nn.functional as F
+
+    from pgt.config import TrainConfig
+    from pgt.network.model import HOURS
+    from pgt.training.loss import arrival_loss, criterion, training_loss
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, arrival_head=0.3, time_slots=96)
+    model = build_model(cfg)
+    batch = tiny_batch._replace(target_times=torch.tensor([95, -1, 0]))
+    out = model.train()(*batch.inputs())
+    assert out.arrival.shape == (3, HOURS) and out.distance is None
+    expected = F.cross_entropy(out.arrival[[0, 2]], torch.tensor([23, 0]))
+    assert torch.allclose(arrival_loss(out.arrival, batch, 96), expected)
+    assert torch.allclose(arrival_loss(out.arrival, tiny_batch._replace(target_times=torch.tensor([40, 40, 40])), 96),
+                          F.cross_entropy(out.arrival, torch.tensor([10, 10, 10])))
+    train_cfg = TrainConfig(data_dir="d", out_dir="o")
+    assert torch.allclose(training_loss(out, batch, cfg, train_cfg),
+                          criterion(out.log_probs, batch, cfg, train_cfg) + 0.3 * expected)
+    with pytest.raises(ValueError, match="target_times"):
+        arrival_loss(out.arrival, tiny_batch, 96)
+
+    served = model.eval()(*batch.inputs())
+    assert served.arrival is None
+    plain = build_model(dataclasses.replace(cfg, arrival_head=0.0)).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("arrival_head.")})
+    assert torch.allclose(plain(*batch.inputs()).log_probs, served.log_probs)
+
+    ensemble = build_model(dataclasses.replace(cfg, members=2))
+    both = ensemble.train()(*batch.inputs())
+    assert both.arrival.shape == (2, 3, HOURS)
+    assert torch.allclose(training_loss(both, batch, cfg, train_cfg),
+                          sum(criterion(each, batch, cfg, train_cfg) + 0.3 * arrival_loss(a, batch, 96)
+                              for each, a in zip(both.members, both.arrival, strict=True)))
+    with pytest.raises(Exception, match="lstm-pg"):
+        dataclasses.replace(tiny_config, variant="lstm-pg", arrival_head=0.5)

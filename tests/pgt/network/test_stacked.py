@@ -23,6 +23,7 @@ SWITCHES = {
     "usual places, slots, relations": {"usual_places": True, "unseen_slots": True, "visit_relations": True},
     "usual places": {"usual_places": True},
     "distance head (training's only), slots": {"distance_head": 0.5, "unseen_slots": True},
+    "arrival head (training's only), relations": {"arrival_head": 0.5, "visit_relations": True},
 }
 
 

@@ -130,6 +130,34 @@ def test_place_distance_trains_with_the_datas_coordinates_and_keeps_them_in_best
     assert model.distance_bias.abs().sum() > 0  # learned
 
 
+def test_arrival_head_learns_from_each_targets_start_slot_and_data_without_it_is_refused(synthetic_sequences,
+                                                                                         tmp_path):
+    """An arrival_head run reads each split's target_time_slot (the loader's target_times, every sample's 0 .. 95) and
+    trains its head, which best.pt keeps and predictions leave alone; train.parquet without the column is refused in one
+    line naming it, and so is the streamed path."""
+    from pgt.config import LaunchConfig
+    from pgt.network.checkpoint import load_checkpoint
+    from pgt.training.state import check_streamable
+
+    splits = load_splits(synthetic_sequences, names=("train",))
+    slots = pl.read_parquet(synthetic_sequences / "train.parquet", columns=["target_time_slot"])["target_time_slot"]
+    assert splits["train"].target_times.tolist() == slots.to_list() and 0 <= slots.min() and slots.max() < 96
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path / "run"), "epochs": 2,
+                                    "d_model": 16, "nhead": 2, "arrival_head": 0.5})
+    assert result["model_config"]["arrival_head"] == 0.5 and np.isfinite(result["history"][-1]["train_loss"])
+    model, _ = load_checkpoint(tmp_path / "run" / "best.pt")
+    assert model.arrival_head.weight.abs().sum() > 0
+    bare = tmp_path / "bare"
+    shutil.copytree(synthetic_sequences, bare)
+    pl.read_parquet(bare / "train.parquet").drop("target_time_slot").write_parquet(bare / "train.parquet")
+    with pytest.raises(ValueError, match=r"train.parquet: no column target_time_slot, which arrival_head learns from"):
+        train_loop_per_worker({"data_dir": str(bare), "out_dir": str(tmp_path / "bare-run"), "epochs": 1,
+                               "d_model": 16, "nhead": 2, "arrival_head": 0.5})
+    with pytest.raises(ValueError, match="arrival_head learns from each target's start time"):
+        check_streamable(TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", "arrival_head": 0.5}))
+    assert LaunchConfig().data_engine == "loaded"
+
+
 def test_recent_repeat_shows_each_persons_latest_samples_once_more(synthetic_sequences, tmp_path):
     """recent_repeat 0.3: an epoch holds the train split plus each person's latest 30% once more (latest_samples'
     count), with simulate_unseen too (each repeated sample keeps its own day); validation is untouched."""
