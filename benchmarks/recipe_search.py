@@ -49,7 +49,7 @@ TUNED = {**BEST, "lr": 1e-3}  # the tuned recipe before the visit relations
 REL = {**TUNED, "visit_relations": True}
 REL_IN = {**REL, "relation_inputs": True}
 REL_IN2 = {**REL_IN, "relation_order": 2}
-TUNED_SELECTION = {**RECIPES["tuned"], "refit": False}
+TUNED_SELECTION = {**RECIPES["tuned-2026-11-28"], "refit": False}  # the variations below were tried around it
 # name -> (what changes, settings over the paper recipe); one change at a time where the table reads down
 CONFIGS: dict[str, tuple[str, dict]] = {
     "paper": ("the paper's recipe (the published settings)", {}),
@@ -103,7 +103,7 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "rel-in2-do4-l3": ("rel-in2 + dropout 0.4 + 3 layers", {**REL_IN2, "dropout": 0.4, "num_layers": 3}),
     "lr1e3-rel-prev": ("+ previous location embedding", {**REL, "previous_location": True}),
     # around the tuned recipe (the sweep's winner): its selection run, which gives the refit its held-out validation
-    "tuned-selection": ("the tuned recipe's selection run (train only, no refit)", TUNED_SELECTION),
+    "tuned-selection": ("tuned-2026-11-28's selection run (train only, no refit)", TUNED_SELECTION),
     "tuned-distance": ("+ the generator biased by the distance from the current place (place_distance)",
                        {**TUNED_SELECTION, "place_distance": True}),
     "tuned-usual": ("+ the pointer's biases for the window's usual night and day places (usual_places)",
@@ -125,6 +125,8 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "tuned-arrival-02": ("+ an auxiliary head predicting the hour the next visit starts, at weight 0.2 "
                          "(arrival_head 0.2)", {**TUNED_SELECTION, "arrival_head": 0.2}),
     "tuned-arrival-05": ("+ the same head at weight 0.5 (arrival_head 0.5)", {**TUNED_SELECTION, "arrival_head": 0.5}),
+    "tuned-arrival-1": ("+ the same head at weight 1 (arrival_head 1)", {**TUNED_SELECTION, "arrival_head": 1.0}),
+    "tuned-arrival-2": ("+ the same head at weight 2 (arrival_head 2)", {**TUNED_SELECTION, "arrival_head": 2.0}),
     "tuned-mem8-joint": ("+ the 8 most visited earlier places beyond the window, one pointer over both (the memory "
                          "configuration validation chose for tuned-2026-11)",
                          {**TUNED_SELECTION, "memory_size": 8, "memory_gate": False}),

@@ -328,9 +328,13 @@ def test_weight_average_is_what_gets_evaluated(synthetic_sequences, tmp_path):
 
 def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     """RECIPES["tuned-2026-11"] and benchmarks/recipe_search.py's RECIPE name the same settings (validation-only
-    choice); RECIPES["tuned"] is the sweep's confirmed winner (benchmarks/results/sweep_best.yaml) at the epoch budget
-    validation chose (benchmarks/results/tuned_adoption.json), which beat tuned-2026-11 there."""
+    choice); RECIPES["tuned-2026-11-28"] is the sweep's confirmed winner (benchmarks/results/sweep_best.yaml) at the
+    epoch budget validation chose (benchmarks/results/tuned_adoption.json), which beat tuned-2026-11 there; RECIPES
+    ["tuned"] is it with the arrival head at the weight of the best mean strict validation Acc@1 over seeds 0-5 among
+    those tried (benchmarks/results/arrival.json), which beat it there and on the fresh seeds 6-8."""
     import importlib.util
+
+    import numpy as np
 
     from pgt.config import load_recipe_file
     from pgt.recipes import RECIPES
@@ -346,11 +350,27 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     adoption = json.loads((results / "tuned_adoption.json").read_text())
     best = max(b["mean"] for b in adoption["budgets"])
     cheapest = min(b["epochs"] for b in adoption["budgets"] if b["mean"] >= best - 0.1)
-    assert RECIPES["tuned"]["epochs"] == adoption["chosen_epochs"] == cheapest
+    assert RECIPES["tuned-2026-11-28"]["epochs"] == adoption["chosen_epochs"] == cheapest
     assert min(b["mean"] for b in adoption["budgets"]) > sum(adoption["baseline"]["validation_strict_acc@1"]) / 3
     winner = {**load_recipe_file(results / "sweep_best.yaml"), "epochs": cheapest}
-    assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".", seed=0) == TrainConfig.from_recipe(
+    assert TrainConfig.from_recipe("tuned-2026-11-28", data_dir=".", out_dir=".", seed=0) == TrainConfig.from_recipe(
         winner, data_dir=".", out_dir=".", seed=0)
+
+    arrival = json.loads((results / "arrival.json").read_text())
+    assert "validation" in arrival["selection"].lower()
+
+    def strict(name: str, seeds: range) -> float:
+        runs = {r["seed"]: r["validation"]["strict_acc@1"] for r in arrival["runs"] if r["name"] == name}
+        return float(np.mean([runs[seed] for seed in seeds]))
+
+    weights = {search.CONFIGS[r["name"]][1]["arrival_head"]: r["name"] for r in arrival["configurations"]
+               if "arrival_head" in search.CONFIGS[r["name"]][1]}
+    assert len(weights) >= 3 and search.CONFIGS["tuned-selection"][1] == {**RECIPES["tuned-2026-11-28"], "refit": False}
+    best_weight = max(weights, key=lambda w: strict(weights[w], range(6)))
+    assert RECIPES["tuned"] == {**RECIPES["tuned-2026-11-28"], "arrival_head": best_weight}
+    assert search.CONFIGS[weights[best_weight]][1] == {**RECIPES["tuned"], "refit": False}
+    for seeds in (range(6), range(6, 9)):  # chosen on seeds 0-5, confirmed on 6-8
+        assert strict(weights[best_weight], seeds) > strict("tuned-selection", seeds)
     assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".").select_on == "strict_acc@1"
     # refit, chosen on days before test (benchmarks/refit.py): it gained on every seed there
     refit = json.loads((path.parent / "results" / "refit.json").read_text())["summary"]
@@ -429,8 +449,9 @@ def test_each_member_of_an_ensemble_learns_as_it_would_alone(synthetic_sequences
 def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     """RECIPES["ensemble"] is `tuned` with the number of members benchmarks/results/ensemble_size.json chose on
     validation (strict Acc@1, the recipe's select_on): the fewest within 0.1 of the best mean, recomputed here from
-    its rows; ensemble-2026-11 is the earlier one, five tuned-2026-11 networks (ensemble_size-tuned-2026-11.json)."""
-    from pgt.recipes import RECIPES
+    its rows; ensemble-2026-11-28 and ensemble-2026-11 are the earlier ones, of tuned-2026-11-28 and tuned-2026-11
+    networks (ensemble_size-tuned-2026-11-28.json, ensemble_size-tuned-2026-11.json)."""
+    from pgt.recipes import ENSEMBLE_MEMBERS, RECIPES
 
     results = PROJECT_ROOT / "benchmarks" / "results"
     saved = json.loads((results / "ensemble_size.json").read_text())
@@ -438,12 +459,15 @@ def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     assert saved["members_trained"][0]["epochs_run"] == RECIPES["tuned"]["epochs"]  # measured on the tuned of now
     best = max(r["protocol_validation_strict_acc@1"]["mean"] for r in saved["sizes"])
     fewest = min(r["members"] for r in saved["sizes"] if r["protocol_validation_strict_acc@1"]["mean"] >= best - 0.1)
-    assert saved["chosen_members"] == fewest == 4
+    assert saved["chosen_members"] == fewest == ENSEMBLE_MEMBERS
     assert RECIPES["ensemble"] == {**RECIPES["tuned"], "members": fewest}
     assert TrainConfig.from_recipe("ensemble", data_dir=".", out_dir=".").network.members == fewest
     earlier = json.loads((results / "ensemble_size-tuned-2026-11.json").read_text())
     best_then = max(earlier["sizes"], key=lambda r: r["protocol_validation_strict_acc@1"]["mean"])
     assert RECIPES["ensemble-2026-11"] == {**RECIPES["tuned-2026-11"], "members": best_then["members"]}
+    before = json.loads((results / "ensemble_size-tuned-2026-11-28.json").read_text())
+    assert RECIPES["ensemble-2026-11-28"] == {**RECIPES["tuned-2026-11-28"], "members": before["chosen_members"]}
+    assert before["members_trained"][0]["epochs_run"] == RECIPES["tuned-2026-11-28"]["epochs"]
 
 
 def test_default_threads_follow_omp_num_threads_else_the_usable_cores(monkeypatch):
