@@ -127,6 +127,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "tuned-arrival-05": ("+ the same head at weight 0.5 (arrival_head 0.5)", {**TUNED_SELECTION, "arrival_head": 0.5}),
     "tuned-arrival-1": ("+ the same head at weight 1 (arrival_head 1)", {**TUNED_SELECTION, "arrival_head": 1.0}),
     "tuned-arrival-2": ("+ the same head at weight 2 (arrival_head 2)", {**TUNED_SELECTION, "arrival_head": 2.0}),
+    # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
+    # on those inputs, beside the deployment block of the runs above
+    "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),
+    "tuned-arrival-1-last-visit": ("+ the arrival head at weight 1, trained on deployed inputs",
+                                   {**TUNED_SELECTION, "arrival_head": 1.0, "anchor": "last_visit"}),
     "tuned-mem8-joint": ("+ the 8 most visited earlier places beyond the window, one pointer over both (the memory "
                          "configuration validation chose for tuned-2026-11)",
                          {**TUNED_SELECTION, "memory_size": 8, "memory_gate": False}),

@@ -30,6 +30,10 @@ RECIPES: dict[str, dict] = {
     "paper": {},
     "tuned": {**TUNED_2026_11_28, "arrival_head": ARRIVAL_WEIGHT},
 }
+# tuned trained, selected and scored on the inputs a live prediction has (recency from the last visit's day, as
+# `pgt predict` and `pgt serve` count it): on validation, as deployed, strict Acc@1 48.43 over seeds 0-8 against 48.01
+# without the arrival head and 47.64 for tuned-2026-11-28 trained on the protocol's inputs (arrival.json)
+RECIPES["tuned-deployed"] = {**RECIPES["tuned"], "anchor": "last_visit"}
 # tuned as an ensemble of ENSEMBLE_MEMBERS networks trained side by side, the number chosen on validation
 # (benchmarks/ensemble_size.py: the fewest members within 0.1 of the best mean, 5 at 49.85 against 49.91 for 6); it
 # costs that many times one network's training, and is served in about one network's pass more

@@ -217,3 +217,17 @@ def test_tracking_settings_reach_the_run_s_tracking_config_from_the_cli(monkeypa
     tracking = TrackingConfig(**typed.values)
     assert (tracking.experiment, tracking.run_name, tracking.log_model, tracking.system_metrics_interval_s) == \
         ("e", "r", False, 0.0)
+
+
+def test_a_renamed_setting_typed_in_a_recipe_or_a_settings_file_is_refused_naming_its_new_name(tmp_path):
+    """memory_places is memory_size now: a training recipe and a preprocessing settings file that type the old name
+    are refused in one line naming the new one; the new name is taken."""
+    with pytest.raises(ValueError, match=r"unknown training setting\(s\): memory_places \(memory_places is "
+                                         r"memory_size now\)"):
+        TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", "memory_places": 8})
+    settings = tmp_path / "preprocess.yaml"
+    settings.write_text("memory_places: 16\n")
+    with pytest.raises(ValueError, match=r"preprocess.yaml.*memory_places \(memory_places is memory_size now\)"):
+        load_config(settings)
+    settings.write_text("memory_size: 16\n")
+    assert load_config(settings).memory_size == 16

@@ -20,6 +20,9 @@ the target's); with `relation_inputs` the encoder's inputs embed them too, so th
 Ensembles (`members` K > 1): K networks of one configuration from their own initial weights, trained side by
 side each on its own loss; the prediction is the mean of their probabilities.
 
+Auxiliary tasks (`distance_head`, `arrival_head`): heads on the context c that predict the next move's distance band
+and the hour the next visit starts, trained jointly (pgt.training.loss); in eval mode the model gives neither.
+
 Variants: "pgt" (learned gate), "mhsa" (generation only, g = 0), "pointer" (pointer only, g = 1),
 and "lstm-pg": the original pointer-generator (See et al., 2017) adapted to one prediction step:
 BiLSTM encoder, additive (Bahdanau) attention from the reduced last state, p_gen from context,

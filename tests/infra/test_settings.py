@@ -6,8 +6,7 @@ import dataclasses
 
 import pytest
 
-from infra.errors import SettingsError
-from infra.settings import bounds_text, check_settings, help_of, setting, settings_of, stored_settings
+from infra.settings import bounds_text, check_settings, help_of, renamed_hint, setting, settings_of, stored_settings
 
 
 @dataclasses.dataclass
@@ -63,19 +62,9 @@ def test_a_setting_without_help_is_refused():
         setting(1, "")
 
 
-def test_a_renamed_setting_is_read_from_records_and_refused_where_typed_naming_its_new_name(tmp_path):
-    """memory_places is memory_size now: a stored record's old name reads as the new one; a recipe (or a preprocessing
-    settings file) that types it is refused in one line naming memory_size."""
-    from pgt.config import TrainConfig
-    from preprocessing.config import load_config
-
+def test_a_renamed_settings_stored_name_reads_as_the_new_one_and_a_typed_one_is_named():
+    """memory_places is memory_size now: a stored record's old name reads as the new one, others unchanged; the hint
+    for unknown names names the new one for renamed names only."""
     assert stored_settings({"memory_places": 8, "lr": 0.1}) == {"memory_size": 8, "lr": 0.1}
-    with pytest.raises(SettingsError, match=r"unknown training setting\(s\): memory_places \(memory_places is "
-                                            r"memory_size now\)"):
-        TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", "memory_places": 8})
-    settings = tmp_path / "preprocess.yaml"
-    settings.write_text("memory_places: 16\n")
-    with pytest.raises(ValueError, match=r"preprocess.yaml.*memory_places \(memory_places is memory_size now\)"):
-        load_config(settings)
-    settings.write_text("memory_size: 16\n")
-    assert load_config(settings).memory_size == 16
+    assert renamed_hint(["memory_places", "colour"]) == " (memory_places is memory_size now)"
+    assert renamed_hint(["colour"]) == ""

@@ -39,8 +39,8 @@ def test_training_checkpoints_and_best_pt_load_with_weights_only(synthetic_seque
 
 
 def test_a_checkpoint_written_under_a_settings_old_name_loads_and_resumes(synthetic_sequences, tmp_path):
-    """best.pt and an epoch checkpoint whose configs name the long-term memory's size memory_places (its name before
-    memory_size) load as the same model, and a run of the same settings resumes from it; another size is refused."""
+    """A best.pt whose configs name the long-term memory's size memory_places (its name before memory_size) loads as
+    the same model, and its training config counts as the same settings for resuming; another size is refused."""
     config = {"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 1, "min_epochs": 1,
               "d_model": 16, "nhead": 2, "dim_feedforward": 32, "memory_size": 4}
     train_loop_per_worker(config)

@@ -364,7 +364,7 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
         return float(np.mean([runs[seed] for seed in seeds]))
 
     weights = {search.CONFIGS[r["name"]][1]["arrival_head"]: r["name"] for r in arrival["configurations"]
-               if "arrival_head" in search.CONFIGS[r["name"]][1]}
+               if "arrival_head" in search.CONFIGS[r["name"]][1] and "anchor" not in search.CONFIGS[r["name"]][1]}
     assert len(weights) >= 3 and search.CONFIGS["tuned-selection"][1] == {**RECIPES["tuned-2026-11-28"], "refit": False}
     best_weight = max(weights, key=lambda w: strict(weights[w], range(6)))
     assert RECIPES["tuned"] == {**RECIPES["tuned-2026-11-28"], "arrival_head": best_weight}
@@ -372,6 +372,10 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     for seeds in (range(6), range(6, 9)):  # chosen on seeds 0-5, confirmed on 6-8
         assert strict(weights[best_weight], seeds) > strict("tuned-selection", seeds)
     assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".").select_on == "strict_acc@1"
+    # tuned-deployed: the same on the inputs serving has, where the head gained over the same runs without it
+    assert RECIPES["tuned-deployed"] == {**RECIPES["tuned"], "anchor": "last_visit"}
+    assert search.CONFIGS["tuned-arrival-1-last-visit"][1] == {**RECIPES["tuned-deployed"], "refit": False}
+    assert strict("tuned-arrival-1-last-visit", range(9)) > strict("tuned-last-visit", range(9))
     # refit, chosen on days before test (benchmarks/refit.py): it gained on every seed there
     refit = json.loads((path.parent / "results" / "refit.json").read_text())["summary"]
     assert RECIPES["tuned"]["refit"] and refit["gain"]["strict_acc@1"]["mean"] > 0 and len(refit["seeds"]) >= 3
