@@ -28,7 +28,7 @@ from pgt.data.dataset import (
 from pgt.data.fetch import local_data
 from pgt.data.tables import latest_samples, place_coordinates
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint, rng_state, set_rng_state
-from pgt.network.model import Ensemble, build_model, count_parameters, set_place_coordinates
+from pgt.network.model import Ensemble, build_model, count_parameters, networks, set_place_coordinates
 from pgt.training.batches import BucketBatchSampler, ResidentBatches, StreamedBatches, keep_batch
 from pgt.training.compilation import compiled
 from pgt.training.loss import batch_loss, cross_entropy_sum
@@ -144,6 +144,11 @@ class TrainState:
     @property
     def streamed(self) -> bool:
         return self.worker.train_shard is not None
+
+    @property
+    def side_by_side(self) -> int:
+        """The networks trained side by side, each on its own loss: an ensemble's members, or fused seeds."""
+        return len(networks(self.model))
 
     def validation_loss(self) -> Callable[[Batch, torch.Tensor], torch.Tensor]:
         return cross_entropy_sum(self.model_cfg, self.cfg)

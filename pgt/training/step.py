@@ -102,7 +102,7 @@ class WholeStep:
         self.dataset = state.loader.dataset  # the resident train split, on the device
         self.device = state.worker.device
         self.capture = self.device.type == "cuda"
-        self.networks = len(networks(state.model))  # an ensemble's members, or fused seeds: each its own loss
+        self.side_by_side = state.side_by_side
         self.loss_sum = torch.zeros((), device=self.device)
         self.index: dict[int, torch.Tensor] = {}  # width -> the static (B,) indices its graph reads
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -141,4 +141,4 @@ class WholeStep:
         """A batch gathered on the device, then train_step: the same kernels whether launched one by one or
         replayed from a graph."""
         loss = train_step(self.state, self.dataset.gather(idx, width))
-        self.loss_sum += loss * idx.shape[0] / self.networks  # one network's mean loss, times samples
+        self.loss_sum += loss * idx.shape[0] / self.side_by_side  # one network's mean loss, times samples

@@ -35,10 +35,9 @@ def eager_steps(state: TrainState) -> tuple[torch.Tensor, int]:
     """An epoch's steps, each launched op by op: (the summed loss, on the device; the samples seen)."""
     worker = state.worker
     loss_sum, seen = torch.zeros((), device=worker.device), 0
-    side_by_side = len(networks(state.model))  # an ensemble's members, or fused seeds: each its own loss
     for batch in state.loader:
         batch = batch.to(worker.device, non_blocking=True)
-        loss_sum += train_step(state, batch) * len(batch.targets) / side_by_side  # one network's mean loss
+        loss_sum += train_step(state, batch) * len(batch.targets) / state.side_by_side  # one network's mean loss
         seen += len(batch.targets)
     return loss_sum, seen
 
