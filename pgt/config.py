@@ -81,6 +81,11 @@ class ModelSettings:
                                        "the next visit starts (the split's target_time_slot), its cross-entropy added "
                                        "to the loss at this weight; predictions ignore it. 0: no head.",
                                   low=0.0, high=10.0)
+    day_gaps: int = setting(1, "Live predictions (recency from the last visit's day, the next visit's day unknown) "
+                               "mix the predictions for the next visit on the last visit's day and the N - 1 days "
+                               "after, each weighted by how often it followed a last visit ending at that hour in the "
+                               "training data (pgt.network.daygap); 1: read as if on the last visit's day.",
+                            low=1, high=8)
     members: int = setting(1, "Networks trained side by side from their own initial weights, each on its own loss; "
                               "the prediction is the mean of their probabilities (an ensemble). Each member costs "
                               "its forward and backward pass.", low=1, high=64)
@@ -118,6 +123,9 @@ class ModelConfig(ModelSettings):
                                           or self.arrival_head):
             raise SettingsError("place_distance, usual_places, distance_head and arrival_head are the transformer's: "
                                 "not variant 'lstm-pg'")
+        if self.day_gaps > 1 and (self.memory_size or self.variant == "lstm-pg"):
+            raise SettingsError("day_gaps shifts the window's recency, not the memory's ages: not with memory_size, "
+                                "and not variant 'lstm-pg'")
         if self.memory_size and self.variant != "pgt":
             raise SettingsError(f"memory_size gives the transformer's gate a memory to point at: variant 'pgt', "
                                 f"got {self.variant!r}")
@@ -296,6 +304,9 @@ class TrainConfig:
         if self.fused_seeds > 1 and (self.refit or self.network.members > 1):
             raise SettingsError("fused_seeds trains seeds side by side, each choosing its own best epoch: not with refit "
                                 "(each seed would refit for its own epochs) or members > 1; set refit false and members 1")
+        if self.network.day_gaps > 1 and self.anchor == "last_visit":
+            raise SettingsError("day_gaps mixes the days a protocol-trained model's live inputs may count from; a "
+                                "model of anchor last_visit learns from those inputs themselves: set day_gaps 1")
         if self.fused_seeds > 1 and self.model not in NEURAL_MODELS:
             raise SettingsError(f"fused_seeds trains networks side by side; {self.model} is not a neural model")
         if self.train_on != "train" and not self.stop_after_epochs:

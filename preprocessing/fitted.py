@@ -290,6 +290,9 @@ class AppliedData:
     counts: dict
     details: dict
     unscored: pl.DataFrame  # source_user_id (as text), reason: the input's people without a latest sample
+    # whether the latest samples' recency counts from their last visit's day (no prediction time given), as the
+    # evaluation samples' always does; else from the prediction time's day
+    latest_at_last_visit: bool = True
     # (users is None, and counts lack its entries, where apply_fitted was asked for no users table)
 
 
@@ -336,7 +339,7 @@ def apply_fitted_stages(found: InputStaypoints, fitted: FittedPreprocessing, eva
     places = pl.concat([fitted.known_places, fresh.hstack([pl.Series("is_new", [True] * fresh.height)])])
     kept = [c for c in encoded.columns if c not in ("history_start", "is_activity", "is_target")]
     return AppliedData(evaluation, latest, columns(encoded, kept),
-                       places, users, found.quarantine, counts, details, unscored)
+                       places, users, found.quarantine, counts, details, unscored, latest_at_last_visit=at is None)
 
 
 def users_not_scored(valid_users: pl.Series, quarantine: pl.DataFrame, staypoints: pl.DataFrame,

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pgt.network.daygap import live_log_probs
 from pgt.network.vocabulary import merge_slots
 from pgt.data.dataset import Batch, SequenceDataset
 from pgt.data.metrics import Scored, compute_all, target_ranks, top1
@@ -34,10 +35,13 @@ class Scores(NamedTuple):
 
 
 
-def model_scores(model: torch.nn.Module) -> Callable[[Batch], Scores]:
+def model_scores(model: torch.nn.Module, live: bool = False) -> Callable[[Batch], Scores]:
     """A scorer for `score_dataset`: the model's log-probabilities in eval mode; the protocol's id 1 takes the
-    probability of a new place and of every slot (vocabulary.merge_slots)."""
+    probability of a new place and of every slot (vocabulary.merge_slots). `live`: the inputs count recency from the
+    last visit's day, as a live prediction's do (daygap.live_log_probs)."""
     model.eval()
+    if live:
+        return lambda batch: Scores.from_log_probs(live_log_probs(model, *batch.inputs()), model.cfg.num_locations)
     return lambda batch: Scores.from_log_probs(model(*batch.inputs()).log_probs.float(), model.cfg.num_locations)
 
 
@@ -103,6 +107,8 @@ def evaluate(score: Callable[[Batch], Scores], dataset: SequenceDataset, batch_s
     return metrics if mean_loss is None else {**metrics, "loss": mean_loss}
 
 
-def packed_scores(model) -> Callable[[Batch], Scores]:
-    """A `score_dataset` scorer for a logged PackedModel: its extended log-probabilities and the protocol's merge."""
-    return lambda batch: Scores.from_log_probs(model(batch.packed()), model.cfg.num_locations)
+def packed_scores(model, live: bool = False) -> Callable[[Batch], Scores]:
+    """A `score_dataset` scorer for a logged PackedModel: its extended log-probabilities and the protocol's merge;
+    `live` as for model_scores (PackedModel.live)."""
+    forward = model.live if live else model
+    return lambda batch: Scores.from_log_probs(forward(batch.packed()), model.cfg.num_locations)

@@ -40,6 +40,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from pgt.config import ModelConfig
+from pgt.network.daygap import END_HOURS
 from pgt.network.places import DISTANCE_EDGES_KM, USUAL_KINDS, distance_bands, usual_places
 from pgt.network.pointer import (
     CLOCK_BUCKETS,
@@ -224,6 +225,8 @@ class PointerGeneratorTransformer(nn.Module):
             # (V, 2) latitude and longitude of each location id in degrees, NaN where none (set_place_coordinates)
             self.register_buffer("place_coords", torch.full((cfg.num_locations, 2), math.nan))
             self.register_buffer("distance_edges", torch.tensor(DISTANCE_EDGES_KM), persistent=False)
+        if cfg.day_gaps > 1:  # (END_HOURS, day_gaps) P(next visit's day | the hour the last visit ends) (daygap)
+            self.register_buffer("day_gap_prior", torch.full((END_HOURS, cfg.day_gaps), 1 / cfg.day_gaps))
         # with a memory and its own gate, the gate weighs three sources (window, memory, generator) instead of two
         sources = 3 if cfg.memory_size and cfg.memory_gate else 1
         self.gate = nn.Sequential(nn.Linear(d, d // 2), nn.GELU(), nn.Linear(d // 2, sources))
@@ -289,6 +292,16 @@ def set_place_coordinates(model: nn.Module, coords: torch.Tensor) -> None:
                              f"{net.cfg.num_locations} locations "
                              f"takes ({net.cfg.num_locations}, 2) coordinates, got {tuple(coords.shape)}")
         net.place_coords.copy_(coords)
+
+
+def set_day_gap_prior(model: nn.Module, prior: torch.Tensor) -> None:
+    """Give every network of a day_gaps model the prior of the data it learns from (daygap.fit_day_gap_prior), once,
+    before training; a checkpoint carries it with the weights."""
+    for net in networks(model):
+        if getattr(net, "day_gap_prior", None) is None or net.day_gap_prior.shape != prior.shape:
+            raise ValueError(f"set_day_gap_prior: a network of day_gaps {net.cfg.day_gaps} takes a ({END_HOURS}, "
+                             f"{net.cfg.day_gaps}) prior, got {tuple(prior.shape)}")
+        net.day_gap_prior.copy_(prior)
 
 
 class LSTMPointerGenerator(nn.Module):

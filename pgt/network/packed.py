@@ -9,6 +9,7 @@ import torch.nn as nn
 
 from infra.errors import InputError
 from pgt.config import ModelConfig
+from pgt.network.daygap import live_log_probs
 
 
 class PackedModel(nn.Module):
@@ -26,6 +27,13 @@ class PackedModel(nn.Module):
         locations, users, times, weekdays, recency, durations, *slots = x.unbind(1)  # (B, T) each
         slots = slots[0] if slots else None
         return self.model(locations, users[:, 0], times, weekdays, recency, durations, slots).log_probs.float()
+
+    def live(self, x: torch.Tensor) -> torch.Tensor:
+        """forward's output for an input whose recency counts from the last visit's day (a live prediction without
+        a prediction time): mixed over the days the next visit may fall on where the model has a day_gap_prior."""
+        locations, users, times, weekdays, recency, durations, *slots = x.unbind(1)
+        return live_log_probs(self.model, locations, users[:, 0], times, weekdays, recency, durations,
+                              slots[0] if slots else None)
 
 
 def input_tables(cfg: ModelConfig) -> dict[str, int]:

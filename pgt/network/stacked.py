@@ -95,6 +95,8 @@ class StackedTransformer(nn.Module):
         if self.cfg.place_distance:  # every member holds the data's coordinates: the first's serve them all
             self.register_buffer("place_coords", first.place_coords.clone(), persistent=False)
             self.register_buffer("distance_edges", first.distance_edges.clone(), persistent=False)
+        if self.cfg.day_gaps > 1:  # the same data's prior in every member (daygap.live_log_probs reads it)
+            self.register_buffer("day_gap_prior", first.day_gap_prior.clone(), persistent=False)
         self.eps = [(block.norm1.eps, block.norm2.eps) for block in first.encoder.layers]
         self.embed_eps = first.embed.norm.eps
         self.layers = len(first.encoder.layers)

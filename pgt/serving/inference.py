@@ -65,8 +65,10 @@ class TopK(NamedTuple):
 
 
 @torch.inference_mode()  # no autograd bookkeeping at all: faster than no_grad for a request of one sample
-def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: int = EVAL_BATCH_SIZE) -> TopK:
-    """The k most probable next locations of every sample of `dataset` under a PackedModel."""
+def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: int = EVAL_BATCH_SIZE,
+                      live: bool = False) -> TopK:
+    """The k most probable next locations of every sample of `dataset` under a PackedModel; `live`: the samples'
+    recency counts from their last visit's day (PackedModel.live)."""
     V = model.cfg.num_locations
     k = min(top_k, V - 1)
     locations = np.zeros((len(dataset), k), np.int64)
@@ -76,7 +78,7 @@ def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: i
     for start in range(0, len(dataset), batch_size):
         idx = list(range(start, min(start + batch_size, len(dataset))))
         batch = dataset.__getitems__(idx)
-        log_probs = model(batch.packed())  # (B, V + S)
+        log_probs = model.live(batch.packed()) if live else model(batch.packed())  # (B, V + S)
         new_place[idx] = log_probs[:, UNSEEN].exp().numpy()
         log_probs[:, 0] = -torch.inf  # id 0 pads histories; it is never a place
         top = torch.topk(log_probs, k, dim=1)
@@ -151,7 +153,9 @@ def predict_applied(model, applied, top_k: int, evaluation: bool = True) -> pl.D
         dataset = SequenceDataset.from_arrow(samples.to_arrow(), model.cfg.max_len, f"{kind} samples",
                                              MemoryLayout.of(model.cfg))
         check_vocabulary(model.cfg, dataset, f"{kind} samples")
-        frames.append(place_predictions(top_k_predictions(model, dataset, top_k), samples, applied.places, kind))
+        live = kind == "evaluation" or applied.latest_at_last_visit  # else counted from the prediction time's day
+        frames.append(place_predictions(top_k_predictions(model, dataset, top_k, live=live), samples, applied.places,
+                                        kind))
     return pl.concat(frames, how="vertical_relaxed")
 
 
@@ -180,6 +184,14 @@ def check_lineage(trained_on: dict | None, data_dir: Path, model_uri: str) -> No
                                    "places and people: score that run's own data, or new data through `pgt preprocess --fitted` "
                                    "of the model's training folder (or `pgt predict --format`)")
 
+
+
+def live_folder(data_dir: Path) -> bool:
+    """Whether the sequences of a `pgt preprocess` folder have a live prediction's inputs: an output of `--fitted`,
+    whose samples count recency from their last visit's day (the target's day unknown), where a full run's count it
+    from the target's day."""
+    manifest = read_manifest(data_dir)
+    return manifest is not None and manifest.get("mode") == "fitted"
 
 
 def check_vocabulary(model_cfg: ModelConfig, dataset: SequenceDataset, path: Path) -> None:

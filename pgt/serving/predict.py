@@ -22,6 +22,7 @@ from pgt.serving.inference import (
     check_lineage,
     check_top_k,
     check_vocabulary,
+    live_folder,
     predict_applied,
     top_k_predictions,
 )
@@ -134,7 +135,7 @@ def _predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int, 
     dataset = SequenceDataset.from_parquet(input_path, model.cfg.max_len, require_target=False,
                                            memory=MemoryLayout.of(model.cfg))
     check_vocabulary(model.cfg, dataset, input_path)
-    top = top_k_predictions(model, dataset, top_k)
+    top = top_k_predictions(model, dataset, top_k, live=live_folder(Path(input_path).parent))
     locations, places, probabilities, new_place = top.locations, top.places, top.probabilities, top.new_place
     columns = {
         "row": pa.array(np.arange(len(dataset))),

@@ -36,7 +36,7 @@ def finish(state: TrainState) -> dict:
     if state.seeds is not None:
         return finish_fused(state)
     state.model.load_state_dict(state.best_state)
-    scores = model_scores(state.model)
+    scores, live = model_scores(state.model), model_scores(state.model, live=True)
     result = {
         "model": cfg.model,
         "test": evaluate(scores, state.splits["test"], cfg.eval_batch_size, worker.device, state.validation_loss(),
@@ -45,7 +45,7 @@ def finish(state: TrainState) -> dict:
                                state.validation_loss(), worker),
         # the inputs a live prediction has: recency from the last visit's day, the target's day unknown (not of a
         # validation split the run learned from: a refit's held-out figures are its selection run's)
-        "deployment": {split: evaluate(scores, state.splits[split].anchored_at_last_visit(), cfg.eval_batch_size,
+        "deployment": {split: evaluate(live, state.splits[split].anchored_at_last_visit(), cfg.eval_batch_size,
                                        worker.device, worker=worker)
                        for split in ("validation", "test")
                        if (split == "validation" and cfg.train_on == "train") or (split == "test" and cfg.evaluate_test)},
@@ -93,13 +93,13 @@ def finish_fused(state: TrainState) -> dict:
     seeds = []
     for i, (net, mine) in enumerate(zip(nets, state.seeds)):
         net.load_state_dict(mine["best_state"])
-        scores = model_scores(net)
+        scores, live = model_scores(net), model_scores(net, live=True)
         scored = {"seed": cfg.seed + i, "best_epoch": mine["best_epoch"] + 1,
                   "validation": evaluate(scores, state.splits["validation"], cfg.eval_batch_size, worker.device,
                                          state.validation_loss(), worker),
                   "test": evaluate(scores, state.splits["test"], cfg.eval_batch_size, worker.device,
                                    state.validation_loss(), worker) if cfg.evaluate_test else None,
-                  "deployment": {split: evaluate(scores, state.splits[split].anchored_at_last_visit(),
+                  "deployment": {split: evaluate(live, state.splits[split].anchored_at_last_visit(),
                                                  cfg.eval_batch_size, worker.device, worker=worker)
                                  for split in ("validation", "test") if split == "validation" or cfg.evaluate_test}}
         seeds.append(scored)

@@ -28,7 +28,15 @@ from pgt.data.dataset import (
 from pgt.data.fetch import local_data
 from pgt.data.tables import latest_samples, place_coordinates
 from pgt.network.checkpoint import check_resumable, latest_checkpoint, read_checkpoint, rng_state, set_rng_state
-from pgt.network.model import Ensemble, build_model, count_parameters, networks, set_place_coordinates
+from pgt.network.daygap import fit_day_gap_prior
+from pgt.network.model import (
+    Ensemble,
+    build_model,
+    count_parameters,
+    networks,
+    set_day_gap_prior,
+    set_place_coordinates,
+)
 from pgt.training.batches import BucketBatchSampler, ResidentBatches, StreamedBatches, keep_batch
 from pgt.training.compilation import compiled
 from pgt.training.loss import batch_loss, cross_entropy_sum
@@ -51,6 +59,9 @@ def check_streamable(cfg: TrainConfig) -> None:
     if cfg.simulate_unseen:
         raise SettingsError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
                             "use --data-engine loaded, or a recipe without it")
+    if cfg.network.day_gaps > 1:
+        raise SettingsError("day_gaps counts the train split's days between last visits and targets in memory; the "
+                            "streamed path reads train.parquet as it goes: use --data-engine loaded")
     if cfg.network.arrival_head:
         raise SettingsError("arrival_head learns from each target's start time, which the streamed path does not read; "
                             "use --data-engine loaded")
@@ -236,6 +247,10 @@ def setup(config: dict, worker: Worker) -> TrainState:
         train_set = splits["train"]
         if "validation" in learned_from:
             train_set = train_set.concatenated(splits["validation"])
+        if model_cfg.day_gaps > 1:  # counted over the samples the model learns from, each once
+            set_day_gap_prior(model, fit_day_gap_prior(train_set.locations, train_set.times, train_set.durations,
+                                                       train_set.recency, model_cfg.day_gaps, model_cfg.time_slots,
+                                                       model_cfg.duration_buckets).to(worker.device))
         visits = FirstVisits.from_data_dir(data_dir, vocab, learned_from) if cfg.simulate_unseen else None
         if cfg.recent_repeat:  # each person's latest samples once more, after the others
             again = latest_samples(data_dir, learned_from, cfg.recent_repeat)

@@ -91,6 +91,7 @@ def test_a_prediction_time_anchors_the_latest_samples_and_evaluation_rows_are_li
     default = apply_fitted(root / "late.parquet", "positionfixes", fitted)
     assert default.latest["recency"].list.last().to_list() == [0] * default.latest.height
     assert default.latest["prediction_time"].to_list() == default.latest["history_end"].to_list()
+    assert default.latest_at_last_visit  # what predict_applied reads to mix over the next visit's day
     assert default.evaluation["recency"].list.last().to_list() == [0] * default.evaluation.height
     assert (default.evaluation["recency"].list.first() >= 0).all()
 
@@ -98,6 +99,7 @@ def test_a_prediction_time_anchors_the_latest_samples_and_evaluation_rows_are_li
     at = (last_end + timedelta(days=2)).replace(hour=12, minute=0)
     later = apply_fitted(root / "late.parquet", "positionfixes", fitted, at=at)
     assert later.latest["prediction_time"].to_list() == [at] * later.latest.height
+    assert not later.latest_at_last_visit
     joined = later.latest.join(default.latest, on="source_user_id", suffix="_default")
     # two or more days on: the last visit is that much further back, and never on the day predicted for
     gap = (joined["recency"].list.last() - joined["recency_default"].list.last())

@@ -7,8 +7,9 @@ import pytest
 
 from pgt.config import ModelConfig
 from pgt.data.dataset import SequenceDataset
-from pgt.serving.inference import check_top_k, check_vocabulary, prediction_time
+from pgt.serving.inference import check_top_k, check_vocabulary, predict_applied, prediction_time, top_k_predictions
 from tests.pgt.training.test_data import write_split
+from tests.preprocessing.test_fitted import synthetic_80_20  # noqa: F401 - a fixture this module's test uses too
 
 
 def model_knowing(locations: int, users: int) -> ModelConfig:
@@ -49,3 +50,47 @@ def test_top_k_and_the_moment_of_a_prediction_are_checked():
     assert prediction_time("2024-05-01T08:00:00+08:00").isoformat() == "2024-05-01T00:00:00+00:00"
     with pytest.raises(ValueError, match=r"^params.at must be an ISO 8601 time such as .*, got 'tomorrow'$"):
         prediction_time("tomorrow", "params.at")
+
+
+def test_live_rows_are_mixed_over_the_next_visits_day_and_rows_for_a_given_moment_are_not(synthetic_80_20):  # noqa: F811 - the fixture
+    """predict_applied (pgt predict on raw data, and the served tables): the evaluation rows and the latest rows
+    without a prediction time count recency from the last visit's day, so a day_gaps model mixes them
+    (PackedModel.live); latest rows for a given moment count from that moment's day and are scored as they are."""
+    from datetime import timedelta
+
+    import torch
+
+    from pgt.config import TrainConfig
+    from pgt.data.dataset import SequenceDataset, Vocab
+    from pgt.network.daygap import END_HOURS
+    from pgt.network.model import build_model, set_day_gap_prior
+    from pgt.network.packed import PackedModel
+    from preprocessing.fitted import FittedPreprocessing, apply_fitted
+
+    root, _ = synthetic_80_20
+    vocab = Vocab.from_manifest(root / "early")
+    cfg = TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", "d_model": 16, "nhead": 2, "dim_feedforward": 32,
+                                 "day_gaps": 2}).model_config(vocab)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    set_day_gap_prior(model, torch.tensor([[0.01, 0.99]]).repeat(END_HOURS, 1))  # nearly always the day after
+    packed = PackedModel(model)
+    fitted = FittedPreprocessing.from_folder(root / "early")
+    default = apply_fitted(root / "late.parquet", "positionfixes", fitted)
+    later = apply_fitted(root / "late.parquet", "positionfixes", fitted,
+                         at=default.latest["history_end"].max() + timedelta(days=1))
+
+    def probabilities(samples, live: bool) -> list[float]:
+        dataset = SequenceDataset.from_arrow(samples.to_arrow(), cfg.max_len)
+        return top_k_predictions(packed, dataset, 3, live=live).probabilities.ravel().tolist()
+
+    for applied in (default, later):
+        frame = predict_applied(packed, applied, 3)
+        for kind, samples, live in (("latest", applied.latest, applied is default),
+                                    ("evaluation", applied.evaluation, True)):
+            got = frame.filter(sample=kind).sort("sample_index", "rank")["probability"].to_list()
+            assert got == pytest.approx(probabilities(samples, live), abs=1e-6), kind
+            assert got != pytest.approx(probabilities(samples, not live), abs=1e-6), kind  # the reading matters

@@ -110,6 +110,30 @@ def test_the_deployment_block_scores_the_inputs_anchored_at_the_last_visit(synth
     assert not torch.equal(test.recency, test.anchored_at_last_visit().recency)  # the inputs do differ
 
 
+def test_a_day_gaps_run_counts_its_prior_on_what_it_learns_from_and_mixes_only_the_live_inputs(synthetic_sequences,
+                                                                                                tmp_path):
+    """day_gaps 2: best.pt carries the prior counted over the train split's samples; the deployment block is the
+    mixture over the anchored samples (model_scores live); the protocol's figures are those of the same run without
+    it, which trains the same network."""
+    from pgt.data.scoring import evaluate, model_scores
+    from pgt.network.checkpoint import load_checkpoint
+    from pgt.network.daygap import fit_day_gap_prior
+
+    base = {"data_dir": str(synthetic_sequences), "epochs": 2, "d_model": 16, "nhead": 2}
+    result = train_loop_per_worker({**base, "out_dir": str(tmp_path / "mixed"), "day_gaps": 2})
+    plain = train_loop_per_worker({**base, "out_dir": str(tmp_path / "plain")})
+    model, cfg = load_checkpoint(tmp_path / "mixed" / "best.pt")
+    splits = load_splits(synthetic_sequences, cfg.max_len)
+    train = splits["train"]
+    assert torch.equal(model.day_gap_prior, fit_day_gap_prior(train.locations, train.times, train.durations,
+                                                              train.recency, 2, cfg.time_slots, cfg.duration_buckets))
+    live = evaluate(model_scores(model, live=True), splits["test"].anchored_at_last_visit(), 1024, torch.device("cpu"))
+    assert live["strict"]["acc@1"] == result["deployment"]["test"]["strict"]["acc@1"]
+    assert result["test"]["strict"]["acc@1"] == plain["test"]["strict"]["acc@1"]
+    assert result["test"]["mrr"] == plain["test"]["mrr"]
+    assert result["deployment"]["test"]["mrr"] != plain["deployment"]["test"]["mrr"]
+
+
 def test_place_distance_trains_with_the_datas_coordinates_and_keeps_them_in_best_pt(synthetic_sequences, tmp_path):
     """A place_distance run gives its model the data's place coordinates (locations.parquet) before training; best.pt
     carries them with the weights, so a model loaded back (predict, serve) has them without the data."""
@@ -331,7 +355,8 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     choice); RECIPES["tuned-2026-11-28"] is the sweep's confirmed winner (benchmarks/results/sweep_best.yaml) at the
     epoch budget validation chose (benchmarks/results/tuned_adoption.json), which beat tuned-2026-11 there; RECIPES
     ["tuned"] is it with the arrival head at the weight of the best mean strict validation Acc@1 over seeds 0-5 among
-    those tried (benchmarks/results/arrival.json), which beat it there and on the fresh seeds 6-8."""
+    those tried (benchmarks/results/arrival.json), which beat it there and on the fresh seeds 6-8, and its live
+    predictions mixed over the number of days chosen there too (benchmarks/results/day_gaps.json)."""
     import importlib.util
 
     import numpy as np
@@ -367,14 +392,23 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
                if "arrival_head" in search.CONFIGS[r["name"]][1] and "anchor" not in search.CONFIGS[r["name"]][1]}
     assert len(weights) >= 3 and search.CONFIGS["tuned-selection"][1] == {**RECIPES["tuned-2026-11-28"], "refit": False}
     best_weight = max(weights, key=lambda w: strict(weights[w], range(6)))
-    assert RECIPES["tuned"] == {**RECIPES["tuned-2026-11-28"], "arrival_head": best_weight}
-    assert search.CONFIGS[weights[best_weight]][1] == {**RECIPES["tuned"], "refit": False}
+    trained = {k: v for k, v in RECIPES["tuned"].items() if k != "day_gaps"}  # day_gaps trains the same network
+    assert trained == {**RECIPES["tuned-2026-11-28"], "arrival_head": best_weight}
+    assert search.CONFIGS[weights[best_weight]][1] == {**trained, "refit": False}
     for seeds in (range(6), range(6, 9)):  # chosen on seeds 0-5, confirmed on 6-8
         assert strict(weights[best_weight], seeds) > strict("tuned-selection", seeds)
     assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".").select_on == "strict_acc@1"
+    # its live predictions mixed over the days chosen on validation (benchmarks/day_gaps.py, tuned's own selection
+    # networks): the fewest within 0.1 of the best mean over seeds 0-5, above the unmixed on seeds 6-8 too
+    mixing = json.loads((results / "day_gaps.json").read_text())
+    assert "validation" in mixing["selection"].lower() and mixing["networks_of"] == weights[best_weight]
+    means = {int(days): row["choosing"]["mean"] for days, row in mixing["live"].items()}
+    fewest = min(days for days in means if means[days] >= max(means.values()) - 0.1)
+    assert RECIPES["tuned"]["day_gaps"] == mixing["chosen"] == fewest > 1 and set(means) >= {1, 2, 3}
+    assert mixing["live"][str(fewest)]["confirming"]["mean"] > mixing["live"]["1"]["confirming"]["mean"]
     # tuned-deployed: the same on the inputs serving has, where the head gained over the same runs without it
-    assert RECIPES["tuned-deployed"] == {**RECIPES["tuned"], "anchor": "last_visit"}
-    assert search.CONFIGS["tuned-arrival-1-last-visit"][1] == {**RECIPES["tuned-deployed"], "refit": False}
+    assert RECIPES["tuned-deployed"] == {**RECIPES["tuned"], "anchor": "last_visit", "day_gaps": 1}
+    assert search.CONFIGS["tuned-arrival-1-last-visit"][1] == {**trained, "anchor": "last_visit", "refit": False}
     assert strict("tuned-arrival-1-last-visit", range(9)) > strict("tuned-last-visit", range(9))
     # refit, chosen on days before test (benchmarks/refit.py): it gained on every seed there
     refit = json.loads((path.parent / "results" / "refit.json").read_text())["summary"]
