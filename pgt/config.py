@@ -123,9 +123,8 @@ class ModelConfig(ModelSettings):
                                           or self.arrival_head):
             raise SettingsError("place_distance, usual_places, distance_head and arrival_head are the transformer's: "
                                 "not variant 'lstm-pg'")
-        if self.day_gaps > 1 and (self.memory_size or self.variant == "lstm-pg"):
-            raise SettingsError("day_gaps shifts the window's recency, not the memory's ages: not with memory_size, "
-                                "and not variant 'lstm-pg'")
+        if self.day_gaps > 1 and self.variant == "lstm-pg":
+            raise SettingsError("day_gaps keeps its prior in the transformer: not variant 'lstm-pg'")
         if self.memory_size and self.variant != "pgt":
             raise SettingsError(f"memory_size gives the transformer's gate a memory to point at: variant 'pgt', "
                                 f"got {self.variant!r}")

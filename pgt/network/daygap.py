@@ -63,8 +63,10 @@ def live_log_probs(model: nn.Module, locations, users, times, weekdays, recency,
     cfg = model.cfg
     K, B = prior.shape[1], locations.shape[0]
     shift = torch.arange(K, device=recency.device).view(K, 1, 1)  # (K, 1, 1)
-    # (K, B, T): day k's recency; a visit more than the window's days before it takes the window's last value
-    shifted = torch.where(locations != 0, (recency.unsqueeze(0) + shift).clamp(max=cfg.recency_days), 0)
+    # (K, B, T): day k's recency; a visit more than the window's days before it takes the window's last value. A
+    # remembered place's age bucket (recency past the window's values) stays: a day or two moves few across its edges
+    window = (locations != 0) & (recency <= cfg.recency_days)
+    shifted = torch.where(window, (recency.unsqueeze(0) + shift).clamp(max=cfg.recency_days), recency)
 
     def repeat(t: torch.Tensor | None) -> torch.Tensor | None:  # (B, ...) -> (K * B, ...)
         return None if t is None else t.repeat(K, *([1] * (t.dim() - 1)))

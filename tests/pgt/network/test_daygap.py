@@ -83,6 +83,25 @@ def test_a_live_prediction_is_the_prior_weighted_mixture_of_the_shifted_inputs(t
                            plain(LOCATIONS, users, TIMES, weekdays, live, DURATIONS, slots).log_probs.float())
 
 
+def test_with_a_memory_only_the_windows_recency_is_shifted(tiny_config):
+    """A remembered place (in front of the history, recency past the window's values: its age bucket) keeps its
+    value on every day of the mixture."""
+    cfg = dataclasses.replace(tiny_config, day_gaps=2, memory_size=2)
+    prior = torch.tensor([[0.3, 0.7]]).repeat(END_HOURS, 1)
+    model = mixed_model(cfg, prior)
+    locations = torch.tensor([[6, 8, 5, 3, 7]])
+    live = torch.tensor([[cfg.recency_days + 2, cfg.recency_days + 5, 3, 2, 1]])  # two remembered, three visits
+    times, durations, weekdays = torch.tensor([[1, 1, 10, 20, 40]]), torch.tensor([[2, 2, 3, 3, 2]]), torch.ones(1, 5).long()
+    users = torch.tensor([1])
+    with torch.no_grad():
+        mixed = live_log_probs(model, locations, users, times, weekdays, live, durations)
+        day_after = live.clone()
+        day_after[0, 2:] += 1
+        expected = (0.3 * model(locations, users, times, weekdays, live, durations).log_probs.exp()
+                    + 0.7 * model(locations, users, times, weekdays, day_after, durations).log_probs.exp())
+    assert torch.allclose(mixed.exp(), expected, atol=1e-6)
+
+
 def test_the_prior_travels_with_the_weights_and_a_wrong_shape_is_refused(tiny_config):
     cfg = dataclasses.replace(tiny_config, day_gaps=2)
     prior = torch.tensor([[0.9, 0.1]]).repeat(END_HOURS, 1)
@@ -94,9 +113,7 @@ def test_the_prior_travels_with_the_weights_and_a_wrong_shape_is_refused(tiny_co
         set_day_gap_prior(model, torch.full((END_HOURS, 3), 1 / 3))
 
 
-def test_day_gaps_is_refused_with_the_memory_the_lstm_and_live_trained_models(tiny_config):
-    with pytest.raises(SettingsError, match="not with memory_size"):
-        dataclasses.replace(tiny_config, day_gaps=2, memory_size=4)
+def test_day_gaps_is_refused_with_the_lstm_and_live_trained_models(tiny_config):
     with pytest.raises(SettingsError, match="lstm-pg"):
         dataclasses.replace(tiny_config, day_gaps=2, variant="lstm-pg")
     with pytest.raises(SettingsError, match="anchor last_visit learns from those inputs"):
