@@ -3,7 +3,8 @@
 Trains the `tuned` recipe alone with N seeds (validation only, evaluate_test=False; two runs at a time, one thread
 each), then scores on the validation split every ensemble of K of those networks (the mean of their probabilities),
 for K = 1 .. N: strict Acc@1 (the exact place) and MRR, with the protocol's inputs and as deployed (recency from the
-last history visit's day, what a live prediction has). Each K is summarised as mean ± std over its combinations of
+last history visit's day, what a live prediction has, scored as serving scores it: mixed over the next visit's day
+where the recipe sets day_gaps). Each K is summarised as mean ± std over its combinations of
 seeds. An ensemble trained side by side (`--members K`, pgt/network/model.py Ensemble) differs from these only in picking
 one best epoch for all its members. Test is never scored here.
 
@@ -55,11 +56,13 @@ def train_member(seed: int, data_dir: str, out: str, epochs: int | None = None) 
             "deployment_validation_strict_acc@1": result["deployment"]["validation"]["strict"]["acc@1"]}
 
 
-def member_log_probs(runs: list[Path], dataset, batch_size: int = 512) -> list:
-    """Per batch of the split (in score_dataset's order), every member's (M, B, V + S) log-probabilities."""
+def member_log_probs(runs: list[Path], dataset, batch_size: int = 512, live: bool = False) -> list:
+    """Per batch of the split (in score_dataset's order), every member's (M, B, V + S) log-probabilities; `live`: the
+    split has a live prediction's inputs, scored as serving scores them (pgt.network.daygap.live_log_probs)."""
     import torch
 
     from pgt.network.checkpoint import load_checkpoint
+    from pgt.network.daygap import live_log_probs
 
     models = [load_checkpoint(run / "best.pt")[0] for run in runs]
     order = np.argsort(dataset.lengths.numpy(), kind="stable")
@@ -68,7 +71,8 @@ def member_log_probs(runs: list[Path], dataset, batch_size: int = 512) -> list:
         for start in range(0, len(order), batch_size):
             batch = dataset.__getitems__(order[start:start + batch_size].tolist())
             cached.append((order[start:start + batch_size], batch,
-                           torch.stack([m(*batch.inputs()).log_probs.float() for m in models])))
+                           torch.stack([live_log_probs(m, *batch.inputs()) if live else m(*batch.inputs()).log_probs.float()
+                                        for m in models])))
     return cached
 
 
@@ -138,7 +142,7 @@ def main() -> None:
                              memory=MemoryLayout.of(cfg))["validation"]
     sizes = []
     for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
-        cached = member_log_probs(runs, split)
+        cached = member_log_probs(runs, split, live=name == "deployment")
         for k in range(1, len(runs) + 1):
             combos = list(itertools.combinations(range(len(runs)), k))
             scored = [ensemble_metrics(cached, combo, split, cfg.num_locations) for combo in combos]
