@@ -243,11 +243,16 @@ with get_client(sync_client=True) as client:
 """
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=180)
     assert r.stdout.split()[-1:] == ["CANCELLED"], r.stdout + r.stderr[-2000:]
-    deadline = time.monotonic() + 60
-    while {pid for pid in ray_pids if Path(f"/proc/{pid}").exists()} and time.monotonic() < deadline:
+    lock = run_dir.parent / f".{run_dir.name}.lock"
+    deadline = time.monotonic() + 60  # the flow's process unwinds (its MLflow run, its lock) after Ray's have gone
+
+    def left() -> bool:
+        return bool({pid for pid in ray_pids if Path(f"/proc/{pid}").exists()}) or lock.exists()
+
+    while left() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not {pid for pid in ray_pids if Path(f"/proc/{pid}").exists()}  # no Ray process of the run is left
-    assert not (run_dir.parent / f".{run_dir.name}.lock").exists()
+    assert not lock.exists()
     client = MlflowClient(f"http://127.0.0.1:{env['MLFLOW_PORT']}")
     run_id = json.loads((run_dir / "mlflow_run.json").read_text())["run_id"]
     assert client.get_run(run_id).info.status == "KILLED"
