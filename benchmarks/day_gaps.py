@@ -41,20 +41,17 @@ WITHIN = 0.1  # the fewest days whose mean strict Acc@1 is this close to the bes
 SELECTION = "Validation only: the networks were trained on train with evaluate_test=False; test is never scored."
 
 
-def with_day_gaps(model, cfg, days: int, train):
-    """The network with a prior of `days` days fitted on the train split (as training fits it), or as it is for 1."""
-    from pgt.network.daygap import fit_day_gap_prior
+def with_day_gaps(model, cfg, prior):
+    """The network with `prior` (None: as it is), the (END_HOURS, K) table training fits on its train split."""
     from pgt.network.model import build_model, set_day_gap_prior
 
-    if days == 1:
+    if prior is None:
         return model.eval()
-    mixed_cfg = dataclasses.replace(cfg, day_gaps=days)
-    mixed = build_model(mixed_cfg)
+    mixed = build_model(dataclasses.replace(cfg, day_gaps=prior.shape[1]))
     missing, unexpected = mixed.load_state_dict(model.state_dict(), strict=False)
     if missing != ["day_gap_prior"] or unexpected:
         raise RuntimeError(f"expected only the prior to be new, got missing {missing}, unexpected {unexpected}")
-    set_day_gap_prior(mixed, fit_day_gap_prior(train.locations, train.times, train.durations, train.recency, days,
-                                               cfg.time_slots, cfg.duration_buckets))
+    set_day_gap_prior(mixed, prior)
     return mixed.eval()
 
 
@@ -104,6 +101,7 @@ def main() -> None:
 
     from pgt.data.dataset import Vocab, load_splits
     from pgt.network.checkpoint import load_checkpoint
+    from pgt.network.daygap import days_after_last_visit, fit_day_gap_prior, last_visit_end_hours
 
     data_dir = sequences(args.input, VARIANTS[args.variant])
     folder = RECORDS / args.variant
@@ -120,6 +118,9 @@ def main() -> None:
     live_inputs = validation.anchored_at_last_visit()
     full = validation.__getitems__(list(range(len(validation))))  # the targets every figure is ranked against
     V = cfg.num_locations
+    # each number of days' prior, as training counts it on the train split (the same for every network)
+    priors = {days: fit_day_gap_prior(train.locations, train.times, train.durations, train.recency, days,
+                                      cfg.time_slots, cfg.duration_buckets) if days > 1 else None for days in DAYS}
     probs, networks = {}, []
     for seed in track(seeds, description="scoring each network on validation"):
         model, _ = load_checkpoint(runs[seed] / "best.pt")
@@ -130,19 +131,15 @@ def main() -> None:
             raise RuntimeError(f"{runs[seed]}: scored {protocol:.2f} here against {recorded:.2f} in its record")
         row = {"seed": seed, "protocol": round(protocol, 2)}
         for days in DAYS:
-            probs[(seed, days)] = probabilities(with_day_gaps(model, cfg, days, train), live_inputs, live=True)
+            probs[(seed, days)] = probabilities(with_day_gaps(model, cfg, priors[days]), live_inputs, live=True)
             row[f"live_{days}"] = round(strict_acc1(probs[(seed, days)], validation, full, V), 2)
         networks.append(row)
 
     # how well the prior alone tells the next visit's day on validation (the protocol's recency of the last visit)
-    from pgt.network.daygap import fit_day_gap_prior, last_visit_end_hours
-
-    last = ((validation.locations != 0).sum(dim=1) - 1).clamp(min=0).unsqueeze(1)
-    days_after = (validation.recency.gather(1, last).squeeze(1) - 1).numpy()
+    days_after = days_after_last_visit(validation.locations, validation.recency).numpy()
     hours = last_visit_end_hours(validation.locations, validation.times, validation.durations, cfg.time_slots,
                                  cfg.duration_buckets)
-    prior = fit_day_gap_prior(train.locations, train.times, train.durations, train.recency, max(DAYS), cfg.time_slots,
-                              cfg.duration_buckets)[hours].numpy()
+    prior = priors[max(DAYS)][hours].numpy()
     next_day = {"share_by_days_after": {str(d): round(float((days_after == d).mean() * 100), 2) for d in range(max(DAYS))},
                 "share_later": round(float((days_after >= max(DAYS)).mean() * 100), 2),
                 "prior_most_likely_right": round(float((prior.argmax(axis=1) == days_after).mean() * 100), 2)}

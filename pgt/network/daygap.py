@@ -19,13 +19,23 @@ END_HOURS = 48  # the hour the last visit ends, from the midnight before it star
 PRIOR_COUNT = 0.5  # added to every (hour, day) count of the prior: an hour never seen weighs the days evenly
 
 
+def at_last_visit(locations: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(B,) each right-padded history's value of `values` (B, T) at its last visit."""
+    last = ((locations != 0).sum(dim=1) - 1).clamp(min=0).unsqueeze(1)  # (B, 1)
+    return values.gather(1, last).squeeze(1)
+
+
+def days_after_last_visit(locations: torch.Tensor, recency: torch.Tensor) -> torch.Tensor:
+    """(B,) the days from each history's last visit to its target, which the protocol's recency (stored + 1) tells."""
+    return at_last_visit(locations, recency) - 1
+
+
 def last_visit_end_hours(locations: torch.Tensor, times: torch.Tensor, durations: torch.Tensor, time_slots: int,
                          duration_buckets: int) -> torch.Tensor:
     """(B,) the hour each history's last visit ends (0..END_HOURS - 1), as its time slot and duration bucket tell:
     their middles, the slots spanning a day and the buckets the two days the durations are capped at."""
-    last = ((locations != 0).sum(dim=1) - 1).clamp(min=0).unsqueeze(1)  # (B, 1)
-    slot = (times.gather(1, last).squeeze(1) - 1).clamp(min=0).float()  # stored + 1
-    bucket = (durations.gather(1, last).squeeze(1) - 1).clamp(min=0).float()
+    slot = (at_last_visit(locations, times) - 1).clamp(min=0).float()  # stored + 1
+    bucket = (at_last_visit(locations, durations) - 1).clamp(min=0).float()
     minutes = (slot + 0.5) * (1440 / time_slots) + (bucket + 0.5) * (2880 / duration_buckets)
     return (minutes // 60).long().clamp(max=END_HOURS - 1)
 
@@ -36,8 +46,7 @@ def fit_day_gap_prior(locations: torch.Tensor, times: torch.Tensor, durations: t
     samples with the protocol's inputs (the last visit's recency is the gap; gaps beyond day_gaps - 1 are left out),
     each count plus PRIOR_COUNT."""
     hours = last_visit_end_hours(locations, times, durations, time_slots, duration_buckets)
-    last = ((locations != 0).sum(dim=1) - 1).clamp(min=0).unsqueeze(1)
-    gaps = recency.gather(1, last).squeeze(1) - 1  # (N,) days from the last visit's day to the target's
+    gaps = days_after_last_visit(locations, recency)  # (N,)
     kept = (gaps >= 0) & (gaps < day_gaps)
     counts = torch.zeros(END_HOURS * day_gaps, dtype=torch.float64)
     counts.index_add_(0, (hours * day_gaps + gaps)[kept], torch.ones(int(kept.sum()), dtype=torch.float64))
@@ -48,9 +57,9 @@ def fit_day_gap_prior(locations: torch.Tensor, times: torch.Tensor, durations: t
 def day_gap_prior(model: nn.Module) -> torch.Tensor | None:
     """The (END_HOURS, K) prior a model mixes live predictions with (its first network's: every member holds the
     same), or None for a model that reads live inputs as they are (day_gaps 1, or a model without the buffer)."""
-    model = getattr(model, "model", model)  # a PackedModel's network
-    first = model.members[0] if isinstance(getattr(model, "members", None), nn.ModuleList) else model
-    return getattr(first, "day_gap_prior", None)
+    from pgt.network.model import networks  # which imports this module's END_HOURS
+
+    return getattr(networks(getattr(model, "model", model))[0], "day_gap_prior", None)  # a PackedModel's network
 
 
 def live_log_probs(model: nn.Module, locations, users, times, weekdays, recency, durations, slots=None) -> torch.Tensor:

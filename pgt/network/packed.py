@@ -23,17 +23,19 @@ class PackedModel(nn.Module):
         self.model = model
         self.cfg = model.cfg
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def unpacked(x: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        """The model's positional arguments from x: (B, T) rows, the user once per sample, slots None without them."""
         locations, users, times, weekdays, recency, durations, *slots = x.unbind(1)  # (B, T) each
-        slots = slots[0] if slots else None
-        return self.model(locations, users[:, 0], times, weekdays, recency, durations, slots).log_probs.float()
+        return locations, users[:, 0], times, weekdays, recency, durations, slots[0] if slots else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(*self.unpacked(x)).log_probs.float()
 
     def live(self, x: torch.Tensor) -> torch.Tensor:
         """forward's output for an input whose recency counts from the last visit's day (a live prediction without
         a prediction time): mixed over the days the next visit may fall on where the model has a day_gap_prior."""
-        locations, users, times, weekdays, recency, durations, *slots = x.unbind(1)
-        return live_log_probs(self.model, locations, users[:, 0], times, weekdays, recency, durations,
-                              slots[0] if slots else None)
+        return live_log_probs(self.model, *self.unpacked(x))
 
 
 def input_tables(cfg: ModelConfig) -> dict[str, int]:
