@@ -57,9 +57,8 @@ def fit_day_gap_prior(locations: torch.Tensor, times: torch.Tensor, durations: t
 def day_gap_prior(model: nn.Module) -> torch.Tensor | None:
     """The (END_HOURS, K) prior a model mixes live predictions with (its first network's: every member holds the
     same), or None for a model that reads live inputs as they are (day_gaps 1, or a model without the buffer)."""
-    from pgt.network.model import networks  # which imports this module's END_HOURS
-
-    return getattr(networks(getattr(model, "model", model))[0], "day_gap_prior", None)  # a PackedModel's network
+    return next((buffer for name, buffer in model.named_buffers() if name.rpartition(".")[2] == "day_gap_prior"),
+                None)  # a network's own, an Ensemble member's, a PackedModel's network's or a stacked model's
 
 
 def live_log_probs(model: nn.Module, locations, users, times, weekdays, recency, durations, slots=None) -> torch.Tensor:
