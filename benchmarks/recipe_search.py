@@ -127,6 +127,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "tuned-arrival-05": ("+ the same head at weight 0.5 (arrival_head 0.5)", {**TUNED_SELECTION, "arrival_head": 0.5}),
     "tuned-arrival-1": ("+ the same head at weight 1 (arrival_head 1)", {**TUNED_SELECTION, "arrival_head": 1.0}),
     "tuned-arrival-2": ("+ the same head at weight 2 (arrival_head 2)", {**TUNED_SELECTION, "arrival_head": 2.0}),
+    "tuned-arrival-1-days-2": ("+ the head at weight 1 predicting the hour over two days from the midnight before "
+                               "the last visit's day (arrival_days 2)",
+                               {**TUNED_SELECTION, "arrival_head": 1.0, "arrival_days": 2}),
+    "tuned-arrival-1-days-3": ("+ the same over three days (arrival_days 3)",
+                               {**TUNED_SELECTION, "arrival_head": 1.0, "arrival_days": 3}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
     # on those inputs, beside the deployment block of the runs above
     "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),

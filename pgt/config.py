@@ -81,6 +81,10 @@ class ModelSettings:
                                        "the next visit starts (the split's target_time_slot), its cross-entropy added "
                                        "to the loss at this weight; predictions ignore it. 0: no head.",
                                   low=0.0, high=10.0)
+    arrival_days: int = setting(1, "The days arrival_head's hours span: 1, the hour of day the next visit starts; N > "
+                                   "1, its hour counted from the midnight before the last visit's day, over N days "
+                                   "(later starts in the last day's hours), the day read off the protocol's recency.",
+                                low=1, high=4)
     day_gaps: int = setting(1, "Live predictions (recency from the last visit's day, the next visit's day unknown) "
                                "mix the predictions for the next visit on the last visit's day and the N - 1 days "
                                "after, each weighted by how often it followed a last visit ending at that hour in the "
@@ -306,6 +310,12 @@ class TrainConfig:
         if self.network.day_gaps > 1 and self.anchor == "last_visit":
             raise SettingsError("day_gaps mixes the days a protocol-trained model's live inputs may count from; a "
                                 "model of anchor last_visit learns from those inputs themselves: set day_gaps 1")
+        if self.network.arrival_days > 1 and self.anchor == "last_visit":
+            raise SettingsError("arrival_days reads the next visit's day off the protocol's recency, which counts from "
+                                "the target's day; anchor last_visit counts it from the last visit's: set arrival_days 1")
+        if self.network.arrival_days > 1 and not self.network.arrival_head:
+            raise SettingsError("arrival_days spans the hours of arrival_head's task: set arrival_head too, or "
+                                "arrival_days 1")
         if self.fused_seeds > 1 and self.model not in NEURAL_MODELS:
             raise SettingsError(f"fused_seeds trains networks side by side; {self.model} is not a neural model")
         if self.train_on != "train" and not self.stop_after_epochs:

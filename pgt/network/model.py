@@ -97,7 +97,8 @@ class Output(NamedTuple):
     # target's from; None otherwise
     distance: torch.Tensor | None = None
     bands: torch.Tensor | None = None
-    # arrival_head, while training: (B, 24) logits of the hour the next visit starts (an Ensemble's (K, B, 24))
+    # arrival_head, while training: (B, 24 * arrival_days) logits of the hour the next visit starts (an Ensemble's
+    # (K, B, 24 * arrival_days))
     arrival: torch.Tensor | None = None
 
 
@@ -220,7 +221,7 @@ class PointerGeneratorTransformer(nn.Module):
             self.distance_bias = nn.Parameter(torch.zeros(len(DISTANCE_EDGES_KM) + 2))
         # an auxiliary task: the next move's distance band from the context (training only)
         self.distance_head = nn.Linear(d, len(DISTANCE_EDGES_KM) + 2) if cfg.distance_head else None
-        self.arrival_head = nn.Linear(d, HOURS) if cfg.arrival_head else None  # and its hour (training only)
+        self.arrival_head = nn.Linear(d, HOURS * cfg.arrival_days) if cfg.arrival_head else None  # and its hour (training only)
         if cfg.place_distance or cfg.distance_head:
             # (V, 2) latitude and longitude of each location id in degrees, NaN where none (set_place_coordinates)
             self.register_buffer("place_coords", torch.full((cfg.num_locations, 2), math.nan))
@@ -280,7 +281,7 @@ class PointerGeneratorTransformer(nn.Module):
         return Output(torch.log(probs + EPS), gate, attention,
                       distance=self.distance_head(c) if distance_task else None,  # (B, bands)
                       bands=bands if distance_task else None,
-                      arrival=self.arrival_head(c) if arrival_task else None)  # (B, 24)
+                      arrival=self.arrival_head(c) if arrival_task else None)  # (B, 24 * arrival_days)
 
 
 def set_place_coordinates(model: nn.Module, coords: torch.Tensor) -> None:

@@ -463,3 +463,29 @@ def test_the_arrival_head_predicts_the_next_visits_hour_while_training_and_predi
                               for each, a in zip(both.members, both.arrival, strict=True)))
     with pytest.raises(Exception, match="lstm-pg"):
         dataclasses.replace(tiny_config, variant="lstm-pg", arrival_head=0.5)
+
+
+def test_arrival_days_counts_the_hour_from_the_midnight_before_the_last_visits_day(tiny_batch, tiny_config):
+    """arrival_days 2: (B, 48) logits; each target's class is its start hour plus 24 for each day after the last
+    visit's day the protocol's recency tells (stored + 1: recency 1 is the same day, 2 the next, 5 three days later,
+    counted as the last day). Slots 40 of 96 are hour 10: classes 10, 34 and 34. Refused without the head, and with
+    anchor last_visit, whose recency does not tell the day."""
+    import torch.nn.functional as F
+
+    from pgt.config import SettingsError, TrainConfig
+    from pgt.network.model import HOURS
+    from pgt.training.loss import arrival_loss
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, arrival_head=1.0, arrival_days=2, time_slots=96)
+    valid = (tiny_batch.locations != 0).long()
+    recency = valid * torch.tensor([[1], [2], [5]])  # every visit of row 0 on the target's day, ...
+    batch = tiny_batch._replace(recency=recency, target_times=torch.tensor([40, 40, 40]))
+    out = build_model(cfg).train()(*batch.inputs())
+    assert out.arrival.shape == (3, 2 * HOURS)
+    assert torch.allclose(arrival_loss(out.arrival, batch, 96), F.cross_entropy(out.arrival, torch.tensor([10, 34, 34])))
+    with pytest.raises(SettingsError, match="set arrival_head too"):
+        TrainConfig.from_recipe("paper", arrival_days=2, data_dir="d", out_dir="o")
+    with pytest.raises(SettingsError, match="anchor last_visit"):
+        TrainConfig.from_recipe("paper", arrival_head=1.0, arrival_days=2, anchor="last_visit", data_dir="d",
+                                out_dir="o")
