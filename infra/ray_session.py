@@ -127,7 +127,7 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
             except ConnectionError as exc:  # "auto" without a running cluster
                 raise ServiceError(f"Ray cluster at {address}: {str(exc).splitlines()[0]}") from None
         else:
-            with single_node_mode():
+            with single_node_mode(), stop_signals_left_to_this_process():
                 ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), log_to_driver=True)
     try:
         with interruptible():  # a cancelled Prefect flow run's SIGTERM stops the wait in Ray
@@ -201,6 +201,23 @@ def _file_digest(path: str) -> str | None:
         return hashlib.sha256(Path(path).read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+@contextlib.contextmanager
+def stop_signals_left_to_this_process() -> Iterator[None]:
+    """The processes of the local Ray this block starts (its head, and the workers its raylet starts later) do not
+    take SIGTERM: it stays blocked in them, as Ray itself blocks SIGINT there. A stop signal to the whole process
+    group (systemd's stop, `kill -- -PGID`, a Prefect flow run's cancel) then reaches this process alone, which
+    closes its run and releases its lock before it shuts Ray down. Were the head stopped by the same signal, Ray's
+    core in this process would end it at once with exit status 1 on finding its raylet gone, often before the
+    Python code that unwinds had run. A SIGKILL of this process still ends them: they die with their parent.
+    A signal mask is inherited by a child and kept across exec; the one of this thread is restored after (a
+    SIGTERM that came meanwhile is taken then)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 @contextlib.contextmanager

@@ -472,7 +472,8 @@ def test_arrival_days_counts_the_hour_from_the_midnight_before_the_last_visits_d
     anchor last_visit, whose recency does not tell the day."""
     import torch.nn.functional as F
 
-    from pgt.config import SettingsError, TrainConfig
+    from infra.errors import SettingsError
+    from pgt.config import TrainConfig
     from pgt.network.model import HOURS
     from pgt.training.loss import arrival_loss
 
