@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 
 from infra.errors import ServiceError, SettingsError
-from infra.process import interruptible
+from infra.process import HANDLED, interruptible
 from infra.storage import is_uri
 
 TRAIN_POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls its workers (Ray's default: 2 s)
@@ -206,14 +206,14 @@ def _file_digest(path: str) -> str | None:
 @contextlib.contextmanager
 def stop_signals_left_to_this_process() -> Iterator[None]:
     """The processes of the local Ray this block starts (its head, and the workers its raylet starts later) do not
-    take SIGTERM: it stays blocked in them, as Ray itself blocks SIGINT there. A stop signal to the whole process
-    group (systemd's stop, `kill -- -PGID`, a Prefect flow run's cancel) then reaches this process alone, which
-    closes its run and releases its lock before it shuts Ray down. Were the head stopped by the same signal, Ray's
-    core in this process would end it at once with exit status 1 on finding its raylet gone, often before the
-    Python code that unwinds had run. A SIGKILL of this process still ends them: they die with their parent.
-    A signal mask is inherited by a child and kept across exec; the one of this thread is restored after (a
-    SIGTERM that came meanwhile is taken then)."""
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    take SIGTERM or SIGHUP (HANDLED): they stay blocked in them, as Ray itself blocks SIGINT there. A stop signal
+    to the whole process group (systemd's stop, `kill -- -PGID`, a Prefect flow run's cancel, a closed terminal)
+    then stops this process alone, which closes its run and releases its lock before it shuts Ray down. Were the
+    head stopped by the same signal, Ray's core in this process would end it at once with exit status 1 on finding
+    its raylet gone, often before the Python code that unwinds had run. A SIGKILL of this process still ends them:
+    they die with their parent. A signal mask is inherited by a child and kept across exec; this thread's is
+    restored after (a signal that came meanwhile is taken then)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(HANDLED))
     try:
         yield
     finally:

@@ -1,5 +1,5 @@
-"""The environment of the Ray a command starts or joins (the sessions themselves run in tests/pgt/training and
-tests/tune, with real Ray)."""
+"""The environment of the Ray a command starts or joins, and the signals a local one's processes take (the
+sessions themselves run in tests/pgt/training and tests/tune, with real Ray)."""
 
 from __future__ import annotations
 
@@ -36,3 +36,42 @@ def test_ray_train_s_controller_polls_its_workers_often_on_a_local_ray_and_a_clu
     assert get_env_vars_to_propagate()["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "1.5"
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # a local Ray: loopback only
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and os.environ["RAY_enable_metrics_collection"] == "0"
+
+
+@pytest.mark.slow
+def test_a_local_ray_leaves_stop_signals_to_the_process_that_started_it():
+    """The processes of the local Ray that ray_session starts (its raylet and GCS, and a task's worker, which the
+    raylet starts) have SIGTERM and SIGHUP blocked, so that a signal to the whole process group stops the driver
+    alone (what it then does: tests/test_faults.py, tests/flows/test_deployment.py); the driver's own mask is as
+    before. In a fresh interpreter, which starts a Ray of its own."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    probe = """
+import json, os, signal, psutil, ray
+from infra.ray_session import ray_session
+
+def blocked(pid):
+    mask = next(int(line.split()[1], 16) for line in open(f"/proc/{pid}/status") if line.startswith("SigBlk:"))
+    return sorted(s for s in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM) if mask >> (s - 1) & 1)
+
+def pid():
+    return os.getpid()
+
+with ray_session(num_cpus=1):
+    task_pid = ray.get(ray.remote(pid).remote())
+    head = {p.name(): p.pid for p in psutil.Process().children(recursive=True)}
+    print(json.dumps([blocked(head["raylet"]), blocked(head["gcs_server"]), blocked(task_pid), blocked(os.getpid())]))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-c", probe], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    raylet, gcs, worker, driver = json.loads(r.stdout.strip().splitlines()[-1])
+    stop = {int(signal.SIGHUP), int(signal.SIGTERM)}
+    assert all(stop <= set(mask) for mask in (raylet, gcs, worker)), r.stdout
+    assert driver == []  # the driver takes every stop signal
