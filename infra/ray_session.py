@@ -210,9 +210,9 @@ def stop_signals_left_to_this_process() -> Iterator[None]:
     to the whole process group (systemd's stop, `kill -- -PGID`, a Prefect flow run's cancel, a closed terminal)
     then stops this process alone, which closes its run and releases its lock before it shuts Ray down. Were the
     head stopped by the same signal, Ray's core in this process would end it at once with exit status 1 on finding
-    its raylet gone, often before the Python code that unwinds had run. A SIGKILL of this process still ends them:
-    they die with their parent. A signal mask is inherited by a child and kept across exec; this thread's is
-    restored after (a signal that came meanwhile is taken then)."""
+    its raylet gone, often before the Python code that unwinds had run. A SIGKILL, which nothing blocks, still ends
+    every process of the group it is sent to (Prefect's, 30 s after its SIGTERM). A signal mask is inherited by a
+    child and kept across exec; this thread's is restored after (a signal that came meanwhile is taken then)."""
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, set(HANDLED))
     try:
         yield
