@@ -100,6 +100,9 @@ class ModelSettings:
             raise SettingsError(f"d_model ({self.d_model}) must be divisible by nhead ({self.nhead}) and by 4")
         if self.relation_inputs and not self.visit_relations:
             raise SettingsError("relation_inputs embeds the visit relations: it needs visit_relations")
+        if self.arrival_days > 1 and not self.arrival_head:
+            raise SettingsError("arrival_days spans the hours of arrival_head's task: set arrival_head too, or "
+                                "arrival_days 1")
 
 
 @dataclass
@@ -313,9 +316,6 @@ class TrainConfig:
         if self.network.arrival_days > 1 and self.anchor == "last_visit":
             raise SettingsError("arrival_days reads the next visit's day off the protocol's recency, which counts from "
                                 "the target's day; anchor last_visit counts it from the last visit's: set arrival_days 1")
-        if self.network.arrival_days > 1 and not self.network.arrival_head:
-            raise SettingsError("arrival_days spans the hours of arrival_head's task: set arrival_head too, or "
-                                "arrival_days 1")
         if self.fused_seeds > 1 and self.model not in NEURAL_MODELS:
             raise SettingsError(f"fused_seeds trains networks side by side; {self.model} is not a neural model")
         if self.train_on != "train" and not self.stop_after_epochs:

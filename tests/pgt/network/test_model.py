@@ -487,6 +487,8 @@ def test_arrival_days_counts_the_hour_from_the_midnight_before_the_last_visits_d
     assert torch.allclose(arrival_loss(out.arrival, batch, 96), F.cross_entropy(out.arrival, torch.tensor([10, 34, 34])))
     with pytest.raises(SettingsError, match="set arrival_head too"):
         TrainConfig.from_recipe("paper", arrival_days=2, data_dir="d", out_dir="o")
+    with pytest.raises(SettingsError, match="set arrival_head too"):  # a network's settings alone, too
+        dataclasses.replace(tiny_config, arrival_days=2)
     with pytest.raises(SettingsError, match="anchor last_visit"):
         TrainConfig.from_recipe("paper", arrival_head=1.0, arrival_days=2, anchor="last_visit", data_dir="d",
                                 out_dir="o")
