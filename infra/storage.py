@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import urllib.parse
 import uuid
 from collections.abc import Callable
@@ -171,10 +172,18 @@ class Storage:
             raise ServiceError(f"{self.uri}: {storage_problem(str(exc))}") from None
 
 
+_NO_ANSWER = ("NETWORK_CONNECTION", "curlCode: 7", "curlCode: 28", "Could not connect", "Connection refused")
+_REFUSED = ("ACCESS_DENIED", "InvalidAccessKeyId", "SignatureDoesNotMatch", "Forbidden")
+_FORBIDDEN = re.compile(r"(status|code)\D{0,3}403\b")
+
+
 def storage_problem(message: str) -> str:
     """What an error of pyarrow's S3 client means, in words, with the fix."""
     text = " ".join(message.split())
-    if "ACCESS_DENIED" in text or "InvalidAccessKeyId" in text or "SignatureDoesNotMatch" in text or "403" in text:
+    # Read before the credentials: a refused connection's message names the port, which may hold "403".
+    if any(mark in text for mark in _NO_ANSWER):
+        return f"the storage does not answer ({text[:160]}); check the endpoint and that its server is running"
+    if any(mark in text for mark in _REFUSED) or _FORBIDDEN.search(text):
         return (f"the storage refused the credentials ({text[:160]}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "to a key that may write there")
     if "NoSuchBucket" in text or "NO_SUCH_BUCKET" in text:

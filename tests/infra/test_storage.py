@@ -7,7 +7,7 @@ import time
 import pytest
 
 from infra.errors import ServiceError, SettingsError
-from infra.storage import is_uri, open_storage
+from infra.storage import is_uri, open_storage, storage_problem
 from tests.conftest import free_port
 
 
@@ -63,3 +63,14 @@ def test_storage_that_cannot_be_used_fails_in_seconds_in_one_line(s3_server, cre
     endpoint = s3_server.removeprefix("http://")
     with pytest.raises(ServiceError, match="no such bucket"):
         open_storage(f"s3://never-made/x?endpoint_override={endpoint}&scheme=http&region=us-east-1").check()
+
+
+@pytest.mark.parametrize(("message", "meaning"), [
+    ("When getting information for bucket 'b': AWS Error NETWORK_CONNECTION during HeadBucket operation: curlCode: 7, "
+     "Could not connect to server; Details: Failed to connect to 127.0.0.1 port 46403", "does not answer"),
+    ("AWS Error ACCESS_DENIED during HeadBucket operation: No response body.", "refused the credentials"),
+    ("AWS Error UNKNOWN (HTTP status 403) during HeadBucket operation: No response body.", "refused the credentials"),
+    ("AWS Error NO_SUCH_BUCKET during HeadBucket operation", "no such bucket"),
+])
+def test_a_storage_error_is_named_by_its_kind_not_by_digits_of_the_port(message, meaning):
+    assert storage_problem(message).startswith(f"the storage {meaning}" if meaning != "no such bucket" else meaning)
