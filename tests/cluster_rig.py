@@ -97,9 +97,31 @@ class Cluster:
             self.wait_for_jobs()
 
     def start_worker(self) -> None:
-        self.start_node("worker", ["--address", f"{HEAD}:{self.port}", "--node-ip-address", WORKER, "--num-cpus", "2"])
+        """The worker node, joined to the head; started again once if it ends before it registers, as an operator
+        would restart it: Ray gives a node's raylet 30 s to register, and a worker restarted beside the other test
+        process's load once took longer ("The current node timed out during startup"), which left the cluster
+        without CPUs for every test after it. Waits for this start's own "Ray runtime started": right after a node
+        is killed the GCS still counts it alive, so the number of alive nodes says nothing yet."""
+        for attempt in (1, 2):
+            began = len(self.log("worker")) if "worker" in self.nodes else 0
+            self.start_node("worker", ["--address", f"{HEAD}:{self.port}", "--node-ip-address", WORKER,
+                                       "--num-cpus", "2"])
+            if self.wait_started("worker", began):
+                break
+            assert attempt == 1, f"the worker node ended twice before it registered: {self.log('worker')[-3000:]}"
+            print(f"the worker node ended before it registered; starting it again:\n{self.log('worker')[began:][-2000:]}")
         self.wait_for_nodes(2)
         self.wait_for_jobs()
+
+    def wait_started(self, name: str, began: int, timeout_s: float = 120) -> bool:
+        """True once node `name` says it started (its log past offset `began`), False if it ends first."""
+        deadline = time.monotonic() + timeout_s
+        while "Ray runtime started" not in self.log(name)[began:]:
+            if self.nodes[name].poll() is not None:
+                return False
+            assert time.monotonic() < deadline, f"the {name} node did not start within {timeout_s} s"
+            time.sleep(0.5)
+        return True
 
     def wait_for_jobs(self, timeout_s: float = 120) -> None:
         """Until the head's job agent runs a job (it starts after the node registers: a submission meanwhile is
