@@ -180,13 +180,12 @@ _FORBIDDEN = re.compile(r"(status|code)\D{0,3}403\b")
 def storage_problem(message: str) -> str:
     """What an error of pyarrow's S3 client means, in words, with the fix."""
     text = " ".join(message.split())
-    # Read before the credentials: a refused connection's message names the port, which may hold "403".
-    if any(mark in text for mark in _NO_ANSWER):
-        return f"the storage does not answer ({text[:160]}); check the endpoint and that its server is running"
-    if any(mark in text for mark in _REFUSED) or _FORBIDDEN.search(text):
+    # a refused connection's message names the port, which may hold "403": it is read before the credentials
+    answered = not any(mark in text for mark in _NO_ANSWER)
+    if answered and (any(mark in text for mark in _REFUSED) or _FORBIDDEN.search(text)):
         return (f"the storage refused the credentials ({text[:160]}); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                 "to a key that may write there")
-    if "NoSuchBucket" in text or "NO_SUCH_BUCKET" in text:
+    if answered and ("NoSuchBucket" in text or "NO_SUCH_BUCKET" in text):
         return f"no such bucket ({text[:160]}); create it first"
     return f"the storage does not answer ({text[:160]}); check the endpoint and that its server is running"
 
