@@ -10,7 +10,8 @@ one best epoch for all its members. Test is never scored here.
 
 Writes JSON (default benchmarks/results/ensemble_size.json) and prints a table.
 
-    python benchmarks/ensemble_size.py [--seeds 0 1000 2000 3000 1 1001] [--data-dir DIR]
+    python benchmarks/ensemble_size.py [--seeds 0 1000 2000 3000 1 1001] [--data-dir DIR] [--recipe tuned]
+                                       [--set KEY=VALUE ...] [--results FILE] [--work DIR]
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -37,8 +39,9 @@ SELECTION = ("Validation only: the members are trained with evaluate_test=False 
              "validation split; test is not scored by this benchmark.")
 
 
-def train_member(seed: int, data_dir: str, out: str, epochs: int | None = None) -> dict:
-    """One `tuned` network on validation only (resumes a finished run: its best.pt and metrics.json are kept)."""
+def train_member(seed: int, data_dir: str, out: str, recipe: str = "tuned", settings: dict | None = None) -> dict:
+    """One network of `recipe` (with `settings` over it) on validation only (resumes a finished run: its best.pt and
+    metrics.json are kept)."""
     import torch
 
     from pgt.config import TrainConfig
@@ -48,8 +51,8 @@ def train_member(seed: int, data_dir: str, out: str, epochs: int | None = None) 
         result = json.loads((Path(out) / "metrics.json").read_text())
     else:
         torch.set_num_threads(1)
-        cfg = TrainConfig.from_recipe("tuned", data_dir=data_dir, out_dir=out, seed=seed, resume=False, threads=1,
-                                      evaluate_test=False, **({"epochs": epochs} if epochs else {}))
+        cfg = TrainConfig.from_recipe(recipe, **(settings or {}), data_dir=data_dir, out_dir=out, seed=seed,
+                                      resume=False, threads=1, evaluate_test=False)
         result = train_loop_per_worker(cfg.to_dict())
     return {"seed": seed, "best_epoch": result["best_epoch"], "epochs_run": result["epochs_run"],
             "validation_strict_acc@1": result["validation"]["strict"]["acc@1"],
@@ -105,6 +108,21 @@ def chosen_members(sizes: list[dict]) -> int:
     return min(r["members"] for r in sizes if r["protocol_validation_strict_acc@1"]["mean"] >= best - WITHIN - 1e-9)
 
 
+def member_settings(pairs: list[str]) -> dict:
+    """`--set KEY=VALUE ...` as TrainConfig settings, each value read as YAML (TrainConfig checks the names and bounds)."""
+    import yaml
+
+    from infra.errors import SettingsError
+
+    settings = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SettingsError(f"--set takes KEY=VALUE, got {pair!r}")
+        settings[key] = yaml.safe_load(value)
+    return settings
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001])
@@ -113,8 +131,11 @@ def main() -> None:
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--work", type=Path, default=WORK / "ensemble-size", help="where the members are trained")
-    parser.add_argument("--epochs", type=int, default=None, help="at most this many epochs (default: the recipe's)")
+    parser.add_argument("--recipe", default="tuned", help="the named recipe of the members (pgt.recipes.RECIPES)")
+    parser.add_argument("--set", dest="settings", nargs="+", default=[], metavar="KEY=VALUE",
+                        help="TrainConfig settings over the recipe's, each value read as YAML (e.g. dropout=0.35)")
     args = parser.parse_args()
+    settings = member_settings(args.settings)
 
     from rich.console import Console
     from rich.table import Table
@@ -130,9 +151,11 @@ def main() -> None:
         preprocess(args.input, "positionfixes", data_dir, load_config(PUBLISHED), progress=True)
     runs = [args.work / f"seed_{seed}" for seed in args.seeds]
     began = time.perf_counter()
-    with ProcessPoolExecutor(2) as pool:
+    # spawned, not forked: a fork after this process's own preprocessing copies polars' busy thread pool, and the
+    # members' first parquet read then waits forever
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         members = list(pool.map(train_member, args.seeds, [str(data_dir)] * len(runs), map(str, runs),
-                                [args.epochs] * len(runs)))
+                                [args.recipe] * len(runs), [settings] * len(runs)))
     train_s = time.perf_counter() - began
 
     from pgt.network.checkpoint import load_checkpoint
@@ -156,13 +179,16 @@ def main() -> None:
                 row[f"{name}_validation_{key}"] = {"mean": round(float(values.mean()), 2),
                                                    "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
     result = {"benchmark": "ensemble_size", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "data": shown_path(data_dir), "recipe": "tuned", "selection": SELECTION,
+              "machine": machine(), "data": shown_path(data_dir), "recipe": args.recipe, "settings": settings,
+              "selection": SELECTION,
               "seeds": args.seeds, "members_trained": members, "train_wall_s": round(train_s, 1), "sizes": sizes,
               "rule": RULE, "chosen_members": chosen_members(sizes)}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 
-    table = Table(title="Ensembles of K `tuned` networks, validation split (mean ± std over combinations of seeds)")
+    over = "".join(f", {key} {value}" for key, value in settings.items())
+    table = Table(title=f"Ensembles of K `{args.recipe}`{over} networks, validation split (mean ± std over combinations "
+                        "of seeds)")
     for column in ("members", "combinations", "strict Acc@1", "strict Acc@1, as deployed", "strict MRR", "Acc@1 (protocol)"):
         table.add_column(column, justify="right")
     def fmt(value: dict) -> str:

@@ -12,7 +12,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ensemble_size.py"
 
 def test_each_size_is_scored_over_its_combinations_on_validation_only(tiny_sequences, tmp_path):
     results = tmp_path / "ensemble_size.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "1", "2", "--epochs", "2", "--data-dir",
+    done = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "1", "2", "--set", "epochs=2", "dropout=0.3",
+                           "--data-dir",
                            str(tiny_sequences), "--work", str(tmp_path / "work"), "--results", str(results)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -29,4 +30,8 @@ def test_each_size_is_scored_over_its_combinations_on_validation_only(tiny_seque
     assert abs(saved["sizes"][0]["deployment_validation_strict_acc@1"]["mean"] - sum(deployed) / 3) < 0.01
     for s in (0, 1, 2):  # test is never scored
         assert json.loads((tmp_path / "work" / f"seed_{s}" / "metrics.json").read_text())["test"] is None
-    assert "Ensembles of K" in done.stdout
+    assert saved["recipe"] == "tuned" and saved["settings"] == {"epochs": 2, "dropout": 0.3}
+    for s in (0, 1, 2):  # the settings reached the members over the recipe's
+        config = json.loads((tmp_path / "work" / f"seed_{s}" / "metrics.json").read_text())["config"]
+        assert (config["epochs"], config["dropout"], config["arrival_head"]) == (2, 0.3, 1.0)
+    assert "Ensembles of K `tuned`, epochs 2, dropout 0.3 networks" in done.stdout
