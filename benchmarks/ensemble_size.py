@@ -108,18 +108,24 @@ def chosen_members(sizes: list[dict]) -> int:
     return min(r["members"] for r in sizes if r["protocol_validation_strict_acc@1"]["mean"] >= best - WITHIN - 1e-9)
 
 
-def member_settings(pairs: list[str]) -> dict:
-    """`--set KEY=VALUE ...` as TrainConfig settings, each value read as YAML (TrainConfig checks the names and bounds)."""
+def member_settings(recipe: str, pairs: list[str], data_dir: Path, work: Path) -> dict:
+    """`--set KEY=VALUE ...` as TrainConfig settings over `recipe`, each value read as YAML; SettingsError, before any
+    member trains, for a pair without "=", an unknown recipe or setting, or a value out of its bounds."""
     import yaml
 
     from infra.errors import SettingsError
+    from pgt.config import TrainConfig
 
     settings = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise SettingsError(f"--set takes KEY=VALUE, got {pair!r}")
-        settings[key] = yaml.safe_load(value)
+        try:
+            settings[key] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise SettingsError(f"--set {key}: {value!r} is not a YAML value ({e.problem})") from None
+    TrainConfig.from_recipe(recipe, **settings, data_dir=str(data_dir), out_dir=str(work))
     return settings
 
 
@@ -135,7 +141,12 @@ def main() -> None:
     parser.add_argument("--set", dest="settings", nargs="+", default=[], metavar="KEY=VALUE",
                         help="TrainConfig settings over the recipe's, each value read as YAML (e.g. dropout=0.35)")
     args = parser.parse_args()
-    settings = member_settings(args.settings)
+    from infra.errors import SettingsError
+
+    try:
+        settings = member_settings(args.recipe, args.settings, args.data_dir or WORK, args.work)
+    except SettingsError as e:
+        parser.error(str(e))
 
     from rich.console import Console
     from rich.table import Table

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "ensemble_size.py"
 
 
@@ -35,3 +37,20 @@ def test_each_size_is_scored_over_its_combinations_on_validation_only(tiny_seque
         config = json.loads((tmp_path / "work" / f"seed_{s}" / "metrics.json").read_text())["config"]
         assert (config["epochs"], config["dropout"], config["arrival_head"]) == (2, 0.3, 1.0)
     assert "Ensembles of K `tuned`, epochs 2, dropout 0.3 networks" in done.stdout
+
+
+@pytest.mark.parametrize(("given", "said"), [
+    (["--set", "dropout"], "--set takes KEY=VALUE, got 'dropout'"),
+    (["--set", "dropuot=0.3"], "unknown training setting(s): dropuot"),
+    (["--set", "dropout=7"], "dropout must be in [0.0, 1.0), got 7"),
+    (["--set", "dropout=["], "--set dropout: '[' is not a YAML value"),
+    (["--recipe", "tunde"], "recipe must be one of paper, tuned"),
+])
+def test_bad_settings_are_one_line_before_any_member_trains(tiny_sequences, tmp_path, given, said):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "--data-dir", str(tiny_sequences), "--work",
+                           str(tmp_path / "work"), "--results", str(tmp_path / "out.json"), *given],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1].startswith(f"ensemble_size.py: error: {said}")
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out.json").exists()
