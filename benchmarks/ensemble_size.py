@@ -129,6 +129,23 @@ def member_settings(recipe: str, pairs: list[str], data_dir: Path, work: Path) -
     return settings
 
 
+def check_kept_members(runs: list[Path], seeds: list[int], recipe: str, settings: dict) -> None:
+    """SettingsError where a member this run would keep (train_member) was trained with another seed, recipe or
+    settings: its figures would stand in for networks never trained."""
+    from infra.errors import SettingsError
+    from pgt.recipes import recipe_settings
+
+    wanted = {**recipe_settings(recipe), **settings}
+    for run, seed in zip(runs, seeds):
+        if not (run / "metrics.json").is_file():
+            continue
+        kept = json.loads((run / "metrics.json").read_text())["config"]
+        differ = sorted(key for key, value in {**wanted, "seed": seed}.items() if kept.get(key) != value)
+        if differ:
+            raise SettingsError(f"{run} holds a member trained with other settings ({', '.join(differ)}); give "
+                                "another --work, or remove it")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001])
@@ -161,6 +178,10 @@ def main() -> None:
         data_dir = WORK / "geolife-published"
         preprocess(args.input, "positionfixes", data_dir, load_config(PUBLISHED), progress=True)
     runs = [args.work / f"seed_{seed}" for seed in args.seeds]
+    try:
+        check_kept_members(runs, args.seeds, args.recipe, settings)
+    except SettingsError as e:
+        parser.error(str(e))
     began = time.perf_counter()
     # spawned, not forked: a fork after this process's own preprocessing copies polars' busy thread pool, and the
     # members' first parquet read then waits forever

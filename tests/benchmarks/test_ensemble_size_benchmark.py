@@ -38,6 +38,15 @@ def test_each_size_is_scored_over_its_combinations_on_validation_only(tiny_seque
         assert (config["epochs"], config["dropout"], config["arrival_head"]) == (2, 0.3, 1.0)
     assert "Ensembles of K `tuned`, epochs 2, dropout 0.3 networks" in done.stdout
 
+    # the members kept in --work are reused only for the settings they were trained with
+    other = subprocess.run([sys.executable, str(SCRIPT), "--seeds", "0", "1", "--set", "epochs=2", "dropout=0.35",
+                            "--data-dir", str(tiny_sequences), "--work", str(tmp_path / "work"), "--results",
+                            str(tmp_path / "other.json")], capture_output=True, text=True, timeout=120)
+    assert other.returncode == 2 and "Traceback" not in other.stderr
+    assert other.stderr.splitlines()[-1] == (f"ensemble_size.py: error: {tmp_path / 'work' / 'seed_0'} holds a member "
+                                             "trained with other settings (dropout); give another --work, or remove it")
+    assert not (tmp_path / "other.json").exists()
+
 
 @pytest.mark.parametrize(("given", "said"), [
     (["--set", "dropout"], "--set takes KEY=VALUE, got 'dropout'"),
