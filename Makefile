@@ -17,6 +17,9 @@ STATE ?= .state
 PYTEST_ARGS ?=
 # pytest-xdist processes of `make test`; each test file runs whole in one of them (0: in this process)
 TEST_WORKERS ?= 2
+# a test process that dies (a native crash, an os._exit) fails its test by name and ends the run: xdist's
+# replacement of a crashed process under --dist loadfile can wait forever, or start the same test again and again
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --max-worker-restart=0
 
 .PHONY: install lint test test-fast test-durations demo stop bench clean
 
@@ -32,13 +35,13 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not heavy" $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) -m "not heavy" $(PYTEST_ARGS)
 
 test-durations: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --module-seconds tests/module_seconds.json $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --module-seconds tests/module_seconds.json $(PYTEST_ARGS)
 
 demo: install
 	PGT_VENV_BIN=$(abspath $(VENV))/bin scripts/demo.sh
