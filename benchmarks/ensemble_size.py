@@ -32,11 +32,18 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
+from infra.errors import SettingsError  # noqa: E402 - with the imports above
+
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_size.json"
 WORK = ROOT / ".state" / "benchmarks"
 PUBLISHED = ROOT / "benchmarks" / "configs" / "published.yaml"
 SELECTION = ("Validation only: the members are trained with evaluate_test=False and the ensembles are scored on the "
              "validation split; test is not scored by this benchmark.")
+
+
+def kept_member(out: Path) -> bool:
+    """Whether `out` holds a finished member, which train_member keeps instead of training it again."""
+    return (out / "metrics.json").is_file() and (out / "best.pt").is_file()
 
 
 def train_member(seed: int, data_dir: str, out: str, recipe: str = "tuned", settings: dict | None = None) -> dict:
@@ -47,7 +54,7 @@ def train_member(seed: int, data_dir: str, out: str, recipe: str = "tuned", sett
     from pgt.config import TrainConfig
     from pgt.training.train import train_loop_per_worker
 
-    if (Path(out) / "metrics.json").is_file() and (Path(out) / "best.pt").is_file():
+    if kept_member(Path(out)):
         result = json.loads((Path(out) / "metrics.json").read_text())
     else:
         torch.set_num_threads(1)
@@ -113,7 +120,6 @@ def member_settings(recipe: str, pairs: list[str], data_dir: Path, work: Path) -
     member trains, for a pair without "=", an unknown recipe or setting, or a value out of its bounds."""
     import yaml
 
-    from infra.errors import SettingsError
     from pgt.config import TrainConfig
 
     settings = {}
@@ -132,12 +138,11 @@ def member_settings(recipe: str, pairs: list[str], data_dir: Path, work: Path) -
 def check_kept_members(runs: list[Path], seeds: list[int], recipe: str, settings: dict) -> None:
     """SettingsError where a member this run would keep (train_member) was trained with another seed, recipe or
     settings: its figures would stand in for networks never trained."""
-    from infra.errors import SettingsError
     from pgt.recipes import recipe_settings
 
     wanted = {**recipe_settings(recipe), **settings}
     for run, seed in zip(runs, seeds):
-        if not (run / "metrics.json").is_file():
+        if not kept_member(run):
             continue
         kept = json.loads((run / "metrics.json").read_text())["config"]
         differ = sorted(key for key, value in {**wanted, "seed": seed}.items() if kept.get(key) != value)
@@ -158,10 +163,10 @@ def main() -> None:
     parser.add_argument("--set", dest="settings", nargs="+", default=[], metavar="KEY=VALUE",
                         help="TrainConfig settings over the recipe's, each value read as YAML (e.g. dropout=0.35)")
     args = parser.parse_args()
-    from infra.errors import SettingsError
-
-    try:
+    runs = [args.work / f"seed_{seed}" for seed in args.seeds]
+    try:  # before any preprocessing or training
         settings = member_settings(args.recipe, args.settings, args.data_dir or WORK, args.work)
+        check_kept_members(runs, args.seeds, args.recipe, settings)
     except SettingsError as e:
         parser.error(str(e))
 
@@ -177,11 +182,6 @@ def main() -> None:
 
         data_dir = WORK / "geolife-published"
         preprocess(args.input, "positionfixes", data_dir, load_config(PUBLISHED), progress=True)
-    runs = [args.work / f"seed_{seed}" for seed in args.seeds]
-    try:
-        check_kept_members(runs, args.seeds, args.recipe, settings)
-    except SettingsError as e:
-        parser.error(str(e))
     began = time.perf_counter()
     # spawned, not forked: a fork after this process's own preprocessing copies polars' busy thread pool, and the
     # members' first parquet read then waits forever
