@@ -269,13 +269,22 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
+# the nodes of ray_cluster's clusters of more than one node (tests/cluster_rig.py's isolated nodes take .2-.4)
+MULTI_NODE_IP = "127.0.0.5"
+
+
 @contextlib.contextmanager
 def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
                 dashboard: bool = False) -> Iterator[tuple[str, dict]]:
-    """A Ray cluster on 127.0.0.1: one `ray start --block` node per entry of `node_resources` (a JSON string
-    of custom resources; `num_cpus` CPUs each), the first the head, with its dashboard (the State API that Ray
-    Train polls) if `dashboard`. Yields (head address, environment to reach it). Every port the head listens on
-    is a free one, so that two test processes' clusters never meet on a default port.
+    """A Ray cluster on loopback: one `ray start --block` node per entry of `node_resources` (a JSON string of
+    custom resources; `num_cpus` CPUs each), the first the head, with its dashboard (the State API that Ray Train
+    polls) if `dashboard`. Yields (head address, environment to reach it). Every port the head listens on is a
+    free one, so that two test processes' clusters never meet on a default port.
+
+    A lone head runs in Ray's single-node mode on 127.0.0.1 (as prepare_ray_env sets it for a local Ray), which
+    binds its ports to 127.0.0.1. Nodes that join a head need that mode off, and Ray then rewrites 127.0.0.1 (and
+    localhost) into the machine's network address, which the nodes would advertise and reach each other by; so
+    their nodes take MULTI_NODE_IP, a loopback address Ray keeps as given.
 
     The cluster has its own temp dir ($RAY_TMPDIR), so it never becomes the machine's "current cluster"
     that a bare ray.init() would join. Stopping it terminates its own `ray start` processes, whose Ray
@@ -283,22 +292,22 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
     A killed test run leaves nothing behind either (the nodes die with this process)."""
     tmp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     env = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_TMPDIR": str(tmp)}
-    # Ray's single-node switch (as prepare_ray_env sets it for a local Ray) binds a lone head's every port to
-    # 127.0.0.1; nodes that join a head need it off, and Ray then listens on the machine's address too
     if len(node_resources) == 1:
         env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+        ip = "127.0.0.1"
     else:
         env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        ip = MULTI_NODE_IP
     port = free_port()
     ray = str(Path(sys.executable).with_name("ray"))
-    common = ["--block", "--num-cpus", str(num_cpus), "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+    common = ["--block", "--num-cpus", str(num_cpus), "--disable-usage-stats", "--node-ip-address", ip]
     shown = (["--dashboard-host", "127.0.0.1", "--dashboard-port", str(free_port()), "--dashboard-agent-listen-port",
               str(free_port())] if dashboard else ["--include-dashboard", "false"])
     nodes: list[subprocess.Popen] = []
     try:
         for i, resources in enumerate(node_resources):
             head = ["--head", "--port", str(port), "--ray-client-server-port", str(free_port()), *shown]
-            role = head if i == 0 else ["--address", f"127.0.0.1:{port}"]
+            role = head if i == 0 else ["--address", f"{ip}:{port}"]
             log = tmp / f"node{i}.log"
             with log.open("w") as fh:
                 nodes.append(subprocess.Popen([ray, "start", *role, "--resources", resources, *common], env=env, stdout=fh,
@@ -308,7 +317,7 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
                 if nodes[-1].poll() is not None or time.monotonic() > deadline:
                     pytest.fail(f"ray start of node {i} failed: {log.read_text()[-2000:]}")
                 time.sleep(0.5)
-        yield f"127.0.0.1:{port}", env
+        yield f"{ip}:{port}", env
     finally:
         # every process of the nodes, as they are now: the raylet's agents rename themselves (ray::DashboardAgent),
         # so the temp dir no longer names them, and they outlive a raylet that died before them

@@ -123,7 +123,7 @@ def test_rerun_continues_from_the_finished_stages_of_an_input_on_object_storage(
 
 def test_flow_preprocesses_on_the_ray_cluster_at_address(first_run, tmp_path, monkeypatch):
     """address set: the flow's preprocessing runs as Ray tasks on that cluster (a head and a worker node
-    on 127.0.0.1), and writes the sequences of the local engine, byte for byte."""
+    on loopback), and writes the sequences of the local engine, byte for byte."""
     import hashlib
     import json
 

@@ -150,7 +150,7 @@ def test_engine_settings_are_checked_at_the_door():
 @pytest.mark.slow
 @pytest.mark.real_data
 def test_ray_engine_on_a_two_node_cluster_writes_the_local_engines_outputs(geolife_few_users, tmp_path):
-    """`pgt preprocess --engine ray --address HOST:PORT` on a head and a worker node on 127.0.0.1: partitions and
+    """`pgt preprocess --engine ray --address HOST:PORT` on a head and a worker node on loopback: partitions and
     DBSCAN tiles run as Ray tasks on both nodes, and the outputs are those of the local engine, byte for byte."""
     preprocess(geolife_few_users, "positionfixes", tmp_path / "local", CONFIG, progress=False)
     config_file = tmp_path / "config.json"

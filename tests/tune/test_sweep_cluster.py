@@ -1,4 +1,4 @@
-"""A sweep over a two-node Ray cluster (`ray start` nodes on 127.0.0.1): each node runs a trial."""
+"""A sweep over a two-node Ray cluster (`ray start` nodes on loopback): each node runs a trial."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import ray_cluster
+from tests.conftest import MULTI_NODE_IP, ray_cluster
 from tests.tune.commands import tune_cli
 
 pytestmark = pytest.mark.slow
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def two_node_cluster():
-    """A head and a worker node on 127.0.0.1, each with 1 CPU and its own custom resource; stopped afterwards."""
+    """A head and a worker node on loopback, each with 1 CPU and its own custom resource; stopped afterwards."""
     with ray_cluster('{"node_a": 1}', '{"node_b": 1}') as cluster:
         yield cluster
 
@@ -36,5 +36,7 @@ def test_sweep_spreads_over_a_two_node_cluster(training_sequences, tmp_path, two
     result = json.loads((out / "tune.json").read_text())
     nodes = {row["node_id"] for row in result["trials"]}
     assert len(nodes) == 2 and None not in nodes  # one trial on each node (1 CPU each, 1 CPU per trial)
+    # the nodes advertise the loopback address they were started on, not the machine's network address
+    assert {row["node_address"] for row in result["trials"]} == {MULTI_NODE_IP}
     assert all(row["epochs"] >= 1 for row in result["trials"])
     assert {row["status"] for row in result["trials"]} <= {"finished", "stopped (ASHA)"}
