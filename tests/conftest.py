@@ -284,7 +284,8 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
     A lone head runs in Ray's single-node mode on 127.0.0.1 (as prepare_ray_env sets it for a local Ray), which
     binds its ports to 127.0.0.1. Nodes that join a head need that mode off, and Ray then rewrites 127.0.0.1 (and
     localhost) into the machine's network address, which the nodes would advertise and reach each other by; so
-    their nodes take MULTI_NODE_IP, a loopback address Ray keeps as given.
+    their nodes take MULTI_NODE_IP, a loopback address Ray keeps as given (its GCS and raylets then listen on every
+    interface, as for any node not on 127.0.0.1, but nothing reaches them other than on loopback).
 
     The cluster has its own temp dir ($RAY_TMPDIR), so it never becomes the machine's "current cluster"
     that a bare ray.init() would join. Stopping it terminates its own `ray start` processes, whose Ray
