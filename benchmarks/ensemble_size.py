@@ -69,12 +69,17 @@ def train_member(seed: int, data_dir: str, out: str, recipe: str = "tuned", sett
 def member_log_probs(runs: list[Path], dataset, batch_size: int = 512, live: bool = False) -> list:
     """Per batch of the split (in score_dataset's order), every member's (M, B, V + S) log-probabilities; `live`: the
     split has a live prediction's inputs, scored as serving scores them (pgt.network.daygap.live_log_probs)."""
+    from pgt.network.checkpoint import load_checkpoint
+
+    return network_log_probs([load_checkpoint(run / "best.pt")[0] for run in runs], dataset, batch_size, live)
+
+
+def network_log_probs(models: list, dataset, batch_size: int = 512, live: bool = False) -> list:
+    """member_log_probs of networks already loaded: (indices, batch, (M, B, V + S) log-probabilities) per batch."""
     import torch
 
-    from pgt.network.checkpoint import load_checkpoint
     from pgt.network.daygap import live_log_probs
 
-    models = [load_checkpoint(run / "best.pt")[0] for run in runs]
     order = np.argsort(dataset.lengths.numpy(), kind="stable")
     cached = []
     with torch.inference_mode():
@@ -86,19 +91,21 @@ def member_log_probs(runs: list[Path], dataset, batch_size: int = 512, live: boo
     return cached
 
 
-def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_locations: int) -> dict:
+def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_locations: int, combine=None) -> dict:
     """The metrics (pgt.data.metrics.compute_all) of the ensemble of the members in `combo` on the cached split, ranked
-    as pgt.data.scoring.score_dataset ranks a model's scores."""
+    as pgt.data.scoring.score_dataset ranks a model's scores; `combine` turns the members' (K, B, V + S)
+    log-probabilities into the ensemble's (B, V + S), by default the mean of their probabilities, as `ensemble` serves."""
     import torch
 
     from pgt.data.metrics import compute_all
     from pgt.data.scoring import Scores, ranks_and_top1, scored_samples
     from pgt.network.model import mean_probability
 
+    combine = combine or mean_probability
     found = torch.zeros(4, len(dataset), dtype=torch.int64)
     pick = torch.tensor(combo)
     for indices, batch, each in cached:
-        scores = Scores.from_log_probs(mean_probability(each[pick]), num_locations)
+        scores = Scores.from_log_probs(combine(each[pick]), num_locations)
         found[:, torch.from_numpy(indices)] = ranks_and_top1(scores, batch)
     return compute_all(scored_samples(found, dataset, np.arange(len(dataset))))
 
