@@ -4,6 +4,7 @@ environment, a quick check that a cluster's address answers, and a session that 
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
 import signal
@@ -133,7 +134,29 @@ def ray_session(address: str | None = None, num_cpus: int | None = None) -> Iter
         with interruptible():  # a cancelled Prefect flow run's SIGTERM stops the wait in Ray
             yield
     finally:
+        shutdown_ray()
+
+
+def shutdown_ray() -> None:
+    """ray.shutdown() with no garbage collection while it runs.
+
+    Ray ends the whole process, at once and without a traceback, when a thread touches its core worker while the
+    core worker shuts down ("The core worker has already been shutdown ... The process will exit", Ray's
+    core_worker_process.cc). Releasing a Ray handle (an ObjectRef, an actor handle) touches it, and the cyclic
+    collector releases handles held in garbage cycles in whichever thread happens to allocate: MLflow's
+    system-metrics sampler, which runs through the shutdown, or Prefect's log and event workers in a flow run.
+    A sweep's or a run's results, written after the shutdown, would be lost with the process. So the cycles are
+    collected here first, while Ray is up, and no collection runs until it is down."""
+    import ray
+
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
         ray.shutdown()
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def cluster_nodes(address: str | None, out: Path | str | None = None, data: Path | str | None = None) -> list[str]:

@@ -269,8 +269,8 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
 
 
-# the nodes of ray_cluster's clusters of more than one node (tests/cluster_rig.py's isolated nodes take .2-.4)
-MULTI_NODE_IP = "127.0.0.5"
+# the nodes of ray_cluster's clusters of more than one node (tests/cluster_rig.py's nodes take .2-.7)
+MULTI_NODE_IP = "127.0.0.8"
 
 
 @contextlib.contextmanager

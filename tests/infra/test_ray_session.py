@@ -75,3 +75,49 @@ with ray_session(num_cpus=1):
     stop = {int(signal.SIGHUP), int(signal.SIGTERM)}
     assert all(stop <= set(mask) for mask in (raylet, gcs, worker)), r.stdout
     assert driver == []  # the driver takes every stop signal
+
+
+@pytest.mark.slow
+def test_ray_shuts_down_with_the_garbage_cycles_holding_its_handles_collected_and_no_collection_meanwhile():
+    """Ray ends the process when a Ray handle is released while its core worker shuts down, which the cyclic
+    collector does in whatever thread allocates then (an MLflow sampler, Prefect's workers): ray_session collects
+    such cycles before ray.shutdown, runs it with the collector off, and turns the collector back on after. In a
+    fresh interpreter, which starts a Ray of its own."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import PROJECT_ROOT
+
+    probe = """
+import gc, json, weakref, ray
+from infra.ray_session import ray_session
+
+class Holder:
+    pass
+
+seen = {}
+shutdown = ray.shutdown
+
+def watched_shutdown(*args, **kwargs):
+    seen["collector on during the shutdown"] = gc.isenabled()
+    seen["cycle alive at the shutdown"] = cycle() is not None
+    return shutdown(*args, **kwargs)
+
+ray.shutdown = watched_shutdown
+with ray_session(num_cpus=1):
+    holder = Holder()
+    holder.me, holder.refs = holder, [ray.put(i) for i in range(3)]  # a garbage cycle once the name is gone
+    cycle = weakref.ref(holder)
+    del holder
+    seen["cycle alive in the session"] = cycle() is not None
+seen["collector on after"] = gc.isenabled()
+print(json.dumps(seen))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    r = subprocess.run([sys.executable, "-c", probe], env=env, cwd=PROJECT_ROOT, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {
+        "cycle alive in the session": True, "collector on during the shutdown": False,
+        "cycle alive at the shutdown": False, "collector on after": True}
