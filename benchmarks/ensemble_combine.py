@@ -27,11 +27,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, network_log_probs  # noqa: E402 - after sys.path gains the benchmarks
+from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, network_log_probs, summary  # noqa: E402 - after sys.path gains the benchmarks
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_combine.json"
@@ -46,29 +44,11 @@ def epoch_checkpoints(run: Path, snapshots: int) -> list[Path]:
     return kept[-snapshots:]
 
 
-def epoch_weights(path: Path):
-    """The network of an epoch checkpoint with that epoch's own weights (load_checkpoint gives the best so far)."""
-    from infra.settings import stored_settings
-    from pgt.config import ModelConfig
-    from pgt.network.checkpoint import read_checkpoint
-    from pgt.network.model import build_model
-
-    state = read_checkpoint(path, "cpu", ("model_config", "model"))
-    model = build_model(ModelConfig(**stored_settings(state["model_config"])))
-    model.load_state_dict(state["model"])
-    return model.eval()
-
-
 def geometric_mean(log_probs):
     """(K, B, V + S) log-probabilities -> (B, V + S): their mean, renormalised."""
     import torch
 
     return torch.log_softmax(log_probs.mean(0), dim=-1)
-
-
-def summary(values: list[float]) -> dict:
-    return {"mean": round(float(np.mean(values)), 2),
-            "std": round(float(np.std(values, ddof=1)), 2) if len(values) > 1 else 0.0}
 
 
 def main() -> None:
@@ -107,7 +87,8 @@ def main() -> None:
 
     best = [load_checkpoint(run / "best.pt") for run in runs]
     cfg = best[0][1]
-    networks = [model for model, _ in best] + [epoch_weights(path) for paths in snapshots for path in paths]
+    networks = [model for model, _ in best] + [load_checkpoint(path, epoch_weights=True)[0]
+                                               for paths in snapshots for path in paths]
     each = len(runs)  # network i's snapshots are networks[each + i * args.snapshots ...]
 
     def picked(way: str, combo: tuple[int, ...]) -> tuple[int, ...]:
@@ -117,31 +98,27 @@ def main() -> None:
 
     validation = load_splits(args.data_dir, cfg.max_len, Vocab.from_manifest(args.data_dir), names=("validation",),
                              memory=MemoryLayout.of(cfg))["validation"]
-    rows = []
+    sizes = sorted({1, args.members})
+    combos = {k: list(itertools.combinations(range(len(runs)), k)) for k in sizes}
+    rows = {(k, way): {"members": k, "way": way, "combinations": len(combos[k])} for k in sizes for way in WAYS}
     for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
         cached = network_log_probs(networks, split, live=name == "deployment")
-        for k in sorted({1, args.members}):
-            combos = list(itertools.combinations(range(len(runs)), k))
-            for way in WAYS:
-                scored = [ensemble_metrics(cached, picked(way, combo), split, cfg.num_locations,
-                                           geometric_mean if way == "geometric" else None) for combo in combos]
-                row = next((r for r in rows if (r["members"], r["way"]) == (k, way)), None)
-                if row is None:
-                    row = {"members": k, "way": way, "combinations": len(combos)}
-                    rows.append(row)
-                row[f"{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
-                if name == "protocol":
-                    row["protocol_validation_strict_mrr"] = summary([m["strict"]["mrr"] for m in scored])
+        for (k, way), row in rows.items():
+            scored = [ensemble_metrics(cached, picked(way, combo), split, cfg.num_locations,
+                                       geometric_mean if way == "geometric" else None) for combo in combos[k]]
+            row[f"{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
+            if name == "protocol":
+                row["protocol_validation_strict_mrr"] = summary([m["strict"]["mrr"] for m in scored])
     result = {"benchmark": "ensemble_combine", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "members_from": shown_path(args.work),
-              "seeds": args.seeds, "snapshots": args.snapshots, "selection": SELECTION, "rows": rows}
+              "seeds": args.seeds, "snapshots": args.snapshots, "selection": SELECTION, "rows": list(rows.values())}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 
     table = Table(title="Combining K networks, validation split (mean ± std over combinations of seeds)")
     for column in ("members", "combined", "combinations", "strict Acc@1", "strict Acc@1, as deployed", "strict MRR"):
         table.add_column(column, justify="right")
-    for r in rows:
+    for r in rows.values():
         table.add_row(str(r["members"]), r["way"], str(r["combinations"]),
                       *(f"{r[key]['mean']:.2f} ± {r[key]['std']:.2f}" for key in (
                           "protocol_validation_strict_acc@1", "deployment_validation_strict_acc@1",

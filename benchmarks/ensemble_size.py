@@ -110,6 +110,12 @@ def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_location
     return compute_all(scored_samples(found, dataset, np.arange(len(dataset))))
 
 
+def summary(values: list[float]) -> dict:
+    """Mean and sample std (0.0 for a single value) over the combinations, to two decimals."""
+    return {"mean": round(float(np.mean(values)), 2),
+            "std": round(float(np.std(values, ddof=1)), 2) if len(values) > 1 else 0.0}
+
+
 # the size chosen: the fewest members whose ensembles' mean strict validation Acc@1 is within this of the best mean; a
 # member costs a whole network's training, and differences this small are under the seed noise (0.13-0.36 here)
 WITHIN = 0.1
@@ -214,9 +220,7 @@ def main() -> None:
                 sizes.append(row)
             for key, pick in (("strict_acc@1", lambda m: m["strict"]["acc@1"]), ("strict_mrr", lambda m: m["strict"]["mrr"]),
                               ("acc@1", lambda m: m["acc@1"])):
-                values = np.array([pick(m) for m in scored])
-                row[f"{name}_validation_{key}"] = {"mean": round(float(values.mean()), 2),
-                                                   "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
+                row[f"{name}_validation_{key}"] = summary([pick(m) for m in scored])
     result = {"benchmark": "ensemble_size", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(data_dir), "recipe": args.recipe, "settings": settings,
               "selection": SELECTION,

@@ -117,13 +117,15 @@ def check_resumable(saved: dict, cfg: TrainConfig, path: Path, ignore: frozenset
                             "use --no-resume or another --out")
 
 
-def load_checkpoint(path: Path | str, device: str = "cpu") -> tuple[torch.nn.Module, ModelConfig]:
-    """A model from best.pt or an epoch checkpoint (both hold model_config and the weights)."""
+def load_checkpoint(path: Path | str, device: str = "cpu", epoch_weights: bool = False
+                    ) -> tuple[torch.nn.Module, ModelConfig]:
+    """A model from best.pt or an epoch checkpoint (both hold model_config and the weights): an epoch checkpoint's
+    best weights so far, or with `epoch_weights` that epoch's own."""
     state = read_checkpoint(path, device, ("model_config", "model"))
     try:
         cfg = ModelConfig(**stored_settings(state["model_config"]))
         model = build_model(cfg)
-        model.load_state_dict(state.get("best_model") or state["model"])
+        model.load_state_dict(state["model"] if epoch_weights else state.get("best_model") or state["model"])
     except (TypeError, ValueError, RuntimeError) as exc:
         raise InputError(path, f"not a checkpoint of this pgt ({str(exc).splitlines()[0]})") from None
     return model.eval(), cfg

@@ -55,7 +55,7 @@ def test_each_way_is_scored_for_one_network_and_for_the_ensemble(tiny_sequences,
 def test_an_epoch_checkpoint_gives_its_own_weights_not_the_best_so_far(members):
     import torch
 
-    from pgt.network.checkpoint import read_checkpoint
+    from pgt.network.checkpoint import load_checkpoint, read_checkpoint
 
     work, _ = members
     bench = load_benchmark("ensemble_combine")
@@ -64,7 +64,7 @@ def test_an_epoch_checkpoint_gives_its_own_weights_not_the_best_so_far(members):
         first, last = bench.epoch_checkpoints(run, 2)
         assert (first.parent.name, last.parent.name) == ("epoch_000", "epoch_001")
         own = read_checkpoint(first, "cpu", ("model",))["model"]
-        loaded = bench.epoch_weights(first).state_dict()
+        loaded = load_checkpoint(first, epoch_weights=True)[0].state_dict()
         assert all(torch.equal(loaded[name], own[name]) for name in own)
 
 
