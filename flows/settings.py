@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import cached_property
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from prefect import flow
 from prefect.utilities.hashing import file_hash
@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from infra.errors import SettingsError
-from infra.settings import help_of, settings_of
+from infra.settings import help_of, schema_bounds, settings_of
 from infra.state import state_dir as default_state_dir
 from infra.storage import is_uri, open_storage, without_query
 from pgt.config import LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings
@@ -60,11 +60,21 @@ def flow_defaults(fn) -> dict[str, Any]:
 
 
 def from_setting(config: type, name: str, default: Any = dataclasses.MISSING, note: str = "") -> Any:
-    """A flow parameter that is a config's setting: its help from the setting's one definition, its default the
-    setting's unless the flow's own is given (`note` says what the flow adds)."""
+    """A flow parameter that is a config's setting: its help and bounds from the setting's one definition, its
+    default the setting's unless the flow's own is given (`note` says what the flow adds). The bounds are the
+    parameter schema's minimum and maximum: Prefect's server refuses a run outside them before the run exists."""
     field = settings_of(config)[name]
     return Field(field.default if default is dataclasses.MISSING else default,
-                 description=" ".join(filter(None, (help_of(config, name), note))))
+                 description=" ".join(filter(None, (help_of(config, name), note))), **schema_bounds(field))
+
+
+def interval_of(field: FieldInfo) -> str:
+    """A parameter's bounds as the settings write them ("[1, 1048576]", "(0.0, 1.0]"); "" without bounds."""
+    bounds = {kind: getattr(m, kind) for m in field.metadata for kind in ("ge", "gt", "le", "lt") if hasattr(m, kind)}
+    if not bounds:
+        return ""
+    low, high = bounds.get("ge", bounds.get("gt", "-inf")), bounds.get("le", bounds.get("lt", "inf"))
+    return f"{'[' if 'ge' in bounds else '('}{low}, {high}{']' if 'le' in bounds else ')'}"
 
 def _absolute(path: str | Path | None) -> Path | None:
     if path and is_uri(path):  # a URI read as a path would become a local folder named "s3:"
@@ -97,6 +107,8 @@ class FlowParameters(BaseModel):
         name = ".".join(str(part) for part in error["loc"])
         if error["type"] == "extra_forbidden":
             return f"unknown parameter {name} (known: {', '.join(cls.model_fields)})"
+        if error["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+            return f"{name} must be in {interval_of(cls.model_fields[name])}, got {error['input']!r}"
         if error["type"] == "literal_error":
             choices = get_args(cls.model_fields[name].annotation)
             return f"{name} must be one of {', '.join(map(str, choices))}, got {error['input']!r}"
@@ -158,11 +170,13 @@ class PredictNextPlacesParameters(FlowParameters):
 
 
 def flow_signature(model: type[FlowParameters], returns: Any = dict) -> inspect.Signature:
-    """A flat, keyword-only signature of the model's fields, each default carrying its description: what Prefect
-    reads to build a deployment's parameter schema (the UI's form) and to validate a run's parameters."""
+    """A flat, keyword-only signature of the model's fields, each default carrying its description and each type its
+    bounds (Prefect reads constraints from the annotation only): what Prefect reads to build a deployment's
+    parameter schema (the UI's form) and to validate a run's parameters."""
     return inspect.Signature(
         [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=Field(field.default, description=field.description),
-                           annotation=field.annotation) for name, field in model.model_fields.items()],
+                           annotation=Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation)
+         for name, field in model.model_fields.items()],
         return_annotation=returns)
 
 

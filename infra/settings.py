@@ -126,6 +126,17 @@ def bounds_text(field: dataclasses.Field) -> str:
     return f"{opens}{low}, {high}{closes}"
 
 
+def schema_bounds(field: dataclasses.Field) -> dict[str, float]:
+    """The bounds as pydantic's field constraints (ge or gt, le or lt), which its JSON schema writes as minimum and
+    maximum: a flow parameter's, for the Prefect server and UI."""
+    meta, bounds = field.metadata, {}
+    if meta.get(LOW) is not None:
+        bounds["gt" if meta.get(LOW_OPEN) else "ge"] = meta[LOW]
+    if meta.get(HIGH) is not None:
+        bounds["lt" if meta.get(HIGH_OPEN) else "le"] = meta[HIGH]
+    return bounds
+
+
 def check_value(field: dataclasses.Field, value: Any) -> None:
     """SettingsError naming the field unless value has the field's type, lies within its bounds and among its choices."""
     meta, kind = field.metadata, field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")

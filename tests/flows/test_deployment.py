@@ -192,6 +192,41 @@ asyncio.run(main())
     assert r.stdout.split() == ["demo", "1", "geolife", "1", "sweep", "1", "predict", "1", "pool", "1"]
 
 
+def test_a_parameter_outside_its_setting_s_bounds_is_refused_before_a_run_exists(stack):
+    """`prefect deployment run ... --param epochs=-3`: the server checks the deployment's parameter schema, which
+    carries each setting's bounds, and answers in one line naming the field and the bound; no flow run is created."""
+    _, env = stack
+    prefect = Path(env["PGT_VENV_BIN"]) / "prefect"
+
+    def flow_runs() -> int:
+        r = subprocess.run([sys.executable, "-c", RUN_COUNT], env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return int(r.stdout)
+
+    before = flow_runs()
+    for param, words in (("epochs=-3", "-3 is less than the minimum of 1"),
+                         ("synthetic_days=40000", "40000 is greater than the maximum of 36500")):
+        r = subprocess.run([prefect, "deployment", "run", "preprocess-and-train/demo", "--param", param], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stdout + r.stderr
+        said = " ".join((r.stdout + r.stderr).split())
+        assert f"Validation failed for field '{param.split('=')[0]}'" in said and words in said, said
+        assert "Traceback" not in said
+    assert flow_runs() == before
+
+
+RUN_COUNT = """
+import asyncio
+from prefect.client.orchestration import get_client
+
+async def main():
+    async with get_client() as client:
+        print(await client.count_flow_runs())
+
+asyncio.run(main())
+"""
+
+
 def test_cancelling_a_training_flow_run_stops_ray_closes_its_run_and_a_rerun_resumes(stack):
     """`prefect flow-run cancel` while the demo trains under Ray Train (the worker sends SIGTERM to the flow run's
     process group, Ray's head included): the run ends Cancelled, every Ray process it started is gone, its MLflow run

@@ -4,6 +4,7 @@ keyword-only, and their defaults those of the config dataclasses."""
 from __future__ import annotations
 
 import inspect
+from typing import Annotated
 
 import pytest
 from prefect.utilities.callables import parameter_schema
@@ -11,6 +12,7 @@ from prefect.utilities.callables import parameter_schema
 from flows.predict import predict_next_places
 from flows.preprocess_and_train import preprocess_and_train
 from flows.settings import flow_defaults
+from infra.settings import settings_of
 from pgt.recipes import RECIPES
 from preprocessing.config import FORMATS, SynthConfig
 
@@ -53,7 +55,8 @@ def test_a_flow_s_parameters_are_its_model_s_fields(flow, tmp_path):
     signature = inspect.signature(flow.fn).parameters
     assert list(signature) == list(model.model_fields)
     for name, field in model.model_fields.items():
-        assert signature[name].annotation == field.annotation, name
+        annotation = signature[name].annotation  # the type, with the field's bounds where it has any
+        assert (Annotated[field.annotation, *field.metadata] if field.metadata else field.annotation) == annotation, name
         assert flow_defaults(flow.fn)[name] == field.default, name
     schema = parameter_schema(flow.fn).model_dump()["properties"]
     assert {n: p["description"] for n, p in schema.items()} == {n: f.description for n, f in model.model_fields.items()}
@@ -122,6 +125,33 @@ def test_deployments_set_only_what_differs_from_the_flow_s_defaults():
             if value == defaults[name] or value == fallback:
                 same.append(f"{deployment['name']}: {name}")
     assert same == []
+
+
+@pytest.mark.parametrize("flow", [preprocess_and_train, predict_next_places])
+def test_a_setting_s_bounds_are_its_parameter_s_minimum_and_maximum(flow):
+    """The parameter schema (the deployment's, which Prefect's server checks a run against before the run exists,
+    and the UI's form) bounds each parameter that is a config's setting as the setting does, nullable or not, and
+    the flow refuses a value outside them with the setting's words."""
+    from pgt.config import LaunchConfig, PredictConfig, TrainConfig
+    from tune.config import SweepConfig
+
+    properties = parameter_schema(flow.fn).model_dump()["properties"]
+    settings = {"workers": (LaunchConfig, "workers"), "trials": (SweepConfig, "trials"),
+                "finalists": (SweepConfig, "finalists"), "confirm_seeds": (SweepConfig, "confirm_seeds"),
+                "epochs": (TrainConfig, "epochs"), "top_k": (PredictConfig, "top_k"),
+                "synthetic_users": (SynthConfig, "users"), "synthetic_days": (SynthConfig, "days")}
+    checked = 0
+    for name, (config, setting) in settings.items():
+        if name not in properties:
+            continue
+        meta = settings_of(config)[setting].metadata
+        schema = next((s for s in properties[name].get("anyOf", [properties[name]]) if s["type"] != "null"))
+        assert (schema.get("minimum"), schema.get("maximum")) == (meta["low"], meta["high"]), name
+        with pytest.raises(ValueError, match=rf"^{name} must be in \[{meta['low']}, {meta['high']}\], got -7$"):
+            flow.fn.parameters_model.checked({name: -7})
+        checked += 1
+    assert checked == (7 if flow is preprocess_and_train else 3)
+    assert not any("minimum" in str(p) for n, p in properties.items() if n not in settings)  # only settings are bounded
 
 
 @pytest.mark.parametrize("flow", [preprocess_and_train, predict_next_places])
