@@ -18,12 +18,13 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal, get_args
 
-from prefect import flow
+from prefect import flow, get_run_logger
+from prefect.states import Failed
 from prefect.utilities.hashing import file_hash
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
-from infra.errors import SettingsError
+from infra.errors import SettingsError, UserError
 from infra.settings import help_of, schema_bounds, settings_of
 from infra.state import state_dir as default_state_dir
 from infra.storage import is_uri, open_storage, without_query
@@ -181,7 +182,9 @@ def flow_signature(model: type[FlowParameters], returns: Any = dict) -> inspect.
 
 
 def parameters_flow(model: type[FlowParameters], **flow_options) -> Callable:
-    """A Prefect flow whose parameters are the model's fields and whose function receives them as one model.
+    """A Prefect flow whose parameters are the model's fields and whose function receives them as one model. A
+    UserError (bad input, settings, a server that does not answer) ends the run Failed with its one line as the
+    state's message and the log's; anything else keeps Prefect's traceback (a bug should look like a bug).
 
         @parameters_flow(PredictNextPlacesParameters, name="predict-next-places")
         def predict_next_places(parameters: PredictNextPlacesParameters) -> dict: ...
@@ -190,7 +193,12 @@ def parameters_flow(model: type[FlowParameters], **flow_options) -> Callable:
         signature = flow_signature(model, inspect.signature(fn).return_annotation)
 
         def run(**values):
-            return fn(model.checked(values))
+            try:
+                return fn(model.checked(values))
+            except UserError as error:  # what the user can fix: one line in the run's log and state, no traceback
+                get_run_logger().error(f"error: {error}")
+                # a caller in Python still gets the error raised, without the frames of where it was found
+                return Failed(message=str(error), data=error.with_traceback(None))
 
         run.__name__, run.__qualname__, run.__doc__, run.__module__ = fn.__name__, fn.__qualname__, fn.__doc__, fn.__module__
         run.__signature__ = signature

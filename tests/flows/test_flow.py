@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -69,15 +70,31 @@ def test_rerun_reuses_the_cached_sequences(first_run):
 
 
 def test_bad_config_fails_the_flow_with_its_message(tmp_path):
+    """The run ends Failed with the error's one line as its state's message and its log's, no traceback of where it
+    was found; a caller in Python gets the project's error raised."""
     from flows.preprocess_and_train import preprocess_and_train
+    from infra.errors import InputError
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("location_epsilon_m: -5\n")
-    state = preprocess_and_train(workers=0, epochs=1, state_dir=str(tmp_path / "state"), synthetic_users=3,
-                                 synthetic_days=20, config_file=str(bad), return_state=True)
+    given = dict(workers=0, epochs=1, state_dir=str(tmp_path / "state"), synthetic_users=3, synthetic_days=20,
+                 config_file=str(bad))
+    records: list[logging.LogRecord] = []
+    flow_log = logging.getLogger("prefect.flow_runs")  # the flow's own lines (Prefect's loggers do not propagate)
+    catch = logging.Handler(logging.ERROR)
+    catch.emit = records.append
+    flow_log.addHandler(catch)
+    try:
+        state = preprocess_and_train(**given, return_state=True)
+    finally:
+        flow_log.removeHandler(catch)
     assert state.is_failed()
-    message = str(state.result(raise_on_failure=False))
-    assert str(bad) in message and "location_epsilon_m must be in (0.0, inf), got -5" in message
+    error = state.result(raise_on_failure=False)
+    assert isinstance(error, InputError) and state.message == str(error)
+    assert str(bad) in state.message and "location_epsilon_m must be in (0.0, inf), got -5" in state.message
+    assert [r.getMessage() for r in records] == [f"error: {error}"] and not any(r.exc_info for r in records)
+    with pytest.raises(InputError, match="location_epsilon_m must be in"):
+        preprocess_and_train(**given)
     assert not list((tmp_path / "state").glob("stages/*/stage.json"))  # it failed before any stage ran
 
 
