@@ -3,7 +3,7 @@
 Configs reach the tasks typed (they run in the flow's process); they become dicts only at Ray's and MLflow's doors.
 
 Only tasks doing I/O that can fail transiently retry (reading the input, publishing the artifact), and only
-on OSError; bad input fails at once with its one-line message.
+on an OSError or a server that does not answer; bad input fails at once with its one-line message.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import httpx
 import polars as pl
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact
@@ -44,8 +45,11 @@ if TYPE_CHECKING:
 
 
 def _transient_io(task, task_run, state) -> bool:
-    """Retry condition: an OSError other than a missing or unreadable path."""
+    """Retry condition: an OSError other than a missing or unreadable path, or a server that did not answer (the
+    Prefect API's client, httpx, says so with a TransportError, which is no OSError)."""
     exc = state.result(raise_on_failure=False)
+    if isinstance(exc, httpx.TransportError):
+        return True
     return isinstance(exc, OSError) and not isinstance(exc, (FileNotFoundError, IsADirectoryError, PermissionError))
 
 
@@ -163,7 +167,13 @@ def register(tracking_uri: str, name: str, model_uri: str, run_id: str, evidence
     return register_run(TrackedRun(tracking_uri, run_id, model_uri), name, Evidence(**evidence))
 
 
-@task(name="publish", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
+# a run's last step, its model trained and registered (or its predictions logged): worth waiting out a Prefect
+# server's restart
+PUBLISH_RETRY_DELAYS_S = [3, 10, 30]
+
+
+@task(name="publish", retries=len(PUBLISH_RETRY_DELAYS_S), retry_delay_seconds=PUBLISH_RETRY_DELAYS_S,
+      retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
 def publish(markdown: str) -> str:
     """The run's metrics table and MLflow address as a Prefect markdown artifact."""
     return str(create_markdown_artifact(key="pgt-metrics", markdown=markdown, description="PGT test metrics"))
@@ -210,8 +220,8 @@ def log_predictions(tracking_uri: str, model_uri: str, predictions_file: Path, p
     return {**logged, "summary": summary, "model_version": version}
 
 
-@task(name="publish predictions", retries=2, retry_delay_seconds=3, retry_condition_fn=_transient_io,
-      cache_policy=NO_CACHE)
+@task(name="publish predictions", retries=len(PUBLISH_RETRY_DELAYS_S), retry_delay_seconds=PUBLISH_RETRY_DELAYS_S,
+      retry_condition_fn=_transient_io, cache_policy=NO_CACHE)
 def publish_predictions(predictions_file: Path, logged: dict, model_uri: str, max_rows: int = 500) -> list[str]:
     """Prefect artifacts: a table of each user's next places, the map as an image, a summary with the MLflow run."""
     from prefect.artifacts import create_image_artifact, create_table_artifact
