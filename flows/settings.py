@@ -77,6 +77,7 @@ def interval_of(field: FieldInfo) -> str:
     low, high = bounds.get("ge", bounds.get("gt", "-inf")), bounds.get("le", bounds.get("lt", "inf"))
     return f"{'[' if 'ge' in bounds else '('}{low}, {high}{']' if 'le' in bounds else ')'}"
 
+
 def _absolute(path: str | Path | None) -> Path | None:
     if path and is_uri(path):  # a URI read as a path would become a local folder named "s3:"
         raise SettingsError(f"{path}: a local path here (or a mount every node shares); input_path and storage "
