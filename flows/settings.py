@@ -45,9 +45,10 @@ InputFormat = Literal[FORMATS]
 Recipe = Literal[tuple(RECIPES)]
 
 
-def described(default: Any, description: str) -> Any:
-    """A flow parameter's default with its description (the Prefect UI shows it beside the field)."""
-    return Field(default, description=description)
+def described(default: Any, description: str, **bounds: float) -> Any:
+    """A flow parameter's default with its description (the Prefect UI shows it beside the field), and its bounds
+    where it has any (pydantic's gt, ge, lt, le: the parameter schema's, which Prefect's server checks)."""
+    return Field(default, description=description, **bounds)
 
 
 def default_of_parameter(parameter: inspect.Parameter) -> Any:
@@ -164,7 +165,7 @@ class PredictNextPlacesParameters(FlowParameters):
     input_format: InputFormat = described("positionfixes", INPUT_FORMAT_HELP)
     top_k: int = from_setting(PredictConfig, "top_k")
     at: str | None = from_setting(PredictConfig, "at")
-    recent_days: float = described(14.0, "With no input_path: the days of the synthetic default to score.")
+    recent_days: float = described(14.0, "With no input_path: the days of the synthetic default to score.", gt=0)
     tracking_uri: str | None = from_setting(TrackingConfig, "tracking_uri")
     state_dir: str | None = described(None, STATE_DIR_HELP)
     synthetic_users: int = from_setting(SynthConfig, "users")
@@ -408,8 +409,6 @@ class PredictSettings(ResolvedParameters):
         """The predict flow's parameters checked and resolved, once."""
         checked = PredictNextPlacesParameters.checked(parameters)
         PredictConfig(top_k=checked.top_k, at=checked.at)
-        if not checked.recent_days > 0:
-            raise SettingsError(f"recent_days must be > 0, got {checked.recent_days}")
         if checked.input_path and is_uri(checked.input_path):
             raise SettingsError(f"input_path {checked.input_path}: predict-next-places reads a local file or folder")
         return cls(**cls._paths(checked), at=prediction_time(checked.at, "at"))

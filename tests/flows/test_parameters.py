@@ -151,7 +151,15 @@ def test_a_setting_s_bounds_are_its_parameter_s_minimum_and_maximum(flow):
             flow.fn.parameters_model.checked({name: -7})
         checked += 1
     assert checked == (7 if flow is preprocess_and_train else 3)
-    assert not any("minimum" in str(p) for n, p in properties.items() if n not in settings)  # only settings are bounded
+    # besides the settings, only the predict flow's recent_days is bounded: more than 0 days
+    bounded = {n for n, p in properties.items() if n not in settings and
+               any(k in str(p) for k in ("'minimum'", "'maximum'", "exclusiveMinimum", "exclusiveMaximum"))}
+    assert bounded == (set() if flow is preprocess_and_train else {"recent_days"})
+    if flow is predict_next_places:
+        assert properties["recent_days"]["exclusiveMinimum"] == 0
+        for bad in (0.0, -5.0, float("nan")):
+            with pytest.raises(ValueError, match=r"^recent_days must be in \(0, inf\), got "):
+                flow.fn.parameters_model.checked({"recent_days": bad})
 
 
 @pytest.mark.parametrize("flow", [preprocess_and_train, predict_next_places])
