@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.fields import FieldInfo
 
 from infra.errors import SettingsError, UserError
-from infra.settings import help_of, schema_bounds, settings_of
+from infra.settings import help_of, interval_text, schema_bounds, settings_of
 from infra.state import state_dir as default_state_dir
 from infra.storage import is_uri, open_storage, without_query
 from pgt.config import LaunchConfig, PredictConfig, TrackingConfig, TrainConfig, base_settings
@@ -71,12 +71,10 @@ def from_setting(config: type, name: str, default: Any = dataclasses.MISSING, no
 
 
 def interval_of(field: FieldInfo) -> str:
-    """A parameter's bounds as the settings write them ("[1, 1048576]", "(0.0, 1.0]"); "" without bounds."""
+    """A parameter's bounds (pydantic's ge, gt, le, lt) as the settings write them ("[1, 1048576]", "(0, inf)")."""
     bounds = {kind: getattr(m, kind) for m in field.metadata for kind in ("ge", "gt", "le", "lt") if hasattr(m, kind)}
-    if not bounds:
-        return ""
-    low, high = bounds.get("ge", bounds.get("gt", "-inf")), bounds.get("le", bounds.get("lt", "inf"))
-    return f"{'[' if 'ge' in bounds else '('}{low}, {high}{']' if 'le' in bounds else ')'}"
+    return interval_text(bounds.get("ge", bounds.get("gt")), bounds.get("le", bounds.get("lt")),
+                         low_open="gt" in bounds, high_open="lt" in bounds)
 
 
 def _absolute(path: str | Path | None) -> Path | None:

@@ -117,13 +117,17 @@ def help_of(config: type | object, name: str) -> str:
 def bounds_text(field: dataclasses.Field) -> str:
     """The bounds as an interval, e.g. "[0.0, 1.0)"; "" without bounds."""
     meta = field.metadata
-    if meta.get(LOW) is None and meta.get(HIGH) is None:
+    return interval_text(meta.get(LOW), meta.get(HIGH), bool(meta.get(LOW_OPEN)), bool(meta.get(HIGH_OPEN)))
+
+
+def interval_text(low: float | None, high: float | None, low_open: bool = False, high_open: bool = False) -> str:
+    """Bounds written as an interval, e.g. "[0.0, 1.0)", a missing one as -inf or inf (open); "" without bounds: how
+    every refusal of a value out of its bounds names them."""
+    if low is None and high is None:
         return ""
-    low = "-inf" if meta.get(LOW) is None else meta[LOW]
-    high = "inf" if meta.get(HIGH) is None else meta[HIGH]
-    opens = "(" if meta.get(LOW_OPEN) or meta.get(LOW) is None else "["
-    closes = ")" if meta.get(HIGH_OPEN) or meta.get(HIGH) is None else "]"
-    return f"{opens}{low}, {high}{closes}"
+    opens = "(" if low_open or low is None else "["
+    closes = ")" if high_open or high is None else "]"
+    return f"{opens}{'-inf' if low is None else low}, {'inf' if high is None else high}{closes}"
 
 
 def schema_bounds(field: dataclasses.Field) -> dict[str, float]:
