@@ -9,18 +9,23 @@
 - `read_small_file(path)`: a user's settings file, read only when it is a regular file of at most a few MiB.
 - `load_yaml(text, source)`: YAML whose aliases cannot multiply a value.
 - `shorten(text)` / `listed(names)`: a value or a list of names cut, saying how many more there were.
+- `exit_process(code)`: a command's end, as the interpreter's exit does it, without the teardown after it.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
+import os
 import re
 import signal
 import stat
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 
@@ -169,6 +174,42 @@ def disk_problem(exc: BaseException, where: str | None = None) -> str | None:
             return f"{path}: {DISK_ERRNOS[code]} while writing; free space or choose a writable --out"
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
     return None
+
+
+def exit_code_of(code: object) -> int:
+    """The status a `SystemExit(code)` ends the interpreter with: None is 0, an int itself, anything else 1 (the
+    interpreter prints it to stderr first, as exit_process does)."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1
+
+
+def exit_process(code: object = 0) -> NoReturn:
+    """End the process as `sys.exit(code)` at the top of the program would, without the interpreter's teardown.
+
+    What an exit does for the user still happens, in the interpreter's own order: the threads that are not daemons
+    are waited for, the atexit callbacks run (MLflow ends its active run and flushes its queue, Ray shuts down,
+    logging flushes its handlers, temporary folders are removed), a code that is not a number is printed to stderr,
+    and stdout and stderr are flushed (a closed pipe then exits 120, as the interpreter does). What is skipped is the
+    teardown after that: every module and object freed one by one, which took 2.6-3.2 s of a `pgt train` that had
+    imported torch, Ray and MLflow, where the system takes the process's memory back at once."""
+    current = threading.current_thread()
+    while waited := [t for t in threading.enumerate() if t is not current and not t.daemon and t.is_alive()]:
+        for thread in waited:
+            thread.join()
+    atexit._run_exitfuncs()
+    status = exit_code_of(code)
+    if code is not None and not isinstance(code, int) and sys.stderr is not None:
+        print(code, file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a reader that went away, or a stream a callback closed
+            status = status or 120
+    os._exit(status)
 
 
 def read_small_file(path: Path | str, what: str, limit: int = MAX_SETTINGS_BYTES) -> str:
