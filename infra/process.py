@@ -187,18 +187,19 @@ def exit_code_of(code: object) -> int:
 
 
 def exit_process(code: object = 0) -> NoReturn:
-    """End the process as `sys.exit(code)` at the top of the program would, without the interpreter's teardown.
+    """End the process, from its main thread, as `sys.exit(code)` at the top of the program would, without the
+    interpreter's teardown.
 
     What an exit does for the user still happens, in the interpreter's own order: the threads that are not daemons
-    are waited for, the atexit callbacks run (MLflow ends its active run and flushes its queue, Ray shuts down,
-    logging flushes its handlers, temporary folders are removed), a code that is not a number is printed to stderr,
-    and stdout and stderr are flushed (a closed pipe then exits 120, as the interpreter does). What is skipped is the
-    teardown after that: every module and object freed one by one, which took 2.6-3.2 s of a `pgt train` that had
-    imported torch, Ray and MLflow, where the system takes the process's memory back at once."""
-    current = threading.current_thread()
-    while waited := [t for t in threading.enumerate() if t is not current and not t.daemon and t.is_alive()]:
-        for thread in waited:
-            thread.join()
+    are told to stop where they registered for it and waited for, the atexit callbacks run (MLflow ends its active
+    run and flushes its queue, Ray shuts down, logging flushes its handlers, temporary folders are removed), a code
+    that is not a number is printed to stderr, and stdout and stderr are flushed (a closed pipe then exits 120, as
+    the interpreter does). What is skipped is the teardown after that: every module and object freed one by one,
+    which took 2.6-3.2 s of a `pgt train` that had imported torch, Ray and MLflow, where the system takes the
+    process's memory back at once."""
+    # the interpreter's own first step of an exit: threading's exit hooks (which tell the idle workers of every
+    # ThreadPoolExecutor to stop, else waiting for them never ends), then the join of every thread not a daemon
+    threading._shutdown()
     atexit._run_exitfuncs()
     status = exit_code_of(code)
     if code is not None and not isinstance(code, int) and sys.stderr is not None:
