@@ -132,6 +132,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                                {**TUNED_SELECTION, "arrival_head": 1.0, "arrival_days": 2}),
     "tuned-arrival-1-days-3": ("+ the same over three days (arrival_days 3)",
                                {**TUNED_SELECTION, "arrival_head": 1.0, "arrival_days": 3}),
+    "tuned-arrival-1-classes-12": ("+ the head at weight 1 predicting the two hours of the day the next visit "
+                                   "starts in (arrival_classes 12)",
+                                   {**TUNED_SELECTION, "arrival_head": 1.0, "arrival_classes": 12}),
+    "tuned-arrival-1-classes-48": ("+ the same predicting its half hour (arrival_classes 48)",
+                                   {**TUNED_SELECTION, "arrival_head": 1.0, "arrival_classes": 48}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
     # on those inputs, beside the deployment block of the runs above
     "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),

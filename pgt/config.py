@@ -85,6 +85,10 @@ class ModelSettings:
                                    "1, its hour counted from the midnight before the last visit's day, over N days "
                                    "(later starts in the last day's hours), the day read off the protocol's recency.",
                                 low=1, high=4)
+    arrival_classes: int = setting(24, "The classes of a day in arrival_head's task, the day's time slots grouped "
+                                       "evenly: 24, the hour the next visit starts; 12, its two hours; 48, its half "
+                                       "hour (finer than the data's time slots, some classes are never a "
+                                       "target).", low=2, high=96)
     day_gaps: int = setting(1, "Live predictions (recency from the last visit's day, the next visit's day unknown) "
                                "mix the predictions for the next visit on the last visit's day and the N - 1 days "
                                "after, each weighted by how often it followed a last visit ending at that hour in the "
@@ -103,6 +107,9 @@ class ModelSettings:
         if self.arrival_days > 1 and not self.arrival_head:
             raise SettingsError("arrival_days spans the hours of arrival_head's task: set arrival_head too, or "
                                 "arrival_days 1")
+        if self.arrival_classes != 24 and not self.arrival_head:
+            raise SettingsError("arrival_classes are the classes of arrival_head's task: set arrival_head too, or "
+                                "arrival_classes 24")
 
 
 @dataclass

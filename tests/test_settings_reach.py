@@ -38,7 +38,8 @@ SETTINGS = settings_of(TrainConfig)
 NEEDS = {"relation_inputs": {"visit_relations": True}, "static_width": {"resident_data": True},
          "compile_model": {"resident_data": True, "static_width": 16},
          "capture_step": {"resident_data": True, "static_width": 16},
-         "train_on": {"stop_after_epochs": 1}, "arrival_days": {"arrival_head": 1.0}}
+         "train_on": {"stop_after_epochs": 1}, "arrival_days": {"arrival_head": 1.0},
+         "arrival_classes": {"arrival_head": 1.0}}
 # what a sweep sets in each trial, and the SweepConfig field that does (threads follow the CPUs a trial reserves)
 SWEEP_OWN = {"epochs": "epochs", "seed": "seed", "select_on": "select_on", "threads": "cpus_per_trial"}
 

@@ -54,7 +54,7 @@ from pgt.network.pointer import (
 from pgt.network.vocabulary import visit_ids
 
 EPS = 1e-10
-HOURS = 24  # arrival_head's classes: the hour of day the next visit starts
+HOURS = 24  # arrival_head's classes a day by default (arrival_classes): the hour of day the next visit starts
 # Tables of at most this many rows are looked up as a one-hot product while training on these devices (lookup).
 # A CUDA embedding's backward sorts the batch's indices and adds their duplicates one after another: the small
 # tables (7 weekdays, 96 time slots, position and relation biases) get thousands of duplicates a batch, and their
@@ -97,8 +97,8 @@ class Output(NamedTuple):
     # target's from; None otherwise
     distance: torch.Tensor | None = None
     bands: torch.Tensor | None = None
-    # arrival_head, while training: (B, 24 * arrival_days) logits of the hour the next visit starts (an Ensemble's
-    # (K, B, 24 * arrival_days))
+    # arrival_head, while training: (B, arrival_classes * arrival_days) logits of the hour (or other share of the
+    # day) the next visit starts (an Ensemble's (K, B, arrival_classes * arrival_days))
     arrival: torch.Tensor | None = None
 
 
@@ -221,7 +221,8 @@ class PointerGeneratorTransformer(nn.Module):
             self.distance_bias = nn.Parameter(torch.zeros(len(DISTANCE_EDGES_KM) + 2))
         # an auxiliary task: the next move's distance band from the context (training only)
         self.distance_head = nn.Linear(d, len(DISTANCE_EDGES_KM) + 2) if cfg.distance_head else None
-        self.arrival_head = nn.Linear(d, HOURS * cfg.arrival_days) if cfg.arrival_head else None  # and its hour (training only)
+        # and when it starts (training only)
+        self.arrival_head = nn.Linear(d, cfg.arrival_classes * cfg.arrival_days) if cfg.arrival_head else None
         if cfg.place_distance or cfg.distance_head:
             # (V, 2) latitude and longitude of each location id in degrees, NaN where none (set_place_coordinates)
             self.register_buffer("place_coords", torch.full((cfg.num_locations, 2), math.nan))

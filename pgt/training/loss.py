@@ -57,8 +57,9 @@ def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainC
         each = [out.distance] if one else out.distance  # (B, bands) per network
         loss = loss + model_cfg.distance_head * sum(distance_loss(logits, out.bands, batch) for logits in each)
     if out.arrival is not None:
-        each = [out.arrival] if one else out.arrival  # (B, 24 * arrival_days) per network
-        loss = loss + model_cfg.arrival_head * sum(arrival_loss(logits, batch, model_cfg.time_slots) for logits in each)
+        each = [out.arrival] if one else out.arrival  # (B, arrival_classes * arrival_days) per network
+        loss = loss + model_cfg.arrival_head * sum(arrival_loss(logits, batch, model_cfg.time_slots,
+                                                                model_cfg.arrival_classes) for logits in each)
     return loss
 
 
@@ -72,19 +73,19 @@ def distance_loss(distance: torch.Tensor, bands: torch.Tensor, batch: Batch) -> 
     return (losses * kept).sum() / kept.sum().clamp_min(1)
 
 
-def arrival_loss(arrival: torch.Tensor, batch: Batch, time_slots: int) -> torch.Tensor:
-    """() The auxiliary task's cross-entropy: (B, 24 * days) logits against the hour each row's target visit starts
-    (its time slot of `time_slots` a day), averaged over the rows that have one (target_times -1: none). Over one
-    day, the hour of day; over more, the hour from the midnight before the last visit's day, the days after it read
-    off the protocol's recency (daygap.days_after_last_visit; later days count as the last). No host
-    synchronisation."""
+def arrival_loss(arrival: torch.Tensor, batch: Batch, time_slots: int, classes: int = HOURS) -> torch.Tensor:
+    """() The auxiliary task's cross-entropy: (B, classes * days) logits against the class of the day (by default
+    its hour) each row's target visit starts in (its time slot of `time_slots` a day, times classes // time_slots),
+    averaged over the rows that have one (target_times -1: none). Over one day, the class of the day; over more,
+    counted from the midnight before the last visit's day, the days after it read off the protocol's recency
+    (daygap.days_after_last_visit; later days count as the last). No host synchronisation."""
     if batch.target_times is None:
         raise ValueError("arrival_loss needs the batch's target_times (SequenceDataset.gather gives them)")
     known = batch.target_times >= 0  # (B,)
-    hours = (batch.target_times.clamp_min(0) * HOURS) // time_slots  # (B,)
-    days = arrival.shape[1] // HOURS
+    hours = (batch.target_times.clamp_min(0) * classes) // time_slots  # (B,)
+    days = arrival.shape[1] // classes
     if days > 1:
-        hours = hours + HOURS * days_after_last_visit(batch.locations, batch.recency).clamp(0, days - 1)  # (B,)
+        hours = hours + classes * days_after_last_visit(batch.locations, batch.recency).clamp(0, days - 1)  # (B,)
     losses = F.cross_entropy(arrival.float(), hours, reduction="none")  # (B,)
     return (losses * known).sum() / known.sum().clamp_min(1)
 

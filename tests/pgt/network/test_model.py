@@ -492,3 +492,37 @@ def test_arrival_days_counts_the_hour_from_the_midnight_before_the_last_visits_d
     with pytest.raises(SettingsError, match="anchor last_visit"):
         TrainConfig.from_recipe("paper", arrival_head=1.0, arrival_days=2, anchor="last_visit", data_dir="d",
                                 out_dir="o")
+
+
+def test_arrival_classes_group_the_day_s_time_slots_evenly(tiny_batch, tiny_config):
+    """arrival_classes 12: (B, 12) logits, slots 95, 40 and 0 of 96 are the classes 11, 5 and 0 (two hours each); with
+    arrival_days 2 (recency 1, 2 and 5: the same day, the next, three days later as the last), slot 40 is 5, 17 and 17;
+    the training loss reads the setting. Refused without the head, and outside its bounds."""
+    import torch.nn.functional as F
+
+    from infra.errors import SettingsError
+    from pgt.config import TrainConfig
+    from pgt.training.loss import arrival_loss, criterion, training_loss
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, arrival_head=1.0, arrival_classes=12, time_slots=96)
+    batch = tiny_batch._replace(target_times=torch.tensor([95, 40, 0]))
+    out = build_model(cfg).train()(*batch.inputs())
+    assert out.arrival.shape == (3, 12)
+    expected = F.cross_entropy(out.arrival, torch.tensor([11, 5, 0]))
+    assert torch.allclose(arrival_loss(out.arrival, batch, 96, 12), expected)
+    train_cfg = TrainConfig(data_dir="d", out_dir="o")
+    assert torch.allclose(training_loss(out, batch, cfg, train_cfg), criterion(out.log_probs, batch, cfg, train_cfg)
+                          + expected)
+
+    two_days = dataclasses.replace(cfg, arrival_days=2)
+    valid = (tiny_batch.locations != 0).long()
+    later = tiny_batch._replace(recency=valid * torch.tensor([[1], [2], [5]]), target_times=torch.tensor([40, 40, 40]))
+    out = build_model(two_days).train()(*later.inputs())
+    assert out.arrival.shape == (3, 24)
+    assert torch.allclose(arrival_loss(out.arrival, later, 96, 12), F.cross_entropy(out.arrival,
+                                                                                   torch.tensor([5, 17, 17])))
+    with pytest.raises(SettingsError, match="set arrival_head too"):
+        dataclasses.replace(tiny_config, arrival_classes=12)
+    with pytest.raises(SettingsError, match="arrival_classes must be in"):
+        TrainConfig.from_recipe("paper", arrival_head=1.0, arrival_classes=1, data_dir="d", out_dir="o")
