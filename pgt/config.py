@@ -37,6 +37,9 @@ MEMORY_AGE_EDGES_DAYS = (0, 8, 11, 15, 22, 31, 61, 121, 366)
 MEMORY_VISIT_EDGES = (1, 2, 3, 4, 6, 10, 20, 50)
 
 
+HOURS = 24  # arrival_head's classes a day by default (arrival_classes): the hour of day the next visit starts
+
+
 @dataclass
 class ModelSettings:
     """The network's shape and switches: what a recipe or a sweep chooses. TrainConfig holds them (`network`);
@@ -85,10 +88,10 @@ class ModelSettings:
                                    "1, its hour counted from the midnight before the last visit's day, over N days "
                                    "(later starts in the last day's hours), the day read off the protocol's recency.",
                                 low=1, high=4)
-    arrival_classes: int = setting(24, "The classes of a day in arrival_head's task, the day's time slots grouped "
-                                       "evenly: 24, the hour the next visit starts; 12, its two hours; 48, its half "
-                                       "hour (finer than the data's time slots, some classes are never a "
-                                       "target).", low=2, high=96)
+    arrival_classes: int = setting(HOURS, "The classes of a day in arrival_head's task, the day's time slots "
+                                          "grouped evenly: 24, the hour the next visit starts; 12, its two hours; "
+                                          "48, its half hour (finer than the data's time slots, some classes are "
+                                          "never a target).", low=2, high=96)
     day_gaps: int = setting(1, "Live predictions (recency from the last visit's day, the next visit's day unknown) "
                                "mix the predictions for the next visit on the last visit's day and the N - 1 days "
                                "after, each weighted by how often it followed a last visit ending at that hour in the "
@@ -107,9 +110,9 @@ class ModelSettings:
         if self.arrival_days > 1 and not self.arrival_head:
             raise SettingsError("arrival_days spans the hours of arrival_head's task: set arrival_head too, or "
                                 "arrival_days 1")
-        if self.arrival_classes != 24 and not self.arrival_head:
+        if self.arrival_classes != HOURS and not self.arrival_head:
             raise SettingsError("arrival_classes are the classes of arrival_head's task: set arrival_head too, or "
-                                "arrival_classes 24")
+                                f"arrival_classes {HOURS}")
 
 
 @dataclass

@@ -54,7 +54,6 @@ from pgt.network.pointer import (
 from pgt.network.vocabulary import visit_ids
 
 EPS = 1e-10
-HOURS = 24  # arrival_head's classes a day by default (arrival_classes): the hour of day the next visit starts
 # Tables of at most this many rows are looked up as a one-hot product while training on these devices (lookup).
 # A CUDA embedding's backward sorts the batch's indices and adds their duplicates one after another: the small
 # tables (7 weekdays, 96 time slots, position and relation biases) get thousands of duplicates a batch, and their

@@ -8,10 +8,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pgt.config import ModelConfig, TrainConfig
+from pgt.config import HOURS, ModelConfig, TrainConfig
 from pgt.data.dataset import Batch
 from pgt.network.daygap import days_after_last_visit
-from pgt.network.model import HOURS, Output
+from pgt.network.model import Output
 from preprocessing.sequences import UNSEEN
 
 
@@ -82,11 +82,11 @@ def arrival_loss(arrival: torch.Tensor, batch: Batch, time_slots: int, classes: 
     if batch.target_times is None:
         raise ValueError("arrival_loss needs the batch's target_times (SequenceDataset.gather gives them)")
     known = batch.target_times >= 0  # (B,)
-    hours = (batch.target_times.clamp_min(0) * classes) // time_slots  # (B,)
+    target = (batch.target_times.clamp_min(0) * classes) // time_slots  # (B,) the class of the day
     days = arrival.shape[1] // classes
     if days > 1:
-        hours = hours + classes * days_after_last_visit(batch.locations, batch.recency).clamp(0, days - 1)  # (B,)
-    losses = F.cross_entropy(arrival.float(), hours, reduction="none")  # (B,)
+        target = target + classes * days_after_last_visit(batch.locations, batch.recency).clamp(0, days - 1)  # (B,)
+    losses = F.cross_entropy(arrival.float(), target, reduction="none")  # (B,)
     return (losses * known).sum() / known.sum().clamp_min(1)
 
 

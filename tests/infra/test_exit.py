@@ -35,9 +35,10 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def run(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", PROGRAM.format(code=code)], cwd=PROJECT_ROOT, capture_output=True,
-                          text=True, timeout=30)
+def run(code: str, end: str = "exit_process") -> subprocess.CompletedProcess:
+    program = PROGRAM.format(code=code).replace("exit_process(", f"{end}(")
+    return subprocess.run([sys.executable, "-c", program], cwd=PROJECT_ROOT, capture_output=True, text=True,
+                          timeout=30)
 
 
 def test_the_threads_and_atexit_callbacks_run_stdout_is_flushed_and_the_teardown_is_skipped():
@@ -47,10 +48,7 @@ def test_the_threads_and_atexit_callbacks_run_stdout_is_flushed_and_the_teardown
     assert lines[:2] == ["pool", "x" * 2_000_000]
     assert lines[2:] == ["thread finished", "atexit registered last, run first", "atexit registered first, run last"]
     # the same program ending by sys.exit pays the teardown, which finalizes the module's objects
-    torn_down = subprocess.run([sys.executable, "-c", PROGRAM.format(code="0").replace("exit_process(0)",
-                                                                                          "sys.exit(0)")],
-                               cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=60)
-    assert torn_down.stdout.splitlines()[-1] == "teardown"
+    assert run("0", end="sys.exit").stdout.splitlines()[-1] == "teardown"
 
 
 @pytest.mark.parametrize(("code", "status", "stderr"), [

@@ -429,8 +429,7 @@ def test_the_arrival_head_predicts_the_next_visits_hour_while_training_and_predi
     is refused."""
     import torch.nn.functional as F
 
-    from pgt.config import TrainConfig
-    from pgt.network.model import HOURS
+    from pgt.config import HOURS, TrainConfig
     from pgt.training.loss import arrival_loss, criterion, training_loss
 
     torch.manual_seed(0)
@@ -473,8 +472,7 @@ def test_arrival_days_counts_the_hour_from_the_midnight_before_the_last_visits_d
     import torch.nn.functional as F
 
     from infra.errors import SettingsError
-    from pgt.config import TrainConfig
-    from pgt.network.model import HOURS
+    from pgt.config import HOURS, TrainConfig
     from pgt.training.loss import arrival_loss
 
     torch.manual_seed(0)
