@@ -17,7 +17,7 @@ STATE ?= .state
 PYTEST_ARGS ?=
 # pytest-xdist processes of `make test`; each test file runs whole in one of them (0: in this process). One more than
 # the 2 cores CI has: a test process spends much of its time waiting on the commands, servers and Ray nodes it
-# starts, and a third fills those waits (the whole suite on 2 cores: 1,653 s with 2, 1,269 s with 3, 1,348 s with 4)
+# starts, and a third fills those waits, where a fourth adds more contention than it fills (README, Tests)
 TEST_WORKERS ?= 3
 # a test process that dies (a native crash, an os._exit) fails its test by name and ends the run: xdist's
 # replacement of a crashed process under --dist loadfile can wait forever, or start the same test again and again
