@@ -19,6 +19,9 @@ from infra.errors import ServiceError, SettingsError
 from infra.process import HANDLED, interruptible
 from infra.storage import is_uri
 
+# Ray Train's switch of its preemption watcher (ray.train.v2._internal.constants), which it passes from the driver
+# to its controller
+PREEMPTION_WATCHER = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 TRAIN_POLL_INTERVAL_S = 0.2  # how often Ray Train's controller polls its workers (Ray's default: 2 s)
 
 
@@ -27,8 +30,10 @@ def prepare_ray_env(address: str | None = None) -> None:
 
     Token auth is off (RAY_AUTH_MODE=disabled) unless the environment says otherwise. A local Ray (no
     address, no $RAY_ADDRESS) runs in Ray's single-node mode, which binds every port to 127.0.0.1 (Ray
-    otherwise resolves even 127.0.0.1 to the machine's address), and without its Prometheus metrics
-    export, which costs ~10% of a 2-core machine and which nothing here reads.
+    otherwise resolves even 127.0.0.1 to the machine's address), without its Prometheus metrics
+    export, which costs ~10% of a 2-core machine and which nothing here reads, and without Ray Train's
+    preemption watcher: an actor of its own per run (a process to start, a few CPU-seconds on 2 cores) that
+    watches for nodes a cloud or an autoscaler drains, where the only node is this machine.
 
     Ray Train's controller takes the workers' reports when it polls them, every 2 s by default, and a
     worker's report waits for that poll: on small data each epoch then waited about 1.4 s. It polls every
@@ -39,6 +44,7 @@ def prepare_ray_env(address: str | None = None) -> None:
     if not (address or os.environ.get("RAY_ADDRESS")):
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
         os.environ.setdefault("RAY_enable_metrics_collection", "0")
+        os.environ.setdefault(PREEMPTION_WATCHER, "0")
 
 
 SERVICE_TIMEOUT_S = 3.0  # how long an address may take to answer before a command gives up on it

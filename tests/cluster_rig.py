@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.ray_session import PREEMPTION_WATCHER
 from tests.conftest import PROJECT_ROOT, free_port
 
 HEAD, WORKER, TRACKING_HOST = "127.0.0.2", "127.0.0.3", "127.0.0.4"
@@ -62,6 +63,11 @@ def actors_by_node(dashboard: str, class_name: str) -> dict[str, int]:
     return counts
 
 
+# how many times the worker node is started before a test gives up on it: Ray gives a node's raylet 30 s to register
+# with the GCS, which a restart beside two other test processes' load has taken more than once
+WORKER_STARTS = 3
+
+
 class Cluster:
     """Two isolated Ray nodes, started and stopped by the test; `submit` runs a command as a Ray Job."""
 
@@ -97,31 +103,56 @@ class Cluster:
             self.wait_for_jobs()
 
     def start_worker(self) -> None:
-        """The worker node, joined to the head; started again once if it ends before it registers, as an operator
-        would restart it: Ray gives a node's raylet 30 s to register, and a worker restarted beside the other test
-        process's load once took longer ("The current node timed out during startup"), which left the cluster
-        without CPUs for every test after it. Waits for this start's own "Ray runtime started": right after a node
-        is killed the GCS still counts it alive, so the number of alive nodes says nothing yet."""
-        for attempt in (1, 2):
+        """The worker node, joined to the head; started again (up to WORKER_STARTS times in all) if it ends before it
+        registers, as an operator would restart it: Ray gives a node's raylet 30 s to register, and a worker
+        restarted beside the other test processes' load has taken longer ("The current node timed out during
+        startup"), which left the cluster without CPUs for every test after it. Waits for this start's own "Ray
+        runtime started": right after a node is killed the GCS still counts it alive, so the number of alive nodes
+        says nothing yet."""
+        for attempt in range(1, WORKER_STARTS + 1):
             began = len(self.log("worker")) if "worker" in self.nodes else 0
             self.start_node("worker", ["--address", f"{HEAD}:{self.port}", "--node-ip-address", WORKER,
                                        "--num-cpus", "2"])
             if self.wait_started("worker", began):
                 break
-            assert attempt == 1, f"the worker node ended twice before it registered: {self.log('worker')[-3000:]}"
+            assert attempt < WORKER_STARTS, (f"the worker node ended {WORKER_STARTS} times before it registered: "
+                                             f"{self.log('worker')[-3000:]}")
             print(f"the worker node ended before it registered; starting it again:\n{self.log('worker')[began:][-2000:]}")
         self.wait_for_nodes(2)
         self.wait_for_jobs()
 
     def wait_started(self, name: str, began: int, timeout_s: float = 120) -> bool:
-        """True once node `name` says it started (its log past offset `began`), False if it ends first."""
+        """True once node `name` says it started (its log past offset `began`), False if it ends first or says it
+        timed out (its `ray start` may linger after saying so)."""
         deadline = time.monotonic() + timeout_s
-        while "Ray runtime started" not in self.log(name)[began:]:
-            if self.nodes[name].poll() is not None:
+        while "Ray runtime started" not in (since := self.log(name)[began:]):
+            if self.nodes[name].poll() is not None or "timed out during startup" in since:
+                if self.nodes[name].poll() is None:
+                    os.killpg(self.nodes[name].pid, signal.SIGKILL)
+                    self.nodes[name].wait(timeout=30)
                 return False
             assert time.monotonic() < deadline, f"the {name} node did not start within {timeout_s} s"
             time.sleep(0.5)
         return True
+
+    def tidy(self) -> None:
+        """What a test leaves for the next one: every job it left running stopped (a failed test's job would hold
+        the worker's CPUs for the rest of the module), and the worker node started again if it is gone."""
+        from ray.job_submission import JobSubmissionClient
+
+        client = JobSubmissionClient(self.dashboard)
+        running = [job.submission_id for job in client.list_jobs() if not job.status.is_terminal()]
+        for job in running:
+            client.stop_job(job)
+        deadline = time.monotonic() + 60
+        while running and time.monotonic() < deadline:
+            running = [job for job in running if not client.get_job_status(job).is_terminal()]
+            time.sleep(0.5)
+        if self.nodes["worker"].poll() is not None or WORKER not in {n.node_ip for n in self.alive_nodes()}:
+            if self.nodes["worker"].poll() is None:
+                os.killpg(self.nodes["worker"].pid, signal.SIGKILL)
+                self.nodes["worker"].wait(timeout=30)
+            self.start_worker()
 
     def wait_for_jobs(self, timeout_s: float = 120) -> None:
         """Until the head's job agent runs a job (it starts after the node registers: a submission meanwhile is
@@ -340,8 +371,8 @@ def cluster_env(logs: Path) -> dict:
     store: the nodes are other machines."""
     env = {**os.environ, **KEYS, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PGT_TEST_LOGS": str(logs),
            "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}  # loopback addresses only
-    for name in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_enable_metrics_collection", "PGT_STATE_DIR",
-                 "MLFLOW_TRACKING_URI", "VIRTUAL_ENV_PROMPT"):
+    for name in ("RAY_ADDRESS", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_enable_metrics_collection", PREEMPTION_WATCHER,
+                 "PGT_STATE_DIR", "MLFLOW_TRACKING_URI", "VIRTUAL_ENV_PROMPT"):
         env.pop(name, None)
     return env
 

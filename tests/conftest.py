@@ -373,8 +373,11 @@ def on_shared_ray(shared_ray: str, monkeypatch) -> str:
     they run; those about starting or joining one start their own. A process joins a single-node head only with
     the same switch set before it imports ray (Ray reads it once, at import): so never this process, which may
     have imported ray already."""
+    from infra.ray_session import PREEMPTION_WATCHER
+
     monkeypatch.setenv("RAY_ADDRESS", shared_ray)
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv(PREEMPTION_WATCHER, "0")  # a local Ray's setting (prepare_ray_env): its one node is this machine
     return shared_ray
 
 

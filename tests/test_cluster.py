@@ -62,6 +62,15 @@ def cluster(tmp_path_factory, s3_server):
         rig.stop()
 
 
+@pytest.fixture(autouse=True)
+def tidy_cluster(request):
+    """After each test on the cluster, its left-over jobs stopped and a lost worker node started again
+    (Cluster.tidy): a failed test fails alone, not every test after it."""
+    yield
+    if "cluster" in request.fixturenames:
+        request.getfixturevalue("cluster").tidy()
+
+
 @pytest.fixture(scope="module")
 def tracking_server(tmp_path_factory):
     """scripts/start-mlflow.sh bound to 127.0.0.4, artifacts proxied; stopped by scripts/stop-mlflow.sh."""

@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from infra.ray_session import TRAIN_POLL_INTERVAL_S, prepare_ray_env
+from infra.ray_session import PREEMPTION_WATCHER, TRAIN_POLL_INTERVAL_S, prepare_ray_env
 
 RAY_SWITCHES = ("RAY_AUTH_MODE", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_enable_metrics_collection",
-                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_ADDRESS")
+                "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_ADDRESS", PREEMPTION_WATCHER)
 
 
 @pytest.fixture
@@ -36,6 +36,26 @@ def test_ray_train_s_controller_polls_its_workers_often_on_a_local_ray_and_a_clu
     assert get_env_vars_to_propagate()["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] == "1.5"
     assert os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "0"  # a local Ray: loopback only
     assert os.environ["RAY_AUTH_MODE"] == "disabled" and os.environ["RAY_enable_metrics_collection"] == "0"
+
+
+def test_ray_train_watches_for_drained_nodes_on_a_cluster_only(bare_env):
+    """Ray Train's preemption watcher, an actor of its own per run, watches for nodes a cloud or an autoscaler
+    drains: on a cluster it is Ray's default (on), on a local Ray, whose one node is this machine, the driver's
+    environment turns it off, which Ray Train hands on to its controller; a value the user set is kept."""
+    from ray.train.v2._internal.constants import (
+        DEFAULT_ENABLE_PREEMPTION_WATCHER,
+        ENABLE_PREEMPTION_WATCHER_ENV_VAR,
+        get_env_vars_to_propagate,
+    )
+
+    assert ENABLE_PREEMPTION_WATCHER_ENV_VAR == PREEMPTION_WATCHER and DEFAULT_ENABLE_PREEMPTION_WATCHER
+    prepare_ray_env("127.0.0.1:6379")
+    assert PREEMPTION_WATCHER not in get_env_vars_to_propagate()
+    prepare_ray_env()
+    assert get_env_vars_to_propagate()[PREEMPTION_WATCHER] == "0"
+    bare_env.setenv(PREEMPTION_WATCHER, "1")
+    prepare_ray_env()
+    assert get_env_vars_to_propagate()[PREEMPTION_WATCHER] == "1"
 
 
 @pytest.mark.slow
