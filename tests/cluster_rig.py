@@ -63,9 +63,10 @@ def actors_by_node(dashboard: str, class_name: str) -> dict[str, int]:
     return counts
 
 
-# how many times the worker node is started before a test gives up on it: Ray gives a node's raylet 30 s to register
-# with the GCS, which a restart beside two other test processes' load has taken more than once
-WORKER_STARTS = 3
+# how many times the worker node is started before a test gives up on it, and the pause between two starts: Ray
+# gives a node's raylet 30 s to register with the GCS, which a restart beside two other test processes' load has
+# missed twice in a row (alone it takes about 3 s)
+WORKER_STARTS, WORKER_START_PAUSE_S = 4, 10
 
 
 class Cluster:
@@ -118,6 +119,7 @@ class Cluster:
             assert attempt < WORKER_STARTS, (f"the worker node ended {WORKER_STARTS} times before it registered: "
                                              f"{self.log('worker')[-3000:]}")
             print(f"the worker node ended before it registered; starting it again:\n{self.log('worker')[began:][-2000:]}")
+            time.sleep(WORKER_START_PAUSE_S)
         self.wait_for_nodes(2)
         self.wait_for_jobs()
 
