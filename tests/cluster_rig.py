@@ -129,9 +129,7 @@ class Cluster:
         deadline = time.monotonic() + timeout_s
         while "Ray runtime started" not in (since := self.log(name)[began:]):
             if self.nodes[name].poll() is not None or "timed out during startup" in since:
-                if self.nodes[name].poll() is None:
-                    os.killpg(self.nodes[name].pid, signal.SIGKILL)
-                    self.nodes[name].wait(timeout=30)
+                self.kill_node(name)
                 return False
             assert time.monotonic() < deadline, f"the {name} node did not start within {timeout_s} s"
             time.sleep(0.5)
@@ -151,10 +149,15 @@ class Cluster:
             running = [job for job in running if not client.get_job_status(job).is_terminal()]
             time.sleep(0.5)
         if self.nodes["worker"].poll() is not None or WORKER not in {n.node_ip for n in self.alive_nodes()}:
-            if self.nodes["worker"].poll() is None:
-                os.killpg(self.nodes["worker"].pid, signal.SIGKILL)
-                self.nodes["worker"].wait(timeout=30)
+            self.kill_node("worker")
             self.start_worker()
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL to every process of node `name` (its raylet, workers and agents), as a lost machine; nothing if
+        it has ended."""
+        if self.nodes[name].poll() is None:
+            os.killpg(self.nodes[name].pid, signal.SIGKILL)
+            self.nodes[name].wait(timeout=30)
 
     def wait_for_jobs(self, timeout_s: float = 120) -> None:
         """Until the head's job agent runs a job (it starts after the node registers: a submission meanwhile is

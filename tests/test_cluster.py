@@ -234,8 +234,7 @@ def test_pgt_tune_as_a_ray_job_keeps_the_sweep_in_the_bucket_through_a_stopped_j
             assert second.poll() is None, second.stdout.read()[-4000:]
             assert time.monotonic() < deadline, f"the second trial registered no checkpoint within 400 s: {events()}"
             time.sleep(0.5)
-        os.killpg(cluster.nodes["worker"].pid, signal.SIGKILL)  # the node's raylet, workers and trial with it
-        cluster.nodes["worker"].wait(timeout=30)
+        cluster.kill_node("worker")  # the node's raylet, workers and trial with it
         cluster.start_worker()
         output, _ = second.communicate(timeout=600)
     finally:
