@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from infra.ray_session import PREEMPTION_WATCHER
-from tests.conftest import PROJECT_ROOT, free_port
+from tests.conftest import PROJECT_ROOT, TEST_RAY_ENV, free_port
 
 HEAD, WORKER, TRACKING_HOST = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 BIN = Path(sys.executable).parent
@@ -278,7 +278,8 @@ class SshNodes:
             "PermitRootLogin prohibit-password\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
             "UsePAM no\nPidFile none\n")
         path = f'"{BIN}:$PATH"' if project_installed else '"$PATH"'  # not installed: neither pgt nor ray is found
-        (folder / "bashrc").write_text(f"export PATH={path} RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0\n")
+        ray_env = " ".join(f"{name}={value}" for name, value in TEST_RAY_ENV.items())
+        (folder / "bashrc").write_text(f"export PATH={path} RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 {ray_env}\n")
 
     def start(self, timeout_s: float = 20) -> None:
         """Each node's sshd, answering on its address's port 22; an error first where something else answers there

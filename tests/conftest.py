@@ -22,6 +22,15 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0))
                                                      // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
+# Every Ray a test starts (in this process, in the commands it runs, on the nodes of its clusters) runs its workers at
+# the servers' and drivers' priority and starts them when a task needs one. Ray's defaults (workers at nice 15, as many
+# started ahead as the node has CPUs) suit a machine that runs one job: on two cores shared by three test processes,
+# their servers and commands, a training's workers got CPU only when nothing else wanted it (a test of 35 s alone took
+# 700), and most workers started ahead ended unused.
+TEST_RAY_ENV = {"RAY_worker_niceness": "0", "RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
+for _name, _value in TEST_RAY_ENV.items():
+    os.environ.setdefault(_name, _value)
+
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 GEOLIFE_PARQUET = SHARED_DATA / "geolife" / "geolife_positionfixes.parquet"
