@@ -237,12 +237,29 @@ def training_sequences(request, tmp_path_factory) -> Path:
     return root / "sequences"
 
 
-def free_port() -> int:
+# the ports a Ray node takes unless told otherwise (GCS, dashboard, Ray Client, dashboard agent): a port given to one of
+# its components must not be one of these, or `ray start` refuses the clash ("is trying to use a port number 52365
+# that is used by other components")
+RAY_DEFAULT_PORTS = frozenset({6379, 8265, 10001, 52365})
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` different ports free on 127.0.0.1 now, none of Ray's defaults: held open together while chosen, so
+    that two never come out the same."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    with contextlib.ExitStack() as held:
+        ports: list[int] = []
+        while len(ports) < count:
+            s = held.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))
+            if s.getsockname()[1] not in RAY_DEFAULT_PORTS:
+                ports.append(s.getsockname()[1])
+        return ports
+
+
+def free_port() -> int:
+    return free_ports(1)[0]
 
 
 def descendant_processes(pid: int) -> dict[int, str]:
@@ -308,15 +325,16 @@ def ray_cluster(*node_resources: str, timeout_s: float = 120, num_cpus: int = 1,
     else:
         env.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
         ip = MULTI_NODE_IP
-    port = free_port()
+    port, client_port, dashboard_port, agent_port = free_ports(4)
     ray = str(Path(sys.executable).with_name("ray"))
     common = ["--block", "--num-cpus", str(num_cpus), "--disable-usage-stats", "--node-ip-address", ip]
-    shown = (["--dashboard-host", "127.0.0.1", "--dashboard-port", str(free_port()), "--dashboard-agent-listen-port",
-              str(free_port())] if dashboard else ["--include-dashboard", "false"])
+    shown = (["--dashboard-host", "127.0.0.1", "--dashboard-port", str(dashboard_port)] if dashboard
+             else ["--include-dashboard", "false"])
     nodes: list[subprocess.Popen] = []
     try:
         for i, resources in enumerate(node_resources):
-            head = ["--head", "--port", str(port), "--ray-client-server-port", str(free_port()), *shown]
+            head = ["--head", "--port", str(port), "--ray-client-server-port", str(client_port),
+                    "--dashboard-agent-listen-port", str(agent_port), *shown]
             role = head if i == 0 else ["--address", f"{ip}:{port}"]
             log = tmp / f"node{i}.log"
             with log.open("w") as fh:
