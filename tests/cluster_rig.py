@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from infra.ray_session import PREEMPTION_WATCHER
-from tests.conftest import PROJECT_ROOT, TEST_RAY_ENV, free_port
+from tests.conftest import PROJECT_ROOT, TEST_RAY_ENV, free_port, free_ports
 
 HEAD, WORKER, TRACKING_HOST = "127.0.0.2", "127.0.0.3", "127.0.0.4"
 BIN = Path(sys.executable).parent
@@ -74,7 +74,7 @@ class Cluster:
 
     def __init__(self, env: dict, shared: Path):
         self.env, self.shared = env, shared
-        self.port, self.dashboard_port = free_port(), free_port()
+        self.port, self.dashboard_port, self.client_port = free_ports(3)
         self.dashboard = f"http://{HEAD}:{self.dashboard_port}"
         self.nodes: dict[str, subprocess.Popen] = {}
 
@@ -86,8 +86,9 @@ class Cluster:
     def start_node(self, name: str, ray_args: list[str]) -> None:
         # every port a node listens on is a free one: another Ray of this machine (another test process's) holds
         # the defaults, and a dashboard agent without its port leaves the head with no agent to run jobs
-        ports = ["--dashboard-agent-listen-port", str(free_port()), "--dashboard-agent-grpc-port", str(free_port()),
-                 "--metrics-export-port", str(free_port()), "--runtime-env-agent-port", str(free_port())]
+        agent, agent_grpc, metrics, runtime_env = free_ports(4, taken=(self.port, self.dashboard_port, self.client_port))
+        ports = ["--dashboard-agent-listen-port", str(agent), "--dashboard-agent-grpc-port", str(agent_grpc),
+                 "--metrics-export-port", str(metrics), "--runtime-env-agent-port", str(runtime_env)]
         self._start(name, [*ray_args, *ports])
 
     def start(self, head_cpus: int = 0, worker: bool = True) -> None:
@@ -96,7 +97,7 @@ class Cluster:
         self.start_node("head", ["--head", "--node-ip-address", HEAD, "--port", str(self.port), "--num-cpus", str(head_cpus),
                                  "--include-dashboard", "true", "--dashboard-host", HEAD,
                                  "--dashboard-port", str(self.dashboard_port),
-                                 "--ray-client-server-port", str(free_port())])
+                                 "--ray-client-server-port", str(self.client_port)])
         self.wait_for_nodes(1)
         if worker:
             self.start_worker()
@@ -340,11 +341,12 @@ def ray_up_config(template: dict, nodes: SshNodes, name: str) -> tuple[dict, str
 
     config = json.loads(json.dumps(template))
     head, *workers = nodes.addresses
-    gcs, dashboard = free_port(), free_port()
+    gcs, dashboard, client = free_ports(3)
 
     def ports() -> str:
-        return (f" --dashboard-agent-listen-port={free_port()} --dashboard-agent-grpc-port={free_port()}"
-                f" --metrics-export-port={free_port()} --runtime-env-agent-port={free_port()}")
+        agent, agent_grpc, metrics, runtime_env = free_ports(4, taken=(gcs, dashboard, client))
+        return (f" --dashboard-agent-listen-port={agent} --dashboard-agent-grpc-port={agent_grpc}"
+                f" --metrics-export-port={metrics} --runtime-env-agent-port={runtime_env}")
 
     config["cluster_name"] = name
     config["provider"].update(head_ip=head, worker_ips=workers)
@@ -354,7 +356,7 @@ def ray_up_config(template: dict, nodes: SshNodes, name: str) -> tuple[dict, str
                      ("--dashboard-port=8265", f"--dashboard-port={dashboard}")):
         start_head = replaced(start_head, old, new)
     config["head_start_ray_commands"][-1] = (f"{start_head} --node-ip-address={head} "
-                                             f"--ray-client-server-port={free_port()}{ports()}")
+                                             f"--ray-client-server-port={client}{ports()}")
     # a worker names the address the head reached it on (Ray would pick 127.0.0.1, loopback's own, for every node)
     config["worker_start_ray_commands"][-1] = (
         replaced(config["worker_start_ray_commands"][-1], "$RAY_HEAD_IP:6379", f"$RAY_HEAD_IP:{gcs}")

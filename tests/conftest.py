@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import pytest
@@ -25,8 +25,8 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
 # Every Ray a test starts (in this process, in the commands it runs, on the nodes of its clusters) runs its workers at
 # the servers' and drivers' priority and starts them when a task needs one. Ray's defaults (workers at nice 15, as many
 # started ahead as the node has CPUs) suit a machine that runs one job: on two cores shared by three test processes,
-# their servers and commands, a training's workers got CPU only when nothing else wanted it (a test of 35 s alone took
-# 700), and most workers started ahead ended unused.
+# their servers and commands, a training's workers would get CPU only when nothing else wanted it, and most workers
+# started ahead would end unused (docs/benchmarks.md, The test suite on 2 cores).
 TEST_RAY_ENV = {"RAY_worker_niceness": "0", "RAY_prestart_worker_first_driver": "0", "RAY_enable_worker_prestart": "0"}
 for _name, _value in TEST_RAY_ENV.items():
     os.environ.setdefault(_name, _value)
@@ -243,9 +243,9 @@ def training_sequences(request, tmp_path_factory) -> Path:
 RAY_DEFAULT_PORTS = frozenset({6379, 8265, 10001, 52365})
 
 
-def free_ports(count: int) -> list[int]:
-    """`count` different ports free on 127.0.0.1 now, none of Ray's defaults: held open together while chosen, so
-    that two never come out the same."""
+def free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
+    """`count` different ports free on 127.0.0.1 now, none of Ray's defaults nor of `taken` (a node's ports drawn
+    before): held open together while chosen, so that two never come out the same."""
     import socket
 
     with contextlib.ExitStack() as held:
@@ -253,8 +253,9 @@ def free_ports(count: int) -> list[int]:
         while len(ports) < count:
             s = held.enter_context(socket.socket())
             s.bind(("127.0.0.1", 0))
-            if s.getsockname()[1] not in RAY_DEFAULT_PORTS:
-                ports.append(s.getsockname()[1])
+            port = s.getsockname()[1]
+            if port not in RAY_DEFAULT_PORTS and port not in taken:
+                ports.append(port)
         return ports
 
 
