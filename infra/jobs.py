@@ -92,9 +92,15 @@ def submit(client, cluster: str, entrypoint: str, env: dict[str, str], wait_s: f
             return client.submit_job(entrypoint=entrypoint, runtime_env={"env_vars": env} if env else None)
         except RuntimeError as exc:
             problem = " ".join(str(exc).split())
-            if "No available agent" in problem and time.monotonic() < deadline:
-                time.sleep(1)
-                continue
+            if "No available agent" in problem:
+                if time.monotonic() < deadline:
+                    time.sleep(1)
+                    continue
+                # Ray's agent stays up without its HTTP server when the port is taken, so the head never takes a job
+                raise ServiceError(
+                    f"Ray cluster at {cluster} took no job within {wait_s:g} s: the head's dashboard agent is not "
+                    "serving jobs; its dashboard_agent.log (in the head's Ray session logs) says why, most often its "
+                    "--dashboard-agent-listen-port already taken on the head's address or on 127.0.0.1") from None
             raise ServiceError(f"Ray cluster at {cluster} did not take the job: {shorten(problem)}") from None
 
 

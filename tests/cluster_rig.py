@@ -40,6 +40,15 @@ def node_command(ray_args: list[str], shared: Path) -> list[str]:
     return ["unshare", "--mount", "--propagation", "private", "bash", "-c", script, "node", *ray_args]
 
 
+def node_ray_log(pid: int, name: str, temp_dir: str = "/tmp") -> str:
+    """Log `name` of the Ray session of the node whose namespace holds process `pid` (Ray's sessions under
+    `temp_dir`, its RAY_TMPDIR): its /tmp is private, so read through the namespace's root (/proc/PID/root), where
+    session_latest's absolute link is followed by hand."""
+    root = Path(f"/proc/{pid}/root")
+    session = os.readlink(root / Path(temp_dir).relative_to("/") / "ray" / "session_latest")
+    return (root / Path(session).relative_to("/") / "logs" / name).read_text(errors="replace")
+
+
 def alive_nodes(dashboard: str) -> list:
     """The cluster's live nodes, from Ray's State API at `dashboard` (none while it does not answer)."""
     from ray.util.state import list_nodes
@@ -83,10 +92,11 @@ class Cluster:
         self.nodes[name] = subprocess.Popen(node_command(ray_args, self.shared), env=self.env, stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)
 
-    def start_node(self, name: str, ray_args: list[str]) -> None:
+    def start_node(self, name: str, ray_args: list[str], agent_port: int | None = None) -> None:
         # every port a node listens on is a free one: another Ray of this machine (another test process's) holds
         # the defaults, and a dashboard agent without its port leaves the head with no agent to run jobs
         agent, agent_grpc, metrics, runtime_env = free_ports(4, taken=(self.port, self.dashboard_port, self.client_port))
+        agent = agent_port or agent
         ports = ["--dashboard-agent-listen-port", str(agent), "--dashboard-agent-grpc-port", str(agent_grpc),
                  "--metrics-export-port", str(metrics), "--runtime-env-agent-port", str(runtime_env)]
         self._start(name, [*ray_args, *ports])
@@ -94,15 +104,22 @@ class Cluster:
     def start(self, head_cpus: int = 0, worker: bool = True) -> None:
         """The head (no CPUs for work by default, as KubeRay advises) and the worker; `worker` False: the head
         alone, with `head_cpus` (one node)."""
-        self.start_node("head", ["--head", "--node-ip-address", HEAD, "--port", str(self.port), "--num-cpus", str(head_cpus),
-                                 "--include-dashboard", "true", "--dashboard-host", HEAD,
-                                 "--dashboard-port", str(self.dashboard_port),
-                                 "--ray-client-server-port", str(self.client_port)])
+        self.start_head(head_cpus)
         self.wait_for_nodes(1)
         if worker:
             self.start_worker()
         else:
             self.wait_for_jobs()
+
+    def start_head(self, cpus: int, agent_port: int | None = None) -> None:
+        """The head node, serving the Jobs API on its dashboard; its dashboard agent on `agent_port` where given."""
+        self.start_node("head", ["--head", "--node-ip-address", HEAD, "--port", str(self.port), "--num-cpus", str(cpus),
+                                 "--include-dashboard", "true", "--dashboard-host", HEAD,
+                                 "--dashboard-port", str(self.dashboard_port),
+                                 "--ray-client-server-port", str(self.client_port)], agent_port)
+
+    def ray_log(self, name: str, log: str) -> str:
+        return node_ray_log(self.nodes[name].pid, log, self.env.get("RAY_TMPDIR", "/tmp"))
 
     def start_worker(self) -> None:
         """The worker node, joined to the head; started again (up to WORKER_STARTS times in all) if it ends before it
@@ -300,6 +317,14 @@ class SshNodes:
                 assert proc.poll() is None, (self.logs / f"sshd-{address}.log").read_text()[-2000:]
                 assert time.monotonic() < deadline, f"no sshd on {address}:22 within {timeout_s} s"
                 time.sleep(0.2)
+
+    def ray_log(self, address: str, name: str, tail_chars: int = 3000) -> str:
+        """The end of log `name` of the Ray session on the node at `address` (its /tmp/ray, private to the node:
+        read through its namespace's root), or why there is none."""
+        try:
+            return f"{address}'s {name}: {node_ray_log(self.procs[self.addresses.index(address)].pid, name)[-tail_chars:]}"
+        except OSError as exc:
+            return f"no {name} on {address}: {exc}"
 
     def stop(self) -> None:
         """Ends each node's namespace (its sshd is the namespace's first process: every Ray process of the node

@@ -243,9 +243,57 @@ def training_sequences(request, tmp_path_factory) -> Path:
 RAY_DEFAULT_PORTS = frozenset({6379, 8265, 10001, 52365})
 
 
+# Ray's workers take ports 10002-19999 unless told otherwise (`ray start --min-worker-port`)
+RAY_WORKER_PORTS = range(10002, 20000)
+_handed_out: set[int] = set()  # the ports this process drew: a later draw never repeats one while the band lasts
+
+
+def port_band() -> range:
+    """The ports this test process draws from: below the kernel's ephemeral range (ip_local_port_range, where a bind
+    to port 0 and every outgoing connection's own port come from) and above Ray's workers', so that nothing takes a
+    drawn port before the server it is for binds it, which may be a minute later (`ray up` over SSH). Ray's dashboard
+    agent binds 127.0.0.1 beside its node's own address, so a node on another loopback address still meets every
+    connection of the machine there. pytest-xdist workers each get their own slice of the band."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    band = range(RAY_WORKER_PORTS.stop, low)
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw") or 0)
+    share = len(band) // max(workers, 1)
+    return range(band.start + worker * share, band.start + (worker + 1) * share)
+
+
 def free_ports(count: int, taken: Collection[int] = ()) -> list[int]:
-    """`count` different ports free on 127.0.0.1 now, none of Ray's defaults nor of `taken` (a node's ports drawn
-    before): held open together while chosen, so that two never come out the same."""
+    """`count` different ports free on every address now, none of Ray's defaults, of `taken` (a node's ports drawn
+    before) or of those this process drew before: from port_band where it has room, else any the kernel gives."""
+    import random
+    import socket
+
+    band = port_band()
+    if len(band) < 200:  # an ephemeral range that starts low leaves no band: the kernel's ports, raced as before
+        return _kernel_ports(count, taken)
+    ports: list[int] = []
+    for port in random.sample(band, len(band)):
+        if port in RAY_DEFAULT_PORTS or port in taken or port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+        ports.append(port)
+        if len(ports) == count:
+            _handed_out.update(ports)
+            return ports
+    if not _handed_out:  # the band is busy with servers of other runs: the kernel's ports, raced as before
+        return _kernel_ports(count, taken)
+    _handed_out.clear()  # every port of the band was handed out once: those tests have long ended
+    return free_ports(count, taken)
+
+
+def _kernel_ports(count: int, taken: Collection[int]) -> list[int]:
     import socket
 
     with contextlib.ExitStack() as held:

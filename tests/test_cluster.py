@@ -396,7 +396,8 @@ def test_ray_up_brings_up_the_committed_cluster_over_ssh_and_a_job_trains_on_its
         trained = subprocess.run([BIN / "pgt", "submit", "--cluster", dashboard, "--", "train", "--data", data,
                                   "--out", out, "--workers", "1", "--epochs", "2", "--tracking-uri", tracking_server,
                                   "--experiment", "ray-up"], env=env, capture_output=True, text=True, timeout=600)
-        assert trained.returncode == 0 and "SUCCEEDED" in trained.stdout, trained.stdout[-4000:] + trained.stderr[-2000:]
+        assert trained.returncode == 0 and "SUCCEEDED" in trained.stdout, "\n".join(
+            (trained.stdout[-4000:], trained.stderr[-2000:], nodes.ray_log(RAY_UP_HEAD, "dashboard_agent.log")))
         assert actors_by_node(dashboard, "RayTrainWorker") == {RAY_UP_WORKER: 1}
         metrics = json.loads(open_storage(out).read_bytes("metrics.json"))
         assert metrics["epochs_run"] == 2 and metrics["mlflow"]["model_uri"]
@@ -425,6 +426,40 @@ def remove_ssh_control_folder(cluster_name: str) -> None:
     shutil.rmtree(user / hashlib.sha256(cluster_name.encode()).hexdigest()[:10], ignore_errors=True)
     if user.is_dir() and not any(user.iterdir()):
         user.rmdir()
+
+
+def test_a_head_whose_job_agent_finds_its_port_taken_is_refused_in_one_line_naming_its_log(tmp_path):
+    """A head whose dashboard agent finds its port taken on 127.0.0.1 (Ray's agent binds it there beside the node's
+    own address, whatever that is) stays up with no agent serving jobs, and Ray answers every submission "No
+    available agent, try again later": `submit` asks again for its wait, then names the agent's log in one line."""
+    from infra.errors import ServiceError
+    from infra.jobs import connect, submit
+    from tests.conftest import free_port
+
+    refused = unshare_refused()
+    if refused:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the isolated-node tests need `unshare --mount` (CI runs as root): {refused}")
+        pytest.skip(refused)
+    (tmp_path / "logs").mkdir()
+    rig = Cluster(cluster_env(tmp_path / "logs"), tmp_path)
+    held = socket.socket()
+    held.bind(("127.0.0.1", free_port()))
+    held.listen()
+    try:
+        rig.start_head(cpus=0, agent_port=held.getsockname()[1])
+        rig.wait_for_nodes(1)
+        began = time.monotonic()
+        with pytest.raises(ServiceError) as refusal:
+            submit(connect(rig.dashboard), rig.dashboard, "true", {}, wait_s=5)
+        assert 5 <= time.monotonic() - began < 30
+        assert "Failed to bind to port" in rig.ray_log("head", "dashboard_agent.log")
+    finally:
+        rig.stop()
+        held.close()
+    message = str(refusal.value)
+    assert "\n" not in message and message.startswith(f"Ray cluster at {rig.dashboard} took no job within 5 s")
+    assert "dashboard_agent.log" in message and "--dashboard-agent-listen-port" in message
 
 
 def test_joining_the_cluster_from_a_machine_with_no_node_of_it_names_the_jobs_command(cluster, stored_data, tmp_path):
