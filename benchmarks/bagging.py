@@ -1,0 +1,128 @@
+"""Benchmark: whether an ensemble gains from members each trained on a bootstrap sample of train (bagging), chosen on
+validation only.
+
+For each seed, a copy of the data folder whose train.parquet holds as many samples as train, drawn with replacement
+from it by that seed (about 63% of them, some more than once; validation and test as they are), and one `tuned`
+network trained on it (benchmarks/ensemble_size.py's train_member: evaluate_test off). The bagged networks, and
+beside them the same seeds' networks trained on the whole train split (ensemble_size.py's --work), are scored on the
+validation split alone and as ensembles of --members (the mean of their probabilities, as `ensemble` serves), with
+the protocol's inputs and as deployed. Test is never scored.
+
+Writes JSON (default benchmarks/results/bagging.json) and prints a table.
+
+    python benchmarks/bagging.py [--seeds 0 1000 2000 3000 1 1001] [--members 5] [--data-dir DIR]
+                                 [--plain .state/benchmarks/ensemble-size] [--work .state/benchmarks/bagging]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import shutil
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, member_log_probs, summary, train_member  # noqa: E402 - after sys.path gains the benchmarks
+from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
+
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "bagging.json"
+
+
+def bootstrap_folder(data_dir: Path, out: Path, seed: int) -> dict:
+    """`out`: a copy of `data_dir` whose train.parquet is a bootstrap sample of its train split (as many rows, drawn
+    with replacement by `seed`, in the drawn order). Kept where it is already there. Its sample and distinct counts."""
+    import pyarrow.parquet as pq
+
+    train = pq.read_table(data_dir / "train.parquet")
+    drawn = np.random.default_rng(seed).integers(0, train.num_rows, train.num_rows)
+    if not (out / "train.parquet").is_file():
+        partial = out.with_name(out.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(data_dir, partial, ignore=shutil.ignore_patterns("train.parquet"))
+        pq.write_table(train.take(drawn), partial / "train.parquet")
+        partial.rename(out)
+    return {"seed": seed, "samples": int(train.num_rows), "distinct": int(len(np.unique(drawn)))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001])
+    parser.add_argument("--members", type=int, default=5, help="the ensemble's size K, besides each network alone")
+    parser.add_argument("--data-dir", type=Path, default=WORK / "geolife-published",
+                        help="a `pgt preprocess` folder of the published dataset (ensemble_size.py makes it)")
+    parser.add_argument("--plain", type=Path, default=WORK / "ensemble-size",
+                        help="ensemble_size.py's --work: the same seeds' networks trained on the whole train split")
+    parser.add_argument("--work", type=Path, default=WORK / "bagging", help="where the bagged networks are trained")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    args = parser.parse_args()
+    plain = [args.plain / f"seed_{seed}" for seed in args.seeds]
+    missing = [str(run) for run in plain if not kept_member(run)]
+    if missing:
+        parser.error(f"no trained network in {', '.join(missing)} (benchmarks/ensemble_size.py --seeds ... trains them)")
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from pgt.data.dataset import MemoryLayout, Vocab, load_splits
+    from pgt.network.checkpoint import load_checkpoint
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    samples = [bootstrap_folder(args.data_dir, args.work / f"data_{seed}", seed) for seed in args.seeds]
+    bagged = [args.work / f"seed_{seed}" for seed in args.seeds]
+    began = time.perf_counter()
+    # spawned, not forked: a fork after this process's polars reads copies its busy thread pool (ensemble_size.py)
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        trained = list(pool.map(train_member, args.seeds, [str(args.work / f"data_{seed}") for seed in args.seeds],
+                                map(str, bagged)))
+    train_s = time.perf_counter() - began
+
+    cfg = load_checkpoint(plain[0] / "best.pt")[1]
+    validation = load_splits(args.data_dir, cfg.max_len, Vocab.from_manifest(args.data_dir), names=("validation",),
+                             memory=MemoryLayout.of(cfg))["validation"]
+    rows = []
+    for name, runs in (("whole train split", plain), ("bootstrap sample", bagged)):
+        row = {"members_trained_on": name}
+        for inputs, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
+            cached = member_log_probs(runs, split, live=inputs == "deployment")
+            for k in (1, args.members):
+                scored = [ensemble_metrics(cached, combo, split, cfg.num_locations)
+                          for combo in itertools.combinations(range(len(runs)), k)]
+                who = "one" if k == 1 else "ensemble"
+                row[f"{who}_{inputs}_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
+                if inputs == "protocol":
+                    row[f"{who}_strict_mrr"] = summary([m["strict"]["mrr"] for m in scored])
+                    row[f"{who}_acc@1"] = summary([m["acc@1"] for m in scored])
+        rows.append(row)
+    result = {"benchmark": "bagging", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), "data": shown_path(args.data_dir), "recipe": "tuned", "selection": SELECTION,
+              "seeds": args.seeds, "members": args.members, "bootstrap_samples": samples, "bagged_trained": trained,
+              "train_wall_s": round(train_s, 1), "rows": rows}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
+
+    def fmt(value: dict) -> str:
+        return f"{value['mean']:.2f} ± {value['std']:.2f}"
+
+    table = Table(title=f"`tuned` networks on the whole train split and on bootstrap samples, alone and {args.members} "
+                        "together (validation split; mean ± std over networks / combinations)")
+    for column in ("trained on", "one: strict Acc@1", f"{args.members}: strict Acc@1", f"{args.members}: as deployed",
+                   f"{args.members}: strict MRR", f"{args.members}: Acc@1"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(r["members_trained_on"], fmt(r["one_protocol_strict_acc@1"]), fmt(r["ensemble_protocol_strict_acc@1"]),
+                      fmt(r["ensemble_deployment_strict_acc@1"]), fmt(r["ensemble_strict_mrr"]), fmt(r["ensemble_acc@1"]))
+    Console().print(table)
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
