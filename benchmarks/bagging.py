@@ -31,7 +31,17 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, member_log_probs, summary, train_member  # noqa: E402 - after sys.path gains the benchmarks
+from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
+    SELECTION,
+    WORK,
+    ensemble_metrics,
+    kept_member,
+    member_log_probs,
+    shown,
+    summary,
+    train_member,
+    validation_split,
+)
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "bagging.json"
@@ -72,7 +82,6 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.data.dataset import MemoryLayout, Vocab, load_splits
     from pgt.network.checkpoint import load_checkpoint
 
     args.work.mkdir(parents=True, exist_ok=True)
@@ -86,8 +95,7 @@ def main() -> None:
     train_s = time.perf_counter() - began
 
     cfg = load_checkpoint(plain[0] / "best.pt")[1]
-    validation = load_splits(args.data_dir, cfg.max_len, Vocab.from_manifest(args.data_dir), names=("validation",),
-                             memory=MemoryLayout.of(cfg))["validation"]
+    validation = validation_split(args.data_dir, cfg)
     rows = []
     for name, runs in (("whole train split", plain), ("bootstrap sample", bagged)):
         row = {"members_trained_on": name}
@@ -109,17 +117,14 @@ def main() -> None:
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 
-    def fmt(value: dict) -> str:
-        return f"{value['mean']:.2f} ± {value['std']:.2f}"
-
     table = Table(title=f"`tuned` networks on the whole train split and on bootstrap samples, alone and {args.members} "
                         "together (validation split; mean ± std over networks / combinations)")
     for column in ("trained on", "one: strict Acc@1", f"{args.members}: strict Acc@1", f"{args.members}: as deployed",
                    f"{args.members}: strict MRR", f"{args.members}: Acc@1"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(r["members_trained_on"], fmt(r["one_protocol_strict_acc@1"]), fmt(r["ensemble_protocol_strict_acc@1"]),
-                      fmt(r["ensemble_deployment_strict_acc@1"]), fmt(r["ensemble_strict_mrr"]), fmt(r["ensemble_acc@1"]))
+        table.add_row(r["members_trained_on"], shown(r["one_protocol_strict_acc@1"]), shown(r["ensemble_protocol_strict_acc@1"]),
+                      shown(r["ensemble_deployment_strict_acc@1"]), shown(r["ensemble_strict_mrr"]), shown(r["ensemble_acc@1"]))
     Console().print(table)
     print(f"wrote {args.results}")
 

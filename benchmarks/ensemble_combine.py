@@ -29,7 +29,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, network_log_probs, summary  # noqa: E402 - after sys.path gains the benchmarks
+from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, network_log_probs, summary, validation_split  # noqa: E402 - after sys.path gains the benchmarks
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_combine.json"
@@ -82,7 +82,6 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.data.dataset import MemoryLayout, Vocab, load_splits
     from pgt.network.checkpoint import load_checkpoint
 
     best = [load_checkpoint(run / "best.pt") for run in runs]
@@ -96,8 +95,7 @@ def main() -> None:
             return combo
         return tuple(each + i * args.snapshots + j for i in combo for j in range(args.snapshots))
 
-    validation = load_splits(args.data_dir, cfg.max_len, Vocab.from_manifest(args.data_dir), names=("validation",),
-                             memory=MemoryLayout.of(cfg))["validation"]
+    validation = validation_split(args.data_dir, cfg)
     sizes = sorted({1, args.members})
     combos = {k: list(itertools.combinations(range(len(runs)), k)) for k in sizes}
     rows = {(k, way): {"members": k, "way": way, "combinations": len(combos[k])} for k in sizes for way in WAYS}

@@ -110,6 +110,20 @@ def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_location
     return compute_all(scored_samples(found, dataset, np.arange(len(dataset))))
 
 
+def validation_split(data_dir: Path, cfg, max_len: int | None = None):
+    """The validation split of `data_dir` as networks of `cfg` read it (its memory layout), histories cut to `max_len`
+    visits (default: the networks' own max_len)."""
+    from pgt.data.dataset import MemoryLayout, Vocab, load_splits
+
+    return load_splits(data_dir, max_len or cfg.max_len, Vocab.from_manifest(data_dir), names=("validation",),
+                       memory=MemoryLayout.of(cfg))["validation"]
+
+
+def shown(value: dict) -> str:
+    """A summary as a table shows it: mean ± std."""
+    return f"{value['mean']:.2f} ± {value['std']:.2f}"
+
+
 def summary(values: list[float]) -> dict:
     """Mean and sample std (0.0 for a single value) over the combinations, to two decimals."""
     return {"mean": round(float(np.mean(values)), 2),
@@ -186,8 +200,6 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.data.dataset import MemoryLayout, Vocab, load_splits
-
     data_dir = args.data_dir
     if data_dir is None:
         from preprocessing.config import load_config
@@ -206,8 +218,7 @@ def main() -> None:
     from pgt.network.checkpoint import load_checkpoint
 
     cfg = load_checkpoint(runs[0] / "best.pt")[1]
-    validation = load_splits(data_dir, cfg.max_len, Vocab.from_manifest(data_dir), names=("validation",),
-                             memory=MemoryLayout.of(cfg))["validation"]
+    validation = validation_split(data_dir, cfg)
     sizes = []
     for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
         cached = member_log_probs(runs, split, live=name == "deployment")
@@ -234,13 +245,10 @@ def main() -> None:
                         "of seeds)")
     for column in ("members", "combinations", "strict Acc@1", "strict Acc@1, as deployed", "strict MRR", "Acc@1 (protocol)"):
         table.add_column(column, justify="right")
-    def fmt(value: dict) -> str:
-        return f"{value['mean']:.2f} ± {value['std']:.2f}"
-
     for r in sizes:
-        table.add_row(str(r["members"]), str(r["combinations"]), fmt(r["protocol_validation_strict_acc@1"]),
-                      fmt(r["deployment_validation_strict_acc@1"]), fmt(r["protocol_validation_strict_mrr"]),
-                      fmt(r["protocol_validation_acc@1"]))
+        table.add_row(str(r["members"]), str(r["combinations"]), shown(r["protocol_validation_strict_acc@1"]),
+                      shown(r["deployment_validation_strict_acc@1"]), shown(r["protocol_validation_strict_mrr"]),
+                      shown(r["protocol_validation_acc@1"]))
     Console().print(table)
     print(f"chosen: {result['chosen_members']} members ({RULE}); wrote {args.results}")
 

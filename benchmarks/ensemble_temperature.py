@@ -23,7 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, member_log_probs, summary  # noqa: E402 - after sys.path gains the benchmarks
+from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, member_log_probs, shown, summary, validation_split  # noqa: E402 - after sys.path gains the benchmarks
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_temperature.json"
@@ -64,12 +64,10 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.data.dataset import MemoryLayout, Vocab, load_splits
     from pgt.network.checkpoint import load_checkpoint
 
     cfg = load_checkpoint(runs[0] / "best.pt")[1]
-    validation = load_splits(args.data_dir, cfg.max_len, Vocab.from_manifest(args.data_dir), names=("validation",),
-                             memory=MemoryLayout.of(cfg))["validation"]
+    validation = validation_split(args.data_dir, cfg)
     combos = list(itertools.combinations(range(len(runs)), args.members))
     rows = [{"temperature": t, "combinations": len(combos)} for t in args.temperatures]
     for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
@@ -94,7 +92,7 @@ def main() -> None:
                    "top answers 'a new place'"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(f"{r['temperature']:g}", *(f"{r[key]['mean']:.2f} ± {r[key]['std']:.2f}" for key in (
+        table.add_row(f"{r['temperature']:g}", *(shown(r[key]) for key in (
             "protocol_validation_strict_acc@1", "deployment_validation_strict_acc@1", "protocol_validation_strict_mrr",
             "protocol_validation_acc@1", "protocol_validation_new_place_answers")))
     Console().print(table)

@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ensemble_size import SELECTION, WORK, summary  # noqa: E402 - after sys.path gains the benchmarks
+from ensemble_size import SELECTION, WORK, kept_member, shown, summary, validation_split  # noqa: E402 - after sys.path gains the benchmarks
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "history_views.json"
@@ -111,25 +111,19 @@ def main() -> None:
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
     runs = [args.work / f"seed_{seed}" for seed in args.seeds]
-    missing = [str(run) for run in runs if not (run / "best.pt").is_file()]
+    missing = [str(run) for run in runs if not kept_member(run)]
     if missing:
         parser.error(f"no trained network in {', '.join(missing)} (benchmarks/ensemble_size.py --seeds ... trains them)")
 
     from rich.console import Console
     from rich.table import Table
 
-    from pgt.data.dataset import MemoryLayout, Vocab, load_splits
     from pgt.network.checkpoint import load_checkpoint
 
     loaded = [load_checkpoint(run / "best.pt") for run in runs]
     cfg = loaded[0][1]
-    vocab = Vocab.from_manifest(args.data_dir)
-
-    def split(max_len: int):
-        return load_splits(args.data_dir, max_len, vocab, names=("validation",), memory=MemoryLayout.of(cfg))["validation"]
-
-    full = split(cfg.max_len)
-    views = {length: split(length) for length in args.views}
+    full = validation_split(args.data_dir, cfg)
+    views = {length: validation_split(args.data_dir, cfg, length) for length in args.views}
     for length, view in views.items():  # the same samples, only their histories cut
         if not np.array_equal(view.targets.numpy(), full.targets.numpy()):
             raise SystemExit(f"the validation split with max_len {length} holds other samples than with {cfg.max_len}")
@@ -164,16 +158,13 @@ def main() -> None:
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 
-    def fmt(value: dict) -> str:
-        return f"{value['mean']:.2f} ± {value['std']:.2f}"
-
     table = Table(title=f"One network and {args.members} together, each on the mean over views of its history "
                         "(validation split; mean ± std over networks / combinations)")
     for column in ("view", "one: strict Acc@1", "one: strict MRR", "one: Acc@1", f"{args.members}: strict Acc@1",
                    f"{args.members}: strict MRR", f"{args.members}: Acc@1"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(r["view"], *(fmt(r[f"{who}_{key}"]) for who in ("one", "ensemble")
+        table.add_row(r["view"], *(shown(r[f"{who}_{key}"]) for who in ("one", "ensemble")
                                    for key in ("strict_acc@1", "strict_mrr", "acc@1")))
     Console().print(table)
     print(f"wrote {args.results}")
