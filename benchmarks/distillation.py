@@ -1,0 +1,192 @@
+"""Benchmark: whether `tuned` networks taught by an ensemble of `tuned` networks (knowledge distillation, "born-again"
+students of the teachers' own architecture) beat networks trained on the labels alone, chosen on validation only.
+
+The teachers are the networks benchmarks/ensemble_size.py trained (its --work, --teachers seeds). Each student is a
+`tuned` network of a fresh seed whose training loss is its own (label-smoothed cross-entropy, new-place weight,
+arrival head) with the cross-entropy part mixed with the teachers' answer: (1 - alpha) * cross-entropy + alpha *
+cross-entropy against the mean of the teachers' probabilities on the same batch (the same simulated unseen places),
+the teachers in eval mode and without gradients. The students, and beside them the same seeds' networks trained on
+the labels alone (ensemble_size.py's --work), are scored on the validation split alone and as ensembles of
+--members (the mean of their probabilities, as `ensemble` serves), with the protocol's inputs and as deployed. Test is
+never scored (the teachers and the students are trained with evaluate_test off).
+
+Writes JSON (default benchmarks/results/distillation.json) and prints a table.
+
+    python benchmarks/distillation.py [--teachers 0 1000 2000 3000 1 1001] [--seeds 2 3 4 5 6 7] [--alpha 0.5]
+                                      [--members 5] [--plain .state/benchmarks/ensemble-size]
+                                      [--work .state/benchmarks/distillation] [--data-dir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import multiprocessing
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
+    SELECTION,
+    WORK,
+    ensemble_metrics,
+    kept_member,
+    member_log_probs,
+    shown,
+    summary,
+    validation_split,
+)
+from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
+
+DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "distillation.json"
+
+
+def teacher_cross_entropy(student_log_probs, teacher_log_probs):
+    """(B,) the cross-entropy of a student's (B, C) log-probabilities against the mean of the teachers' (T, B, C)
+    probabilities; columns no teacher gives any probability count for nothing (the student's may be -inf there)."""
+    import torch
+
+    target = teacher_log_probs.exp().mean(dim=0)  # (B, C)
+    products = torch.where(target > 0, target * student_log_probs, torch.zeros_like(target))
+    return -products.sum(dim=1)
+
+
+def distilled_loss(teachers: list, alpha: float):
+    """pgt.training.loss.batch_loss with the student's cross-entropy mixed with the teachers' (teacher_cross_entropy):
+    the network's loss (auxiliary heads included) less alpha times its label criterion, plus alpha times the
+    cross-entropy against the teachers' mean probabilities on the same batch."""
+    import torch
+
+    from pgt.training.loss import criterion, training_loss
+
+    def loss_of(model, batch, model_cfg, cfg, amp_dtype=None):
+        with torch.autocast(batch.locations.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+            out = model(*batch.inputs(), pad_slots=bool(cfg.static_width))
+        with torch.no_grad():
+            taught = torch.stack([t(*batch.inputs(), pad_slots=bool(cfg.static_width)).log_probs.float()
+                                  for t in teachers])  # (T, B, C)
+        log_probs = out.log_probs.float()
+        labels = criterion(log_probs, batch, model_cfg, cfg)
+        return training_loss(out, batch, model_cfg, cfg) + alpha * (
+            teacher_cross_entropy(log_probs, taught).mean() - labels)
+
+    return loss_of
+
+
+def train_student(seed: int, data_dir: str, out: str, teachers: list[str], alpha: float) -> dict:
+    """One `tuned` network of `seed` taught by the networks in `teachers` (their best.pt), on validation only; a
+    finished student (best.pt and metrics.json in `out`) is kept."""
+    if not kept_member(Path(out)):
+        import torch
+
+        import pgt.training.state
+        from pgt.config import TrainConfig
+        from pgt.network.checkpoint import load_checkpoint
+        from pgt.training.train import train_loop_per_worker
+
+        torch.set_num_threads(1)
+        models = [load_checkpoint(Path(run) / "best.pt")[0].eval() for run in teachers]
+        for model in models:
+            model.requires_grad_(False)
+        # the one training step's loss (TrainState.batch_loss, set by setup from this module's name)
+        pgt.training.state.batch_loss = distilled_loss(models, alpha)
+        cfg = TrainConfig.from_recipe("tuned", data_dir=data_dir, out_dir=out, seed=seed, resume=False, threads=1,
+                                      evaluate_test=False)
+        began = time.perf_counter()
+        result = train_loop_per_worker(cfg.to_dict())
+        (Path(out) / "distillation.json").write_text(json.dumps(
+            {"teachers": teachers, "alpha": alpha, "train_s": round(time.perf_counter() - began, 1)}) + "\n")
+    result = json.loads((Path(out) / "metrics.json").read_text())
+    taught = json.loads((Path(out) / "distillation.json").read_text())
+    if taught["teachers"] != teachers or taught["alpha"] != alpha:
+        raise SystemExit(f"{out} holds a student of other teachers or another alpha; give another --work")
+    return {"seed": seed, "best_epoch": result["best_epoch"], "train_s": taught["train_s"],
+            "validation_strict_acc@1": result["validation"]["strict"]["acc@1"]}
+
+
+def scored(runs: list[Path], members: int, data_dir: Path) -> dict:
+    """Validation figures of the networks in `runs`: each alone and every ensemble of `members` of them, strict
+    Acc@1 with the protocol's inputs and as deployed, strict MRR and the protocol's Acc@1 (mean ± std)."""
+    from pgt.network.checkpoint import load_checkpoint
+
+    cfg = load_checkpoint(runs[0] / "best.pt")[1]
+    validation = validation_split(data_dir, cfg)
+    row = {}
+    for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
+        cached = member_log_probs(runs, split, live=name == "deployment")
+        for k, label in ((1, "one"), (members, "ensemble"), (len(runs), "all")):
+            metrics = [ensemble_metrics(cached, combo, split, cfg.num_locations)
+                       for combo in itertools.combinations(range(len(runs)), k)]
+            row[f"{label}_{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in metrics])
+            if name == "protocol":
+                row[f"{label}_protocol_validation_strict_mrr"] = summary([m["strict"]["mrr"] for m in metrics])
+                row[f"{label}_protocol_validation_acc@1"] = summary([m["acc@1"] for m in metrics])
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--teachers", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001],
+                        help="seeds of the teachers in --plain")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[2, 3, 4, 5, 6, 7], help="seeds of the students")
+    parser.add_argument("--alpha", type=float, default=0.5, help="the teachers' share of the cross-entropy, in (0, 1]")
+    parser.add_argument("--members", type=int, default=5, help="the ensemble's size K")
+    parser.add_argument("--plain", type=Path, default=WORK / "ensemble-size",
+                        help="benchmarks/ensemble_size.py's --work: the teachers, and the students' seeds on labels alone")
+    parser.add_argument("--work", type=Path, default=WORK / "distillation", help="where the students are trained")
+    parser.add_argument("--data-dir", type=Path, default=WORK / "geolife-published",
+                        help="the `pgt preprocess` folder the teachers were trained on")
+    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
+    args = parser.parse_args()
+    teachers = [args.plain / f"seed_{seed}" for seed in args.teachers]
+    plain = [args.plain / f"seed_{seed}" for seed in args.seeds]
+    missing = [str(run) for run in teachers + plain if not kept_member(run)]
+    if missing:
+        parser.error(f"no trained network in {', '.join(missing)} (benchmarks/ensemble_size.py --seeds ... trains them)")
+    if not 0 < args.alpha <= 1:
+        parser.error(f"--alpha {args.alpha}: expected a share in (0, 1]")
+    if not 2 <= args.members <= len(args.seeds):
+        parser.error(f"--members {args.members}: expected 2 to {len(args.seeds)}, the student seeds given")
+
+    from rich.console import Console
+    from rich.table import Table
+
+    students = [args.work / f"alpha_{args.alpha:g}" / f"seed_{seed}" for seed in args.seeds]
+    began = time.perf_counter()
+    # spawned, not forked, as benchmarks/ensemble_size.py trains its members
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        trained = list(pool.map(train_student, args.seeds, [str(args.data_dir)] * len(students), map(str, students),
+                                [[str(t) for t in teachers]] * len(students), [args.alpha] * len(students)))
+    train_s = time.perf_counter() - began
+    rows = [{"networks": "labels alone", **scored(plain, args.members, args.data_dir)},
+            {"networks": f"taught, alpha {args.alpha:g}", **scored(students, args.members, args.data_dir)}]
+    result = {"benchmark": "distillation", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), "data": shown_path(args.data_dir), "teachers_from": shown_path(args.plain),
+              "teachers": args.teachers, "seeds": args.seeds, "alpha": args.alpha, "members": args.members,
+              "teachers_alone": scored(teachers, len(teachers), args.data_dir),
+              "selection": SELECTION, "students_trained": trained, "train_wall_s": round(train_s, 1), "rows": rows}
+    args.results.parent.mkdir(parents=True, exist_ok=True)
+    args.results.write_text(json.dumps(result, indent=2) + "\n")
+
+    table = Table(title=f"`tuned` networks of seeds {', '.join(map(str, args.seeds))}, on labels alone and taught by "
+                        f"{len(teachers)} networks, validation split (mean ± std over combinations of seeds)")
+    for column in ("networks", "one", f"{args.members}", f"all {len(args.seeds)}", f"{args.members}, as deployed",
+                   f"{args.members}, strict MRR", f"{args.members}, Acc@1 (protocol)"):
+        table.add_column(column, justify="right")
+    for r in rows:
+        table.add_row(r["networks"], *(shown(r[key]) for key in (
+            "one_protocol_validation_strict_acc@1", "ensemble_protocol_validation_strict_acc@1",
+            "all_protocol_validation_strict_acc@1", "ensemble_deployment_validation_strict_acc@1",
+            "ensemble_protocol_validation_strict_mrr", "ensemble_protocol_validation_acc@1")))
+    Console().print(table)
+    print(f"the teachers together: {shown(result['teachers_alone']['all_protocol_validation_strict_acc@1'])} strict "
+          f"Acc@1; wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
