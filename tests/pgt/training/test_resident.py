@@ -174,7 +174,7 @@ def test_compiled_training_learns_as_the_model_does(synthetic_sequences, tmp_pat
     from pgt.network.checkpoint import load_checkpoint
 
     common = dict(epochs=2, min_epochs=2, simulate_unseen=True, evaluate_test=False, resident_data=True,
-                  static_width=64, d_model=32, nhead=2, num_layers=1)  # one width: one graph to compile
+                  static_width=64, d_model=32, nhead=2)  # one width: one graph to compile
     eager = train_loop_per_worker(config(synthetic_sequences, tmp_path / "eager", **common).to_dict(), Worker())
     counters.clear()
     torch._dynamo.reset()
