@@ -35,11 +35,12 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     SELECTION,
     WORK,
     ensemble_metrics,
-    kept_member,
     member_log_probs,
+    network_arguments,
     shown,
     summary,
     train_member,
+    trained_networks,
     validation_split,
 )
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
@@ -65,19 +66,11 @@ def bootstrap_folder(data_dir: Path, out: Path, seed: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001])
+    network_arguments(parser, DEFAULT_RESULTS, networks="--plain")  # the same seeds on the whole train split
     parser.add_argument("--members", type=int, default=5, help="the ensemble's size K, besides each network alone")
-    parser.add_argument("--data-dir", type=Path, default=WORK / "geolife-published",
-                        help="a `pgt preprocess` folder of the published dataset (ensemble_size.py makes it)")
-    parser.add_argument("--plain", type=Path, default=WORK / "ensemble-size",
-                        help="ensemble_size.py's --work: the same seeds' networks trained on the whole train split")
     parser.add_argument("--work", type=Path, default=WORK / "bagging", help="where the bagged networks are trained")
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
-    plain = [args.plain / f"seed_{seed}" for seed in args.seeds]
-    missing = [str(run) for run in plain if not kept_member(run)]
-    if missing:
-        parser.error(f"no trained network in {', '.join(missing)} (benchmarks/ensemble_size.py --seeds ... trains them)")
+    plain = trained_networks(parser, args.plain, args.seeds)
 
     from rich.console import Console
     from rich.table import Table

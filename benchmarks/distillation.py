@@ -32,13 +32,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
+    SEEDS,
     SELECTION,
     WORK,
     ensemble_metrics,
     kept_member,
     member_log_probs,
+    network_arguments,
     shown,
     summary,
+    trained_networks,
     validation_split,
 )
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
@@ -131,23 +134,16 @@ def scored(runs: list[Path], members: int, data_dir: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--teachers", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001],
-                        help="seeds of the teachers in --plain")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[2, 3, 4, 5, 6, 7], help="seeds of the students")
+    # --plain: the teachers, and the students' seeds on the labels alone; --seeds: the students'
+    network_arguments(parser, DEFAULT_RESULTS, networks="--plain")
+    parser.set_defaults(seeds=[2, 3, 4, 5, 6, 7])
+    parser.add_argument("--teachers", type=int, nargs="+", default=SEEDS, help="seeds of the teachers in --plain")
     parser.add_argument("--alpha", type=float, default=0.5, help="the teachers' share of the cross-entropy, in (0, 1]")
     parser.add_argument("--members", type=int, default=5, help="the ensemble's size K")
-    parser.add_argument("--plain", type=Path, default=WORK / "ensemble-size",
-                        help="benchmarks/ensemble_size.py's --work: the teachers, and the students' seeds on labels alone")
     parser.add_argument("--work", type=Path, default=WORK / "distillation", help="where the students are trained")
-    parser.add_argument("--data-dir", type=Path, default=WORK / "geolife-published",
-                        help="the `pgt preprocess` folder the teachers were trained on")
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
-    teachers = [args.plain / f"seed_{seed}" for seed in args.teachers]
-    plain = [args.plain / f"seed_{seed}" for seed in args.seeds]
-    missing = [str(run) for run in teachers + plain if not kept_member(run)]
-    if missing:
-        parser.error(f"no trained network in {', '.join(missing)} (benchmarks/ensemble_size.py --seeds ... trains them)")
+    teachers = trained_networks(parser, args.plain, args.teachers)
+    plain = trained_networks(parser, args.plain, args.seeds)
     if not 0 < args.alpha <= 1:
         parser.error(f"--alpha {args.alpha}: expected a share in (0, 1]")
     if not 2 <= args.members <= len(args.seeds):

@@ -29,7 +29,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ensemble_size import SELECTION, WORK, ensemble_metrics, kept_member, network_log_probs, summary, validation_split  # noqa: E402 - after sys.path gains the benchmarks
+from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
+    SELECTION,
+    ensemble_metrics,
+    network_arguments,
+    network_log_probs,
+    summary,
+    trained_networks,
+    validation_split,
+)
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_combine.json"
@@ -53,20 +61,11 @@ def geometric_mean(log_probs):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=WORK / "ensemble-size",
-                        help="benchmarks/ensemble_size.py's --work: where its members were trained")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001])
+    network_arguments(parser, DEFAULT_RESULTS)
     parser.add_argument("--members", type=int, default=5, help="the ensemble's size K, besides each network alone")
     parser.add_argument("--snapshots", type=int, default=2, help="the epoch checkpoints of each member in `last epochs`")
-    parser.add_argument("--data-dir", type=Path, default=WORK / "geolife-published",
-                        help="the `pgt preprocess` folder the members were trained on")
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
-    runs = [args.work / f"seed_{seed}" for seed in args.seeds]
-    missing = [str(run) for run in runs if not kept_member(run)]
-    if missing:
-        parser.error(f"no trained member in {', '.join(missing)}: train them with benchmarks/ensemble_size.py --work "
-                     f"{args.work} --seeds {' '.join(map(str, args.seeds))}")
+    runs = trained_networks(parser, args.work, args.seeds)
     if not 1 <= args.members <= len(runs):
         parser.error(f"--members {args.members}: expected 1 to {len(runs)}, the seeds given")
     if args.snapshots < 1:

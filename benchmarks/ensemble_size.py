@@ -119,6 +119,31 @@ def validation_split(data_dir: Path, cfg, max_len: int | None = None):
                        memory=MemoryLayout.of(cfg))["validation"]
 
 
+SEEDS = [0, 1000, 2000, 3000, 1, 1001]  # the seeds of the networks this benchmark trains by default
+
+
+def network_arguments(parser: argparse.ArgumentParser, results: Path, networks: str = "--work") -> None:
+    """The arguments of a benchmark over the networks this one trained: `networks` (this benchmark's --work, where
+    they are), --seeds, --data-dir (the folder they were trained on) and --results (default `results`)."""
+    parser.add_argument(networks, type=Path, default=WORK / "ensemble-size",
+                        help="benchmarks/ensemble_size.py's --work: where its networks were trained")
+    parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
+    parser.add_argument("--data-dir", type=Path, default=WORK / "geolife-published",
+                        help="the `pgt preprocess` folder of the published dataset the networks were trained on")
+    parser.add_argument("--results", type=Path, default=results)
+
+
+def trained_networks(parser: argparse.ArgumentParser, work: Path, seeds: list[int]) -> list[Path]:
+    """The runs of `seeds` in `work`; parser.error, naming them and the command that trains them, where one holds no
+    trained network (kept_member)."""
+    runs = [work / f"seed_{seed}" for seed in seeds]
+    missing = [str(run) for run in runs if not kept_member(run)]
+    if missing:
+        parser.error(f"no trained network in {', '.join(missing)}: train them with benchmarks/ensemble_size.py --work "
+                     f"{work} --seeds {' '.join(map(str, seeds))}")
+    return runs
+
+
 def shown(value: dict) -> str:
     """A summary as a table shows it: mean ± std."""
     return f"{value['mean']:.2f} ± {value['std']:.2f}"
@@ -180,7 +205,7 @@ def check_kept_members(runs: list[Path], seeds: list[int], recipe: str, settings
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001])
+    parser.add_argument("--seeds", type=int, nargs="+", default=SEEDS)
     parser.add_argument("--data-dir", type=Path, default=None,
                         help="A `pgt preprocess` folder of the published dataset; default: preprocessed from --input")
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)

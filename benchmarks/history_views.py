@@ -27,7 +27,14 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from ensemble_size import SELECTION, WORK, kept_member, shown, summary, validation_split  # noqa: E402 - after sys.path gains the benchmarks
+from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
+    SELECTION,
+    network_arguments,
+    shown,
+    summary,
+    trained_networks,
+    validation_split,
+)
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "history_views.json"
@@ -101,19 +108,12 @@ def picks(m: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work", type=Path, default=WORK / "ensemble-size",
-                        help="benchmarks/ensemble_size.py's --work: where its members were trained")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1000, 2000, 3000, 1, 1001])
+    network_arguments(parser, DEFAULT_RESULTS)
     parser.add_argument("--views", type=int, nargs="+", default=[16, 32, 48],
                         help="the shorter histories (last L visits) averaged with the whole one")
     parser.add_argument("--members", type=int, default=5, help="the ensemble's size K, besides each network alone")
-    parser.add_argument("--data-dir", type=Path, default=WORK / "geolife-published")
-    parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
-    runs = [args.work / f"seed_{seed}" for seed in args.seeds]
-    missing = [str(run) for run in runs if not kept_member(run)]
-    if missing:
-        parser.error(f"no trained network in {', '.join(missing)} (benchmarks/ensemble_size.py --seeds ... trains them)")
+    runs = trained_networks(parser, args.work, args.seeds)
 
     from rich.console import Console
     from rich.table import Table

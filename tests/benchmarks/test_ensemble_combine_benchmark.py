@@ -71,7 +71,7 @@ def test_an_epoch_checkpoint_gives_its_own_weights_not_the_best_so_far(members):
 @pytest.mark.parametrize(("given", "said"), [
     (["--members", "4"], "--members 4: expected 1 to 3, the seeds given"),
     (["--members", "2", "--snapshots", "3"], "epoch checkpoints kept, 3 wanted"),
-    (["--seeds", "0", "9"], "no trained member in"),
+    (["--seeds", "0", "9"], "no trained network in"),
 ])
 def test_bad_options_are_one_line_before_any_scoring(tiny_sequences, members, tmp_path, given, said):
     work, _ = members
