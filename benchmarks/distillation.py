@@ -7,8 +7,9 @@ arrival head) with the cross-entropy part mixed with the teachers' answer: (1 - 
 cross-entropy against the mean of the teachers' probabilities on the same batch (the same simulated unseen places),
 the teachers in eval mode and without gradients. The students, and beside them the same seeds' networks trained on
 the labels alone (ensemble_size.py's --work), are scored on the validation split alone and as ensembles of
---members (the mean of their probabilities, as `ensemble` serves), with the protocol's inputs and as deployed. Test is
-never scored (the teachers and the students are trained with evaluate_test off).
+--members (the mean of their probabilities, as `ensemble` serves), with the protocol's inputs and as deployed, and as
+ensembles mixing students and plain networks of distinct seeds. Test is never scored (the teachers and the students
+are trained with evaluate_test off).
 
 Writes JSON (default benchmarks/results/distillation.json) and prints a table.
 
@@ -132,6 +133,24 @@ def scored(runs: list[Path], members: int, data_dir: Path) -> dict:
     return row
 
 
+def mixed(plain: list[Path], students: list[Path], members: int, data_dir: Path) -> list[dict]:
+    """Strict validation Acc@1 of ensembles of `members` networks of distinct seeds, `taught` of them students and the
+    rest plain networks (plain[i] and students[i] share a seed), for each count of students from 1 to members - 1."""
+    from pgt.network.checkpoint import load_checkpoint
+
+    cfg = load_checkpoint(plain[0] / "best.pt")[1]
+    validation = validation_split(data_dir, cfg)
+    cached = member_log_probs(plain + students, validation)
+    seeds, rows = range(len(plain)), []
+    for taught in range(1, members):
+        combos = [(*untaught, *(len(plain) + i for i in chosen))
+                  for untaught in itertools.combinations(seeds, members - taught)
+                  for chosen in itertools.combinations(sorted(set(seeds) - set(untaught)), taught)]
+        rows.append({"taught": taught, "combinations": len(combos), "protocol_validation_strict_acc@1": summary(
+            [ensemble_metrics(cached, combo, validation, cfg.num_locations)["strict"]["acc@1"] for combo in combos])})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # --plain: the teachers, and the students' seeds on the labels alone; --seeds: the students'
@@ -153,19 +172,25 @@ def main() -> None:
     from rich.table import Table
 
     students = [args.work / f"alpha_{args.alpha:g}" / f"seed_{seed}" for seed in args.seeds]
+    # the wall time of the run that trained the students, kept beside them: a later run only scores them
+    wall = args.work / f"alpha_{args.alpha:g}" / "train_wall.json"
+    untrained = not all(kept_member(student) for student in students)
     began = time.perf_counter()
     # spawned, not forked, as benchmarks/ensemble_size.py trains its members
     with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
         trained = list(pool.map(train_student, args.seeds, [str(args.data_dir)] * len(students), map(str, students),
                                 [[str(t) for t in teachers]] * len(students), [args.alpha] * len(students)))
-    train_s = time.perf_counter() - began
+    if untrained:
+        wall.write_text(json.dumps({"train_wall_s": round(time.perf_counter() - began, 1)}) + "\n")
+    train_s = json.loads(wall.read_text())["train_wall_s"] if wall.is_file() else None
     rows = [{"networks": "labels alone", **scored(plain, args.members, args.data_dir)},
             {"networks": f"taught, alpha {args.alpha:g}", **scored(students, args.members, args.data_dir)}]
     result = {"benchmark": "distillation", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "teachers_from": shown_path(args.plain),
               "teachers": args.teachers, "seeds": args.seeds, "alpha": args.alpha, "members": args.members,
               "teachers_alone": scored(teachers, len(teachers), args.data_dir),
-              "selection": SELECTION, "students_trained": trained, "train_wall_s": round(train_s, 1), "rows": rows}
+              "selection": SELECTION, "students_trained": trained, "train_wall_s": train_s, "rows": rows,
+              "mixed": mixed(plain, students, args.members, args.data_dir)}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 
@@ -180,6 +205,9 @@ def main() -> None:
             "all_protocol_validation_strict_acc@1", "ensemble_deployment_validation_strict_acc@1",
             "ensemble_protocol_validation_strict_mrr", "ensemble_protocol_validation_acc@1")))
     Console().print(table)
+    for row in result["mixed"]:
+        print(f"{args.members} of distinct seeds, {row['taught']} of them taught: "
+              f"{shown(row['protocol_validation_strict_acc@1'])} ({row['combinations']} combinations)")
     print(f"the teachers together: {shown(result['teachers_alone']['all_protocol_validation_strict_acc@1'])} strict "
           f"Acc@1; wrote {args.results}")
 
