@@ -113,18 +113,14 @@ def train_student(seed: int, data_dir: str, out: str, teachers: list[str], alpha
             "validation_strict_acc@1": result["validation"]["strict"]["acc@1"]}
 
 
-def scored(runs: list[Path], members: int, data_dir: Path) -> dict:
-    """Validation figures of the networks in `runs`: each alone and every ensemble of `members` of them, strict
-    Acc@1 with the protocol's inputs and as deployed, strict MRR and the protocol's Acc@1 (mean ± std)."""
-    from pgt.network.checkpoint import load_checkpoint
-
-    cfg = load_checkpoint(runs[0] / "best.pt")[1]
-    validation = validation_split(data_dir, cfg)
+def scored(runs: list[Path], members: int, validation, num_locations: int) -> dict:
+    """Figures of the networks in `runs` on the validation split: each alone and every ensemble of `members` of them,
+    strict Acc@1 with the protocol's inputs and as deployed, strict MRR and the protocol's Acc@1 (mean ± std)."""
     row = {}
     for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
         cached = member_log_probs(runs, split, live=name == "deployment")
         for k, label in ((1, "one"), (members, "ensemble"), (len(runs), "all")):
-            metrics = [ensemble_metrics(cached, combo, split, cfg.num_locations)
+            metrics = [ensemble_metrics(cached, combo, split, num_locations)
                        for combo in itertools.combinations(range(len(runs)), k)]
             row[f"{label}_{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in metrics])
             if name == "protocol":
@@ -133,13 +129,9 @@ def scored(runs: list[Path], members: int, data_dir: Path) -> dict:
     return row
 
 
-def mixed(plain: list[Path], students: list[Path], members: int, data_dir: Path) -> list[dict]:
+def mixed(plain: list[Path], students: list[Path], members: int, validation, num_locations: int) -> list[dict]:
     """Strict validation Acc@1 of ensembles of `members` networks of distinct seeds, `taught` of them students and the
     rest plain networks (plain[i] and students[i] share a seed), for each count of students from 1 to members - 1."""
-    from pgt.network.checkpoint import load_checkpoint
-
-    cfg = load_checkpoint(plain[0] / "best.pt")[1]
-    validation = validation_split(data_dir, cfg)
     cached = member_log_probs(plain + students, validation)
     seeds, rows = range(len(plain)), []
     for taught in range(1, members):
@@ -147,7 +139,7 @@ def mixed(plain: list[Path], students: list[Path], members: int, data_dir: Path)
                   for untaught in itertools.combinations(seeds, members - taught)
                   for chosen in itertools.combinations(sorted(set(seeds) - set(untaught)), taught)]
         rows.append({"taught": taught, "combinations": len(combos), "protocol_validation_strict_acc@1": summary(
-            [ensemble_metrics(cached, combo, validation, cfg.num_locations)["strict"]["acc@1"] for combo in combos])})
+            [ensemble_metrics(cached, combo, validation, num_locations)["strict"]["acc@1"] for combo in combos])})
     return rows
 
 
@@ -183,14 +175,18 @@ def main() -> None:
     if untrained:
         wall.write_text(json.dumps({"train_wall_s": round(time.perf_counter() - began, 1)}) + "\n")
     train_s = json.loads(wall.read_text())["train_wall_s"] if wall.is_file() else None
-    rows = [{"networks": "labels alone", **scored(plain, args.members, args.data_dir)},
-            {"networks": f"taught, alpha {args.alpha:g}", **scored(students, args.members, args.data_dir)}]
+    from pgt.network.checkpoint import load_checkpoint
+
+    cfg = load_checkpoint(plain[0] / "best.pt")[1]
+    validation, num_locations = validation_split(args.data_dir, cfg), cfg.num_locations  # one split for every score
+    rows = [{"networks": "labels alone", **scored(plain, args.members, validation, num_locations)},
+            {"networks": f"taught, alpha {args.alpha:g}", **scored(students, args.members, validation, num_locations)}]
     result = {"benchmark": "distillation", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "teachers_from": shown_path(args.plain),
               "teachers": args.teachers, "seeds": args.seeds, "alpha": args.alpha, "members": args.members,
-              "teachers_alone": scored(teachers, len(teachers), args.data_dir),
+              "teachers_alone": scored(teachers, len(teachers), validation, num_locations),
               "selection": SELECTION, "students_trained": trained, "train_wall_s": train_s, "rows": rows,
-              "mixed": mixed(plain, students, args.members, args.data_dir)}
+              "mixed": mixed(plain, students, args.members, validation, num_locations)}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 
