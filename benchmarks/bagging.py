@@ -17,7 +17,6 @@ Writes JSON (default benchmarks/results/bagging.json) and prints a table.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import multiprocessing
 import shutil
@@ -34,11 +33,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     SELECTION,
     WORK,
-    ensemble_metrics,
-    member_log_probs,
     network_arguments,
+    scored,
     shown,
-    summary,
     train_member,
     trained_networks,
     validation_split,
@@ -89,20 +86,8 @@ def main() -> None:
 
     cfg = load_checkpoint(plain[0] / "best.pt")[1]
     validation = validation_split(args.data_dir, cfg)
-    rows = []
-    for name, runs in (("whole train split", plain), ("bootstrap sample", bagged)):
-        row = {"members_trained_on": name}
-        for inputs, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
-            cached = member_log_probs(runs, split, live=inputs == "deployment")
-            for k in (1, args.members):
-                scored = [ensemble_metrics(cached, combo, split, cfg.num_locations)
-                          for combo in itertools.combinations(range(len(runs)), k)]
-                who = "one" if k == 1 else "ensemble"
-                row[f"{who}_{inputs}_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
-                if inputs == "protocol":
-                    row[f"{who}_strict_mrr"] = summary([m["strict"]["mrr"] for m in scored])
-                    row[f"{who}_acc@1"] = summary([m["acc@1"] for m in scored])
-        rows.append(row)
+    rows = [{"members_trained_on": name, **scored(runs, args.members, validation, cfg.num_locations)}
+            for name, runs in (("whole train split", plain), ("bootstrap sample", bagged))]
     result = {"benchmark": "bagging", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "recipe": "tuned", "selection": SELECTION,
               "seeds": args.seeds, "members": args.members, "bootstrap_samples": samples, "bagged_trained": trained,
@@ -116,8 +101,9 @@ def main() -> None:
                    f"{args.members}: strict MRR", f"{args.members}: Acc@1"):
         table.add_column(column, justify="right")
     for r in rows:
-        table.add_row(r["members_trained_on"], shown(r["one_protocol_strict_acc@1"]), shown(r["ensemble_protocol_strict_acc@1"]),
-                      shown(r["ensemble_deployment_strict_acc@1"]), shown(r["ensemble_strict_mrr"]), shown(r["ensemble_acc@1"]))
+        table.add_row(r["members_trained_on"], *(shown(r[f"{key}_validation_{figure}"]) for key, figure in (
+            ("one_protocol", "strict_acc@1"), ("ensemble_protocol", "strict_acc@1"),
+            ("ensemble_deployment", "strict_acc@1"), ("ensemble_protocol", "strict_mrr"), ("ensemble_protocol", "acc@1"))))
     Console().print(table)
     print(f"wrote {args.results}")
 

@@ -40,6 +40,7 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     kept_member,
     member_log_probs,
     network_arguments,
+    scored,
     shown,
     summary,
     trained_networks,
@@ -66,13 +67,12 @@ def distilled_loss(teachers: list, alpha: float):
     cross-entropy against the teachers' mean probabilities on the same batch."""
     import torch
 
-    from pgt.training.loss import criterion, training_loss
+    from pgt.training.loss import criterion, training_loss, training_pass
 
     def loss_of(model, batch, model_cfg, cfg, amp_dtype=None):
-        with torch.autocast(batch.locations.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            out = model(*batch.inputs(), pad_slots=bool(cfg.static_width))
+        out = training_pass(model, batch, cfg, amp_dtype)
         with torch.no_grad():
-            taught = torch.stack([t(*batch.inputs(), pad_slots=bool(cfg.static_width)).log_probs.float()
+            taught = torch.stack([training_pass(t, batch, cfg, amp_dtype).log_probs.float()
                                   for t in teachers])  # (T, B, C)
         log_probs = out.log_probs.float()
         labels = criterion(log_probs, batch, model_cfg, cfg)
@@ -111,22 +111,6 @@ def train_student(seed: int, data_dir: str, out: str, teachers: list[str], alpha
         raise SystemExit(f"{out} holds a student of other teachers or another alpha; give another --work")
     return {"seed": seed, "best_epoch": result["best_epoch"], "train_s": taught["train_s"],
             "validation_strict_acc@1": result["validation"]["strict"]["acc@1"]}
-
-
-def scored(runs: list[Path], members: int, validation, num_locations: int) -> dict:
-    """Figures of the networks in `runs` on the validation split: each alone and every ensemble of `members` of them,
-    strict Acc@1 with the protocol's inputs and as deployed, strict MRR and the protocol's Acc@1 (mean ± std)."""
-    row = {}
-    for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
-        cached = member_log_probs(runs, split, live=name == "deployment")
-        for k, label in ((1, "one"), (members, "ensemble"), (len(runs), "all")):
-            metrics = [ensemble_metrics(cached, combo, split, num_locations)
-                       for combo in itertools.combinations(range(len(runs)), k)]
-            row[f"{label}_{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in metrics])
-            if name == "protocol":
-                row[f"{label}_protocol_validation_strict_mrr"] = summary([m["strict"]["mrr"] for m in metrics])
-                row[f"{label}_protocol_validation_acc@1"] = summary([m["acc@1"] for m in metrics])
-    return row
 
 
 def mixed(plain: list[Path], students: list[Path], members: int, validation, num_locations: int) -> list[dict]:

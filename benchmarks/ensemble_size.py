@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import multiprocessing
 import sys
 import time
@@ -155,6 +156,34 @@ def summary(values: list[float]) -> dict:
             "std": round(float(np.std(values, ddof=1)), 2) if len(values) > 1 else 0.0}
 
 
+# each figure of an ensemble's metrics (pgt.data.metrics.compute_all) that the benchmarks over these networks report
+FIGURES = (("strict_acc@1", lambda m: m["strict"]["acc@1"]), ("strict_mrr", lambda m: m["strict"]["mrr"]),
+           ("acc@1", lambda m: m["acc@1"]))
+
+
+def size_figures(runs: list[Path], sizes: list[int], validation, num_locations: int) -> dict[int, dict]:
+    """For each K in `sizes`, the number of ensembles of K of the networks in `runs` and their FIGURES on the
+    validation split, mean ± std over those ensembles: `{inputs}_validation_{figure}`, with the protocol's inputs and
+    as deployed (the live inputs, scored as serving scores them)."""
+    figures = {k: {"combinations": math.comb(len(runs), k)} for k in sizes}
+    for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
+        cached = member_log_probs(runs, split, live=name == "deployment")
+        for k in sizes:
+            metrics = [ensemble_metrics(cached, combo, split, num_locations)
+                       for combo in itertools.combinations(range(len(runs)), k)]
+            for key, pick in FIGURES:
+                figures[k][f"{name}_validation_{key}"] = summary([pick(m) for m in metrics])
+    return figures
+
+
+def scored(runs: list[Path], members: int, validation, num_locations: int) -> dict:
+    """size_figures of the networks in `runs` each alone ("one_"), every ensemble of `members` of them ("ensemble_")
+    and all of them ("all_")."""
+    figures = size_figures(runs, sorted({1, members, len(runs)}), validation, num_locations)
+    return {f"{label}_{key}": value for k, label in ((1, "one"), (members, "ensemble"), (len(runs), "all"))
+            for key, value in figures[k].items() if key != "combinations"}
+
+
 # the size chosen: the fewest members whose ensembles' mean strict validation Acc@1 is within this of the best mean; a
 # member costs a whole network's training, and differences this small are under the seed noise (0.13-0.36 here)
 WITHIN = 0.1
@@ -244,19 +273,8 @@ def main() -> None:
 
     cfg = load_checkpoint(runs[0] / "best.pt")[1]
     validation = validation_split(data_dir, cfg)
-    sizes = []
-    for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
-        cached = member_log_probs(runs, split, live=name == "deployment")
-        for k in range(1, len(runs) + 1):
-            combos = list(itertools.combinations(range(len(runs)), k))
-            scored = [ensemble_metrics(cached, combo, split, cfg.num_locations) for combo in combos]
-            row = next((r for r in sizes if r["members"] == k), None)
-            if row is None:
-                row = {"members": k, "combinations": len(combos)}
-                sizes.append(row)
-            for key, pick in (("strict_acc@1", lambda m: m["strict"]["acc@1"]), ("strict_mrr", lambda m: m["strict"]["mrr"]),
-                              ("acc@1", lambda m: m["acc@1"])):
-                row[f"{name}_validation_{key}"] = summary([pick(m) for m in scored])
+    sizes = [{"members": k, **figures} for k, figures in size_figures(
+        runs, list(range(1, len(runs) + 1)), validation, cfg.num_locations).items()]
     result = {"benchmark": "ensemble_size", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(data_dir), "recipe": args.recipe, "settings": settings,
               "selection": SELECTION,

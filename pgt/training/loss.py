@@ -96,10 +96,14 @@ def cross_entropy_sum(model_cfg: ModelConfig, cfg: TrainConfig) -> Callable[[Bat
 
 
 
+def training_pass(model: torch.nn.Module, batch: Batch, cfg: TrainConfig, amp_dtype: torch.dtype | None = None):
+    """The model's output on a train batch: under autocast to amp_dtype when given; with static_width, T slot columns
+    (pad_slots)."""
+    with torch.autocast(batch.locations.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+        return model(*batch.inputs(), pad_slots=bool(cfg.static_width))
+
+
 def batch_loss(model: torch.nn.Module, batch: Batch, model_cfg: ModelConfig, cfg: TrainConfig,
                amp_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """A train batch's loss: the model's pass (under autocast to amp_dtype when given; with static_width, T slot
-    columns: pad_slots), then training_loss in float32."""
-    with torch.autocast(batch.locations.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        out = model(*batch.inputs(), pad_slots=bool(cfg.static_width))
-    return training_loss(out, batch, model_cfg, cfg)
+    """A train batch's loss: the model's pass (training_pass), then training_loss in float32."""
+    return training_loss(training_pass(model, batch, cfg, amp_dtype), batch, model_cfg, cfg)
