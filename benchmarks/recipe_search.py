@@ -137,6 +137,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                                    {**TUNED_SELECTION, "arrival_head": 1.0, "arrival_classes": 12}),
     "tuned-arrival-1-classes-48": ("+ the same predicting its half hour (arrival_classes 48)",
                                    {**TUNED_SELECTION, "arrival_head": 1.0, "arrival_classes": 48}),
+    # around tuned (tuned-2026-11-28 with the arrival head at weight 1): a third auxiliary task
+    "tuned-stay-05": ("+ over tuned's selection run (arrival_head 1), an auxiliary head predicting how long the next "
+                      "visit lasts, at weight 0.5 (stay_head 0.5)",
+                      {**TUNED_SELECTION, "arrival_head": 1.0, "stay_head": 0.5}),
+    "tuned-stay-1": ("+ the same head at weight 1 (stay_head 1)", {**TUNED_SELECTION, "arrival_head": 1.0, "stay_head": 1.0}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
     # on those inputs, beside the deployment block of the runs above
     "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),

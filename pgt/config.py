@@ -38,6 +38,8 @@ MEMORY_VISIT_EDGES = (1, 2, 3, 4, 6, 10, 20, 50)
 
 
 HOURS = 24  # arrival_head's classes a day by default (arrival_classes): the hour of day the next visit starts
+# stay_head's classes: how long the next visit lasts, in bands below each edge (minutes) and one beyond the last
+STAY_EDGES_MIN = (30, 60, 120, 240, 480, 960)
 
 
 @dataclass
@@ -92,6 +94,10 @@ class ModelSettings:
                                           "grouped evenly: 24, the hour the next visit starts; 12, its two hours; "
                                           "48, its half hour (finer than the data's time slots, some classes are "
                                           "never a target).", low=2, high=96)
+    stay_head: float = setting(0.0, "Auxiliary task while training: a head on the context predicts the band of how "
+                                    "long the next visit lasts (the split's target_duration_min: below 30, 60, 120, "
+                                    "240, 480, 960 minutes or beyond), its cross-entropy added to the loss at this "
+                                    "weight; predictions ignore it. 0: no head.", low=0.0, high=10.0)
     day_gaps: int = setting(1, "Live predictions (recency from the last visit's day, the next visit's day unknown) "
                                "mix the predictions for the next visit on the last visit's day and the N - 1 days "
                                "after, each weighted by how often it followed a last visit ending at that hour in the "
@@ -137,9 +143,9 @@ class ModelConfig(ModelSettings):
             raise SettingsError(f"visit_relations biases the transformer's pointer: variant 'pgt' or 'pointer', "
                                 f"got {self.variant!r}")
         if self.variant == "lstm-pg" and (self.place_distance or self.usual_places or self.distance_head
-                                          or self.arrival_head):
-            raise SettingsError("place_distance, usual_places, distance_head and arrival_head are the transformer's: "
-                                "not variant 'lstm-pg'")
+                                          or self.arrival_head or self.stay_head):
+            raise SettingsError("place_distance, usual_places, distance_head, arrival_head and stay_head are the "
+                                "transformer's: not variant 'lstm-pg'")
         if self.day_gaps > 1 and self.variant == "lstm-pg":
             raise SettingsError("day_gaps keeps its prior in the transformer: not variant 'lstm-pg'")
         if self.memory_size and self.variant != "pgt":

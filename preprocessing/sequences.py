@@ -213,5 +213,6 @@ def sample_table(kept: pl.DataFrame, split: str, anchor: str = "target_day", mem
         "target_place": targets["location_id"].cast(pl.Int64),
         "target_time_slot": targets["time_slot"],
         "target_weekday": targets["weekday"],
+        "target_duration_min": targets["duration_min"],
         "target_started_at": targets["started_at"],
     })

@@ -67,6 +67,11 @@ class MemoryLayout:
         return self.durations + 1 + bucket + len(MEMORY_VISIT_EDGES) * (after_current > 0)
 
 
+# the auxiliary tasks' labels a split may hold beside its targets -> (the dataset's tensor of them, what each is)
+TARGET_LABELS = {"target_time_slot": ("target_times", "start slot"),
+                 "target_duration_min": ("target_minutes", "duration")}
+
+
 class Batch(NamedTuple):
     locations: torch.Tensor  # (B, T) location ids, 0 = padding, 1 = unseen in train, right-padded
     users: torch.Tensor  # (B,)
@@ -80,6 +85,9 @@ class Batch(NamedTuple):
     # (B,) the time slot the target visit starts in (0-based, the split's target_time_slot), -1 where unknown:
     # arrival_head's label, never an input
     target_times: torch.Tensor | None = None
+    # (B,) how many minutes the target visit lasts (the split's target_duration_min), -1 where unknown: stay_head's
+    # label, never an input
+    target_minutes: torch.Tensor | None = None
 
     def inputs(self) -> tuple[torch.Tensor, ...]:
         """The model's positional arguments."""
@@ -177,6 +185,7 @@ class SequenceDataset(Dataset):
         self.memory = memory  # how remembered places sit in front of each history; None: they do not
         self.target_kinds: np.ndarray | None = None  # (N,) int8 codes of metrics.TARGET_KINDS, where the split has them
         self.target_times = torch.full_like(self.targets, -1)  # (N,) target_time_slot where the split has it, else -1
+        self.target_minutes = torch.full_like(self.targets, -1)  # (N,) target_duration_min where it has it, else -1
         # (N, T) days since each remembered place's last visit, 0 on the history's visits and padding
         self.memory_days = torch.from_numpy(memory_days) if memory_days is not None else torch.zeros_like(self.locations)
         self.slots, self.target_slots = torch.zeros_like(self.locations), torch.zeros_like(self.targets)
@@ -219,7 +228,7 @@ class SequenceDataset(Dataset):
             targets = ["target", target_place] if with_target else []
             # those present: memory_values names the missing ones
             remembered = [c for c in MEMORY_AS_VISITS if c in present] if memory is not None else []
-            kinds = [c for c in ("target_kind", "target_time_slot") if with_target and c in present]
+            kinds = [c for c in ("target_kind", *TARGET_LABELS) if with_target and c in present]
             table = pq.read_table(path, columns=["user", *LIST_COLUMNS, places, *remembered, *targets, *kinds])
         except (pa.ArrowException, OSError) as exc:
             raise InputError(path, f"unreadable Parquet ({str(exc).strip().splitlines()[0]})") from None
@@ -280,11 +289,15 @@ class SequenceDataset(Dataset):
                       column("target_place"), memory_days if memory is not None else None, memory)
         if with_target and "target_kind" in table.column_names:
             dataset.target_kinds = target_kind_codes(table.column("target_kind").combine_chunks(), path)
-        if with_target and "target_time_slot" in table.column_names:
-            times = table.column("target_time_slot").combine_chunks()
-            if times.null_count:
-                raise InputError(path, "column target_time_slot holds null values; every target needs its start slot")
-            dataset.target_times = torch.from_numpy(times.to_numpy().astype(np.int64))
+        for column, (attribute, what) in TARGET_LABELS.items():
+            if not (with_target and column in table.column_names):
+                continue
+            values = table.column(column).combine_chunks()
+            if not pa.types.is_integer(values.type):
+                raise InputError(path, f"column {column} has type {values.type}, expected integers")
+            if values.null_count:
+                raise InputError(path, f"column {column} holds null values; every target needs its {what}")
+            setattr(dataset, attribute, torch.from_numpy(values.to_numpy().astype(np.int64)))
         return dataset
 
     @staticmethod
@@ -397,7 +410,8 @@ class SequenceDataset(Dataset):
         """The samples `idx` (on this dataset's device) as a Batch `width` visits wide: no transfer, no sync."""
         return Batch(self.locations[idx, :width], self.users[idx], self.times[idx, :width],
                      self.weekdays[idx, :width], self.recency[idx, :width], self.durations[idx, :width],
-                     self.targets[idx], self.slots[idx, :width], self.target_slots[idx], self.target_times[idx])
+                     self.targets[idx], self.slots[idx, :width], self.target_slots[idx], self.target_times[idx],
+                     self.target_minutes[idx])
 
     def to(self, device: torch.device | str) -> SequenceDataset:
         """A copy whose tensors live on `device`."""

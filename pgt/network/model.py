@@ -20,8 +20,9 @@ the target's); with `relation_inputs` the encoder's inputs embed them too, so th
 Ensembles (`members` K > 1): K networks of one configuration from their own initial weights, trained side by
 side each on its own loss; the prediction is the mean of their probabilities.
 
-Auxiliary tasks (`distance_head`, `arrival_head`): heads on the context c that predict the next move's distance band
-and the hour the next visit starts, trained jointly (pgt.training.loss); in eval mode the model gives neither.
+Auxiliary tasks (`distance_head`, `arrival_head`, `stay_head`): heads on the context c that predict the next move's
+distance band, the hour the next visit starts and how long it lasts, trained jointly (pgt.training.loss); in eval mode
+the model gives none of them.
 
 Variants: "pgt" (learned gate), "mhsa" (generation only, g = 0), "pointer" (pointer only, g = 1),
 and "lstm-pg": the original pointer-generator (See et al., 2017) adapted to one prediction step:
@@ -39,7 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pgt.config import ModelConfig
+from pgt.config import STAY_EDGES_MIN, ModelConfig
 from pgt.network.daygap import END_HOURS
 from pgt.network.places import DISTANCE_EDGES_KM, USUAL_KINDS, distance_bands, usual_places
 from pgt.network.pointer import (
@@ -99,6 +100,8 @@ class Output(NamedTuple):
     # arrival_head, while training: (B, arrival_classes * arrival_days) logits of the hour (or other share of the
     # day) the next visit starts (an Ensemble's (K, B, arrival_classes * arrival_days))
     arrival: torch.Tensor | None = None
+    # stay_head, while training: (B, stay bands) logits of how long the next visit lasts (an Ensemble's (K, B, bands))
+    stay: torch.Tensor | None = None
 
 
 class VisitEmbedding(nn.Module):
@@ -222,6 +225,8 @@ class PointerGeneratorTransformer(nn.Module):
         self.distance_head = nn.Linear(d, len(DISTANCE_EDGES_KM) + 2) if cfg.distance_head else None
         # and when it starts (training only)
         self.arrival_head = nn.Linear(d, cfg.arrival_classes * cfg.arrival_days) if cfg.arrival_head else None
+        # and how long it lasts (training only)
+        self.stay_head = nn.Linear(d, len(STAY_EDGES_MIN) + 1) if cfg.stay_head else None
         if cfg.place_distance or cfg.distance_head:
             # (V, 2) latitude and longitude of each location id in degrees, NaN where none (set_place_coordinates)
             self.register_buffer("place_coords", torch.full((cfg.num_locations, 2), math.nan))
@@ -268,6 +273,7 @@ class PointerGeneratorTransformer(nn.Module):
         logits = self.generator(c)  # (B, V)
         distance_task = self.distance_head is not None and self.training  # the auxiliary tasks: training only
         arrival_task = self.arrival_head is not None and self.training
+        stay_task = self.stay_head is not None and self.training
         bands = None
         if self.cfg.place_distance or distance_task:
             current = locations.gather(1, (lengths - 1).unsqueeze(1)).squeeze(1)  # (B,) the last visit's place
@@ -276,12 +282,13 @@ class PointerGeneratorTransformer(nn.Module):
             logits = logits + lookup(self.distance_bias, bands)
         p_gen = torch.softmax(logits, dim=-1)  # (B, V)
         probs = mix(gate, pointer_distribution(attention, locations, slots, self.cfg, pad_slots), p_gen)  # (B, V + S)
-        if not (distance_task or arrival_task):
+        if not (distance_task or arrival_task or stay_task):
             return Output(torch.log(probs + EPS), gate, attention)
         return Output(torch.log(probs + EPS), gate, attention,
                       distance=self.distance_head(c) if distance_task else None,  # (B, bands)
                       bands=bands if distance_task else None,
-                      arrival=self.arrival_head(c) if arrival_task else None)  # (B, 24 * arrival_days)
+                      arrival=self.arrival_head(c) if arrival_task else None,  # (B, 24 * arrival_days)
+                      stay=self.stay_head(c) if stay_task else None)  # (B, stay bands)
 
 
 def set_place_coordinates(model: nn.Module, coords: torch.Tensor) -> None:
@@ -384,7 +391,8 @@ class Ensemble(nn.Module):
         attention = torch.stack([out.attention for out in outs]).mean(0)  # (B, T)
         distance = None if outs[0].distance is None else torch.stack([out.distance for out in outs])  # (K, B, bands)
         arrival = None if outs[0].arrival is None else torch.stack([out.arrival for out in outs])  # (K, B, 24)
-        return Output(log_probs, gate, attention, each, distance, outs[0].bands, arrival)
+        stay = None if outs[0].stay is None else torch.stack([out.stay for out in outs])  # (K, B, stay bands)
+        return Output(log_probs, gate, attention, each, distance, outs[0].bands, arrival, stay)
 
 
 def mean_probability(each: torch.Tensor) -> torch.Tensor:

@@ -69,8 +69,9 @@ class StackedTransformer(nn.Module):
         self.ensemble = len(nets) > 1
         first = nets[0]
         named = [dict(net.named_parameters()) for net in nets]
+        training_tasks = ("distance_head.", "arrival_head.", "stay_head.")  # heads a prediction never reads
         params = {name: torch.stack([each[name].detach() for each in named])  # (K, ...) each
-                  for name in named[0] if not name.startswith(("distance_head.", "arrival_head."))}  # training tasks'
+                  for name in named[0] if not name.startswith(training_tasks)}
         self.slot_rows = first.embed.slot.num_embeddings if first.embed.slot is not None else 0
         self.features = fold_embedding(params, first)  # feature -> its first row in "embed.folded"
         self.starts = {}  # group -> the first row of each of its tables, where ids are looked up side by side

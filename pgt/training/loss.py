@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pgt.config import HOURS, ModelConfig, TrainConfig
+from pgt.config import HOURS, STAY_EDGES_MIN, ModelConfig, TrainConfig
 from pgt.data.dataset import Batch
 from pgt.network.daygap import days_after_last_visit
 from pgt.network.model import Output
@@ -60,6 +60,9 @@ def training_loss(out: Output, batch: Batch, model_cfg: ModelConfig, cfg: TrainC
         each = [out.arrival] if one else out.arrival  # (B, arrival_classes * arrival_days) per network
         loss = loss + model_cfg.arrival_head * sum(arrival_loss(logits, batch, model_cfg.time_slots,
                                                                 model_cfg.arrival_classes) for logits in each)
+    if out.stay is not None:
+        each = [out.stay] if one else out.stay  # (B, stay bands) per network
+        loss = loss + model_cfg.stay_head * sum(stay_loss(logits, batch) for logits in each)
     return loss
 
 
@@ -87,6 +90,18 @@ def arrival_loss(arrival: torch.Tensor, batch: Batch, time_slots: int, classes: 
     if days > 1:
         target = target + classes * days_after_last_visit(batch.locations, batch.recency).clamp(0, days - 1)  # (B,)
     losses = F.cross_entropy(arrival.float(), target, reduction="none")  # (B,)
+    return (losses * known).sum() / known.sum().clamp_min(1)
+
+
+def stay_loss(stay: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """() The auxiliary task's cross-entropy: (B, bands) logits against the band of how long each row's target visit
+    lasts (STAY_EDGES_MIN), averaged over the rows that know it (target_minutes -1: none). No host synchronisation."""
+    if batch.target_minutes is None:
+        raise ValueError("stay_loss needs the batch's target_minutes (SequenceDataset.gather gives them)")
+    known = batch.target_minutes >= 0  # (B,)
+    edges = torch.tensor(STAY_EDGES_MIN, device=stay.device)
+    target = torch.bucketize(batch.target_minutes.clamp_min(0), edges, right=True)  # (B,) 0 .. len(edges)
+    losses = F.cross_entropy(stay.float(), target, reduction="none")  # (B,)
     return (losses * known).sum() / known.sum().clamp_min(1)
 
 

@@ -65,6 +65,9 @@ def check_streamable(cfg: TrainConfig) -> None:
     if cfg.network.arrival_head:
         raise SettingsError("arrival_head learns from each target's start time, which the streamed path does not read; "
                             "use --data-engine loaded")
+    if cfg.network.stay_head:
+        raise SettingsError("stay_head learns from each target's duration, which the streamed path does not read; "
+                            "use --data-engine loaded")
 
 
 def split_rows(data_dir: str, split: str = "train") -> int:
@@ -217,6 +220,9 @@ def setup(config: dict, worker: Worker) -> TrainState:
         raise InputError(data_dir, "a split has no samples; nothing to train on")
     if cfg.network.arrival_head and not streamed and bool((splits["train"].target_times < 0).all()):
         raise InputError(Path(data_dir) / "train.parquet", "no column target_time_slot, which arrival_head learns "
+                                                           "from; preprocess the input again")
+    if cfg.network.stay_head and not streamed and bool((splits["train"].target_minutes < 0).all()):
+        raise InputError(Path(data_dir) / "train.parquet", "no column target_duration_min, which stay_head learns "
                                                            "from; preprocess the input again")
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
         splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}

@@ -464,6 +464,51 @@ def test_the_arrival_head_predicts_the_next_visits_hour_while_training_and_predi
         dataclasses.replace(tiny_config, variant="lstm-pg", arrival_head=0.5)
 
 
+def test_the_stay_head_predicts_how_long_the_next_visit_lasts_while_training_and_predictions_ignore_it(tiny_batch,
+                                                                                                  tiny_config):
+    """stay_head: in training mode the model gives (B, 7) logits; the loss adds stay_loss at the setting's weight: the
+    cross-entropy against each target's duration band (below 30, 60, 120, 240, 480, 960 minutes or beyond: 29 min is
+    band 0, 30 band 1, 2,000 band 6), averaged over the rows that know it (-1: the second does not). In eval mode there
+    is none, and the head changes no prediction. An ensemble gives each member's logits; a batch without durations
+    is refused, and so is the LSTM."""
+    import torch.nn.functional as F
+
+    from pgt.config import STAY_EDGES_MIN, TrainConfig
+    from pgt.training.loss import criterion, stay_loss, training_loss
+
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(tiny_config, stay_head=0.4, arrival_head=0.3, time_slots=96)
+    model = build_model(cfg)
+    batch = tiny_batch._replace(target_times=torch.tensor([95, 40, 0]), target_minutes=torch.tensor([29, -1, 2000]))
+    out = model.train()(*batch.inputs())
+    assert out.stay.shape == (3, len(STAY_EDGES_MIN) + 1) == (3, 7) and out.arrival.shape == (3, 24)
+    expected = F.cross_entropy(out.stay[[0, 2]], torch.tensor([0, 6]))
+    assert torch.allclose(stay_loss(out.stay, batch), expected)
+    bands = stay_loss(out.stay, tiny_batch._replace(target_minutes=torch.tensor([30, 30, 30])))
+    assert torch.allclose(bands, F.cross_entropy(out.stay, torch.tensor([1, 1, 1])))
+    train_cfg = TrainConfig(data_dir="d", out_dir="o")
+    from pgt.training.loss import arrival_loss
+    assert torch.allclose(training_loss(out, batch, cfg, train_cfg), criterion(out.log_probs, batch, cfg, train_cfg)
+                          + 0.3 * arrival_loss(out.arrival, batch, 96) + 0.4 * expected)
+    with pytest.raises(ValueError, match="target_minutes"):
+        stay_loss(out.stay, tiny_batch)
+
+    served = model.eval()(*batch.inputs())
+    assert served.stay is None
+    plain = build_model(dataclasses.replace(cfg, stay_head=0.0)).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("stay_head.")})
+    assert torch.allclose(plain(*batch.inputs()).log_probs, served.log_probs)
+
+    ensemble = build_model(dataclasses.replace(cfg, members=2, arrival_head=0.0))
+    both = ensemble.train()(*batch.inputs())
+    assert both.stay.shape == (2, 3, 7)
+    assert torch.allclose(training_loss(both, batch, cfg, train_cfg),
+                          sum(criterion(each, batch, cfg, train_cfg) + 0.4 * stay_loss(s, batch)
+                              for each, s in zip(both.members, both.stay, strict=True)))
+    with pytest.raises(Exception, match="lstm-pg"):
+        dataclasses.replace(tiny_config, variant="lstm-pg", stay_head=0.5)
+
+
 def test_arrival_days_counts_the_hour_from_the_midnight_before_the_last_visits_day(tiny_batch, tiny_config):
     """arrival_days 2: (B, 48) logits; each target's class is its start hour plus 24 for each day after the last
     visit's day the protocol's recency tells (stored + 1: recency 1 is the same day, 2 the next, 5 three days later,

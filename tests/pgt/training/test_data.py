@@ -77,7 +77,8 @@ def test_reanchoring_a_split_gives_the_samples_built_at_the_last_visit():
         "location": pl.Series(rng.integers(1, 9, len(days)), dtype=pl.Int32), "location_id": rng.integers(0, 9, len(days)),
         "time_slot": pl.Series(rng.integers(0, 96, len(days)), dtype=pl.Int16),
         "weekday": pl.Series(rng.integers(0, 7, len(days)), dtype=pl.Int8),
-        "duration_bucket": pl.Series(rng.integers(0, 96, len(days)), dtype=pl.Int16)}).sort("started_at"), 7, 3)
+        "duration_bucket": pl.Series(rng.integers(0, 96, len(days)), dtype=pl.Int16),
+        "duration_min": pl.Series(rng.integers(0, 3000, len(days)), dtype=pl.Int32)}).sort("started_at"), 7, 3)
     protocol = SequenceDataset.from_arrow(sample_table(kept, "test").to_arrow())
     live = SequenceDataset.from_arrow(sample_table(kept, "test", anchor="last_visit").to_arrow())
     assert len(live) > 20 and not torch.equal(protocol.recency, live.recency)
@@ -232,6 +233,29 @@ def test_outputs_without_places_are_refused_with_a_hint(tmp_path):
     write_split(path, [(1, [5, 6, 7], 5)])
     pl.read_parquet(path).drop("places", "target_place").write_parquet(path)
     with pytest.raises(ValueError, match=r"test.parquet: no column places or target_place .* preprocess the input again"):
+        SequenceDataset.from_parquet(path)
+
+
+@pytest.mark.parametrize(("column", "values", "message"), [
+    ("target_duration_min", ["90", "15"], "column target_duration_min has type (string|large_string), expected integers"),
+    ("target_duration_min", [90, None], "column target_duration_min holds null values; every target needs its duration"),
+    ("target_time_slot", [1.5, 2.0], "column target_time_slot has type double, expected integers"),
+])
+def test_the_auxiliary_tasks_labels_are_read_as_integers_and_odd_ones_refused(tmp_path, column, values, message):
+    """target_time_slot and target_duration_min become the dataset's target_times and target_minutes (-1 where the
+    split has no such column); a column of another type, or with nulls, is one line naming the file and the column."""
+    path = tmp_path / "test.parquet"
+    write_split(path, [(1, [5, 6, 7], 5), (2, [8, 9], 9)])
+    ds = SequenceDataset.from_parquet(path)
+    assert ds.target_times.tolist() == [-1, -1] and ds.target_minutes.tolist() == [-1, -1]
+    labelled = pl.read_parquet(path).with_columns(target_time_slot=pl.Series([40, 95], dtype=pl.Int16),
+                                                  target_duration_min=pl.Series([90, 0], dtype=pl.Int32))
+    labelled.write_parquet(path)
+    ds = SequenceDataset.from_parquet(path)
+    assert ds.target_times.tolist() == [40, 95] and ds.target_minutes.tolist() == [90, 0]
+    assert ds.__getitems__([1, 0]).target_minutes.tolist() == [0, 90]
+    labelled.with_columns(pl.Series(column, values)).write_parquet(path)
+    with pytest.raises(InputError, match=rf"test.parquet: {message}"):
         SequenceDataset.from_parquet(path)
 
 

@@ -182,6 +182,32 @@ def test_arrival_head_learns_from_each_targets_start_slot_and_data_without_it_is
     assert LaunchConfig().data_engine == "loaded"
 
 
+def test_stay_head_learns_from_each_targets_duration_and_data_without_it_is_refused(synthetic_sequences, tmp_path):
+    """A stay_head run reads each split's target_duration_min (the loader's target_minutes: the target's own
+    duration_min, the row after its history's last visit) and trains its head, which best.pt keeps; train.parquet
+    without the column is refused in one line naming it, and so is the streamed path."""
+    from pgt.network.checkpoint import load_checkpoint
+    from pgt.training.state import check_streamable
+
+    splits = load_splits(synthetic_sequences, names=("train",))
+    minutes = pl.read_parquet(synthetic_sequences / "train.parquet", columns=["target_duration_min"])
+    assert splits["train"].target_minutes.tolist() == minutes["target_duration_min"].to_list()
+    assert minutes["target_duration_min"].min() >= 0 and minutes["target_duration_min"].n_unique() > 10
+    result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path / "run"), "epochs": 2,
+                                    "d_model": 16, "nhead": 2, "stay_head": 0.5})
+    assert result["model_config"]["stay_head"] == 0.5 and np.isfinite(result["history"][-1]["train_loss"])
+    model, _ = load_checkpoint(tmp_path / "run" / "best.pt")
+    assert model.stay_head.weight.abs().sum() > 0
+    bare = tmp_path / "bare"
+    shutil.copytree(synthetic_sequences, bare)
+    pl.read_parquet(bare / "train.parquet").drop("target_duration_min").write_parquet(bare / "train.parquet")
+    with pytest.raises(ValueError, match=r"train.parquet: no column target_duration_min, which stay_head learns from"):
+        train_loop_per_worker({"data_dir": str(bare), "out_dir": str(tmp_path / "bare-run"), "epochs": 1,
+                               "d_model": 16, "nhead": 2, "stay_head": 0.5})
+    with pytest.raises(ValueError, match="stay_head learns from each target's duration"):
+        check_streamable(TrainConfig.from_dict({"data_dir": "d", "out_dir": "o", "stay_head": 0.5}))
+
+
 def test_recent_repeat_shows_each_persons_latest_samples_once_more(synthetic_sequences, tmp_path):
     """recent_repeat 0.3: an epoch holds the train split plus each person's latest 30% once more (latest_samples'
     count), with simulate_unseen too (each repeated sample keeps its own day); validation is untouched."""
