@@ -24,6 +24,7 @@ SWITCHES = {
     "usual places": {"usual_places": True},
     "distance head (training's only), slots": {"distance_head": 0.5, "unseen_slots": True},
     "arrival head (training's only), relations": {"arrival_head": 0.5, "visit_relations": True},
+    "arrival and stay heads (training's only)": {"arrival_head": 1.0, "stay_head": 0.5, "visit_relations": True},
 }
 
 
