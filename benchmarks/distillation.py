@@ -38,10 +38,10 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     WORK,
     ensemble_metrics,
     kept_member,
-    member_log_probs,
     network_arguments,
     scored,
     shown,
+    split_log_probs,
     summary,
     trained_networks,
     validation_split,
@@ -113,13 +113,18 @@ def train_student(seed: int, data_dir: str, out: str, teachers: list[str], alpha
             "validation_strict_acc@1": result["validation"]["strict"]["acc@1"]}
 
 
-def mixed(plain: list[Path], students: list[Path], members: int, validation, num_locations: int) -> list[dict]:
+def mixed(plain: list, students: list, members: int, validation, num_locations: int) -> list[dict]:
     """Strict validation Acc@1 of ensembles of `members` networks of distinct seeds, `taught` of them students and the
-    rest plain networks (plain[i] and students[i] share a seed), for each count of students from 1 to members - 1."""
-    cached = member_log_probs(plain + students, validation)
-    seeds, rows = range(len(plain)), []
+    rest plain networks, for each count of students from 1 to members - 1: `plain` and `students` are the two sets'
+    member_log_probs on the validation split, the i-th network of each of the same seed."""
+    import torch
+
+    cached = [(indices, batch, torch.cat([mine, theirs]))  # (2 M, B, V + S): the plain networks, then the students
+              for (indices, batch, mine), (_, _, theirs) in zip(plain, students, strict=True)]
+    count = len(plain[0][2])  # the networks of each set
+    seeds, rows = range(count), []
     for taught in range(1, members):
-        combos = [(*untaught, *(len(plain) + i for i in chosen))
+        combos = [(*untaught, *(count + i for i in chosen))
                   for untaught in itertools.combinations(seeds, members - taught)
                   for chosen in itertools.combinations(sorted(set(seeds) - set(untaught)), taught)]
         rows.append({"taught": taught, "combinations": len(combos), "protocol_validation_strict_acc@1": summary(
@@ -163,14 +168,18 @@ def main() -> None:
 
     cfg = load_checkpoint(plain[0] / "best.pt")[1]
     validation, num_locations = validation_split(args.data_dir, cfg), cfg.num_locations  # one split for every score
-    rows = [{"networks": "labels alone", **scored(plain, args.members, validation, num_locations)},
-            {"networks": f"taught, alpha {args.alpha:g}", **scored(students, args.members, validation, num_locations)}]
+    # one forward pass of each network over each split, which its rows and the mixed ensembles share
+    plain_cached, students_cached = split_log_probs(plain, validation), split_log_probs(students, validation)
+    rows = [{"networks": "labels alone", **scored(plain, args.members, validation, num_locations, plain_cached)},
+            {"networks": f"taught, alpha {args.alpha:g}",
+             **scored(students, args.members, validation, num_locations, students_cached)}]
     result = {"benchmark": "distillation", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "teachers_from": shown_path(args.plain),
               "teachers": args.teachers, "seeds": args.seeds, "alpha": args.alpha, "members": args.members,
               "teachers_alone": scored(teachers, len(teachers), validation, num_locations),
               "selection": SELECTION, "students_trained": trained, "train_wall_s": train_s, "rows": rows,
-              "mixed": mixed(plain, students, args.members, validation, num_locations)}
+              "mixed": mixed(plain_cached["protocol"], students_cached["protocol"], args.members, validation,
+                             num_locations)}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 

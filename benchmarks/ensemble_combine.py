@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     SELECTION,
     ensemble_metrics,
+    input_splits,
     network_arguments,
     network_log_probs,
     summary,
@@ -98,7 +99,7 @@ def main() -> None:
     sizes = sorted({1, args.members})
     combos = {k: list(itertools.combinations(range(len(runs)), k)) for k in sizes}
     rows = {(k, way): {"members": k, "way": way, "combinations": len(combos[k])} for k in sizes for way in WAYS}
-    for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
+    for name, split in input_splits(validation).items():
         cached = network_log_probs(networks, split, live=name == "deployment")
         for (k, way), row in rows.items():
             scored = [ensemble_metrics(cached, picked(way, combo), split, cfg.num_locations,

@@ -161,25 +161,40 @@ FIGURES = (("strict_acc@1", lambda m: m["strict"]["acc@1"]), ("strict_mrr", lamb
            ("acc@1", lambda m: m["acc@1"]))
 
 
-def size_figures(runs: list[Path], sizes: list[int], validation, num_locations: int) -> dict[int, dict]:
+def input_splits(validation) -> dict[str, object]:
+    """The validation split with the protocol's inputs and as deployed (recency from the last visit's day)."""
+    return {"protocol": validation, "deployment": validation.anchored_at_last_visit()}
+
+
+def split_log_probs(runs: list[Path], validation) -> dict[str, list]:
+    """member_log_probs of the networks in `runs` on each of input_splits(validation), the deployed one scored as
+    serving scores it: one forward pass of each network over each, which every ensemble of them reuses."""
+    return {name: member_log_probs(runs, split, live=name == "deployment")
+            for name, split in input_splits(validation).items()}
+
+
+def size_figures(runs: list[Path], sizes: list[int], validation, num_locations: int,
+                 cached: dict[str, list] | None = None) -> dict[int, dict]:
     """For each K in `sizes`, the number of ensembles of K of the networks in `runs` and their FIGURES on the
     validation split, mean ± std over those ensembles: `{inputs}_validation_{figure}`, with the protocol's inputs and
-    as deployed (the live inputs, scored as serving scores them)."""
+    as deployed (the live inputs, scored as serving scores them); `cached`: the networks' split_log_probs, where the
+    caller has them already."""
     figures = {k: {"combinations": math.comb(len(runs), k)} for k in sizes}
-    for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
-        cached = member_log_probs(runs, split, live=name == "deployment")
+    cached = cached or split_log_probs(runs, validation)
+    for name, split in input_splits(validation).items():
         for k in sizes:
-            metrics = [ensemble_metrics(cached, combo, split, num_locations)
+            metrics = [ensemble_metrics(cached[name], combo, split, num_locations)
                        for combo in itertools.combinations(range(len(runs)), k)]
             for key, pick in FIGURES:
                 figures[k][f"{name}_validation_{key}"] = summary([pick(m) for m in metrics])
     return figures
 
 
-def scored(runs: list[Path], members: int, validation, num_locations: int) -> dict:
+def scored(runs: list[Path], members: int, validation, num_locations: int,
+           cached: dict[str, list] | None = None) -> dict:
     """size_figures of the networks in `runs` each alone ("one_"), every ensemble of `members` of them ("ensemble_")
     and all of them ("all_")."""
-    figures = size_figures(runs, sorted({1, members, len(runs)}), validation, num_locations)
+    figures = size_figures(runs, sorted({1, members, len(runs)}), validation, num_locations, cached)
     return {f"{label}_{key}": value for k, label in ((1, "one"), (members, "ensemble"), (len(runs), "all"))
             for key, value in figures[k].items() if key != "combinations"}
 

@@ -26,9 +26,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     SELECTION,
     ensemble_metrics,
-    member_log_probs,
+    input_splits,
     network_arguments,
     shown,
+    split_log_probs,
     summary,
     trained_networks,
     validation_split,
@@ -71,10 +72,10 @@ def main() -> None:
     validation = validation_split(args.data_dir, cfg)
     combos = list(itertools.combinations(range(len(runs)), args.members))
     rows = [{"temperature": t, "combinations": len(combos)} for t in args.temperatures]
-    for name, split in (("protocol", validation), ("deployment", validation.anchored_at_last_visit())):
-        cached = member_log_probs(runs, split, live=name == "deployment")
+    cached = split_log_probs(runs, validation)
+    for name, split in input_splits(validation).items():
         for row in rows:
-            scored = [ensemble_metrics(cached, combo, split, cfg.num_locations, tempered_mean(row["temperature"]))
+            scored = [ensemble_metrics(cached[name], combo, split, cfg.num_locations, tempered_mean(row["temperature"]))
                       for combo in combos]
             row[f"{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
             if name == "protocol":

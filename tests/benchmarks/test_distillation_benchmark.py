@@ -46,3 +46,34 @@ def test_a_student_s_loss_is_its_own_with_alpha_of_its_label_cross_entropy_swapp
     assert torch.allclose(distilled_loss([student], 1.0)(student, batch, model_cfg, cfg), expected)
     # another teacher moves it, and only through the teachers' term
     assert not torch.allclose(distilled_loss([teacher], 1.0)(student, batch, model_cfg, cfg), expected)
+
+
+def test_mixed_ensembles_pick_distinct_seeds_from_the_two_sets_cached_passes(tiny_sequences):
+    """mixed() reads the plain networks' and the students' cached passes (ensemble_size.network_log_probs): with three
+    seeds and ensembles of two, one student and one plain network of another seed, six ways, whose mean is the one
+    ensemble_metrics gives each of them over all six networks' passes scored at once."""
+    import itertools
+
+    import numpy as np
+
+    from pgt.config import TrainConfig
+    from pgt.data.dataset import Vocab, load_splits
+    from pgt.network.model import build_model
+
+    distillation, ensemble_size = load_benchmark("distillation"), load_benchmark("ensemble_size")
+    cfg = TrainConfig.from_recipe("tuned", data_dir=str(tiny_sequences), out_dir="o")
+    model_cfg = cfg.model_config(Vocab.from_manifest(tiny_sequences))
+    validation = load_splits(tiny_sequences, cfg.network.max_len, Vocab.from_manifest(tiny_sequences),
+                             names=("validation",))["validation"]
+    networks = []
+    for seed in range(6):  # seeds 0-2 plain, 3-5 their students
+        torch.manual_seed(seed)
+        networks.append(build_model(model_cfg).eval())
+    plain, students = (ensemble_size.network_log_probs(nets, validation) for nets in (networks[:3], networks[3:]))
+    rows = distillation.mixed(plain, students, 2, validation, model_cfg.num_locations)
+    combos = [(p, 3 + s) for p, s in itertools.permutations(range(3), 2)]
+    every = ensemble_size.network_log_probs(networks, validation)
+    expected = np.mean([ensemble_size.ensemble_metrics(every, combo, validation, model_cfg.num_locations)["strict"]["acc@1"]
+                        for combo in combos])
+    assert [(r["taught"], r["combinations"]) for r in rows] == [(1, 6)]
+    assert rows[0]["protocol_validation_strict_acc@1"]["mean"] == round(float(expected), 2)
