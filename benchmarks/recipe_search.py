@@ -142,6 +142,13 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                       "visit lasts, at weight 0.5 (stay_head 0.5)",
                       {**TUNED_SELECTION, "arrival_head": 1.0, "stay_head": 0.5}),
     "tuned-stay-1": ("+ the same head at weight 1 (stay_head 1)", {**TUNED_SELECTION, "arrival_head": 1.0, "stay_head": 1.0}),
+    "tuned-now-prev": ("+ over tuned's selection run (arrival_head 1), the previous location's embedding "
+                       "(previous_location)", {**TUNED_SELECTION, "arrival_head": 1.0, "previous_location": True}),
+    "tuned-now-rel2": ("+ over tuned's selection run, relations to the last two places (relation_order 2)",
+                       {**TUNED_SELECTION, "arrival_head": 1.0, "relation_order": 2}),
+    "tuned-now-kf06": ("+ over tuned's selection run, the simulated cutoff of unseen places drawn from 60-100% of "
+                       "the user's days before each sample (known_fraction_min 0.6)",
+                       {**TUNED_SELECTION, "arrival_head": 1.0, "known_fraction_min": 0.6}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
     # on those inputs, beside the deployment block of the runs above
     "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),
