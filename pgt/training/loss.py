@@ -99,8 +99,8 @@ def stay_loss(stay: torch.Tensor, batch: Batch) -> torch.Tensor:
     if batch.target_minutes is None:
         raise ValueError("stay_loss needs the batch's target_minutes (SequenceDataset.gather gives them)")
     known = batch.target_minutes >= 0  # (B,)
-    edges = torch.tensor(STAY_EDGES_MIN, device=stay.device)
-    target = torch.bucketize(batch.target_minutes.clamp_min(0), edges, right=True)  # (B,) 0 .. len(edges)
+    # (B,) 0 .. len(edges): the edges reached, from Python numbers (no tensor made here, so a captured step can hold it)
+    target = sum((batch.target_minutes >= edge).long() for edge in STAY_EDGES_MIN)
     losses = F.cross_entropy(stay.float(), target, reduction="none")  # (B,)
     return (losses * known).sum() / known.sum().clamp_min(1)
 
