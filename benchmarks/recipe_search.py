@@ -149,6 +149,14 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "tuned-now-kf06": ("+ over tuned's selection run, the simulated cutoff of unseen places drawn from 60-100% of "
                        "the user's days before each sample (known_fraction_min 0.6)",
                        {**TUNED_SELECTION, "arrival_head": 1.0, "known_fraction_min": 0.6}),
+    "tuned-now-lr15e4": ("+ over tuned's selection run, peak learning rate 1.5e-3 (tuned: 2e-3)",
+                         {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 1.5e-3}),
+    "tuned-now-lr3e3": ("+ over tuned's selection run, peak learning rate 3e-3",
+                        {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 3e-3}),
+    "tuned-now-lr4e3": ("+ over tuned's selection run, peak learning rate 4e-3",
+                        {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3}),
+    "tuned-now-lr5e3": ("+ over tuned's selection run, peak learning rate 5e-3",
+                        {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 5e-3}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
     # on those inputs, beside the deployment block of the runs above
     "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),

@@ -77,8 +77,9 @@ def test_a_flow_s_parameters_are_its_model_s_fields(flow, tmp_path):
     ({"epochs": 0}, "epochs must be in [1, 1048576], got 0"),
     ({"tune": True, "trials": 0}, "trials must be in [1, 1048576], got 0"),
     ({"tune": True, "finalists": -1}, "finalists must be in [0, 64], got -1"),
-    ({"recipe": "fast"}, "recipe must be one of paper, tuned, tuned-deployed, ensemble, tuned-2026-11-28, "
-                         "ensemble-2026-11-28, tuned-2026-11, ensemble-2026-11, got 'fast'"),
+    ({"recipe": "fast"}, "recipe must be one of paper, tuned, tuned-deployed, ensemble, tuned-2026-12-04, "
+                         "ensemble-2026-12-04, tuned-2026-11-28, ensemble-2026-11-28, tuned-2026-11, ensemble-2026-11, "
+                         "got 'fast'"),
     ({"input_format": "staypoints"}, "the synthetic default input is positionfixes"),
     ({"input_format": "gpx"}, "input_format must be one of geolife-plt, positionfixes, staypoints, got 'gpx'"),
     ({"synthetic_users": "many"}, "synthetic_users: input should be a valid integer"),

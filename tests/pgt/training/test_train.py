@@ -380,9 +380,11 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     """RECIPES["tuned-2026-11"] and benchmarks/recipe_search.py's RECIPE name the same settings (validation-only
     choice); RECIPES["tuned-2026-11-28"] is the sweep's confirmed winner (benchmarks/results/sweep_best.yaml) at the
     epoch budget validation chose (benchmarks/results/tuned_adoption.json), which beat tuned-2026-11 there; RECIPES
-    ["tuned"] is it with the arrival head at the weight of the best mean strict validation Acc@1 over seeds 0-5 among
-    those tried (benchmarks/results/arrival.json), which beat it there and on the fresh seeds 6-8, and its live
-    predictions mixed over the number of days chosen there too (benchmarks/results/day_gaps.json)."""
+    ["tuned-2026-12-04"] is it with the arrival head at the weight of the best mean strict validation Acc@1 over seeds
+    0-5 among those tried (benchmarks/results/arrival.json), which beat it there and on the fresh seeds 6-8, and its
+    live predictions mixed over the number of days chosen there too (benchmarks/results/day_gaps.json); RECIPES["tuned"]
+    is that at the peak learning rate of the best mean over seeds 0-5 among those tried
+    (benchmarks/results/learning_rate.json), which beat its own there and on seeds 6-8."""
     import importlib.util
 
     import numpy as np
@@ -418,22 +420,43 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
                if "arrival_head" in search.CONFIGS[r["name"]][1] and "anchor" not in search.CONFIGS[r["name"]][1]}
     assert len(weights) >= 3 and search.CONFIGS["tuned-selection"][1] == {**RECIPES["tuned-2026-11-28"], "refit": False}
     best_weight = max(weights, key=lambda w: strict(weights[w], range(6)))
-    trained = {k: v for k, v in RECIPES["tuned"].items() if k != "day_gaps"}  # day_gaps trains the same network
+    trained = {k: v for k, v in RECIPES["tuned-2026-12-04"].items() if k != "day_gaps"}  # day_gaps: the same network
     assert trained == {**RECIPES["tuned-2026-11-28"], "arrival_head": best_weight}
     assert search.CONFIGS[weights[best_weight]][1] == {**trained, "refit": False}
     for seeds in (range(6), range(6, 9)):  # chosen on seeds 0-5, confirmed on 6-8
         assert strict(weights[best_weight], seeds) > strict("tuned-selection", seeds)
     assert TrainConfig.from_recipe("tuned", data_dir=".", out_dir=".").select_on == "strict_acc@1"
+    # the peak learning rate, chosen on seeds 0-5 around tuned-2026-12-04's selection run, confirmed on seeds 6-8
+    rates = json.loads((results / "learning_rate.json").read_text())
+    assert "validation" in rates["selection"].lower()
+
+    def mean_of(name: str, seeds: range) -> float:
+        runs = {r["seed"]: r["validation"]["strict_acc@1"] for r in rates["runs"] if r["name"] == name}
+        return float(np.mean([runs[seed] for seed in seeds]))
+
+    def without_lr(settings: dict) -> dict:
+        return {k: v for k, v in settings.items() if k != "lr"}
+
+    # the runs that differ from tuned-2026-12-04's selection run in the learning rate alone (the file also holds
+    # the other variations' runs of the same seeds)
+    by_rate = {search.CONFIGS[r["name"]][1]["lr"]: r["name"] for r in rates["configurations"]
+               if without_lr(search.CONFIGS[r["name"]][1]) == without_lr(search.CONFIGS[weights[best_weight]][1])}
+    assert len(by_rate) >= 4 and by_rate[RECIPES["tuned-2026-12-04"]["lr"]] == weights[best_weight]
+    best_rate = max(by_rate, key=lambda lr: mean_of(by_rate[lr], range(6)))
+    assert RECIPES["tuned"] == {**RECIPES["tuned-2026-12-04"], "lr": best_rate}
+    for seeds in (range(6), range(6, 9)):
+        assert mean_of(by_rate[best_rate], seeds) > mean_of(weights[best_weight], seeds)
     # its live predictions mixed over the days chosen on validation (benchmarks/day_gaps.py, tuned's own selection
     # networks): the fewest within 0.1 of the best mean over seeds 0-5, above the unmixed on seeds 6-8 too
     mixing = json.loads((results / "day_gaps.json").read_text())
     assert "validation" in mixing["selection"].lower() and mixing["networks_of"] == weights[best_weight]
     means = {int(days): row["choosing"]["mean"] for days, row in mixing["live"].items()}
     fewest = min(days for days in means if means[days] >= max(means.values()) - 0.1)
-    assert RECIPES["tuned"]["day_gaps"] == mixing["chosen"] == fewest > 1 and set(means) >= {1, 2, 3}
+    assert RECIPES["tuned"]["day_gaps"] == RECIPES["tuned-2026-12-04"]["day_gaps"] == mixing["chosen"] == fewest > 1
+    assert set(means) >= {1, 2, 3}
     assert mixing["live"][str(fewest)]["confirming"]["mean"] > mixing["live"]["1"]["confirming"]["mean"]
     # tuned-deployed: the same on the inputs serving has, where the head gained over the same runs without it
-    assert RECIPES["tuned-deployed"] == {**RECIPES["tuned"], "anchor": "last_visit", "day_gaps": 1}
+    assert RECIPES["tuned-deployed"] == {**RECIPES["tuned-2026-12-04"], "anchor": "last_visit", "day_gaps": 1}
     assert search.CONFIGS["tuned-arrival-1-last-visit"][1] == {**trained, "anchor": "last_visit", "refit": False}
     assert strict("tuned-arrival-1-last-visit", range(9)) > strict("tuned-last-visit", range(9))
     # refit, chosen on days before test (benchmarks/refit.py): it gained on every seed there
@@ -513,13 +536,15 @@ def test_each_member_of_an_ensemble_learns_as_it_would_alone(synthetic_sequences
 def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     """RECIPES["ensemble"] is `tuned` with the number of members benchmarks/results/ensemble_size.json chose on
     validation (strict Acc@1, the recipe's select_on): the fewest within 0.1 of the best mean, recomputed here from
-    its rows; ensemble-2026-11-28 and ensemble-2026-11 are the earlier ones, of tuned-2026-11-28 and tuned-2026-11
-    networks (ensemble_size-tuned-2026-11-28.json, ensemble_size-tuned-2026-11.json)."""
+    its rows; ensemble-2026-12-04, ensemble-2026-11-28 and ensemble-2026-11 are the earlier ones, of tuned-2026-12-04,
+    tuned-2026-11-28 and tuned-2026-11 networks (ensemble_size-tuned-2026-12-04.json and the like)."""
     from pgt.recipes import ENSEMBLE_MEMBERS, RECIPES
 
     results = PROJECT_ROOT / "benchmarks" / "results"
     saved = json.loads((results / "ensemble_size.json").read_text())
     assert "validation" in saved["selection"].lower() and saved["recipe"] == "tuned"
+    # measured before the learning rate joined tuned, on the settings it has now
+    assert {**RECIPES["tuned-2026-12-04"], **saved.get("settings", {})} == RECIPES["tuned"]
     assert saved["members_trained"][0]["epochs_run"] == RECIPES["tuned"]["epochs"]  # measured on the tuned of now
     best = max(r["protocol_validation_strict_acc@1"]["mean"] for r in saved["sizes"])
     fewest = min(r["members"] for r in saved["sizes"] if r["protocol_validation_strict_acc@1"]["mean"] >= best - 0.1)
@@ -529,6 +554,8 @@ def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     earlier = json.loads((results / "ensemble_size-tuned-2026-11.json").read_text())
     best_then = max(earlier["sizes"], key=lambda r: r["protocol_validation_strict_acc@1"]["mean"])
     assert RECIPES["ensemble-2026-11"] == {**RECIPES["tuned-2026-11"], "members": best_then["members"]}
+    previous = json.loads((results / "ensemble_size-tuned-2026-12-04.json").read_text())
+    assert RECIPES["ensemble-2026-12-04"] == {**RECIPES["tuned-2026-12-04"], "members": previous["chosen_members"]}
     before = json.loads((results / "ensemble_size-tuned-2026-11-28.json").read_text())
     assert RECIPES["ensemble-2026-11-28"] == {**RECIPES["tuned-2026-11-28"], "members": before["chosen_members"]}
     assert before["members_trained"][0]["epochs_run"] == RECIPES["tuned-2026-11-28"]["epochs"]
