@@ -162,6 +162,9 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),
     "tuned-arrival-1-last-visit": ("+ the arrival head at weight 1, trained on deployed inputs",
                                    {**TUNED_SELECTION, "arrival_head": 1.0, "anchor": "last_visit"}),
+    "tuned-now-lr4e3-last-visit": ("+ the arrival head at weight 1 and peak learning rate 4e-3 (tuned's settings), "
+                                   "trained on deployed inputs",
+                                   {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "anchor": "last_visit"}),
     "tuned-mem8-joint": ("+ the 8 most visited earlier places beyond the window, one pointer over both (the memory "
                          "configuration validation chose for tuned-2026-11)",
                          {**TUNED_SELECTION, "memory_size": 8, "memory_gate": False}),
