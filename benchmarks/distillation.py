@@ -37,6 +37,7 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     SELECTION,
     WORK,
     ensemble_metrics,
+    input_splits,
     kept_member,
     network_arguments,
     scored,
@@ -169,7 +170,8 @@ def main() -> None:
     cfg = load_checkpoint(plain[0] / "best.pt")[1]
     validation, num_locations = validation_split(args.data_dir, cfg), cfg.num_locations  # one split for every score
     # one forward pass of each network over each split, which its rows and the mixed ensembles share
-    plain_cached, students_cached = split_log_probs(plain, validation), split_log_probs(students, validation)
+    splits = input_splits(validation)
+    plain_cached, students_cached = split_log_probs(plain, splits), split_log_probs(students, splits)
     rows = [{"networks": "labels alone", **scored(plain, args.members, validation, num_locations, plain_cached)},
             {"networks": f"taught, alpha {args.alpha:g}",
              **scored(students, args.members, validation, num_locations, students_cached)}]

@@ -166,11 +166,10 @@ def input_splits(validation) -> dict[str, object]:
     return {"protocol": validation, "deployment": validation.anchored_at_last_visit()}
 
 
-def split_log_probs(runs: list[Path], validation) -> dict[str, list]:
-    """member_log_probs of the networks in `runs` on each of input_splits(validation), the deployed one scored as
+def split_log_probs(runs: list[Path], splits: dict[str, object]) -> dict[str, list]:
+    """member_log_probs of the networks in `runs` on each of `splits` (input_splits), the deployed one scored as
     serving scores it: one forward pass of each network over each, which every ensemble of them reuses."""
-    return {name: member_log_probs(runs, split, live=name == "deployment")
-            for name, split in input_splits(validation).items()}
+    return {name: member_log_probs(runs, split, live=name == "deployment") for name, split in splits.items()}
 
 
 def size_figures(runs: list[Path], sizes: list[int], validation, num_locations: int,
@@ -180,8 +179,9 @@ def size_figures(runs: list[Path], sizes: list[int], validation, num_locations: 
     as deployed (the live inputs, scored as serving scores them); `cached`: the networks' split_log_probs, where the
     caller has them already."""
     figures = {k: {"combinations": math.comb(len(runs), k)} for k in sizes}
-    cached = cached or split_log_probs(runs, validation)
-    for name, split in input_splits(validation).items():
+    splits = input_splits(validation)  # the deployed split built once, for the passes and the scores
+    cached = cached or split_log_probs(runs, splits)
+    for name, split in splits.items():
         for k in sizes:
             metrics = [ensemble_metrics(cached[name], combo, split, num_locations)
                        for combo in itertools.combinations(range(len(runs)), k)]

@@ -72,8 +72,9 @@ def main() -> None:
     validation = validation_split(args.data_dir, cfg)
     combos = list(itertools.combinations(range(len(runs)), args.members))
     rows = [{"temperature": t, "combinations": len(combos)} for t in args.temperatures]
-    cached = split_log_probs(runs, validation)
-    for name, split in input_splits(validation).items():
+    splits = input_splits(validation)
+    cached = split_log_probs(runs, splits)
+    for name, split in splits.items():
         for row in rows:
             scored = [ensemble_metrics(cached[name], combo, split, cfg.num_locations, tempered_mean(row["temperature"]))
                       for combo in combos]
