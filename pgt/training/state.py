@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from infra.errors import InputError, SettingsError
 from pgt.config import ModelConfig, TrainConfig
 from pgt.data.dataset import (
+    TARGET_LABELS,
     Batch,
     MemoryLayout,
     SequenceDataset,
@@ -45,6 +46,10 @@ from pgt.training.unseen import FirstVisits, UnseenSimulation
 from pgt.training.worker import Worker, broadcast_text, default_threads, seed_everything, wrap_ddp
 from preprocessing.config import SPLITS
 
+# each auxiliary head (a NetworkConfig field, its weight), the label column it learns from (TARGET_LABELS says where a
+# split keeps it) and what that column tells, for the refusals of a run that cannot give a head its label
+HEAD_LABELS = (("arrival_head", "target_time_slot", "start time"), ("stay_head", "target_duration_min", "duration"))
+
 
 def check_streamable(cfg: TrainConfig) -> None:
     """SettingsError unless the train split can be streamed (--data-engine ray) under these settings."""
@@ -62,12 +67,10 @@ def check_streamable(cfg: TrainConfig) -> None:
     if cfg.network.day_gaps > 1:
         raise SettingsError("day_gaps counts the train split's days between last visits and targets in memory; the "
                             "streamed path reads train.parquet as it goes: use --data-engine loaded")
-    if cfg.network.arrival_head:
-        raise SettingsError("arrival_head learns from each target's start time, which the streamed path does not read; "
-                            "use --data-engine loaded")
-    if cfg.network.stay_head:
-        raise SettingsError("stay_head learns from each target's duration, which the streamed path does not read; "
-                            "use --data-engine loaded")
+    for head, _, what in HEAD_LABELS:
+        if getattr(cfg.network, head):
+            raise SettingsError(f"{head} learns from each target's {what}, which the streamed path does not read; "
+                                "use --data-engine loaded")
 
 
 def split_rows(data_dir: str, split: str = "train") -> int:
@@ -218,12 +221,11 @@ def setup(config: dict, worker: Worker) -> TrainState:
     sizes = [len(s) for s in splits.values()] + ([split_rows(data_dir)] if streamed else [])
     if min(sizes) == 0:
         raise InputError(data_dir, "a split has no samples; nothing to train on")
-    if cfg.network.arrival_head and not streamed and bool((splits["train"].target_times < 0).all()):
-        raise InputError(Path(data_dir) / "train.parquet", "no column target_time_slot, which arrival_head learns "
-                                                           "from; preprocess the input again")
-    if cfg.network.stay_head and not streamed and bool((splits["train"].target_minutes < 0).all()):
-        raise InputError(Path(data_dir) / "train.parquet", "no column target_duration_min, which stay_head learns "
-                                                           "from; preprocess the input again")
+    for head, column, _ in HEAD_LABELS:
+        labels = getattr(splits["train"], TARGET_LABELS[column][0]) if not streamed else None
+        if getattr(cfg.network, head) and labels is not None and bool((labels < 0).all()):
+            raise InputError(Path(data_dir) / "train.parquet", f"no column {column}, which {head} learns from; "
+                                                               "preprocess the input again")
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
         splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
     model_cfg = cfg.model_config(vocab)

@@ -233,6 +233,19 @@ def test_the_streamed_path_refuses_what_needs_the_train_split_in_memory():
     check_streamable(TrainConfig.from_dict({"data_dir": ".", "out_dir": "."}))
 
 
+
+def test_every_auxiliary_head_names_a_network_setting_and_a_label_the_loader_reads():
+    """HEAD_LABELS drives the refusals of a run that cannot give a head its label: each head must be a switch of the
+    network's settings and each column one the loader keeps, or the refusal would never fire."""
+    from pgt.config import ModelSettings
+    from pgt.data.dataset import TARGET_LABELS
+    from pgt.training.state import HEAD_LABELS
+
+    fields = {f.name for f in dataclasses.fields(ModelSettings)}
+    assert [head for head, _, _ in HEAD_LABELS] == ["arrival_head", "stay_head"]
+    assert all(head in fields for head, _, _ in HEAD_LABELS)
+    assert {column for _, column, _ in HEAD_LABELS} == set(TARGET_LABELS)
+
 def test_early_stopping(synthetic_sequences, tmp_path):
     # lr 0 after warmup 1: nothing improves after the first epoch -> stop after min_epochs
     result = train_loop_per_worker({"data_dir": str(synthetic_sequences), "out_dir": str(tmp_path), "epochs": 20,
