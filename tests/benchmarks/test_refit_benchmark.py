@@ -1,4 +1,5 @@
-"""benchmarks/refit.py's summary: per metric, each arm's mean over the seeds both arms ran, and the paired gain."""
+"""benchmarks/refit.py's summary: per metric, each arm's mean over the seeds both arms ran, and the paired gain; and
+where each recipe's runs are kept."""
 
 from __future__ import annotations
 
@@ -23,6 +24,18 @@ def test_the_gain_is_paired_by_seed_and_unpaired_seeds_are_left_out():
     assert summary["gain_per_seed_strict_acc@1"] == [2.0, 0.5]
     assert summary["gain"]["strict_mrr"] == {"mean": 1.0, "std": 0.0} and summary["gain"]["acc@1"]["mean"] == 0.0
 
+
+
+def test_each_recipe_keeps_its_runs_apart_and_a_changed_recipe_runs_anew(monkeypatch):
+    """The records of `tuned` before a change to its settings must not stand in for the new recipe's runs."""
+    from pgt import recipes
+
+    refit = load_benchmark("refit")
+    now, dated = refit.records_folder("tuned"), refit.records_folder("tuned-2026-12-04")
+    assert now.parent == dated.parent == refit.RECORDS and now.name.startswith("tuned-") and now != dated
+    assert refit.records_folder("tuned") == now  # the same settings, the same folder
+    monkeypatch.setitem(recipes.RECIPES, "tuned", {**recipes.RECIPES["tuned"], "lr": 1e-3})
+    assert refit.records_folder("tuned") != now
 
 def test_the_training_speed_target_is_one_network_s():
     """benchmarks/train.py judges accuracy on the target row (the ensemble) and speed on one network's row."""

@@ -475,11 +475,12 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     # refit, chosen on days before test (benchmarks/refit.py): it gained on every seed there
     refit = json.loads((path.parent / "results" / "refit.json").read_text())["summary"]
     assert RECIPES["tuned"]["refit"] and refit["gain"]["strict_acc@1"]["mean"] > 0 and len(refit["seeds"]) >= 3
-    # for the selected epochs: scaled by the samples' ratio gained there on the protocol's Acc@1 but not on strict
-    # Acc@1 (within its seed-to-seed spread), which the recipe leads with, and costs more
+    # for the selected epochs: scaled by the samples' ratio gained there nothing on strict Acc@1 beyond its
+    # seed-to-seed spread, which the recipe leads with, and costs more; the file is of the recipe as it is now
     over = refit["scaled_over_refit"]
     assert RECIPES["tuned"].get("refit_epochs", "selected") == "selected" and len(refit["seeds"]) >= 8
-    assert abs(over["strict_acc@1"]["mean"]) < over["strict_acc@1"]["std"] < over["acc@1"]["mean"]
+    assert abs(over["strict_acc@1"]["mean"]) < over["strict_acc@1"]["std"] / 2
+    assert json.loads((path.parent / "results" / "refit.json").read_text())["settings"] == RECIPES["tuned"]
 
 
 @pytest.mark.parametrize("setting,message", [
