@@ -231,6 +231,14 @@ def member_settings(recipe: str, pairs: list[str], data_dir: Path, work: Path) -
     return settings
 
 
+def members_anchor(recipe: str, settings: dict) -> str:
+    """Where the members' recency counts from (TrainConfig.anchor): the target's day, or the last visit's for a
+    recipe trained on the inputs a live prediction has (tuned-deployed)."""
+    from pgt.config import TrainConfig
+
+    return TrainConfig.from_recipe(recipe, **settings, data_dir=".", out_dir=".").anchor
+
+
 def check_kept_members(runs: list[Path], seeds: list[int], recipe: str, settings: dict) -> None:
     """SettingsError where a member this run would keep (train_member) was trained with another seed, recipe or
     settings: its figures would stand in for networks never trained."""
@@ -288,6 +296,9 @@ def main() -> None:
 
     cfg = load_checkpoint(runs[0] / "best.pt")[1]
     validation = validation_split(data_dir, cfg)
+    if members_anchor(args.recipe, settings) == "last_visit":
+        # networks trained on a live prediction's inputs only ever read those: both columns score them on their own
+        validation = validation.anchored_at_last_visit()
     sizes = [{"members": k, **figures} for k, figures in size_figures(
         runs, list(range(1, len(runs) + 1)), validation, cfg.num_locations).items()]
     result = {"benchmark": "ensemble_size", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
