@@ -78,6 +78,11 @@ def joined(first: list, second: list) -> list:
     return out
 
 
+def trained_anchor(run: Path) -> str:
+    """The day a trained network's recency counts from (its run's TrainConfig.anchor, in metrics.json)."""
+    return json.loads((run / "metrics.json").read_text())["config"]["anchor"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     network_arguments(parser, DEFAULT_RESULTS)
@@ -88,6 +93,10 @@ def main() -> None:
     args = parser.parse_args()
     protocol_runs = trained_networks(parser, args.work, args.seeds)
     deployed_runs = trained_networks(parser, args.deployed_work, args.seeds)
+    for runs, anchor, option in ((protocol_runs, "target_day", "--work"), (deployed_runs, "last_visit", "--deployed-work")):
+        other = [str(run) for run in runs if trained_anchor(run) != anchor]
+        if other:
+            parser.error(f"{option}: {', '.join(other)} not trained with anchor {anchor}, which {option} holds")
     bad = [k for k in args.sizes if not 1 <= k <= len(args.seeds)]
     if bad:
         parser.error(f"--sizes {' '.join(map(str, bad))}: expected 1 to {len(args.seeds)}, the seeds given")

@@ -57,3 +57,9 @@ def test_the_results_agree_with_each_recipes_own_ensembles():
     # as deployed, no mixture of six beats the best of either kind by more than a tenth: the live inputs' ceiling
     best = max(kind[6]["deployment_validation_strict_acc@1"]["mean"] for kind in (protocol, deployed))
     assert all(rows[(6, j)]["deployment_strict_acc@1"]["mean"] <= best + 0.1 for j in range(7))
+
+
+def test_a_network_is_known_by_the_anchor_its_run_was_trained_with(tmp_path):
+    hybrid = load_benchmark("hybrid_ensemble")
+    (tmp_path / "metrics.json").write_text(json.dumps({"config": {"anchor": "last_visit", "seed": 0}}))
+    assert hybrid.trained_anchor(tmp_path) == "last_visit"
