@@ -171,6 +171,12 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                          {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "relation_order": 2}),
     "tuned-lr4e3-e15": ("+ over tuned's selection run, 15 epochs (tuned: 10)",
                         {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "epochs": 15}),
+    "tuned-lr4e3-wu3": ("+ over tuned's selection run, warmup over 3 epochs (tuned: 5)",
+                        {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "warmup_epochs": 3}),
+    "tuned-lr4e3-b256": ("+ over tuned's selection run, batches of 256 (tuned: 128)",
+                         {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "batch_size": 256}),
+    "tuned-lr4e3-ls01": ("+ over tuned's selection run, label smoothing 0.1 (tuned: 0.03)",
+                         {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "label_smoothing": 0.1}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
     # on those inputs, beside the deployment block of the runs above
     "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),
