@@ -1,5 +1,5 @@
 """The manual cannot rot: every `pgt ...` command in the README and docs/ names a command and options that exist
-(each subcommand's --help runs, and lists every option the pages use), and every page the README links exists."""
+(each subcommand's --help runs, and lists every option the pages use), every page the README links exists, and every link into a page names one of its headings."""
 
 from __future__ import annotations
 
@@ -82,3 +82,31 @@ def test_every_test_file_the_pages_code_and_scripts_name_exists():
              for path in re.findall(r"tests/[\w/]+\.py", source.read_text())}
     assert len(named) >= 5
     assert sorted(f"{source}: {path}" for source, path in named if not (PROJECT_ROOT / path).is_file()) == []
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The fragments a page answers to: each heading as GitHub names it (lower case, punctuation dropped but hyphens,
+    spaces as hyphens; a repeated heading gets -1, -2, ...) and each `<a id="...">`."""
+    anchors, seen = set(re.findall(r'<a id="([^"]+)"></a>', text)), {}
+    for heading in re.findall(r"^#+\s+(.+?)\s*$", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchors.add(anchor if anchor not in seen else f"{anchor}-{seen[anchor]}")
+        seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
+
+
+def test_heading_anchors_follow_githubs_names():
+    text = "# Training\n## The whole step captured (`--capture-step`)\n## Ensembles\n## Ensembles\n<a id=\"memory\"></a>\n"
+    assert heading_anchors(text) == {"training", "the-whole-step-captured---capture-step", "ensembles", "ensembles-1",
+                                     "memory"}
+
+
+def test_every_link_into_a_page_names_a_place_the_page_has():
+    broken, links = [], 0
+    for page in PAGES:
+        for target, fragment in re.findall(r"\]\(([\w./-]*?)#([\w-]+)\)", page.read_text()):
+            links += 1
+            linked = (page.parent / target).resolve() if target else page
+            if not linked.is_file() or fragment not in heading_anchors(linked.read_text()):
+                broken.append(f"{page.name}: {target}#{fragment}")
+    assert links >= 20 and broken == [], (links, broken)
