@@ -1,5 +1,6 @@
 """The manual cannot rot: every `pgt ...` command in the README and docs/ names a command and options that exist
-(each subcommand's --help runs, and lists every option the pages use), every page the README links exists, and every link into a page names one of its headings."""
+(each subcommand's --help runs, and lists every option the pages use), every page the README links exists, and
+every link into a page names one of its headings."""
 
 from __future__ import annotations
 
