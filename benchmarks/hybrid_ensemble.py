@@ -105,6 +105,7 @@ def main() -> None:
                      "were trained on")
 
     from rich.console import Console
+    from rich.progress import track
     from rich.table import Table
 
     from pgt.network.checkpoint import load_checkpoint
@@ -116,18 +117,18 @@ def main() -> None:
     caches = {"own": joined(protocol["protocol"], deployed), "live": joined(protocol["deployment"], deployed)}
     scored_on = {"own": splits["protocol"], "live": splits["deployment"]}  # the same samples and targets
     n = len(args.seeds)
+    kinds = [(k, j, mixed_combinations(n, n, k, j)) for k in sorted(set(args.sizes)) for j in range(k + 1)]
+    kinds = [(k, j, combos) for k, j, combos in kinds if combos]
+    scored = {(k, j): {inputs: [] for inputs in caches} for k, j, _ in kinds}
+    work = [(k, j, combo, inputs) for k, j, combos in kinds for combo in combos for inputs in caches]
+    for k, j, combo, inputs in track(work, description="ensembles scored", transient=True):
+        scored[(k, j)][inputs].append(ensemble_metrics(caches[inputs], combo, scored_on[inputs], cfg.num_locations))
     rows = []
-    for k in sorted(set(args.sizes)):
-        for j in range(k + 1):
-            combos = mixed_combinations(n, n, k, j)
-            if not combos:
-                continue
-            row = {"members": k, "protocol_members": j, "deployed_members": k - j, "combinations": len(combos)}
-            metrics = {inputs: [ensemble_metrics(caches[inputs], combo, scored_on[inputs], cfg.num_locations)
-                                for combo in combos] for inputs in caches}
-            for name, inputs, pick in FIGURES:
-                row[name] = summary([pick(m) for m in metrics[inputs]])
-            rows.append(row)
+    for k, j, combos in kinds:
+        row = {"members": k, "protocol_members": j, "deployed_members": k - j, "combinations": len(combos)}
+        for name, inputs, pick in FIGURES:
+            row[name] = summary([pick(m) for m in scored[(k, j)][inputs]])
+        rows.append(row)
     result = {"benchmark": "hybrid_ensemble", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "protocol_members_from": shown_path(args.work),
               "deployed_members_from": shown_path(args.deployed_work), "seeds": args.seeds, "selection": SELECTION,
