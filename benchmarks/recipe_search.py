@@ -177,6 +177,18 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                          {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "batch_size": 256}),
     "tuned-lr4e3-ls01": ("+ over tuned's selection run, label smoothing 0.1 (tuned: 0.03)",
                          {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "label_smoothing": 0.1}),
+    "tuned-lr4e3-npw02": ("+ over tuned's selection run, new-place targets at weight 0.2 (tuned: 0.32)",
+                          {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "new_place_weight": 0.2}),
+    "tuned-lr4e3-npw0": ("+ over tuned's selection run, new-place targets at weight 0 (never learned)",
+                         {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "new_place_weight": 0.0}),
+    "tuned-lr4e3-npw005": ("+ over tuned's selection run, new-place targets at weight 0.05",
+                           {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "new_place_weight": 0.05}),
+    "tuned-lr4e3-npw01": ("+ over tuned's selection run, new-place targets at weight 0.1",
+                          {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "new_place_weight": 0.1}),
+    "tuned-lr4e3-npw045": ("+ over tuned's selection run, new-place targets at weight 0.45",
+                           {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "new_place_weight": 0.45}),
+    "tuned-lr4e3-h2": ("+ over tuned's selection run, two attention heads (tuned: 1)",
+                       {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "nhead": 2}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
     # on those inputs, beside the deployment block of the runs above
     "tuned-last-visit": ("trained on deployed inputs (anchor last_visit)", {**TUNED_SELECTION, "anchor": "last_visit"}),
