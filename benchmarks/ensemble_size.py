@@ -239,6 +239,11 @@ def members_anchor(recipe: str, settings: dict) -> str:
     return TrainConfig.from_recipe(recipe, **settings, data_dir=".", out_dir=".").anchor
 
 
+def member_config(run: Path) -> dict:
+    """The TrainConfig (as a dict) a kept member was trained with, from its metrics.json."""
+    return json.loads((run / "metrics.json").read_text())["config"]
+
+
 def check_kept_members(runs: list[Path], seeds: list[int], recipe: str, settings: dict) -> None:
     """SettingsError where a member this run would keep (train_member) was trained with another seed, recipe or
     settings: its figures would stand in for networks never trained."""
@@ -248,7 +253,7 @@ def check_kept_members(runs: list[Path], seeds: list[int], recipe: str, settings
     for run, seed in zip(runs, seeds):
         if not kept_member(run):
             continue
-        kept = json.loads((run / "metrics.json").read_text())["config"]
+        kept = member_config(run)
         differ = sorted(key for key, value in {**wanted, "seed": seed}.items() if kept.get(key) != value)
         if differ:
             raise SettingsError(f"{run} holds a member trained with other settings ({', '.join(differ)}); give "

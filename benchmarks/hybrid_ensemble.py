@@ -36,6 +36,7 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     WORK,
     ensemble_metrics,
     input_splits,
+    member_config,
     member_log_probs,
     network_arguments,
     split_log_probs,
@@ -80,7 +81,7 @@ def joined(first: list, second: list) -> list:
 
 def trained_anchor(run: Path) -> str:
     """The day a trained network's recency counts from (its run's TrainConfig.anchor, in metrics.json)."""
-    return json.loads((run / "metrics.json").read_text())["config"]["anchor"]
+    return member_config(run)["anchor"]
 
 
 def main() -> None:

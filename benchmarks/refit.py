@@ -82,8 +82,6 @@ ARMS = ("no-refit", "refit", "refit-scaled")
 def records_folder(recipe: str) -> Path:
     """Where the runs of `recipe` are kept: named by the recipe and a digest of its settings, so that a recipe whose
     settings changed since (a new `tuned`) never reuses the records of the old one."""
-    from pgt.recipes import recipe_settings
-
     digest = hashlib.sha256(json.dumps(recipe_settings(recipe), sort_keys=True).encode()).hexdigest()[:10]
     return RECORDS / f"{recipe}-{digest}"
 

@@ -221,11 +221,11 @@ def setup(config: dict, worker: Worker) -> TrainState:
     sizes = [len(s) for s in splits.values()] + ([split_rows(data_dir)] if streamed else [])
     if min(sizes) == 0:
         raise InputError(data_dir, "a split has no samples; nothing to train on")
-    for head, column, _ in HEAD_LABELS:
-        labels = getattr(splits["train"], TARGET_LABELS[column][0]) if not streamed else None
-        if getattr(cfg.network, head) and labels is not None and bool((labels < 0).all()):
-            raise InputError(Path(data_dir) / "train.parquet", f"no column {column}, which {head} learns from; "
-                                                               "preprocess the input again")
+    if not streamed:  # check_streamable refused every head on the streamed path already
+        for head, column, _ in HEAD_LABELS:
+            if getattr(cfg.network, head) and bool((getattr(splits["train"], TARGET_LABELS[column][0]) < 0).all()):
+                raise InputError(Path(data_dir) / "train.parquet", f"no column {column}, which {head} learns from; "
+                                                                   "preprocess the input again")
     if cfg.anchor == "last_visit":  # the model only ever sees what a live prediction knows
         splits = {name: split.anchored_at_last_visit() for name, split in splits.items()}
     model_cfg = cfg.model_config(vocab)

@@ -25,7 +25,6 @@ def test_the_gain_is_paired_by_seed_and_unpaired_seeds_are_left_out():
     assert summary["gain"]["strict_mrr"] == {"mean": 1.0, "std": 0.0} and summary["gain"]["acc@1"]["mean"] == 0.0
 
 
-
 def test_each_recipe_keeps_its_runs_apart_and_a_changed_recipe_runs_anew(monkeypatch):
     """The records of `tuned` before a change to its settings must not stand in for the new recipe's runs."""
     from pgt import recipes
@@ -36,6 +35,7 @@ def test_each_recipe_keeps_its_runs_apart_and_a_changed_recipe_runs_anew(monkeyp
     assert refit.records_folder("tuned") == now  # the same settings, the same folder
     monkeypatch.setitem(recipes.RECIPES, "tuned", {**recipes.RECIPES["tuned"], "lr": 1e-3})
     assert refit.records_folder("tuned") != now
+
 
 def test_the_training_speed_target_is_one_network_s():
     """benchmarks/train.py judges accuracy on the target row (the ensemble) and speed on one network's row."""
