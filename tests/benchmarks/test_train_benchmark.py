@@ -1,4 +1,5 @@
-"""benchmarks/train.py's GPU mode: its input checks, and the CPU figures it sets beside the GPU's."""
+"""benchmarks/train.py: its GPU mode's input checks, the CPU figures it sets beside the GPU's, and the README's accuracy table
+held to its results."""
 
 from __future__ import annotations
 
@@ -137,3 +138,63 @@ def test_a_recipe_file_names_its_row_and_trains_its_settings(tiny_sequences, tmp
     assert [r["model"] for r in rows] == ["pgt (winner)"] and bench.is_recipe_file(str(recipe))
     assert rows[0]["parameters"] < bench.run_models(["pgt"], [0], tiny_sequences, 1, "test",
                                                     work=tmp_path / "work")[0]["parameters"]
+
+
+def readme_accuracy_rows() -> dict[str, list[str]]:
+    """The README's accuracy table: each row's label and its cells, bold marks dropped."""
+    lines = (SCRIPT.parents[1] / "README.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| | strict Acc@1 |"))
+    rows = {}
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        label, *cells = [cell.strip().replace("**", "") for cell in line.strip("|").split("|")]
+        rows[label] = cells
+    return rows
+
+
+def summary_row(label: str) -> str:
+    """The train.json row a README label names: its first recipe in backticks, the paper's, or the memory's."""
+    if label == "PGT, the paper's recipe":
+        return "pgt"
+    if "long-term memory" in label:
+        return "pgt (tuned-memory)"
+    return f"pgt ({label.split('`')[1]})"
+
+
+def test_the_readme_accuracy_table_is_train_json():
+    """Every figure of the README's accuracy table is train.json's published variant to the digit (mean ± std over
+    the seeds; the median epoch), the published runs are the benchmark's own constants, and the bold figure of each
+    column is its best."""
+    summary = json.loads((SCRIPT.parent / "results" / "train.json").read_text())["variants"]["published"]["summary"]
+    published = load_script().PUBLISHED
+    rows = readme_accuracy_rows()
+    assert {"PGT, our `ensemble` recipe (`tuned`, 5 networks)", "PGT, our `tuned` recipe (one network)"} <= set(rows)
+
+    def spread(figure: dict | None) -> str:
+        return "" if figure is None else f"{figure['mean']:.2f} ± {figure['std']:.2f}"
+
+    checked = 0
+    for label, cells in rows.items():
+        if label == "best published PGT run":
+            run = published["Pointer Generator Transformer (best published run)"]
+            assert cells == [f"{run['strict']['acc@1']:.2f}", "", "", f"{run['acc@1']:.2f}", f"{run['mrr']:.2f}", ""]
+            continue
+        if label.startswith("LLM-Mob"):
+            run = published["LLM-Mob (GPT-3.5)"]
+            assert cells == [f"{run['strict']['acc@1']:.2f}", "", "", f"{run['acc@1']:.2f}", "", ""]
+            continue
+        row = summary[summary_row(label)]
+        epoch = row.get("epoch_seconds_median")
+        assert cells == [spread(row["strict"]["acc@1"]), spread(row["validation"]["strict_acc@1"]),
+                         spread(row.get("deployment", {}).get("strict", {}).get("acc@1")), spread(row["acc@1"]),
+                         spread(row["mrr"]), "" if epoch is None else f"{epoch:.2f}"], label
+        checked += 1
+    assert checked == len(rows) - 2
+    lines = (SCRIPT.parents[1] / "README.md").read_text().splitlines()
+    table = [line for line in lines if line.startswith("| PGT,")]
+    for column in range(5):  # the bold figure of each metric column is the column's best mean
+        cells = [line.strip("|").split("|")[column + 1].strip() for line in table]
+        means = [float(c.strip("*").split(" ")[0]) for c in cells if c]
+        bold = [float(c.strip("*").split(" ")[0]) for c in cells if c.startswith("**")]
+        assert bold == [max(means)], column
