@@ -2,17 +2,18 @@
 pgt/network/daygap.py), chosen on validation only.
 
 A live prediction counts recency from the last visit's day; the protocol's inputs count it from the target's day,
-which tells the model the day of the next visit. For K = 1 .. 4, each network of `tuned`'s selection run
-(benchmarks/recipe_search.py's `tuned-arrival-1`: train only, its records under .state/benchmarks/recipe_search)
-gets the prior of K days fitted on the train split it learned from, and is scored on the validation split with the
-live inputs (daygap.live_log_probs; K = 1 is the network as it is). The choice is the fewest days within 0.1 of the
-best mean strict Acc@1 over the choosing seeds (default 0-5); the other seeds (6-8) confirm it, and ensembles of
-five of the choosing seeds' networks show what it does for `ensemble`. The protocol's figure, with the target's day,
-is beside them. Test is never scored.
+which tells the model the day of the next visit. For K = 1 .. 4, each network of a selection run of `tuned`
+(benchmarks/recipe_search.py's `tuned-arrival-1` by default, where the number was chosen; `--networks
+tuned-lr4e3-npw005` for `tuned` with the new-place weight: train only, the records under
+.state/benchmarks/recipe_search) gets the prior of K days fitted on the train split it learned from, and is scored on
+the validation split with the live inputs (daygap.live_log_probs; K = 1 is the network as it is). The choice is the
+fewest days within 0.1 of the best mean strict Acc@1 over the choosing seeds (default 0-5); the other seeds (6-8)
+confirm it, and ensembles of five of the choosing seeds' networks show what it does for `ensemble`. The protocol's
+figure, with the target's day, is beside them. Test is never scored.
 
 Writes JSON (default benchmarks/results/day_gaps.json) and prints a table.
 
-    python benchmarks/day_gaps.py [--variant published] [--seeds 0 1 2 3 4 5] [--confirm 6 7 8]
+    python benchmarks/day_gaps.py [--variant published] [--seeds 0 1 2 3 4 5] [--confirm 6 7 8] [--networks NAME]
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from recipe_search import CONFIGS, RECORDS  # noqa: E402 - likewise
 from train import VARIANTS, sequences  # noqa: E402 - likewise
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "day_gaps.json"
-NETWORKS = "tuned-arrival-1"  # tuned's selection run
+NETWORKS = "tuned-arrival-1"  # the selection run of `tuned` the number of days was chosen on
 DAYS = (1, 2, 3, 4)
 MEMBERS = 5  # ensemble's size (pgt.recipes.ENSEMBLE_MEMBERS)
 WITHIN = 0.1  # the fewest days whose mean strict Acc@1 is this close to the best
@@ -91,6 +92,8 @@ def main() -> None:
     parser.add_argument("--variant", choices=list(VARIANTS), default="published")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4, 5], help="the seeds that choose")
     parser.add_argument("--confirm", nargs="*", type=int, default=[6, 7, 8], help="the seeds that confirm")
+    parser.add_argument("--networks", choices=list(CONFIGS), default=NETWORKS,
+                        help="the recipe_search configuration whose networks are scored")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
 
@@ -106,11 +109,11 @@ def main() -> None:
     data_dir = sequences(args.input, VARIANTS[args.variant])
     folder = RECORDS / args.variant
     seeds = [*args.seeds, *args.confirm]
-    runs = {seed: folder / f"{NETWORKS}-s{seed}" for seed in seeds}
+    runs = {seed: folder / f"{args.networks}-s{seed}" for seed in seeds}
     missing = [str(run) for run in runs.values() if not (run / "best.pt").is_file()]
     if missing:
         raise SystemExit(f"error: no network in {', '.join(missing)}; train them with benchmarks/recipe_search.py "
-                         f"--only {NETWORKS} --seeds {' '.join(map(str, seeds))}")
+                         f"--only {args.networks} --seeds {' '.join(map(str, seeds))}")
     vocab = Vocab.from_manifest(data_dir)
     cfg = load_checkpoint(runs[seeds[0]] / "best.pt")[1]
     splits = load_splits(data_dir, cfg.max_len, vocab, names=("train", "validation"))
@@ -159,7 +162,8 @@ def main() -> None:
         ensembles[days] = {"combinations": len(scored), **mean_std(scored)}
     result = {
         "benchmark": "day_gaps", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-        "variant": args.variant, "selection": SELECTION, "networks_of": NETWORKS, "settings": CONFIGS[NETWORKS][1],
+        "variant": args.variant, "selection": SELECTION, "networks_of": args.networks,
+        "settings": CONFIGS[args.networks][1],
         "seeds": args.seeds, "confirm": args.confirm, "rule": f"the fewest days within {WITHIN} of the best mean "
                                                                "strict Acc@1 over the choosing seeds",
         "chosen": chosen,
