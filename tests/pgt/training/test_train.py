@@ -449,13 +449,16 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
         runs = {r["seed"]: r["validation"]["strict_acc@1"] for r in rates["runs"] if r["name"] == name}
         return float(np.mean([runs[seed] for seed in seeds]))
 
-    def without_lr(settings: dict) -> dict:
-        return {k: v for k, v in settings.items() if k != "lr"}
+    def runs_varying(configurations: list[dict], setting: str, around: str) -> dict:
+        """{value: name} of the runs whose settings differ from run `around`'s in `setting` alone (a file also
+        holds the other variations' runs of the same seeds)."""
+        def others(name: str) -> dict:
+            return {k: v for k, v in search.CONFIGS[name][1].items() if k != setting}
+        return {search.CONFIGS[c["name"]][1][setting]: c["name"] for c in configurations
+                if others(c["name"]) == others(around)}
 
-    # the runs that differ from tuned-2026-12-04's selection run in the learning rate alone (the file also holds
-    # the other variations' runs of the same seeds)
-    by_rate = {search.CONFIGS[r["name"]][1]["lr"]: r["name"] for r in rates["configurations"]
-               if without_lr(search.CONFIGS[r["name"]][1]) == without_lr(search.CONFIGS[weights[best_weight]][1])}
+    # the runs that differ from tuned-2026-12-04's selection run in the learning rate alone
+    by_rate = runs_varying(rates["configurations"], "lr", weights[best_weight])
     assert len(by_rate) >= 4 and by_rate[RECIPES["tuned-2026-12-04"]["lr"]] == weights[best_weight]
     best_rate = max(by_rate, key=lambda lr: mean_of(by_rate[lr], range(6)))
     assert RECIPES["tuned-2026-12-05"] == {**RECIPES["tuned-2026-12-04"], "lr": best_rate}
@@ -467,19 +470,13 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     assert "validation" in choosing["selection"].lower() and choosing["seeds"] == list(range(6))
     assert confirming["seeds"] == [6, 7, 8]
 
-    def without_npw(settings: dict) -> dict:
-        return {k: v for k, v in settings.items() if k != "new_place_weight"}
-
-    by_weight = {search.CONFIGS[c["name"]][1]["new_place_weight"]: c["validation_strict_acc@1"]["mean"]
-                 for c in choosing["configurations"]
-                 if without_npw(search.CONFIGS[c["name"]][1]) == without_npw(search.CONFIGS[by_rate[best_rate]][1])}
+    by_weight = runs_varying(choosing["configurations"], "new_place_weight", by_rate[best_rate])
     assert len(by_weight) >= 5 and RECIPES["tuned-2026-12-05"]["new_place_weight"] in by_weight
-    best_npw = max(by_weight, key=by_weight.get)
+    chosen_means = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in choosing["configurations"]}
+    best_npw = max(by_weight, key=lambda weight: chosen_means[by_weight[weight]])
     assert RECIPES["tuned"] == {**RECIPES["tuned-2026-12-05"], "new_place_weight": best_npw}
+    chosen_run = by_weight[best_npw]
     fresh = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in confirming["configurations"]}
-    chosen_run = next(c["name"] for c in choosing["configurations"]
-                      if search.CONFIGS[c["name"]][1] == {**search.CONFIGS[by_rate[best_rate]][1],
-                                                          "new_place_weight": best_npw})
     assert fresh[chosen_run] > fresh[by_rate[best_rate]]
     # its live predictions mixed over the days chosen on validation (benchmarks/day_gaps.py, tuned's own selection
     # networks): the fewest within 0.1 of the best mean over seeds 0-5, above the unmixed on seeds 6-8 too; chosen
