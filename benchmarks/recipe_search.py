@@ -50,6 +50,8 @@ REL = {**TUNED, "visit_relations": True}
 REL_IN = {**REL, "relation_inputs": True}
 REL_IN2 = {**REL_IN, "relation_order": 2}
 TUNED_SELECTION = {**RECIPES["tuned-2026-11-28"], "refit": False}  # the variations below were tried around it
+# tuned's own selection run (tuned-lr4e3-npw005 below): the variations after the new-place weight were tried around it
+TUNED_NOW = {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "new_place_weight": 0.05}
 # name -> (what changes, settings over the paper recipe); one change at a time where the table reads down
 CONFIGS: dict[str, tuple[str, dict]] = {
     "paper": ("the paper's recipe (the published settings)", {}),
@@ -187,6 +189,21 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                           {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "new_place_weight": 0.1}),
     "tuned-lr4e3-npw045": ("+ over tuned's selection run, new-place targets at weight 0.45",
                            {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "new_place_weight": 0.45}),
+    # around tuned (new-place targets at weight 0.05): each history visit but the last left out while training
+    "tuned-npw005-vd01": ("+ over tuned's selection run, history visits left out at rate 0.1 while training",
+                          {**TUNED_NOW, "visit_dropout": 0.1}),
+    "tuned-npw005-vd02": ("+ over tuned's selection run, history visits left out at rate 0.2 while training",
+                          {**TUNED_NOW, "visit_dropout": 0.2}),
+    "tuned-npw005-vd005": ("+ over tuned's selection run, history visits left out at rate 0.05 while training",
+                          {**TUNED_NOW, "visit_dropout": 0.05}),
+    "tuned-npw005-vd015": ("+ over tuned's selection run, history visits left out at rate 0.15 while training",
+                          {**TUNED_NOW, "visit_dropout": 0.15}),
+    "tuned-npw005-vd03": ("+ over tuned's selection run, history visits left out at rate 0.3 while training",
+                         {**TUNED_NOW, "visit_dropout": 0.3}),
+    "tuned-npw005-vd01-e15": ("+ over tuned's selection run, history visits left out at rate 0.1, 15 epochs",
+                             {**TUNED_NOW, "visit_dropout": 0.1, "epochs": 15}),
+    "tuned-npw005-vd02-e15": ("+ over tuned's selection run, history visits left out at rate 0.2, 15 epochs",
+                             {**TUNED_NOW, "visit_dropout": 0.2, "epochs": 15}),
     "tuned-lr4e3-h2": ("+ over tuned's selection run, two attention heads (tuned: 1)",
                        {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "nhead": 2}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures

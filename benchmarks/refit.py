@@ -49,6 +49,7 @@ from pgt.recipes import RECIPES, recipe_settings  # noqa: E402 - after the bench
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "refit.json"
 RECORDS = WORK / "refit"  # one folder per recipe and settings (records_folder)
 INNER = {"train_fraction": 0.4, "validation_fraction": 0.2}  # over the published variant's settings
+REFIT_SETTINGS = ("refit", "refit_epochs")  # what each arm sets over the recipe (run_one)
 SPLIT_FILES = ("train.parquet", "validation.parquet", "staypoints.parquet", "manifest.json")  # what training reads
 
 
@@ -81,8 +82,10 @@ ARMS = ("no-refit", "refit", "refit-scaled")
 
 def records_folder(recipe: str) -> Path:
     """Where the runs of `recipe` are kept: named by the recipe and a digest of its settings, so that a recipe whose
-    settings changed since (a new `tuned`) never reuses the records of the old one."""
-    digest = hashlib.sha256(json.dumps(recipe_settings(recipe), sort_keys=True).encode()).hexdigest()[:10]
+    settings changed since (a new `tuned`) never reuses the records of the old one. The refit's own settings are left
+    out of the digest: each arm sets them itself, so a recipe that changes only them runs the same arms."""
+    trained = {k: v for k, v in recipe_settings(recipe).items() if k not in REFIT_SETTINGS}
+    digest = hashlib.sha256(json.dumps(trained, sort_keys=True).encode()).hexdigest()[:10]
     return RECORDS / f"{recipe}-{digest}"
 
 

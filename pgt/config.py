@@ -277,6 +277,8 @@ class TrainConfig:
     known_fraction_max: float = setting(1.0, "With simulate_unseen: the cutoff's highest fraction (at least the "
                                              "lowest).", low=0.0, high=1.0)
     recent_repeat: float = setting(0.0, "Each person's latest samples, this fraction of them, twice an epoch.", low=0.0, high=1.0)
+    visit_dropout: float = setting(0.0, "Each train history visit but the last left out at this rate, drawn anew every "
+                                        "epoch (pgt.training.augment); 0 = off.", low=0.0, high=1.0, high_open=True)
     grad_clip: float = setting(0.8, "Largest gradient norm.", low=0.0, low_open=True)
     weight_average: float = setting(0.0, "Decay of a moving average of the weights, evaluated and kept instead of "
                                          "them (e.g. 0.99); 0 = off.", low=0.0, high=1.0, high_open=True)
@@ -342,6 +344,9 @@ class TrainConfig:
         if self.refit and (self.train_on != "train" or self.stop_after_epochs):
             raise SettingsError("refit chooses the epoch on validation and then sets train_on and stop_after_epochs "
                                 "itself: leave them at their defaults")
+        if self.visit_dropout and self.network.memory_size:
+            raise SettingsError("visit_dropout leaves out history visits, and the remembered places sit in front of "
+                                "the history: set memory_size 0 with it")
         if self.known_fraction_min > self.known_fraction_max:
             raise SettingsError("known_fraction_min must be at most known_fraction_max, got "
                                 f"{self.known_fraction_min} and {self.known_fraction_max}")

@@ -38,6 +38,7 @@ from pgt.network.model import (
     set_day_gap_prior,
     set_place_coordinates,
 )
+from pgt.training.augment import VisitDropout
 from pgt.training.batches import BucketBatchSampler, ResidentBatches, StreamedBatches, keep_batch
 from pgt.training.compilation import compiled
 from pgt.training.loss import batch_loss, cross_entropy_sum
@@ -64,6 +65,9 @@ def check_streamable(cfg: TrainConfig) -> None:
     if cfg.simulate_unseen:
         raise SettingsError("simulate_unseen needs the train split in memory (it reads every sample's first visits); "
                             "use --data-engine loaded, or a recipe without it")
+    if cfg.visit_dropout:
+        raise SettingsError("visit_dropout numbers each batch's unseen places again from the split in memory; use "
+                            "--data-engine loaded")
     if cfg.network.day_gaps > 1:
         raise SettingsError("day_gaps counts the train split's days between last visits and targets in memory; the "
                             "streamed path reads train.parquet as it goes: use --data-engine loaded")
@@ -266,6 +270,8 @@ def setup(config: dict, worker: Worker) -> TrainState:
             visits = visits.extended(again) if visits is not None else None
         if cfg.simulate_unseen:
             train_set = UnseenSimulation(train_set, visits, cfg.known_fraction_min, cfg.known_fraction_max)
+        if cfg.visit_dropout:
+            train_set = VisitDropout(train_set, cfg.visit_dropout)
         loader = train_loader(train_set, cfg, worker)
     averaged = copy.deepcopy(model) if cfg.weight_average else None
     state = TrainState(cfg, worker, model_cfg, model, model, batch_loss, averaged, optimizer, scheduler, scaler,

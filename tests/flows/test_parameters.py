@@ -77,8 +77,8 @@ def test_a_flow_s_parameters_are_its_model_s_fields(flow, tmp_path):
     ({"epochs": 0}, "epochs must be in [1, 1048576], got 0"),
     ({"tune": True, "trials": 0}, "trials must be in [1, 1048576], got 0"),
     ({"tune": True, "finalists": -1}, "finalists must be in [0, 64], got -1"),
-    ({"recipe": "fast"}, "recipe must be one of paper, tuned, tuned-deployed, ensemble, tuned-2026-12-05, ensemble-2026-12-05, "
-                         "tuned-2026-12-04, "
+    ({"recipe": "fast"}, "recipe must be one of paper, tuned, tuned-deployed, ensemble, tuned-2026-12-05b, "
+                         "ensemble-2026-12-05b, tuned-2026-12-05, ensemble-2026-12-05, tuned-2026-12-04, "
                          "ensemble-2026-12-04, tuned-2026-11-28, ensemble-2026-11-28, tuned-2026-11, ensemble-2026-11, "
                          "got 'fast'"),
     ({"input_format": "staypoints"}, "the synthetic default input is positionfixes"),

@@ -399,7 +399,9 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     ["tuned-2026-12-05"] is that at the peak learning rate of the best mean over seeds 0-5 among those tried
     (benchmarks/results/learning_rate.json), which beat its own there and on seeds 6-8; RECIPES["tuned"] is that with
     the new-place weight of the best mean over seeds 0-5 (benchmarks/results/new_place_weight.json), above its own on
-    seeds 6-8 too (new_place_weight-fresh.json)."""
+    seeds 6-8 too (new_place_weight-fresh.json), now RECIPES["tuned-2026-12-05b"]; RECIPES["tuned"] is that with the
+    history visits left out at the rate of the best mean over seeds 0-5 (benchmarks/results/visit_dropout.json), above
+    its own on seeds 6-8 too (visit_dropout-fresh.json)."""
     import importlib.util
 
     import numpy as np
@@ -449,12 +451,12 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
         runs = {r["seed"]: r["validation"]["strict_acc@1"] for r in rates["runs"] if r["name"] == name}
         return float(np.mean([runs[seed] for seed in seeds]))
 
-    def runs_varying(configurations: list[dict], setting: str, around: str) -> dict:
+    def runs_varying(configurations: list[dict], setting: str, around: str, default=None) -> dict:
         """{value: name} of the runs whose settings differ from run `around`'s in `setting` alone (a file also
-        holds the other variations' runs of the same seeds)."""
+        holds the other variations' runs of the same seeds); `default`: the value of a run that does not set it."""
         def others(name: str) -> dict:
             return {k: v for k, v in search.CONFIGS[name][1].items() if k != setting}
-        return {search.CONFIGS[c["name"]][1][setting]: c["name"] for c in configurations
+        return {search.CONFIGS[c["name"]][1].get(setting, default): c["name"] for c in configurations
                 if others(c["name"]) == others(around)}
 
     # the runs that differ from tuned-2026-12-04's selection run in the learning rate alone
@@ -474,14 +476,29 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     assert len(by_weight) >= 5 and RECIPES["tuned-2026-12-05"]["new_place_weight"] in by_weight
     chosen_means = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in choosing["configurations"]}
     best_npw = max(by_weight, key=lambda weight: chosen_means[by_weight[weight]])
-    assert RECIPES["tuned"] == {**RECIPES["tuned-2026-12-05"], "new_place_weight": best_npw}
+    assert RECIPES["tuned-2026-12-05b"] == {**RECIPES["tuned-2026-12-05"], "new_place_weight": best_npw}
     chosen_run = by_weight[best_npw]
     fresh = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in confirming["configurations"]}
     assert fresh[chosen_run] > fresh[by_rate[best_rate]]
+    # the visit dropout, chosen on seeds 0-5 around tuned-2026-12-05b's selection run, confirmed on seeds 6-8
+    choosing, confirming = (json.loads((results / name).read_text())
+                            for name in ("visit_dropout.json", "visit_dropout-fresh.json"))
+    assert "validation" in choosing["selection"].lower() and choosing["seeds"] == list(range(6))
+    assert confirming["seeds"] == [6, 7, 8]
+    by_dropout = runs_varying(choosing["configurations"], "visit_dropout", chosen_run, default=0.0)
+    assert len(by_dropout) >= 5 and by_dropout[0.0] == chosen_run
+    chosen_means = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in choosing["configurations"]}
+    best_dropout = max(by_dropout, key=lambda rate: chosen_means[by_dropout[rate]])
+    assert best_dropout > 0 and {k: v for k, v in RECIPES["tuned"].items() if k != "refit_epochs"} == {
+        **RECIPES["tuned-2026-12-05b"], "visit_dropout": best_dropout}  # refit_epochs: below
+    fresh = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in confirming["configurations"]}
+    assert fresh[by_dropout[best_dropout]] > fresh[chosen_run]
     # its live predictions mixed over the days chosen on validation (benchmarks/day_gaps.py, tuned's own selection
     # networks): the fewest within 0.1 of the best mean over seeds 0-5, above the unmixed on seeds 6-8 too; chosen
-    # again on the selection networks of `tuned` with the new-place weight (day_gaps-new-place-weight.json)
-    for name, networks_of in (("day_gaps.json", weights[best_weight]), ("day_gaps-new-place-weight.json", chosen_run)):
+    # again on the selection networks of `tuned` with the new-place weight (day_gaps-new-place-weight.json) and with
+    # the visit dropout (day_gaps-visit-dropout.json)
+    for name, networks_of in (("day_gaps.json", weights[best_weight]), ("day_gaps-new-place-weight.json", chosen_run),
+                              ("day_gaps-visit-dropout.json", by_dropout[best_dropout])):
         mixing = json.loads((results / name).read_text())
         assert "validation" in mixing["selection"].lower() and mixing["networks_of"] == networks_of
         means = {int(days): row["choosing"]["mean"] for days, row in mixing["live"].items()}
@@ -497,11 +514,10 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     refit_file = json.loads((path.parent / "results" / "refit.json").read_text())
     refit = refit_file["summary"]
     assert RECIPES["tuned"]["refit"] and refit["gain"]["strict_acc@1"]["mean"] > 0 and len(refit["seeds"]) >= 3
-    # for the selected epochs: the scaled refit costs more, so it would be adopted only where its strict Acc@1 gain,
-    # which the recipe leads with, beats half its seed-to-seed spread on seeds 1000-8000 and again on the fresh seeds
-    # 9000-16000 (refit-fresh.json), and its gain as deployed holds on both; both files are of the recipe as it is now
+    # for how many epochs: the scaled refit costs more, so it is adopted only where its strict Acc@1 gain, which the
+    # recipe leads with, beats half its seed-to-seed spread on seeds 1000-8000 and again on the fresh seeds 9000-16000
+    # (refit-fresh.json), and its gain as deployed holds on both; both files are of the recipe as it is now
     fresh_file = json.loads((path.parent / "results" / "refit-fresh.json").read_text())
-    assert RECIPES["tuned"].get("refit_epochs", "selected") == "selected"
     assert len(refit["seeds"]) >= 8 and len(fresh_file["summary"]["seeds"]) >= 8
     assert not set(refit["seeds"]) & set(fresh_file["summary"]["seeds"])
     assert refit_file["settings"] == fresh_file["settings"] == RECIPES["tuned"]
@@ -510,7 +526,14 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
         return (over["strict_acc@1"]["mean"] > over["strict_acc@1"]["std"] / 2
                 and over["deployment_strict_acc@1"]["mean"] > 0)
 
-    assert not (confirmed(refit["scaled_over_refit"]) and confirmed(fresh_file["summary"]["scaled_over_refit"]))
+    scaled = confirmed(refit["scaled_over_refit"]) and confirmed(fresh_file["summary"]["scaled_over_refit"])
+    assert RECIPES["tuned"].get("refit_epochs", "selected") == ("scaled" if scaled else "selected")
+    # the recipe before it, on its own two files: not confirmed there, so it refits for the selected epochs
+    before = [json.loads((path.parent / "results" / name).read_text())
+              for name in ("refit-tuned-2026-12-05b.json", "refit-fresh-tuned-2026-12-05b.json")]
+    assert before[0]["settings"] == before[1]["settings"] == RECIPES["tuned-2026-12-05b"]
+    assert not all(confirmed(b["summary"]["scaled_over_refit"]) for b in before)
+    assert RECIPES["tuned-2026-12-05b"].get("refit_epochs", "selected") == "selected"
 
 
 @pytest.mark.parametrize("setting,message", [
@@ -580,16 +603,20 @@ def test_each_member_of_an_ensemble_learns_as_it_would_alone(synthetic_sequences
 def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     """RECIPES["ensemble"] is `tuned` with the number of members benchmarks/results/ensemble_size.json chose on
     validation (strict Acc@1, the recipe's select_on): the fewest within 0.1 of the best mean, recomputed here from
-    its rows; ensemble-2026-12-05, ensemble-2026-12-04, ensemble-2026-11-28 and ensemble-2026-11 are the earlier ones,
-    of tuned-2026-12-05, tuned-2026-12-04, tuned-2026-11-28 and tuned-2026-11 networks
-    (ensemble_size-tuned-2026-12-05.json and the like)."""
+    its rows; ensemble-2026-12-05b, ensemble-2026-12-05, ensemble-2026-12-04, ensemble-2026-11-28 and ensemble-2026-11
+    are the earlier ones, of tuned-2026-12-05b, tuned-2026-12-05, tuned-2026-12-04, tuned-2026-11-28 and tuned-2026-11
+    networks (ensemble_size-tuned-2026-12-05b.json and the like)."""
     from pgt.recipes import ENSEMBLE_MEMBERS, RECIPES
 
     results = PROJECT_ROOT / "benchmarks" / "results"
     saved = json.loads((results / "ensemble_size.json").read_text())
     assert "validation" in saved["selection"].lower() and saved["recipe"].startswith("tuned-")
-    # measured over a dated recipe (whose settings never change) with the settings tuned has now
-    assert {**RECIPES[saved["recipe"]], **saved["settings"]} == RECIPES["tuned"]
+    # measured over a dated recipe (whose settings never change) with the settings tuned has now; the members are
+    # trained on train alone and scored on validation, so how the refit would count its epochs never reaches them
+    def trained(settings: dict) -> dict:
+        return {k: v for k, v in settings.items() if k != "refit_epochs"}
+
+    assert trained({**RECIPES[saved["recipe"]], **saved["settings"]}) == trained(RECIPES["tuned"])
     assert saved["members_trained"][0]["epochs_run"] == RECIPES["tuned"]["epochs"]  # measured on the tuned of now
     best = max(r["protocol_validation_strict_acc@1"]["mean"] for r in saved["sizes"])
     fewest = min(r["members"] for r in saved["sizes"] if r["protocol_validation_strict_acc@1"]["mean"] >= best - 0.1)
@@ -599,6 +626,9 @@ def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     earlier = json.loads((results / "ensemble_size-tuned-2026-11.json").read_text())
     best_then = max(earlier["sizes"], key=lambda r: r["protocol_validation_strict_acc@1"]["mean"])
     assert RECIPES["ensemble-2026-11"] == {**RECIPES["tuned-2026-11"], "members": best_then["members"]}
+    dated = json.loads((results / "ensemble_size-tuned-2026-12-05b.json").read_text())
+    assert {**RECIPES[dated["recipe"]], **dated["settings"]} == RECIPES["tuned-2026-12-05b"]
+    assert RECIPES["ensemble-2026-12-05b"] == {**RECIPES["tuned-2026-12-05b"], "members": dated["chosen_members"]}
     dated = json.loads((results / "ensemble_size-tuned-2026-12-05.json").read_text())
     assert {**RECIPES[dated["recipe"]], **dated["settings"]} == RECIPES["tuned-2026-12-05"]
     assert RECIPES["ensemble-2026-12-05"] == {**RECIPES["tuned-2026-12-05"], "members": dated["chosen_members"]}
