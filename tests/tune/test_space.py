@@ -85,7 +85,7 @@ def test_widths_around_a_recipe_reach_three_times_its_width():
 
 
 def test_a_recipe_that_remembers_searches_fewer_more_or_no_remembered_places():
-    base = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o", memory_size=8).to_dict()
+    base = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o", memory_size=8, visit_dropout=0.0).to_dict()
     assert SearchSpace.around(base).dimension("memory_size").values == (0, 4, 8, 16)
     plain = TrainConfig.from_recipe("tuned", data_dir="d", out_dir="o").to_dict()
     assert SearchSpace.around(plain).dimension("memory_size") is None  # a recipe without memory keeps none
