@@ -86,7 +86,7 @@ def main() -> None:
 
     cfg = load_checkpoint(plain[0] / "best.pt")[1]
     validation = validation_split(args.data_dir, cfg)
-    rows = [{"members_trained_on": name, **scored(runs, args.members, validation, cfg.num_locations)}
+    rows = [{"members_trained_on": name, **scored(runs, args.members, validation, cfg)}
             for name, runs in (("whole train split", plain), ("bootstrap sample", bagged))]
     result = {"benchmark": "bagging", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "recipe": "tuned", "selection": SELECTION,

@@ -72,13 +72,13 @@ def probabilities(model, dataset, live: bool):
     return torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[1])) for p in out])
 
 
-def strict_acc1(probs, dataset, full, num_locations: int) -> float:
+def strict_acc1(probs, dataset, full, cfg) -> float:
     import torch
 
     from pgt.data.metrics import compute_all
     from pgt.data.scoring import Scores, ranks_and_top1, scored_samples
 
-    found = ranks_and_top1(Scores.from_log_probs(torch.log(probs + 1e-10), num_locations), full)
+    found = ranks_and_top1(Scores.from_log_probs(torch.log(probs + 1e-10), cfg), full)
     return compute_all(scored_samples(found, dataset, np.arange(len(dataset))))["strict"]["acc@1"]
 
 
@@ -120,7 +120,6 @@ def main() -> None:
     train, validation = splits["train"], splits["validation"]
     live_inputs = validation.anchored_at_last_visit()
     full = validation.__getitems__(list(range(len(validation))))  # the targets every figure is ranked against
-    V = cfg.num_locations
     # each number of days' prior, as training counts it on the train split (the same for every network)
     priors = {days: fit_day_gap_prior(train.locations, train.times, train.durations, train.recency, days,
                                       cfg.time_slots, cfg.duration_buckets) if days > 1 else None for days in DAYS}
@@ -129,13 +128,13 @@ def main() -> None:
         model, _ = load_checkpoint(runs[seed] / "best.pt")
         recorded = json.loads(runs[seed].with_suffix(".json").read_text())["validation"]["strict_acc@1"]
         probs[(seed, "protocol")] = probabilities(model.eval(), validation, live=False)
-        protocol = strict_acc1(probs[(seed, "protocol")], validation, full, V)
+        protocol = strict_acc1(probs[(seed, "protocol")], validation, full, cfg)
         if abs(protocol - recorded) > 0.01:
             raise RuntimeError(f"{runs[seed]}: scored {protocol:.2f} here against {recorded:.2f} in its record")
         row = {"seed": seed, "protocol": round(protocol, 2)}
         for days in DAYS:
             probs[(seed, days)] = probabilities(with_day_gaps(model, cfg, priors[days]), live_inputs, live=True)
-            row[f"live_{days}"] = round(strict_acc1(probs[(seed, days)], validation, full, V), 2)
+            row[f"live_{days}"] = round(strict_acc1(probs[(seed, days)], validation, full, cfg), 2)
         networks.append(row)
 
     # how well the prior alone tells the next visit's day on validation (the protocol's recency of the last visit)
@@ -158,7 +157,7 @@ def main() -> None:
         scored = []
         for picked in itertools.combinations(args.seeds, MEMBERS):
             mean = torch.stack([probs[(seed, days)] for seed in picked]).mean(dim=0)
-            scored.append(strict_acc1(mean, validation, full, V))
+            scored.append(strict_acc1(mean, validation, full, cfg))
         ensembles[days] = {"combinations": len(scored), **mean_std(scored)}
     result = {
         "benchmark": "day_gaps", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),

@@ -114,7 +114,7 @@ def train_student(seed: int, data_dir: str, out: str, teachers: list[str], alpha
             "validation_strict_acc@1": result["validation"]["strict"]["acc@1"]}
 
 
-def mixed(plain: list, students: list, members: int, validation, num_locations: int) -> list[dict]:
+def mixed(plain: list, students: list, members: int, validation, cfg) -> list[dict]:
     """Strict validation Acc@1 of ensembles of `members` networks of distinct seeds, `taught` of them students and the
     rest plain networks, for each count of students from 1 to members - 1: `plain` and `students` are the two sets'
     member_log_probs on the validation split, the i-th network of each of the same seed."""
@@ -129,7 +129,7 @@ def mixed(plain: list, students: list, members: int, validation, num_locations: 
                   for untaught in itertools.combinations(seeds, members - taught)
                   for chosen in itertools.combinations(sorted(set(seeds) - set(untaught)), taught)]
         rows.append({"taught": taught, "combinations": len(combos), "protocol_validation_strict_acc@1": summary(
-            [ensemble_metrics(cached, combo, validation, num_locations)["strict"]["acc@1"] for combo in combos])})
+            [ensemble_metrics(cached, combo, validation, cfg)["strict"]["acc@1"] for combo in combos])})
     return rows
 
 
@@ -168,20 +168,19 @@ def main() -> None:
     from pgt.network.checkpoint import load_checkpoint
 
     cfg = load_checkpoint(plain[0] / "best.pt")[1]
-    validation, num_locations = validation_split(args.data_dir, cfg), cfg.num_locations  # one split for every score
+    validation = validation_split(args.data_dir, cfg)  # one split for every score
     # one forward pass of each network over each split, which its rows and the mixed ensembles share
     splits = input_splits(validation)
     plain_cached, students_cached = split_log_probs(plain, splits), split_log_probs(students, splits)
-    rows = [{"networks": "labels alone", **scored(plain, args.members, validation, num_locations, plain_cached)},
+    rows = [{"networks": "labels alone", **scored(plain, args.members, validation, cfg, plain_cached)},
             {"networks": f"taught, alpha {args.alpha:g}",
-             **scored(students, args.members, validation, num_locations, students_cached)}]
+             **scored(students, args.members, validation, cfg, students_cached)}]
     result = {"benchmark": "distillation", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "teachers_from": shown_path(args.plain),
               "teachers": args.teachers, "seeds": args.seeds, "alpha": args.alpha, "members": args.members,
-              "teachers_alone": scored(teachers, len(teachers), validation, num_locations),
+              "teachers_alone": scored(teachers, len(teachers), validation, cfg),
               "selection": SELECTION, "students_trained": trained, "train_wall_s": train_s, "rows": rows,
-              "mixed": mixed(plain_cached["protocol"], students_cached["protocol"], args.members, validation,
-                             num_locations)}
+              "mixed": mixed(plain_cached["protocol"], students_cached["protocol"], args.members, validation, cfg)}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
 

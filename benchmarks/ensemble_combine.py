@@ -102,7 +102,7 @@ def main() -> None:
     for name, split in input_splits(validation).items():
         cached = network_log_probs(networks, split, live=name == "deployment")
         for (k, way), row in rows.items():
-            scored = [ensemble_metrics(cached, picked(way, combo), split, cfg.num_locations,
+            scored = [ensemble_metrics(cached, picked(way, combo), split, cfg,
                                        geometric_mean if way == "geometric" else None) for combo in combos[k]]
             row[f"{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
             if name == "protocol":

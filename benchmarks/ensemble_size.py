@@ -94,7 +94,7 @@ def network_log_probs(models: list, dataset, batch_size: int = 512, live: bool =
     return cached
 
 
-def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_locations: int, combine=None) -> dict:
+def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, cfg, combine=None) -> dict:
     """The metrics (pgt.data.metrics.compute_all) of the ensemble of the members in `combo` on the cached split, ranked
     as pgt.data.scoring.score_dataset ranks a model's scores; `combine` turns the members' (K, B, V + S)
     log-probabilities into the ensemble's (B, V + S), by default the mean of their probabilities, as `ensemble` serves."""
@@ -108,7 +108,7 @@ def ensemble_metrics(cached: list, combo: tuple[int, ...], dataset, num_location
     found = torch.zeros(4, len(dataset), dtype=torch.int64)
     pick = torch.tensor(combo)
     for indices, batch, each in cached:
-        scores = Scores.from_log_probs(combine(each[pick]), num_locations)
+        scores = Scores.from_log_probs(combine(each[pick]), cfg)
         found[:, torch.from_numpy(indices)] = ranks_and_top1(scores, batch)
     return compute_all(scored_samples(found, dataset, np.arange(len(dataset))))
 
@@ -174,7 +174,7 @@ def split_log_probs(runs: list[Path], splits: dict[str, object]) -> dict[str, li
     return {name: member_log_probs(runs, split, live=name == "deployment") for name, split in splits.items()}
 
 
-def size_figures(runs: list[Path], sizes: list[int], validation, num_locations: int,
+def size_figures(runs: list[Path], sizes: list[int], validation, cfg,
                  cached: dict[str, list] | None = None) -> dict[int, dict]:
     """For each K in `sizes`, the number of ensembles of K of the networks in `runs` and their FIGURES on the
     validation split, mean ± std over those ensembles: `{inputs}_validation_{figure}`, with the protocol's inputs and
@@ -185,18 +185,18 @@ def size_figures(runs: list[Path], sizes: list[int], validation, num_locations: 
     cached = cached or split_log_probs(runs, splits)
     for name, split in splits.items():
         for k in sizes:
-            metrics = [ensemble_metrics(cached[name], combo, split, num_locations)
+            metrics = [ensemble_metrics(cached[name], combo, split, cfg)
                        for combo in itertools.combinations(range(len(runs)), k)]
             for key, pick in FIGURES:
                 figures[k][f"{name}_validation_{key}"] = summary([pick(m) for m in metrics])
     return figures
 
 
-def scored(runs: list[Path], members: int, validation, num_locations: int,
+def scored(runs: list[Path], members: int, validation, cfg,
            cached: dict[str, list] | None = None) -> dict:
     """size_figures of the networks in `runs` each alone ("one_"), every ensemble of `members` of them ("ensemble_")
     and all of them ("all_")."""
-    figures = size_figures(runs, sorted({1, members, len(runs)}), validation, num_locations, cached)
+    figures = size_figures(runs, sorted({1, members, len(runs)}), validation, cfg, cached)
     return {f"{label}_{key}": value for k, label in ((1, "one"), (members, "ensemble"), (len(runs), "all"))
             for key, value in figures[k].items() if key != "combinations"}
 
@@ -307,7 +307,7 @@ def main() -> None:
         # networks trained on a live prediction's inputs only ever read those: both columns score them on their own
         validation = validation.anchored_at_last_visit()
     sizes = [{"members": k, **figures} for k, figures in size_figures(
-        runs, list(range(1, len(runs) + 1)), validation, cfg.num_locations).items()]
+        runs, list(range(1, len(runs) + 1)), validation, cfg).items()]
     result = {"benchmark": "ensemble_size", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(data_dir), "recipe": args.recipe, "settings": settings,
               "selection": SELECTION,

@@ -76,7 +76,7 @@ def main() -> None:
     cached = split_log_probs(runs, splits)
     for name, split in splits.items():
         for row in rows:
-            scored = [ensemble_metrics(cached[name], combo, split, cfg.num_locations, tempered_mean(row["temperature"]))
+            scored = [ensemble_metrics(cached[name], combo, split, cfg, tempered_mean(row["temperature"]))
                       for combo in combos]
             row[f"{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
             if name == "protocol":

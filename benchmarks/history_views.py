@@ -77,7 +77,7 @@ def aligned(log_probs, view_slots: list[dict[int, int]], full_slots: list[dict[i
     return out
 
 
-def metrics(log_probs, dataset, num_locations: int) -> dict:
+def metrics(log_probs, dataset, cfg) -> dict:
     """pgt.data.metrics.compute_all of (N, V + S) log-probabilities for `dataset`'s samples, ranked as
     pgt.data.scoring.score_dataset ranks a model's scores."""
     import torch
@@ -89,7 +89,7 @@ def metrics(log_probs, dataset, num_locations: int) -> dict:
     for start in range(0, len(dataset), 512):
         idx = list(range(start, min(start + 512, len(dataset))))
         batch = dataset.__getitems__(idx)
-        found[:, start:start + len(idx)] = ranks_and_top1(Scores.from_log_probs(log_probs[idx], num_locations), batch)
+        found[:, start:start + len(idx)] = ranks_and_top1(Scores.from_log_probs(log_probs[idx], cfg), batch)
     return compute_all(scored_samples(found, dataset, np.arange(len(dataset))))
 
 
@@ -142,8 +142,8 @@ def main() -> None:
     combos = list(itertools.combinations(range(len(runs)), args.members))
     for name, way in ways.items():
         combined = [way(lp) for lp in each]
-        alone = [picks(metrics(lp, full, cfg.num_locations)) for lp in combined]
-        together = [picks(metrics(mean_of([combined[i] for i in combo]), full, cfg.num_locations)) for combo in combos]
+        alone = [picks(metrics(lp, full, cfg)) for lp in combined]
+        together = [picks(metrics(mean_of([combined[i] for i in combo]), full, cfg)) for combo in combos]
         if name == "whole history":  # each network alone on its own history: the figure its training recorded
             recorded = [json.loads((run / "metrics.json").read_text())["validation"]["strict"]["acc@1"] for run in runs]
             if not np.allclose([m["strict_acc@1"] for m in alone], recorded):

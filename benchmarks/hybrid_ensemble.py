@@ -123,7 +123,7 @@ def main() -> None:
     scored = {(k, j): {inputs: [] for inputs in caches} for k, j, _ in kinds}
     work = [(k, j, combo, inputs) for k, j, combos in kinds for combo in combos for inputs in caches]
     for k, j, combo, inputs in track(work, description="ensembles scored", transient=True):
-        scored[(k, j)][inputs].append(ensemble_metrics(caches[inputs], combo, scored_on[inputs], cfg.num_locations))
+        scored[(k, j)][inputs].append(ensemble_metrics(caches[inputs], combo, scored_on[inputs], cfg))
     rows = []
     for k, j, combos in kinds:
         row = {"members": k, "protocol_members": j, "deployed_members": k - j, "combinations": len(combos)}

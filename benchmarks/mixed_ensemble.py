@@ -78,7 +78,7 @@ def probabilities(run: Path, plain, remembered, width: int):
     return out
 
 
-def ensemble_metrics(picked, remembered, full, num_locations: int) -> dict:
+def ensemble_metrics(picked, remembered, full, cfg) -> dict:
     """pgt.data.metrics.compute_all of the mean of the picked networks' probabilities; `full` is the whole split as
     one batch of the memory layout (remembered.__getitems__ of every index, built once by the caller)."""
     import torch
@@ -87,7 +87,7 @@ def ensemble_metrics(picked, remembered, full, num_locations: int) -> dict:
     from pgt.data.scoring import Scores, ranks_and_top1, scored_samples
 
     mean = torch.stack(picked).mean(dim=0)
-    found = ranks_and_top1(Scores.from_log_probs(torch.log(mean + 1e-10), num_locations), full)
+    found = ranks_and_top1(Scores.from_log_probs(torch.log(mean + 1e-10), cfg), full)
     return compute_all(scored_samples(found, remembered, np.arange(len(remembered))))
 
 
@@ -139,7 +139,7 @@ def main() -> None:
     probs, checks = {}, []
     for key in track(list(runs), description="scoring each network on validation"):
         probs[key] = probabilities(runs[key], plain, remembered, width)
-        strict = ensemble_metrics([probs[key]], remembered, full, base_cfg.num_locations)["strict"]["acc@1"]
+        strict = ensemble_metrics([probs[key]], remembered, full, base_cfg)["strict"]["acc@1"]
         recorded = json.loads(runs[key].with_suffix(".json").read_text())["validation"]["strict_acc@1"]
         checks.append({"network": f"{key[0]}-s{key[1]}", "strict_acc@1": round(strict, 2), "recorded": recorded})
         if abs(strict - recorded) > 0.01:
@@ -151,11 +151,11 @@ def main() -> None:
         scored = []
         for seeds in itertools.combinations(args.seeds, args.members):
             if other == BASE:
-                scored.append(ensemble_metrics([probs[(BASE, s)] for s in seeds], remembered, full, base_cfg.num_locations))
+                scored.append(ensemble_metrics([probs[(BASE, s)] for s in seeds], remembered, full, base_cfg))
                 continue
             for first in itertools.combinations(seeds, half):  # the tuned half's seeds; the other half the rest
                 picked = [probs[(BASE, s)] for s in first] + [probs[(other, s)] for s in seeds if s not in first]
-                scored.append(ensemble_metrics(picked, remembered, full, base_cfg.num_locations))
+                scored.append(ensemble_metrics(picked, remembered, full, base_cfg))
         rows.append({"ensemble": f"{BASE} x {args.members}" if other == BASE else f"{BASE} x {half} + {other} x {half}",
                      **summary(scored)})
     kinds = (BASE, *OTHERS)[:args.members]
@@ -163,7 +163,7 @@ def main() -> None:
     for seeds in itertools.combinations(args.seeds, args.members):
         for order in itertools.permutations(seeds):
             scored.append(ensemble_metrics([probs[(kind, s)] for kind, s in zip(kinds, order)], remembered,
-                                           full, base_cfg.num_locations))
+                                           full, base_cfg))
     rows.append({"ensemble": "one of each: " + ", ".join(kinds), **summary(scored)})
     result = {"benchmark": "mixed_ensemble", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "variant": args.variant, "selection": SELECTION, "seeds": args.seeds,

@@ -13,6 +13,7 @@ without loading it. Each setting is one field with its help, bounds and choices 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -132,6 +133,10 @@ class ModelConfig(ModelSettings):
     weekdays: int = 7  # weekday values
     recency_days: int = 8  # recency values: days 0 .. history_days before the target's day
     duration_buckets: int = 99  # duration bucket values
+    # added to a new place's log-probability in the protocol's view (pgt.network.vocabulary.merge_slots): log(1 / the
+    # new_place_weight the network was trained with), which undoes what that loss weight did to a new place's odds
+    # (logit adjustment, Menon et al. 2021); strict rankings never see it
+    new_place_log_odds: float = 0.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -372,7 +377,16 @@ class TrainConfig:
         """The model of these settings for a vocabulary (pgt.data.dataset.Vocab: the sizes in a manifest)."""
         return ModelConfig(**dataclasses.asdict(self.network), variant=self.model, num_locations=vocab.locations,
                            num_users=vocab.users, time_slots=vocab.time_slots, weekdays=vocab.weekdays,
-                           recency_days=vocab.recency, duration_buckets=vocab.durations)
+                           recency_days=vocab.recency, duration_buckets=vocab.durations,
+                           new_place_log_odds=self.new_place_log_odds)
+
+    @property
+    def new_place_log_odds(self) -> float:
+        """ModelConfig.new_place_log_odds of these settings: log(1 / new_place_weight) where that weight is applied
+        (with unseen_slots); 0 where it is not, or is 0 (a loss that never asks for a new place leaves no odds to
+        restore)."""
+        weighted = self.network.unseen_slots and self.new_place_weight > 0
+        return -math.log(self.new_place_weight) if weighted else 0.0
 
 
 @dataclass

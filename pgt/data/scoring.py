@@ -9,8 +9,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pgt.config import ModelConfig
 from pgt.network.daygap import live_log_probs
-from pgt.network.vocabulary import merge_slots
+from pgt.network.vocabulary import merge_slots, restore_new_place_odds
 from pgt.data.dataset import Batch, SequenceDataset
 from pgt.data.metrics import Scored, compute_all, target_ranks, top1
 
@@ -29,20 +30,22 @@ class Scores(NamedTuple):
     protocol: torch.Tensor  # (B, V) scores over the known ids, every unseen place in id 1
 
     @classmethod
-    def from_log_probs(cls, extended: torch.Tensor, num_locations: int) -> Scores:
-        """A model's (B, V + S) log-probabilities and the protocol's merge of them (vocabulary.merge_slots)."""
-        return cls(extended, merge_slots(extended, num_locations))
+    def from_log_probs(cls, extended: torch.Tensor, cfg: ModelConfig) -> Scores:
+        """A model's (B, V + S) log-probabilities and the protocol's view of them: a new place at the odds an
+        unweighted loss would have given it (vocabulary.restore_new_place_odds), every slot merged into id 1
+        (vocabulary.merge_slots). The strict ranks read the model's own."""
+        return cls(extended, merge_slots(restore_new_place_odds(extended, cfg.new_place_log_odds), cfg.num_locations))
 
 
 
 def model_scores(model: torch.nn.Module, live: bool = False) -> Callable[[Batch], Scores]:
     """A scorer for `score_dataset`: the model's log-probabilities in eval mode; the protocol's id 1 takes the
-    probability of a new place and of every slot (vocabulary.merge_slots). `live`: the inputs count recency from the
+    probability of a new place and of every slot (Scores.from_log_probs). `live`: the inputs count recency from the
     last visit's day, as a live prediction's do (daygap.live_log_probs)."""
     model.eval()
     if live:
-        return lambda batch: Scores.from_log_probs(live_log_probs(model, *batch.inputs()), model.cfg.num_locations)
-    return lambda batch: Scores.from_log_probs(model(*batch.inputs()).log_probs.float(), model.cfg.num_locations)
+        return lambda batch: Scores.from_log_probs(live_log_probs(model, *batch.inputs()), model.cfg)
+    return lambda batch: Scores.from_log_probs(model(*batch.inputs()).log_probs.float(), model.cfg)
 
 
 
@@ -111,4 +114,4 @@ def packed_scores(model, live: bool = False) -> Callable[[Batch], Scores]:
     """A `score_dataset` scorer for a logged PackedModel: its extended log-probabilities and the protocol's merge;
     `live` as for model_scores (PackedModel.live)."""
     forward = model.live if live else model
-    return lambda batch: Scores.from_log_probs(forward(batch.packed()), model.cfg.num_locations)
+    return lambda batch: Scores.from_log_probs(forward(batch.packed()), model.cfg)

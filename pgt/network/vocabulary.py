@@ -53,6 +53,18 @@ def extended_ids(locations: torch.Tensor, slots: torch.Tensor | None, num_locati
     return visit_ids(locations, slots, num_locations), num_locations + most
 
 
+def restore_new_place_odds(log_probs: torch.Tensor, new_place_log_odds: float) -> torch.Tensor:
+    """(B, C) log-probabilities with a new place's (id 1) raised by `new_place_log_odds` (ModelConfig's) and each row
+    renormalised: the odds of a new place that a loss weighing every target alike would have trained. A loss that
+    weighs new-place targets by w moves a new place's optimal logit by log w and no other's (Menon et al. 2021,
+    logit adjustment), so log(1 / w) restores it."""
+    if not new_place_log_odds:
+        return log_probs
+    raised = torch.cat([log_probs[:, :UNSEEN], log_probs[:, UNSEEN:UNSEEN + 1] + new_place_log_odds,
+                        log_probs[:, UNSEEN + 1:]], dim=1)  # (B, C)
+    return raised - torch.logsumexp(raised, dim=1, keepdim=True)
+
+
 def merge_slots(log_probs: torch.Tensor, num_locations: int) -> torch.Tensor:
     """(B, V + S) extended log-probabilities -> (B, V) the protocol's: id 1 ("unseen in train") takes the
     probability of a new place plus that of every slot, which are all places unseen in train."""
@@ -60,5 +72,3 @@ def merge_slots(log_probs: torch.Tensor, num_locations: int) -> torch.Tensor:
         return log_probs
     unseen = torch.logsumexp(torch.cat([log_probs[:, 1:2], log_probs[:, num_locations:]], dim=1), dim=1)  # (B,)
     return torch.cat([log_probs[:, :1], unseen.unsqueeze(1), log_probs[:, 2:num_locations]], dim=1)
-
-

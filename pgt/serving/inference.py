@@ -18,6 +18,7 @@ from infra.settings import stored_settings
 from pgt.config import EVAL_BATCH_SIZE, MAX_TOP_K, TOP_K, ModelConfig
 from pgt.data.dataset import MemoryLayout, SequenceDataset
 from pgt.network.packed import input_tables
+from pgt.network.vocabulary import restore_new_place_odds
 from preprocessing.config import parse_time
 from preprocessing.output import read_manifest
 from preprocessing.sequences import UNSEEN
@@ -60,7 +61,10 @@ class TopK(NamedTuple):
     locations: np.ndarray  # (N, k) location ids, UNSEEN (1) for a new place and for a slot
     places: np.ndarray  # (N, k) the dataset-wide place of a slot prediction (an unseen place of the history), else -1
     probabilities: np.ndarray  # (N, k) highest first
-    new_place: np.ndarray  # (N,) the probability of id 1: a new place (with slots) or any place unseen in train
+    # (N,) the probability of id 1, a new place (with slots) or any place unseen in train, at the odds a loss that
+    # weighs every target alike would give it (vocabulary.restore_new_place_odds): a forecast, where the network's own
+    # (the ranking's) understates it by the new_place_weight it was trained with
+    new_place: np.ndarray
 
 
 
@@ -79,7 +83,7 @@ def top_k_predictions(model, dataset: SequenceDataset, top_k: int, batch_size: i
         idx = list(range(start, min(start + batch_size, len(dataset))))
         batch = dataset.__getitems__(idx)
         log_probs = model.live(batch.packed()) if live else model(batch.packed())  # (B, V + S)
-        new_place[idx] = log_probs[:, UNSEEN].exp().numpy()
+        new_place[idx] = restore_new_place_odds(log_probs, model.cfg.new_place_log_odds)[:, UNSEEN].exp().numpy()
         log_probs[:, 0] = -torch.inf  # id 0 pads histories; it is never a place
         top = torch.topk(log_probs, k, dim=1)
         slot = (top.indices - V + 1).clamp_min(0)  # (B, k) the slot of each prediction, 0 for known ids and 1

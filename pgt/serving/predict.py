@@ -118,8 +118,9 @@ def predict_file(model_uri: str, input_path: Path, out_path: Path, top_k: int = 
     train), top_places (the dataset-wide place id where a prediction is an unseen place of the history, i.e. a
     slot of the extended vocabulary, else null), top_probabilities, new_place_probability (the probability of
     id 1: a new place, none of the known or visited ones, for a model with slots; any place unseen in train
-    without), and target and target_place when the input has them. Returns the number of rows and the model that
-    answered (answering_model)."""
+    without; with the odds its training's new_place_weight took restored: inference.TopK), and target and
+    target_place when the input has them. Returns the number of rows and the model that answered
+    (answering_model)."""
     check_top_k(top_k, "--top-k")
     check_output_file(Path(out_path), PREDICTOR, (".parquet",))  # before the model's download
     check_apart(Path(out_path), {"--input": input_path})

@@ -70,10 +70,10 @@ def test_mixed_ensembles_pick_distinct_seeds_from_the_two_sets_cached_passes(tin
         torch.manual_seed(seed)
         networks.append(build_model(model_cfg).eval())
     plain, students = (ensemble_size.network_log_probs(nets, validation) for nets in (networks[:3], networks[3:]))
-    rows = distillation.mixed(plain, students, 2, validation, model_cfg.num_locations)
+    rows = distillation.mixed(plain, students, 2, validation, model_cfg)
     combos = [(p, 3 + s) for p, s in itertools.permutations(range(3), 2)]
     every = ensemble_size.network_log_probs(networks, validation)
-    expected = np.mean([ensemble_size.ensemble_metrics(every, combo, validation, model_cfg.num_locations)["strict"]["acc@1"]
+    expected = np.mean([ensemble_size.ensemble_metrics(every, combo, validation, model_cfg)["strict"]["acc@1"]
                         for combo in combos])
     assert [(r["taught"], r["combinations"]) for r in rows] == [(1, 6)]
     assert rows[0]["protocol_validation_strict_acc@1"]["mean"] == round(float(expected), 2)

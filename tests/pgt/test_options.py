@@ -4,6 +4,7 @@ config's (or the recipe's) value; typed ones win. Parsed by the real `pgt` comma
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import typer.main
@@ -11,6 +12,7 @@ import typer.main
 from infra.settings import settings_of
 from pgt.cli import app, launch_config, train_config
 from pgt.config import LaunchConfig, TrainConfig
+from pgt.data.dataset import Vocab
 from pgt.recipes import RECIPES
 from preprocessing.config import SynthConfig
 from preprocessing.engine import EngineConfig
@@ -117,3 +119,15 @@ def test_every_trial_of_a_sweep_trains_its_recipe_with_only_the_searched_setting
     assert spec.recipe_name == "tuned" and SweepConfig.from_dict(spec.to_dict()) == spec  # the Ray boundary
     paper = sweep_config(parse("tune", "--data", "d", "--out", "o")).train_config(hyper, "trial")
     assert not paper.network.visit_relations and not paper.network.unseen_slots
+
+
+@pytest.mark.parametrize(("settings", "log_odds"), [
+    ({"unseen_slots": True, "new_place_weight": 0.05}, math.log(20)),  # tuned's: the loss weighed new places 1/20
+    ({"unseen_slots": True, "new_place_weight": 1.0}, 0.0),  # every target alike: nothing to undo
+    ({"unseen_slots": True, "new_place_weight": 0.0}, 0.0),  # a loss that never asked for a new place
+    ({"unseen_slots": False, "new_place_weight": 0.05}, 0.0),  # the weight applies with slots only
+])
+def test_the_model_carries_the_odds_its_new_place_weight_took(settings, log_odds):
+    cfg = TrainConfig.from_recipe("paper", **settings, data_dir="data", out_dir="runs")
+    model_cfg = cfg.model_config(Vocab(locations=10, users=3))
+    assert model_cfg.new_place_log_odds == pytest.approx(log_odds)

@@ -94,3 +94,28 @@ def test_live_rows_are_mixed_over_the_next_visits_day_and_rows_for_a_given_momen
             got = frame.filter(sample=kind).sort("sample_index", "rank")["probability"].to_list()
             assert got == pytest.approx(probabilities(samples, live), abs=1e-6), kind
             assert got != pytest.approx(probabilities(samples, not live), abs=1e-6), kind  # the reading matters
+
+
+def test_the_new_place_probability_is_served_at_the_odds_the_loss_weight_took(tmp_path):
+    """top_k_predictions ranks by the network's own scores and gives the probability of a new place with the odds of
+    the new_place_weight it was trained with restored (ModelConfig.new_place_log_odds)."""
+    import math
+
+    import torch
+
+    from pgt.network.model import build_model
+    from pgt.network.packed import PackedModel
+
+    path = tmp_path / "s.parquet"
+    write_split(path, [(1, [5, 6, 7], 5), (2, [3, 4, 6], 4)])
+    dataset = SequenceDataset.from_parquet(path)
+    own = model_knowing(10, 3)
+    own.unseen_slots = True
+    torch.manual_seed(0)
+    model = build_model(own).eval()
+    plain = top_k_predictions(PackedModel(model), dataset, 3)
+    model.cfg.new_place_log_odds = math.log(20)  # the same weights, trained at new_place_weight 0.05
+    restored = top_k_predictions(PackedModel(model), dataset, 3)
+    assert (restored.locations == plain.locations).all() and (restored.probabilities == plain.probabilities).all()
+    odds = plain.new_place / (1 - plain.new_place)
+    assert restored.new_place == pytest.approx(20 * odds / (1 + 20 * odds), rel=1e-5)

@@ -389,6 +389,11 @@ def test_weight_average_is_what_gets_evaluated(synthetic_sequences, tmp_path):
     assert torch.allclose(a.weight, expected)
 
 
+def settings_without(settings: dict, *names: str) -> dict:
+    """A recipe's settings less the named ones, which another check of the same test holds."""
+    return {k: v for k, v in settings.items() if k not in names}
+
+
 def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     """RECIPES["tuned-2026-11"] and benchmarks/recipe_search.py's RECIPE name the same settings (validation-only
     choice); RECIPES["tuned-2026-11-28"] is the sweep's confirmed winner (benchmarks/results/sweep_best.yaml) at the
@@ -414,7 +419,7 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     spec = importlib.util.spec_from_file_location("recipe_search", path)
     search = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(search)
-    chosen = {k: v for k, v in RECIPES["tuned-2026-11"].items() if k not in ("refit", "refit_epochs")}
+    chosen = settings_without(RECIPES["tuned-2026-11"], "refit", "refit_epochs")
     assert chosen == search.CONFIGS[search.RECIPE[0]][1]
     results = path.parent / "results"
     adoption = json.loads((results / "tuned_adoption.json").read_text())
@@ -489,7 +494,7 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     assert len(by_dropout) >= 5 and by_dropout[0.0] == chosen_run
     chosen_means = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in choosing["configurations"]}
     best_dropout = max(by_dropout, key=lambda rate: chosen_means[by_dropout[rate]])
-    assert best_dropout > 0 and {k: v for k, v in RECIPES["tuned"].items() if k != "refit_epochs"} == {
+    assert best_dropout > 0 and settings_without(RECIPES["tuned"], "refit_epochs") == {
         **RECIPES["tuned-2026-12-05b"], "visit_dropout": best_dropout}  # refit_epochs: below
     fresh = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in confirming["configurations"]}
     assert fresh[by_dropout[best_dropout]] > fresh[chosen_run]
@@ -613,10 +618,8 @@ def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     assert "validation" in saved["selection"].lower() and saved["recipe"].startswith("tuned-")
     # measured over a dated recipe (whose settings never change) with the settings tuned has now; the members are
     # trained on train alone and scored on validation, so how the refit would count its epochs never reaches them
-    def trained(settings: dict) -> dict:
-        return {k: v for k, v in settings.items() if k != "refit_epochs"}
-
-    assert trained({**RECIPES[saved["recipe"]], **saved["settings"]}) == trained(RECIPES["tuned"])
+    assert settings_without({**RECIPES[saved["recipe"]], **saved["settings"]}, "refit_epochs") == settings_without(
+        RECIPES["tuned"], "refit_epochs")
     assert saved["members_trained"][0]["epochs_run"] == RECIPES["tuned"]["epochs"]  # measured on the tuned of now
     best = max(r["protocol_validation_strict_acc@1"]["mean"] for r in saved["sizes"])
     fewest = min(r["members"] for r in saved["sizes"] if r["protocol_validation_strict_acc@1"]["mean"] >= best - 0.1)
