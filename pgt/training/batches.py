@@ -11,7 +11,7 @@ import torch
 from torch.utils.data import Sampler
 
 from pgt.data.dataset import Batch, MemoryLayout, SequenceDataset, Vocab
-from pgt.training.unseen import UnseenSimulation
+from pgt.training.augment import TransformedSplit
 
 
 def keep_batch(batch: Batch) -> Batch:
@@ -61,7 +61,7 @@ class ResidentBatches:
     model's outputs do not change) and a short batch is filled to full size with the epoch's first samples
     (as DistributedSampler pads its shards), so that batches take at most max_len / static_width shapes."""
 
-    def __init__(self, dataset: SequenceDataset | UnseenSimulation, batch_sampler: BucketBatchSampler,
+    def __init__(self, dataset: SequenceDataset | TransformedSplit, batch_sampler: BucketBatchSampler,
                  device: torch.device | str, static_width: int = 0):
         self.lengths = dataset.lengths.cpu().numpy()  # (N,) host copy: widths are planned on the host
         self.max_width = int(self.lengths.max(initial=1))  # the split's padded width (its longest kept history)

@@ -38,7 +38,7 @@ from pgt.network.model import (
     set_day_gap_prior,
     set_place_coordinates,
 )
-from pgt.training.augment import VisitDropout
+from pgt.training.augment import TransformedSplit, VisitDropout
 from pgt.training.batches import BucketBatchSampler, ResidentBatches, StreamedBatches, keep_batch
 from pgt.training.compilation import compiled
 from pgt.training.loss import batch_loss, cross_entropy_sum
@@ -100,7 +100,7 @@ def lr_factor(epoch: int, cfg: TrainConfig) -> float:
     return (cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1 + math.cos(math.pi * min(progress, 1.0)))) / cfg.lr
 
 
-def train_loader(dataset: SequenceDataset | UnseenSimulation, cfg: TrainConfig,
+def train_loader(dataset: SequenceDataset | TransformedSplit, cfg: TrainConfig,
                  worker: Worker) -> DataLoader | ResidentBatches:
     sampler = DistributedSampler(dataset, num_replicas=worker.world_size, rank=worker.rank, shuffle=True,
                                  seed=cfg.seed, drop_last=False)

@@ -3,18 +3,16 @@ a train split whose samples forget some of the places their person knew."""
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import torch
-from torch.utils.data import Dataset
 
 from infra.errors import InputError
 from pgt.data.dataset import Batch, SequenceDataset, Vocab
-from pgt.network.vocabulary import unseen_slots
+from pgt.training.augment import TransformedSplit
 from preprocessing.sequences import UNSEEN
 
 
@@ -54,42 +52,28 @@ class FirstVisits:
         return FirstVisits(self.first_day, torch.cat([self.sample_day, self.sample_day[torch.as_tensor(again)]]))
 
 
-class UnseenSimulation(Dataset):
+class UnseenSimulation(TransformedSplit):
     """The train split as later splits look to the model: there, locations first visited after the
     train period are all id 1 ("unseen in train", a quarter of GeoLife's test histories and targets),
     an id the train split never shows. For each sample this draws a known fraction f uniformly in
     [known_min, known_max] and turns every location the user first visited at least a day after the
     cutoff (f times the days from the user's first day to the sample) into id 1, in the history and the
-    target alike. Draws come from torch's global RNG, which checkpoints save, so resumed runs draw the
-    same."""
+    target alike; the simulated unseen places get slots as real ones do (a train place is its own location id).
+    Draws come from torch's global RNG, which checkpoints save, so resumed runs draw the same."""
 
     def __init__(self, dataset: SequenceDataset, visits: FirstVisits, known_min: float, known_max: float):
         if len(visits.sample_day) != len(dataset):
             raise ValueError(f"first visits cover {len(visits.sample_day)} samples, the dataset has {len(dataset)}")
-        self.dataset, self.visits = dataset, visits
-        self.known_min, self.known_max = known_min, known_max
-        self.lengths, self.targets = dataset.lengths, dataset.targets
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Batch:
-        return self.__getitems__([index])
-
-    def __getitems__(self, indices: list[int]) -> Batch:
-        idx = torch.as_tensor(indices, dtype=torch.long)
-        return self.gather(idx, int(self.lengths[idx].max()))
+        super().__init__(dataset)
+        self.visits, self.known_min, self.known_max = visits, known_min, known_max
 
     def to(self, device: torch.device | str) -> UnseenSimulation:
         """A copy whose split and first visits live on `device`."""
-        moved = copy.copy(self)
-        moved.dataset = self.dataset.to(device)
+        moved = super().to(device)
         moved.visits = FirstVisits(self.visits.first_day.to(device), self.visits.sample_day.to(device))
-        moved.lengths, moved.targets = moved.dataset.lengths, moved.dataset.targets
         return moved
 
-    def gather(self, idx: torch.Tensor, width: int) -> Batch:
-        batch = self.dataset.gather(idx, width)
+    def transform(self, batch: Batch, places: torch.Tensor, idx: torch.Tensor) -> tuple[Batch, torch.Tensor]:
         known = self.known_min + (self.known_max - self.known_min) * torch.rand(len(idx), device=idx.device)  # (B,)
         cutoff = known * self.visits.sample_day[idx] + 1  # (B,) locations first visited on this day or later are new
         first_history = self.visits.first_day[batch.users.unsqueeze(1), batch.locations]  # (B, T)
@@ -98,7 +82,4 @@ class UnseenSimulation(Dataset):
         new_target = (first_target >= cutoff) & (batch.targets > UNSEEN)
         locations = torch.where(new_history, UNSEEN, batch.locations)
         targets = torch.where(new_target, UNSEEN, batch.targets)
-        # the simulated unseen places get slots as real ones do (a train place is its own location id)
-        slots, target_slots = unseen_slots(locations, self.dataset.places[idx, :locations.shape[1]], targets,
-                                           self.dataset.target_places[idx])
-        return batch._replace(locations=locations, targets=targets, slots=slots, target_slots=target_slots)
+        return batch._replace(locations=locations, targets=targets), places

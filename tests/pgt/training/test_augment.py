@@ -6,7 +6,7 @@ import torch
 from infra.errors import SettingsError
 from pgt.config import TrainConfig
 from pgt.data.dataset import SequenceDataset
-from pgt.training.augment import VisitDropout, drop_visits
+from pgt.training.augment import VisitDropout
 from pgt.training.state import check_streamable
 from pgt.training.train import train_loop_per_worker
 from tests.pgt.training.test_data import write_split
@@ -34,7 +34,7 @@ def test_left_out_visits_close_up_and_the_last_visit_stays(tmp_path):
     """Near rate 1 only the last visit is left, at the front, with its own features; padding follows."""
     ds = dataset(tmp_path)
     torch.manual_seed(0)
-    batch = drop_visits(ds.__getitems__([0, 1]), ds.places[:, :5], ds.target_places, 0.999)
+    batch = VisitDropout(ds, 0.999).__getitems__([0, 1])
     assert batch.locations.tolist() == [[9, 0, 0, 0, 0], [6, 0, 0, 0, 0]]
     assert batch.times.tolist() == [[5, 0, 0, 0, 0], [3, 0, 0, 0, 0]]  # the last visit's slot + 1
     assert batch.recency.tolist() == [[2, 0, 0, 0, 0], [2, 0, 0, 0, 0]]  # still its days before the target + 1
@@ -49,7 +49,7 @@ def test_kept_visits_keep_their_order_and_slots_are_numbered_again(tmp_path):
     counts = torch.zeros(2)
     torch.manual_seed(1)
     for _ in range(400):
-        batch = drop_visits(full, ds.places[:, :5], ds.target_places, 0.3)
+        batch = VisitDropout(ds, 0.3).__getitems__([0, 1])
         lengths = (batch.locations != 0).sum(dim=1)
         for row in range(2):
             kept = batch.times[row, :lengths[row]].tolist()
@@ -64,6 +64,30 @@ def test_kept_visits_keep_their_order_and_slots_are_numbered_again(tmp_path):
     # each of the earlier visits is kept 70% of the time: 4 earlier visits and the last one, 2 and the last one
     assert counts[0] / 400 == pytest.approx(1 + 4 * 0.7, abs=0.15)
     assert counts[1] / 400 == pytest.approx(1 + 2 * 0.7, abs=0.15)
+
+
+def test_over_the_unseen_simulation_the_slots_are_numbered_once_over_what_both_leave(tmp_path):
+    """Location 7 of user 1, first visited on day 5, is unseen at a cutoff of 0.3 * 10 + 1 = 4: its place gets a slot
+    between those of places 11 and 12 (the target's). Visits left out at rate 0 leave the simulation's batch as it
+    was; at rate 0.999 only the last visit stays and the target, whose place is no longer visited, has no slot."""
+    from pgt.training.unseen import FirstVisits, UnseenSimulation
+
+    ds = dataset(tmp_path)
+    first_day = torch.zeros(3, 10)
+    first_day[1, 7] = 5.0
+    simulated = UnseenSimulation(ds, FirstVisits(first_day, torch.tensor([10.0, 10.0])), 0.3, 0.3)
+    torch.manual_seed(0)
+    alone = simulated.__getitems__([0, 1])
+    assert alone.locations[0].tolist() == [5, 1, 1, 1, 9] and alone.slots[0].tolist() == [0, 1, 2, 3, 0]
+    assert alone.target_slots.tolist() == [3, 0]
+    torch.manual_seed(0)
+    kept = VisitDropout(simulated, 0.0).__getitems__([0, 1])
+    for name in alone._fields:
+        assert torch.equal(getattr(alone, name), getattr(kept, name)), name
+    torch.manual_seed(0)
+    dropped = VisitDropout(simulated, 0.999).__getitems__([0, 1])
+    assert dropped.locations[0].tolist() == [9, 0, 0, 0, 0] and dropped.targets.tolist() == [1, 4]
+    assert dropped.slots.abs().sum() == 0 and dropped.target_slots.tolist() == [0, 0]
 
 
 def test_visit_dropout_trains_and_is_refused_where_it_cannot_apply(synthetic_sequences, tmp_path):
