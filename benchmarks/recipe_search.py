@@ -204,6 +204,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                              {**TUNED_NOW, "visit_dropout": 0.1, "epochs": 15}),
     "tuned-npw005-vd02-e15": ("+ over tuned's selection run, history visits left out at rate 0.2, 15 epochs",
                              {**TUNED_NOW, "visit_dropout": 0.2, "epochs": 15}),
+    # around tuned (history visits left out at 0.1): what the visits left out may have made room for
+    "tuned-vd01-do035": ("+ over tuned's selection run, dropout 0.35 (against 0.45)",
+                         {**TUNED_NOW, "visit_dropout": 0.1, "dropout": 0.35}),
+    "tuned-vd01-d96": ("+ over tuned's selection run, d_model 96 and feed-forward 192 (against 64 and 128)",
+                       {**TUNED_NOW, "visit_dropout": 0.1, "d_model": 96, "dim_feedforward": 192}),
     "tuned-lr4e3-h2": ("+ over tuned's selection run, two attention heads (tuned: 1)",
                        {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "nhead": 2}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
