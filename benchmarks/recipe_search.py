@@ -209,6 +209,10 @@ CONFIGS: dict[str, tuple[str, dict]] = {
                          {**TUNED_NOW, "visit_dropout": 0.1, "dropout": 0.35}),
     "tuned-vd01-d96": ("+ over tuned's selection run, d_model 96 and feed-forward 192 (against 64 and 128)",
                        {**TUNED_NOW, "visit_dropout": 0.1, "d_model": 96, "dim_feedforward": 192}),
+    "tuned-vd01-wa98": ("+ over tuned's selection run, a moving average of the weights at decay 0.98 a step",
+                        {**TUNED_NOW, "visit_dropout": 0.1, "weight_average": 0.98}),
+    "tuned-vd01-wa99": ("+ over tuned's selection run, a moving average of the weights at decay 0.99 a step",
+                        {**TUNED_NOW, "visit_dropout": 0.1, "weight_average": 0.99}),
     "tuned-lr4e3-h2": ("+ over tuned's selection run, two attention heads (tuned: 1)",
                        {**TUNED_SELECTION, "arrival_head": 1.0, "lr": 4e-3, "nhead": 2}),
     # trained, selected and scored on the inputs serving has (recency from the last visit's day): validation figures
