@@ -27,8 +27,12 @@ class TransformedSplit(Dataset):
 
     def __init__(self, inner: SequenceDataset | TransformedSplit):
         self.inner = inner
-        self.dataset = inner.dataset if isinstance(inner, TransformedSplit) else inner  # the split underneath
         self.lengths, self.targets = inner.lengths, inner.targets
+
+    @property
+    def dataset(self) -> SequenceDataset:
+        """The split underneath every change."""
+        return self.inner.dataset if isinstance(self.inner, TransformedSplit) else self.inner
 
     def transform(self, batch: Batch, places: torch.Tensor, idx: torch.Tensor) -> tuple[Batch, torch.Tensor]:
         """(the changed batch, its visits' (B, T) dataset-wide places) of the samples `idx`; slots are numbered
@@ -49,7 +53,6 @@ class TransformedSplit(Dataset):
         """A copy whose split lives on `device` (a subclass moves its own tensors too)."""
         moved = copy.copy(self)
         moved.inner = self.inner.to(device)
-        moved.dataset = moved.inner.dataset if isinstance(moved.inner, TransformedSplit) else moved.inner
         moved.lengths, moved.targets = moved.inner.lengths, moved.inner.targets
         return moved
 
