@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
 from recipe_search import CONFIGS, RECORDS  # noqa: E402 - likewise
-from train import VARIANTS, sequences  # noqa: E402 - likewise
+from train import VARIANTS, mean_std, sequences  # noqa: E402 - likewise
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "day_gaps.json"
 NETWORKS = "tuned-arrival-1"  # the selection run of `tuned` the number of days was chosen on
@@ -80,10 +80,6 @@ def strict_acc1(probs, dataset, full, cfg) -> float:
 
     found = ranks_and_top1(Scores.from_log_probs(torch.log(probs + 1e-10), cfg), full)
     return compute_all(scored_samples(found, dataset, np.arange(len(dataset))))["strict"]["acc@1"]
-
-
-def mean_std(values: list[float]) -> dict:
-    return {"mean": round(float(np.mean(values)), 2), "std": round(float(np.std(values, ddof=1)), 2) if len(values) > 1 else 0.0}
 
 
 def main() -> None:

@@ -19,19 +19,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import multiprocessing
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
-from recipe_search import CONFIGS, RECORDS, run_one  # noqa: E402 - after sys.path gains the benchmarks
-from train import VARIANTS, sequences  # noqa: E402 - after sys.path gains the benchmarks
+from recipe_search import CONFIGS, RECORDS, run_missing  # noqa: E402 - after sys.path gains the benchmarks
+from train import VARIANTS, mean_std, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "new_place_odds.json"
 CONFIG = "tuned-npw005-vd01"  # tuned's selection run in the recipe search
@@ -76,24 +72,18 @@ def main() -> None:
     data_dir = sequences(args.input, VARIANTS["published"])
     folder = RECORDS / "published"
     folder.mkdir(parents=True, exist_ok=True)
-    todo = [s for s in args.seeds if not (folder / f"{CONFIG}-s{s}" / "best.pt").is_file()]
-    with ProcessPoolExecutor(max_workers=args.parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in [pool.submit(run_one, CONFIG, s, str(data_dir), str(folder / f"{CONFIG}-s{s}.json")) for s in todo]:
-            future.result()
+    run_missing([CONFIG], args.seeds, data_dir, folder, args.parallel)
     import torch
 
     torch.set_num_threads(2)
     runs = [{"seed": s, **validation_figures(folder / f"{CONFIG}-s{s}", data_dir)} for s in args.seeds]
 
-    def summary(view: str, key: str) -> dict:
-        values = np.array([r[view][key] for r in runs])
-        return {"mean": round(float(values.mean()), 2), "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
-
     result = {"benchmark": "new_place_odds", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "configuration": CONFIG, "settings": CONFIGS[CONFIG][1], "seeds": args.seeds,
               "selection": "Validation only; the test split is never scored. The odds are log(1 / new_place_weight), "
                            "not chosen on any split.",
-              "views": {view: {key: summary(view, key) for key, _ in FIGURES} for view in VIEWS}, "runs": runs}
+              "views": {view: {key: mean_std([r[view][key] for r in runs]) for key, _ in FIGURES} for view in VIEWS},
+              "runs": runs}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)

@@ -26,7 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
-from train import VARIANTS, sequences  # noqa: E402 - after sys.path gains the benchmarks
+from train import VARIANTS, mean_std, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
 from pgt.recipes import RECIPES  # noqa: E402 - after the benchmarks' imports
 
@@ -250,6 +250,19 @@ def run_one(name: str, seed: int, data_dir: str, record: str) -> dict:
     return row
 
 
+def run_missing(names: list[str], seeds: list[int], data_dir: Path, folder: Path, parallel: int) -> None:
+    """run_one for each configuration of `names` with each of `seeds` whose record is not in `folder` yet, `parallel`
+    at a time; each run's folder (its best.pt) sits beside its record."""
+    todo = [(n, s) for n in names for s in seeds if not (folder / f"{n}-s{s}.json").is_file()]
+    # spawn, not fork: the parent may have run polars (its thread pool does not survive a fork)
+    with ProcessPoolExecutor(max_workers=parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_one, n, s, str(data_dir), str(folder / f"{n}-s{s}.json")) for n, s in todo]
+        for future in futures:
+            row = future.result()
+            print(f"{row['name']} seed {row['seed']}: validation strict acc@1 {row['validation']['strict_acc@1']:.2f}, "
+                  f"acc@1 {row['validation']['acc@1']:.2f} ({row['wall_s']} s)", file=sys.stderr)
+
+
 def summarise(records: list[dict]) -> list[dict]:
     rows = []
     for name in CONFIGS:
@@ -258,9 +271,7 @@ def summarise(records: list[dict]) -> list[dict]:
             continue
 
         def stat(key: str) -> dict:
-            values = np.array([r["validation"][key] for r in runs])
-            return {"mean": round(float(values.mean()), 2),
-                    "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
+            return mean_std([r["validation"][key] for r in runs])
 
         rows.append({"name": name, "change": CONFIGS[name][0], "settings": CONFIGS[name][1],
                      "seeds": [r["seed"] for r in runs], "validation_strict_acc@1": stat("strict_acc@1"),
@@ -286,14 +297,7 @@ def main() -> None:
     data_dir = sequences(args.input, VARIANTS[args.variant])
     folder = RECORDS / args.variant
     folder.mkdir(parents=True, exist_ok=True)
-    todo = [(n, s) for n in args.only for s in args.seeds if not (folder / f"{n}-s{s}.json").is_file()]
-    # spawn, not fork: the parent may have run polars (its thread pool does not survive a fork)
-    with ProcessPoolExecutor(max_workers=args.parallel, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_one, n, s, str(data_dir), str(folder / f"{n}-s{s}.json")) for n, s in todo]
-        for future in futures:
-            row = future.result()
-            print(f"{row['name']} seed {row['seed']}: validation strict acc@1 {row['validation']['strict_acc@1']:.2f}, "
-                  f"acc@1 {row['validation']['acc@1']:.2f} ({row['wall_s']} s)", file=sys.stderr)
+    run_missing(args.only, args.seeds, data_dir, folder, args.parallel)
     records = [json.loads(f.read_text()) for f in sorted(folder.glob("*.json"))]
     records = [r for r in records if r["name"] in args.only and r["seed"] in args.seeds]  # what was asked for
     rows = summarise(records)

@@ -37,12 +37,10 @@ from concurrent.futures import ProcessPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
-from train import VARIANTS, WORK, sequences  # noqa: E402 - after sys.path gains the benchmarks
+from train import VARIANTS, WORK, mean_std, sequences  # noqa: E402 - after sys.path gains the benchmarks
 
 from pgt.recipes import RECIPES, recipe_settings  # noqa: E402 - after the benchmarks' imports
 
@@ -144,23 +142,18 @@ def summarise(records: list[dict], seeds: list[int]) -> dict:
     arms = [arm for arm in ARMS if any((arm, s) in by for s in seeds)]
     paired = [s for s in seeds if all((arm, s) in by for arm in arms)]
 
-    def stat(values) -> dict:
-        values = np.asarray(values, dtype=float)
-        return {"mean": round(float(values.mean()), 2),
-                "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
-
     out = {"seeds": paired, "arms": arms}
     for arm in arms:
-        out[arm.replace("-", "_")] = {m: stat([by[(arm, s)]["evaluation"][m] for s in paired]) for m in METRICS}
+        out[arm.replace("-", "_")] = {m: mean_std([by[(arm, s)]["evaluation"][m] for s in paired]) for m in METRICS}
     for arm in arms[1:]:
         key = "gain" if arm == "refit" else f"gain_{arm.replace('-', '_')}"
-        out[key] = {m: stat([by[(arm, s)]["evaluation"][m] - by[("no-refit", s)]["evaluation"][m] for s in paired])
+        out[key] = {m: mean_std([by[(arm, s)]["evaluation"][m] - by[("no-refit", s)]["evaluation"][m] for s in paired])
                     for m in METRICS}
         out[f"{key}_per_seed_strict_acc@1"] = [round(by[(arm, s)]["evaluation"]["strict_acc@1"]
                                                      - by[("no-refit", s)]["evaluation"]["strict_acc@1"], 2)
                                                for s in paired]
     if {"refit", "refit-scaled"} <= set(arms):  # the refit_epochs choice: scaled against selected, seed by seed
-        out["scaled_over_refit"] = {m: stat([by[("refit-scaled", s)]["evaluation"][m] - by[("refit", s)]["evaluation"][m]
+        out["scaled_over_refit"] = {m: mean_std([by[("refit-scaled", s)]["evaluation"][m] - by[("refit", s)]["evaluation"][m]
                                              for s in paired]) for m in METRICS}
         out["scaled_over_refit_per_seed_strict_acc@1"] = [
             round(by[("refit-scaled", s)]["evaluation"]["strict_acc@1"] - by[("refit", s)]["evaluation"]["strict_acc@1"], 2)
