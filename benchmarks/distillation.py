@@ -43,11 +43,11 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     scored,
     shown,
     split_log_probs,
-    summary,
     trained_networks,
     validation_split,
 )
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
+from train import mean_std  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "distillation.json"
 
@@ -128,7 +128,7 @@ def mixed(plain: list, students: list, members: int, validation, cfg) -> list[di
         combos = [(*untaught, *(count + i for i in chosen))
                   for untaught in itertools.combinations(seeds, members - taught)
                   for chosen in itertools.combinations(sorted(set(seeds) - set(untaught)), taught)]
-        rows.append({"taught": taught, "combinations": len(combos), "protocol_validation_strict_acc@1": summary(
+        rows.append({"taught": taught, "combinations": len(combos), "protocol_validation_strict_acc@1": mean_std(
             [ensemble_metrics(cached, combo, validation, cfg)["strict"]["acc@1"] for combo in combos])})
     return rows
 

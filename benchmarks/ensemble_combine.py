@@ -35,11 +35,11 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     input_splits,
     network_arguments,
     network_log_probs,
-    summary,
     trained_networks,
     validation_split,
 )
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
+from train import mean_std  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_combine.json"
 WAYS = ("mean", "geometric", "last epochs")
@@ -104,9 +104,9 @@ def main() -> None:
         for (k, way), row in rows.items():
             scored = [ensemble_metrics(cached, picked(way, combo), split, cfg,
                                        geometric_mean if way == "geometric" else None) for combo in combos[k]]
-            row[f"{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
+            row[f"{name}_validation_strict_acc@1"] = mean_std([m["strict"]["acc@1"] for m in scored])
             if name == "protocol":
-                row["protocol_validation_strict_mrr"] = summary([m["strict"]["mrr"] for m in scored])
+                row["protocol_validation_strict_mrr"] = mean_std([m["strict"]["mrr"] for m in scored])
     result = {"benchmark": "ensemble_combine", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "members_from": shown_path(args.work),
               "seeds": args.seeds, "snapshots": args.snapshots, "selection": SELECTION, "rows": list(rows.values())}

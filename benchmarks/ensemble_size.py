@@ -32,6 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
+from train import mean_std  # noqa: E402 - likewise
 
 from infra.errors import SettingsError  # noqa: E402 - with the imports above
 
@@ -152,12 +153,6 @@ def shown(value: dict) -> str:
     return f"{value['mean']:.2f} ± {value['std']:.2f}"
 
 
-def summary(values: list[float]) -> dict:
-    """Mean and sample std (0.0 for a single value) over the combinations, to two decimals."""
-    return {"mean": round(float(np.mean(values)), 2),
-            "std": round(float(np.std(values, ddof=1)), 2) if len(values) > 1 else 0.0}
-
-
 # each figure of an ensemble's metrics (pgt.data.metrics.compute_all) that the benchmarks over these networks report
 FIGURES = (("strict_acc@1", lambda m: m["strict"]["acc@1"]), ("strict_mrr", lambda m: m["strict"]["mrr"]),
            ("acc@1", lambda m: m["acc@1"]))
@@ -188,7 +183,7 @@ def size_figures(runs: list[Path], sizes: list[int], validation, cfg,
             metrics = [ensemble_metrics(cached[name], combo, split, cfg)
                        for combo in itertools.combinations(range(len(runs)), k)]
             for key, pick in FIGURES:
-                figures[k][f"{name}_validation_{key}"] = summary([pick(m) for m in metrics])
+                figures[k][f"{name}_validation_{key}"] = mean_std([pick(m) for m in metrics])
     return figures
 
 

@@ -30,11 +30,11 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     network_arguments,
     shown,
     split_log_probs,
-    summary,
     trained_networks,
     validation_split,
 )
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
+from train import mean_std  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "ensemble_temperature.json"
 
@@ -78,11 +78,11 @@ def main() -> None:
         for row in rows:
             scored = [ensemble_metrics(cached[name], combo, split, cfg, tempered_mean(row["temperature"]))
                       for combo in combos]
-            row[f"{name}_validation_strict_acc@1"] = summary([m["strict"]["acc@1"] for m in scored])
+            row[f"{name}_validation_strict_acc@1"] = mean_std([m["strict"]["acc@1"] for m in scored])
             if name == "protocol":
-                row["protocol_validation_strict_mrr"] = summary([m["strict"]["mrr"] for m in scored])
-                row["protocol_validation_acc@1"] = summary([m["acc@1"] for m in scored])
-                row["protocol_validation_new_place_answers"] = summary([m["new_place"]["predicted"] for m in scored])
+                row["protocol_validation_strict_mrr"] = mean_std([m["strict"]["mrr"] for m in scored])
+                row["protocol_validation_acc@1"] = mean_std([m["acc@1"] for m in scored])
+                row["protocol_validation_new_place_answers"] = mean_std([m["new_place"]["predicted"] for m in scored])
     result = {"benchmark": "ensemble_temperature", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "members_from": shown_path(args.work),
               "seeds": args.seeds, "members": args.members, "selection": SELECTION, "rows": rows}

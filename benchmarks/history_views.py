@@ -31,11 +31,11 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     SELECTION,
     network_arguments,
     shown,
-    summary,
     trained_networks,
     validation_split,
 )
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
+from train import mean_std  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "history_views.json"
 
@@ -150,8 +150,8 @@ def main() -> None:
                 raise SystemExit(f"the networks score {[m['strict_acc@1'] for m in alone]} on validation here, their "
                                  f"runs recorded {recorded}: this scoring is not the training's")
         rows.append({"view": name, "per_network_strict_acc@1": [m["strict_acc@1"] for m in alone],
-                     **{f"one_{key}": summary([m[key] for m in alone]) for key in alone[0]},
-                     **{f"ensemble_{key}": summary([m[key] for m in together]) for key in together[0]}})
+                     **{f"one_{key}": mean_std([m[key] for m in alone]) for key in alone[0]},
+                     **{f"ensemble_{key}": mean_std([m[key] for m in together]) for key in together[0]}})
     result = {"benchmark": "history_views", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "selection": SELECTION, "seeds": args.seeds,
               "max_len": cfg.max_len, "members": args.members, "combinations": len(combos), "rows": rows}

@@ -40,11 +40,11 @@ from ensemble_size import (  # noqa: E402 - after sys.path gains the benchmarks
     member_log_probs,
     network_arguments,
     split_log_probs,
-    summary,
     trained_networks,
     validation_split,
 )
 from preprocess import machine, shown_path  # noqa: E402 - after sys.path gains the benchmarks
+from train import mean_std  # noqa: E402 - after sys.path gains the benchmarks
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "hybrid_ensemble.json"
 # each figure of an ensemble this benchmark reports: its name, the inputs it is scored on, and how it is read off
@@ -128,7 +128,7 @@ def main() -> None:
     for k, j, combos in kinds:
         row = {"members": k, "protocol_members": j, "deployed_members": k - j, "combinations": len(combos)}
         for name, inputs, pick in FIGURES:
-            row[name] = summary([pick(m) for m in scored[(k, j)][inputs]])
+            row[name] = mean_std([pick(m) for m in scored[(k, j)][inputs]])
         rows.append(row)
     result = {"benchmark": "hybrid_ensemble", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "data": shown_path(args.data_dir), "protocol_members_from": shown_path(args.work),

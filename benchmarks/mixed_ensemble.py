@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
 from recipe_search import CONFIGS, RECORDS  # noqa: E402 - likewise
-from train import VARIANTS, sequences  # noqa: E402 - likewise
+from train import VARIANTS, mean_std, sequences  # noqa: E402 - likewise
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "mixed_ensemble.json"
 BASE = "tuned-selection"
@@ -95,9 +95,7 @@ def summary(scored: list[dict]) -> dict:
     row = {"combinations": len(scored)}
     for key, pick in (("strict_acc@1", lambda m: m["strict"]["acc@1"]), ("acc@1", lambda m: m["acc@1"]),
                       ("strict_mrr", lambda m: m["strict"]["mrr"])):
-        values = np.array([pick(m) for m in scored])
-        row[f"validation_{key}"] = {"mean": round(float(values.mean()), 2),
-                                    "std": round(float(values.std(ddof=1)), 2) if len(values) > 1 else 0.0}
+        row[f"validation_{key}"] = mean_std([pick(m) for m in scored])
     return row
 
 
