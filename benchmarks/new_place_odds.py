@@ -1,24 +1,27 @@
-"""Benchmark: the protocol's figures with a new place's odds restored, on validation only.
+"""Benchmark: the protocol's figures as the odds of a new place vary, on validation only.
 
 `tuned` weighs new-place targets at NEW_PLACE_WEIGHT (0.05) of the others' weight in its loss, which strict Acc@1
 gains from and the protocol's Acc@1 loses by: a loss that weighs a class by w lowers that class's optimal logit by
 log(1 / w) and leaves the others' alone (Menon et al. 2021, logit adjustment), so the network all but stops answering
-"a new place", which is the protocol's id 1 for 19% of test targets. ModelConfig.new_place_log_odds gives that
-log(1 / w) back in the protocol's view (pgt.network.vocabulary.restore_new_place_odds) and nowhere else; strict ranks
-read the network's own scores. The odds are derived from the weight, not chosen; this benchmark scores the same
-networks both ways to show what the view changes: each seed trains tuned's selection run (the recipe search's
-`tuned-npw005-vd01`, its record reused where the search made it) and its best checkpoint scores the validation split
-with and without the restored odds. The test split is never scored. Writes JSON (default
+"a new place", which is the protocol's id 1 for 18% of validation targets. ModelConfig.new_place_log_odds adds to a
+new place's log-probability in the protocol's view (pgt.network.vocabulary.restore_new_place_odds) and nowhere else;
+strict ranks read the network's own scores. This benchmark scores the same networks at each of a grid of log-odds
+(`--log-odds`; 0 is the network's own, log(1 / w) the weight's undoing, added to the grid): each seed trains tuned's
+selection run (the recipe search's `tuned-npw005-vd01`, its record reused where the search made it), and its best
+checkpoint's validation log-probabilities, computed once, are scored at each. Beside the protocol's Acc@1 and MRR, the
+calibration of the answer "a new place": its mean forecast (the protocol's id 1, slots merged) against how often it
+is right, and the binary log-loss of that forecast. The test split is never scored. Writes JSON (default
 benchmarks/results/new_place_odds.json) and prints a table.
 
-    python benchmarks/new_place_odds.py [--seeds 0 1 2 3 4 5]
+    python benchmarks/new_place_odds.py [--seeds 0 1 2 3 4 5] [--log-odds 0 1.5 2 2.5 3]
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import itertools
 import json
+import math
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -31,44 +34,69 @@ from train import VARIANTS, mean_std, sequences  # noqa: E402 - after sys.path g
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "new_place_odds.json"
 CONFIG = "tuned-npw005-vd01"  # tuned's selection run in the recipe search
-VIEWS = ("network's own odds", "odds restored")
-FIGURES = (("strict_acc@1", lambda m: m["strict"]["acc@1"]), ("acc@1", lambda m: m["acc@1"]),
-           ("mrr", lambda m: m["mrr"]), ("acc@5", lambda m: m["acc@5"]))
+NEW_PLACE_WEIGHT = CONFIGS[CONFIG][1]["new_place_weight"]
+LOG_ODDS = (0.0, 1.5, 2.0, 2.25, 2.5, 2.75, 3.25, 3.5, 4.0)  # the grid; log(1 / NEW_PLACE_WEIGHT) joins it
+FIGURES = ("strict_acc@1", "acc@1", "mrr", "forecast", "log_loss")
+DIGITS = {"log_loss": 4}  # decimals of a figure that is not a percentage (the others: 2)
 
 
-def validation_figures(run: Path, data_dir: Path) -> dict[str, dict[str, float]]:
-    """{view: {figure: value}} of a run's best checkpoint on the validation split, in both views."""
+def validation_curve(run: Path, data_dir: Path, log_odds: list[float]) -> dict:
+    """A run's best checkpoint on the validation split at each of `log_odds`: {"rate": how often the protocol's
+    target is id 1 (%), "curve": [{log_odds, strict_acc@1, acc@1, mrr (%), forecast (mean probability of id 1, %),
+    log_loss (of that forecast against the target being id 1)}]}, the network's pass made once."""
+    import dataclasses
+
+    import numpy as np
     import torch
 
     from pgt.data.dataset import MemoryLayout, SequenceDataset
     from pgt.data.metrics import compute_all
     from pgt.data.scoring import Scores, score_dataset
     from pgt.network.checkpoint import load_checkpoint
+    from pgt.network.vocabulary import UNSEEN
 
     model, cfg = load_checkpoint(run / "best.pt")
     model.eval()
     validation = SequenceDataset.from_parquet(data_dir / "validation.parquet", cfg.max_len, memory=MemoryLayout.of(cfg))
-    own = dataclasses.replace(cfg, new_place_log_odds=0.0)
-    out = {}
-    for view, view_cfg in zip(VIEWS, (own, cfg)):
-        def score(batch, view_cfg=view_cfg):
-            return Scores.from_log_probs(model(*batch.inputs()).log_probs.float(), view_cfg)
+    passes: list[torch.Tensor] = []  # the network's log-probabilities of each batch, in score_dataset's order
+    curve = []
+    for odds in log_odds:
+        view_cfg = dataclasses.replace(cfg, new_place_log_odds=odds)
+        forecast, is_new = [], []
+
+        def score(batch, view_cfg=view_cfg, batches=itertools.count()):
+            i = next(batches)
+            if i == len(passes):
+                passes.append(model(*batch.inputs()).log_probs.float())
+            scores = Scores.from_log_probs(passes[i], view_cfg)
+            forecast.append(scores.protocol[:, UNSEEN].exp())
+            is_new.append(batch.targets == UNSEEN)
+            return scores
+
         scored, _ = score_dataset(score, validation, 1024, torch.device("cpu"))
         metrics = compute_all(scored)
-        out[view] = {key: round(pick(metrics), 2) for key, pick in FIGURES}
-    out["new_place_log_odds"] = round(cfg.new_place_log_odds, 4)
-    return out
+        p, y = torch.cat(forecast).double().numpy(), torch.cat(is_new).numpy()
+        p = np.clip(p, 1e-12, 1 - 1e-12)
+        curve.append({"log_odds": round(odds, 4), "strict_acc@1": round(metrics["strict"]["acc@1"], 2),
+                      "acc@1": round(metrics["acc@1"], 2), "mrr": round(metrics["mrr"], 2),
+                      "forecast": round(100 * float(p.mean()), 2),
+                      "log_loss": round(float(-np.mean(np.where(y, np.log(p), np.log1p(-p)))), 4)})
+    return {"rate": round(100 * float((validation.targets == UNSEEN).float().mean()), 2), "curve": curve}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4, 5])
+    parser.add_argument("--log-odds", nargs="+", type=float, default=list(LOG_ODDS),
+                        help="the grid of a new place's log-odds (log(1 / the weight) always joins it)")
     parser.add_argument("--parallel", type=int, default=2, help="runs at once (one thread each)")
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     args = parser.parse_args()
     if not args.input.exists():
         raise SystemExit(f"error: {args.input}: no such file (the full GeoLife Parquet lives in ../shared/data)")
+    if any(odds < 0 for odds in args.log_odds):
+        raise SystemExit(f"error: --log-odds must be at least 0, got {args.log_odds}")
     data_dir = sequences(args.input, VARIANTS["published"])
     folder = RECORDS / "published"
     folder.mkdir(parents=True, exist_ok=True)
@@ -76,14 +104,19 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(2)
-    runs = [{"seed": s, **validation_figures(folder / f"{CONFIG}-s{s}", data_dir)} for s in args.seeds]
+    log_odds = sorted({*args.log_odds, math.log(1 / NEW_PLACE_WEIGHT)})
+    runs = [{"seed": s, **validation_curve(folder / f"{CONFIG}-s{s}", data_dir, log_odds)} for s in args.seeds]
+    curve = [{"log_odds": round(odds, 4), **{key: mean_std([r["curve"][i][key] for r in runs], DIGITS.get(key, 2))
+                                              for key in FIGURES}}
+             for i, odds in enumerate(log_odds)]
+    best = max(curve, key=lambda row: row["acc@1"]["mean"])
 
     result = {"benchmark": "new_place_odds", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "configuration": CONFIG, "settings": CONFIGS[CONFIG][1], "seeds": args.seeds,
-              "selection": "Validation only; the test split is never scored. The odds are log(1 / new_place_weight), "
-                           "not chosen on any split.",
-              "views": {view: {key: mean_std([r[view][key] for r in runs]) for key, _ in FIGURES} for view in VIEWS},
-              "runs": runs}
+              "selection": "Validation only; the test split is never scored.",
+              "weight_undone": round(math.log(1 / NEW_PLACE_WEIGHT), 4),
+              "best_acc@1": best["log_odds"], "rate": mean_std([r["rate"] for r in runs]),
+              "curve": curve, "runs": runs}
     args.results.parent.mkdir(parents=True, exist_ok=True)
     args.results.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
@@ -94,12 +127,17 @@ def print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"tuned's selection networks on GeoLife validation, mean ± std over seeds {result['seeds']}")
-    table.add_column("protocol's view")
-    for key, _ in FIGURES:
+    table = Table(title=f"tuned's selection networks on GeoLife validation, mean ± std over seeds {result['seeds']}; "
+                        f"id 1 is the target for {result['rate']['mean']:.2f}%")
+    table.add_column("a new place's log-odds")
+    for key in FIGURES:
         table.add_column(key, justify="right")
-    for view, figures in result["views"].items():
-        table.add_row(view, *(f"{f['mean']:.2f} ± {f['std']:.2f}" for f in figures.values()))
+    for row in result["curve"]:
+        odds = row["log_odds"]
+        label = f"{odds:.2f}" + (" (the weight undone)" if odds == result["weight_undone"] else "") + (
+            " (the network's own)" if odds == 0 else "")
+        digits = [DIGITS.get(key, 2) for key in FIGURES]
+        table.add_row(label, *(f"{row[key]['mean']:.{d}f} ± {row[key]['std']:.{d}f}" for key, d in zip(FIGURES, digits)))
     Console(width=160).print(table)
 
 

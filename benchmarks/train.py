@@ -202,9 +202,11 @@ def run_models(models: list[str], seeds: list[int], data_dir: Path, epochs: int 
     return rows
 
 
-def mean_std(values: list[float]) -> dict:
+def mean_std(values: list[float], digits: int = 2) -> dict:
+    """Mean and sample std (0.0 for a single value), to `digits` decimals."""
     values = np.asarray(values, dtype=float)
-    return {"mean": round(float(values.mean()), 2), "std": round(float(values.std(ddof=1)) if len(values) > 1 else 0.0, 2)}
+    return {"mean": round(float(values.mean()), digits),
+            "std": round(float(values.std(ddof=1)) if len(values) > 1 else 0.0, digits)}
 
 
 def summarise(rows: list[dict], key: str = "model") -> dict:

@@ -133,9 +133,10 @@ class ModelConfig(ModelSettings):
     weekdays: int = 7  # weekday values
     recency_days: int = 8  # recency values: days 0 .. history_days before the target's day
     duration_buckets: int = 99  # duration bucket values
-    # added to a new place's log-probability in the protocol's view (pgt.network.vocabulary.merge_slots): log(1 / the
-    # new_place_weight the network was trained with), which undoes what that loss weight did to a new place's odds
-    # (logit adjustment, Menon et al. 2021); strict rankings never see it
+    # added to a new place's log-probability in the protocol's view (pgt.network.vocabulary.restore_new_place_odds):
+    # TrainConfig.protocol_new_place_log_odds, by default log(1 / the new_place_weight the network was trained with),
+    # which undoes what that loss weight did to a new place's odds (logit adjustment, Menon et al. 2021); strict
+    # rankings never see it
     new_place_log_odds: float = 0.0
 
     def __post_init__(self) -> None:
@@ -271,6 +272,9 @@ class TrainConfig:
     label_smoothing: float = setting(0.03, "Label smoothing of the cross-entropy.", low=0.0, high=1.0, high_open=True)
     new_place_weight: float = setting(1.0, "With unseen_slots: loss weight of train samples whose target is a new "
                                            "place.", low=0.0)
+    new_place_log_odds: float | None = setting(None, "Added to a new place's log-probability in the protocol's view "
+                                                     "(id 1; strict rankings never see it); None = log(1 / "
+                                                     "new_place_weight) with unseen_slots, else 0.", low=0.0)
     anchor: str = setting("target_day", "The day recency counts from in the model's inputs: target_day, the "
                                         "protocol's (the target's day, known only afterwards), or last_visit (the "
                                         "last history visit's, what a live prediction knows). A last_visit model "
@@ -378,13 +382,16 @@ class TrainConfig:
         return ModelConfig(**dataclasses.asdict(self.network), variant=self.model, num_locations=vocab.locations,
                            num_users=vocab.users, time_slots=vocab.time_slots, weekdays=vocab.weekdays,
                            recency_days=vocab.recency, duration_buckets=vocab.durations,
-                           new_place_log_odds=self.new_place_log_odds)
+                           new_place_log_odds=self.protocol_new_place_log_odds)
 
     @property
-    def new_place_log_odds(self) -> float:
-        """ModelConfig.new_place_log_odds of these settings: log(1 / new_place_weight) where that weight is applied
-        (with unseen_slots); 0 where it is not, or is 0 (a loss that never asks for a new place leaves no odds to
+    def protocol_new_place_log_odds(self) -> float:
+        """ModelConfig.new_place_log_odds of these settings: new_place_log_odds where set; else log(1 /
+        new_place_weight) where that weight is applied (with unseen_slots), which undoes what the weight did to a new
+        place's odds; 0 where it is not applied, or is 0 (a loss that never asks for a new place leaves no odds to
         restore)."""
+        if self.new_place_log_odds is not None:
+            return self.new_place_log_odds
         weighted = self.network.unseen_slots and self.new_place_weight > 0
         return -math.log(self.new_place_weight) if weighted else 0.0
 

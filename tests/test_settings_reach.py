@@ -57,6 +57,8 @@ def other_value(field: dataclasses.Field):
         return default + 1 if meta.get(HIGH) is None or default + 1 <= meta[HIGH] else default - 1
     if field.name == "known_fraction_max":
         return 0.9
+    if default is None:  # an optional number, derived from other settings unless given
+        return 1.0
     return default / 2 if default > 0 else 0.5
 
 

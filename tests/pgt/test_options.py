@@ -126,8 +126,10 @@ def test_every_trial_of_a_sweep_trains_its_recipe_with_only_the_searched_setting
     ({"unseen_slots": True, "new_place_weight": 1.0}, 0.0),  # every target alike: nothing to undo
     ({"unseen_slots": True, "new_place_weight": 0.0}, 0.0),  # a loss that never asked for a new place
     ({"unseen_slots": False, "new_place_weight": 0.05}, 0.0),  # the weight applies with slots only
+    ({"unseen_slots": True, "new_place_weight": 0.05, "new_place_log_odds": 2.5}, 2.5),  # set: it, not the weight's
+    ({"unseen_slots": True, "new_place_weight": 0.05, "new_place_log_odds": 0.0}, 0.0),  # set to the network's own
 ])
-def test_the_model_carries_the_odds_its_new_place_weight_took(settings, log_odds):
+def test_the_model_carries_the_odds_its_settings_give(settings, log_odds):
     cfg = TrainConfig.from_recipe("paper", **settings, data_dir="data", out_dir="runs")
     model_cfg = cfg.model_config(Vocab(locations=10, users=3))
     assert model_cfg.new_place_log_odds == pytest.approx(log_odds)

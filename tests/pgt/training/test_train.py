@@ -494,10 +494,21 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     assert len(by_dropout) >= 5 and by_dropout[0.0] == chosen_run
     chosen_means = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in choosing["configurations"]}
     best_dropout = max(by_dropout, key=lambda rate: chosen_means[by_dropout[rate]])
-    assert best_dropout > 0 and settings_without(RECIPES["tuned"], "refit_epochs") == {
-        **RECIPES["tuned-2026-12-05b"], "visit_dropout": best_dropout}  # refit_epochs: below
+    assert best_dropout > 0 and settings_without(RECIPES["tuned"], "refit_epochs", "new_place_log_odds") == {
+        **RECIPES["tuned-2026-12-05b"], "visit_dropout": best_dropout}  # refit_epochs and the odds: below
     fresh = {c["name"]: c["validation_strict_acc@1"]["mean"] for c in confirming["configurations"]}
     assert fresh[by_dropout[best_dropout]] > fresh[chosen_run]
+    # a new place's log-odds in the protocol's view, chosen on seeds 0-5 over those selection networks (the best mean
+    # protocol Acc@1 of benchmarks/new_place_odds.py's grid), above the weight's own odds on seeds 6-8 too
+    choosing, confirming = (json.loads((results / name).read_text())
+                            for name in ("new_place_odds.json", "new_place_odds-fresh.json"))
+    assert "validation" in choosing["selection"].lower() and choosing["seeds"] == list(range(6))
+    assert confirming["seeds"] == [6, 7, 8] and choosing["configuration"] == by_dropout[best_dropout]
+    curve = {row["log_odds"]: row["acc@1"]["mean"] for row in choosing["curve"]}
+    assert len(curve) >= 5 and choosing["weight_undone"] in curve and 0.0 in curve
+    assert RECIPES["tuned"]["new_place_log_odds"] == max(curve, key=curve.get) == choosing["best_acc@1"]
+    fresh = {row["log_odds"]: row["acc@1"]["mean"] for row in confirming["curve"]}
+    assert fresh[RECIPES["tuned"]["new_place_log_odds"]] > fresh[confirming["weight_undone"]]
     # its live predictions mixed over the days chosen on validation (benchmarks/day_gaps.py, tuned's own selection
     # networks): the fewest within 0.1 of the best mean over seeds 0-5, above the unmixed on seeds 6-8 too; chosen
     # again on the selection networks of `tuned` with the new-place weight (day_gaps-new-place-weight.json) and with
@@ -525,7 +536,8 @@ def test_the_tuned_recipe_is_the_configuration_the_search_chose():
     fresh_file = json.loads((path.parent / "results" / "refit-fresh.json").read_text())
     assert len(refit["seeds"]) >= 8 and len(fresh_file["summary"]["seeds"]) >= 8
     assert not set(refit["seeds"]) & set(fresh_file["summary"]["seeds"])
-    assert refit_file["settings"] == fresh_file["settings"] == RECIPES["tuned"]
+    # (a new place's odds, set after them, change only the protocol's view, and the refit was chosen on strict figures)
+    assert refit_file["settings"] == fresh_file["settings"] == settings_without(RECIPES["tuned"], "new_place_log_odds")
 
     def confirmed(over: dict) -> bool:
         return (over["strict_acc@1"]["mean"] > over["strict_acc@1"]["std"] / 2
@@ -608,23 +620,37 @@ def test_each_member_of_an_ensemble_learns_as_it_would_alone(synthetic_sequences
 def test_the_ensemble_recipe_is_tuned_with_the_size_validation_chose():
     """RECIPES["ensemble"] is `tuned` with the number of members benchmarks/results/ensemble_size.json chose on
     validation (strict Acc@1, the recipe's select_on): the fewest within 0.1 of the best mean, recomputed here from
-    its rows; ensemble-2026-12-05b, ensemble-2026-12-05, ensemble-2026-12-04, ensemble-2026-11-28 and ensemble-2026-11
-    are the earlier ones, of tuned-2026-12-05b, tuned-2026-12-05, tuned-2026-12-04, tuned-2026-11-28 and tuned-2026-11
-    networks (ensemble_size-tuned-2026-12-05b.json and the like)."""
+    its rows, and the log-odds of a new place validation chose for ensembles of that size; ensemble-2026-12-05b,
+    ensemble-2026-12-05, ensemble-2026-12-04, ensemble-2026-11-28 and ensemble-2026-11 are the earlier ones, of
+    tuned-2026-12-05b, tuned-2026-12-05, tuned-2026-12-04, tuned-2026-11-28 and tuned-2026-11 networks
+    (ensemble_size-tuned-2026-12-05b.json and the like)."""
     from pgt.recipes import ENSEMBLE_MEMBERS, RECIPES
 
     results = PROJECT_ROOT / "benchmarks" / "results"
     saved = json.loads((results / "ensemble_size.json").read_text())
     assert "validation" in saved["selection"].lower() and saved["recipe"].startswith("tuned-")
     # measured over a dated recipe (whose settings never change) with the settings tuned has now; the members are
-    # trained on train alone and scored on validation, so how the refit would count its epochs never reaches them
+    # trained on train alone and scored on validation, so how the refit would count its epochs never reaches them, and
+    # the size is chosen on strict Acc@1, which a new place's odds in the protocol's view never reach
     assert settings_without({**RECIPES[saved["recipe"]], **saved["settings"]}, "refit_epochs") == settings_without(
-        RECIPES["tuned"], "refit_epochs")
+        RECIPES["tuned"], "refit_epochs", "new_place_log_odds")
     assert saved["members_trained"][0]["epochs_run"] == RECIPES["tuned"]["epochs"]  # measured on the tuned of now
     best = max(r["protocol_validation_strict_acc@1"]["mean"] for r in saved["sizes"])
     fewest = min(r["members"] for r in saved["sizes"] if r["protocol_validation_strict_acc@1"]["mean"] >= best - 0.1)
     assert saved["chosen_members"] == fewest == ENSEMBLE_MEMBERS
-    assert RECIPES["ensemble"] == {**RECIPES["tuned"], "members": fewest}
+    assert settings_without(RECIPES["ensemble"], "new_place_log_odds") == settings_without(
+        {**RECIPES["tuned"], "members": fewest}, "new_place_log_odds")
+    # its own log-odds of a new place: the best mean protocol Acc@1 of its size's ensembles of those six networks
+    # (benchmarks/ensemble_odds.py), above tuned's odds on ensembles of six fresh networks too
+    choosing, confirming = (json.loads((results / name).read_text())
+                            for name in ("ensemble_odds.json", "ensemble_odds-fresh.json"))
+    assert choosing["members"] == confirming["members"] == fewest and "validation" in choosing["selection"].lower()
+    assert choosing["seeds"] == saved["seeds"] and not set(confirming["seeds"]) & set(saved["seeds"])
+    by_odds = {row["log_odds"]: row["acc@1"]["mean"] for row in choosing["rows"]}
+    assert len(by_odds) >= 5 and RECIPES["tuned"]["new_place_log_odds"] in by_odds
+    assert RECIPES["ensemble"]["new_place_log_odds"] == max(by_odds, key=by_odds.get)
+    fresh = {row["log_odds"]: row["acc@1"]["mean"] for row in confirming["rows"]}
+    assert fresh[RECIPES["ensemble"]["new_place_log_odds"]] > fresh[RECIPES["tuned"]["new_place_log_odds"]]
     assert TrainConfig.from_recipe("ensemble", data_dir=".", out_dir=".").network.members == fewest
     earlier = json.loads((results / "ensemble_size-tuned-2026-11.json").read_text())
     best_then = max(earlier["sizes"], key=lambda r: r["protocol_validation_strict_acc@1"]["mean"])
