@@ -53,7 +53,7 @@ def validation_curve(run: Path, data_dir: Path, log_odds: list[float]) -> dict:
     from pgt.data.metrics import compute_all
     from pgt.data.scoring import Scores, score_dataset
     from pgt.network.checkpoint import load_checkpoint
-    from pgt.network.vocabulary import UNSEEN
+    from preprocessing.sequences import UNSEEN
 
     model, cfg = load_checkpoint(run / "best.pt")
     model.eval()

@@ -14,8 +14,8 @@ def test_the_curve_shares_the_strict_figures_and_its_run_s_own_point_is_training
 
     from pgt.config import TrainConfig
     from pgt.data.dataset import SequenceDataset
-    from pgt.network.vocabulary import UNSEEN
     from pgt.training.train import train_loop_per_worker
+    from preprocessing.sequences import UNSEEN
 
     odds = load_benchmark("new_place_odds")
     cfg = TrainConfig.from_recipe("paper", data_dir=str(tiny_sequences), out_dir=str(tmp_path / "run"), epochs=2,
