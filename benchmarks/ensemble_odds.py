@@ -5,8 +5,9 @@ place's log-probability of that mean (pgt.data.scoring.Scores.from_log_probs) as
 was chosen on one network's validation figures (benchmarks/new_place_odds.py). A mean of networks that disagree is
 less sure of every answer than each of them, a new place's too, so the ensemble's best odds may differ. Scores every
 ensemble of --members of the networks benchmarks/ensemble_size.py trained (its --work) on the validation split at each
-log-odds of --log-odds: the protocol's Acc@1 and MRR, its Acc@1 of the targets outside the history (where id 1, "a
-place unseen in train", is the answer that can be right), and strict Acc@1, which no log-odds changes. Test is never scored.
+log-odds of --log-odds: the protocol's Acc@1 and MRR, its Acc@1 of the targets whose id is not among the history's
+(where only an answer from outside the history, id 1 among them, can be right), and strict Acc@1, which no log-odds
+changes. Test is never scored.
 
 Writes JSON (default benchmarks/results/ensemble_odds.json) and prints a table.
 

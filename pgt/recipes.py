@@ -79,8 +79,7 @@ ENSEMBLE_MEMBERS = 3
 # its own log-odds of a new place in the protocol's view, chosen on validation over every ensemble of
 # ENSEMBLE_MEMBERS of ensemble_size.json's six networks at 0 and 2 to 3.25 (benchmarks/ensemble_odds.py,
 # benchmarks/results/ensemble_odds.json: the protocol's Acc@1 56.84 against 56.63 at tuned's 2.5 and 56.80 at 3.0,
-# MRR 67.94 against 67.85) and confirmed on six fresh networks (56.85 against 56.67, ensemble_odds-fresh.json): a
-# mean of networks that disagree wants more than one network does
+# MRR 67.94 against 67.85) and confirmed on six fresh networks (56.85 against 56.67, ensemble_odds-fresh.json)
 ENSEMBLE_LOG_ODDS = 2.75
 RECIPES["ensemble"] = {**RECIPES["tuned"], "members": ENSEMBLE_MEMBERS, "new_place_log_odds": ENSEMBLE_LOG_ODDS}
 # the earlier recipes, kept to compare against
