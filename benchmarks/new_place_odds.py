@@ -8,10 +8,10 @@ new place's log-probability in the protocol's view (pgt.network.vocabulary.resto
 strict ranks read the network's own scores. This benchmark scores the same networks at each of a grid of log-odds
 (`--log-odds`; 0 is the network's own, log(1 / w) the weight's undoing, added to the grid): each seed trains tuned's
 selection run (the recipe search's `tuned-npw005-vd01`, its record reused where the search made it), and its best
-checkpoint's validation log-probabilities, computed once, are scored at each. Beside the protocol's Acc@1 and MRR, the
-calibration of the answer "a new place": its mean forecast (the protocol's id 1, slots merged) against how often it
-is right, and the binary log-loss of that forecast. The test split is never scored. Writes JSON (default
-benchmarks/results/new_place_odds.json) and prints a table.
+checkpoint's validation log-probabilities, computed once, are scored at each as ensemble_size scores an ensemble (of
+one). Beside the protocol's Acc@1 and MRR, the calibration of the answer "a new place": its mean forecast (the
+protocol's id 1, slots merged) against how often it is right, and the binary log-loss of that forecast. The test
+split is never scored. Writes JSON (default benchmarks/results/new_place_odds.json) and prints a table.
 
     python benchmarks/new_place_odds.py [--seeds 0 1 2 3 4 5] [--log-odds 0 1.5 2 2.5 3]
 """
@@ -19,7 +19,6 @@ benchmarks/results/new_place_odds.json) and prints a table.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import sys
@@ -28,6 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from ensemble_size import ensemble_metrics, member_log_probs, validation_split  # noqa: E402 - after sys.path gains the benchmarks
 from preprocess import DEFAULT_INPUT, machine  # noqa: E402 - after sys.path gains the benchmarks
 from recipe_search import CONFIGS, RECORDS, run_missing  # noqa: E402 - after sys.path gains the benchmarks
 from train import VARIANTS, mean_std, sequences  # noqa: E402 - after sys.path gains the benchmarks
@@ -43,44 +43,31 @@ DIGITS = {"log_loss": 4}  # decimals of a figure that is not a percentage (the o
 def validation_curve(run: Path, data_dir: Path, log_odds: list[float]) -> dict:
     """A run's best checkpoint on the validation split at each of `log_odds`: {"rate": how often the protocol's
     target is id 1 (%), "curve": [{log_odds, strict_acc@1, acc@1, mrr (%), forecast (mean probability of id 1, %),
-    log_loss (of that forecast against the target being id 1)}]}, the network's pass made once."""
+    log_loss (of that forecast against the target being id 1)}]}, the network's pass made once
+    (ensemble_size.member_log_probs) and scored as one network's ensemble at each."""
     import dataclasses
 
     import numpy as np
     import torch
 
-    from pgt.data.dataset import MemoryLayout, SequenceDataset
-    from pgt.data.metrics import compute_all
-    from pgt.data.scoring import Scores, score_dataset
+    from pgt.data.scoring import Scores
     from pgt.network.checkpoint import load_checkpoint
     from preprocessing.sequences import UNSEEN
 
-    model, cfg = load_checkpoint(run / "best.pt")
-    model.eval()
-    validation = SequenceDataset.from_parquet(data_dir / "validation.parquet", cfg.max_len, memory=MemoryLayout.of(cfg))
-    passes: list[torch.Tensor] = []  # the network's log-probabilities of each batch, in score_dataset's order
+    cfg = load_checkpoint(run / "best.pt")[1]
+    validation = validation_split(data_dir, cfg)
+    cached = member_log_probs([run], validation)
+    is_new = torch.cat([batch.targets == UNSEEN for _, batch, _ in cached]).numpy()
     curve = []
     for odds in log_odds:
         view_cfg = dataclasses.replace(cfg, new_place_log_odds=odds)
-        forecast, is_new = [], []
-
-        def score(batch, view_cfg=view_cfg, batches=itertools.count()):
-            i = next(batches)
-            if i == len(passes):
-                passes.append(model(*batch.inputs()).log_probs.float())
-            scores = Scores.from_log_probs(passes[i], view_cfg)
-            forecast.append(scores.protocol[:, UNSEEN].exp())
-            is_new.append(batch.targets == UNSEEN)
-            return scores
-
-        scored, _ = score_dataset(score, validation, 1024, torch.device("cpu"))
-        metrics = compute_all(scored)
-        p, y = torch.cat(forecast).double().numpy(), torch.cat(is_new).numpy()
-        p = np.clip(p, 1e-12, 1 - 1e-12)
+        metrics = ensemble_metrics(cached, (0,), validation, view_cfg)
+        p = torch.cat([Scores.from_log_probs(each[0], view_cfg).protocol[:, UNSEEN].exp() for _, _, each in cached])
+        p = np.clip(p.double().numpy(), 1e-12, 1 - 1e-12)
         curve.append({"log_odds": round(odds, 4), "strict_acc@1": round(metrics["strict"]["acc@1"], 2),
                       "acc@1": round(metrics["acc@1"], 2), "mrr": round(metrics["mrr"], 2),
                       "forecast": round(100 * float(p.mean()), 2),
-                      "log_loss": round(float(-np.mean(np.where(y, np.log(p), np.log1p(-p)))), 4)})
+                      "log_loss": round(float(-np.mean(np.where(is_new, np.log(p), np.log1p(-p)))), 4)})
     return {"rate": round(100 * float((validation.targets == UNSEEN).float().mean()), 2), "curve": curve}
 
 
