@@ -7,13 +7,14 @@ log(1 / w) and leaves the others' alone (Menon et al. 2021, logit adjustment), s
 new place's log-probability in the protocol's view (pgt.network.vocabulary.restore_new_place_odds) and nowhere else;
 strict ranks read the network's own scores. This benchmark scores the same networks at each of a grid of log-odds
 (`--log-odds`; 0 is the network's own, log(1 / w) the weight's undoing, added to the grid): each seed trains tuned's
-selection run (the recipe search's `tuned-npw005-vd01`, its record reused where the search made it), and its best
+selection run (the recipe search's `tuned-npw005-vd01`, or another configuration of it with `--config`; its record
+reused where the search made it), and its best
 checkpoint's validation log-probabilities, computed once, are scored at each as ensemble_size scores an ensemble (of
 one). Beside the protocol's Acc@1 and MRR, the calibration of the answer "a new place": its mean forecast (the
 protocol's id 1, slots merged) against how often it is right, and the binary log-loss of that forecast. The test
 split is never scored. Writes JSON (default benchmarks/results/new_place_odds.json) and prints a table.
 
-    python benchmarks/new_place_odds.py [--seeds 0 1 2 3 4 5] [--log-odds 0 1.5 2 2.5 3]
+    python benchmarks/new_place_odds.py [--config tuned-npw005-vd01] [--seeds 0 1 2 3 4 5] [--log-odds 0 1.5 2 2.5 3]
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from train import VARIANTS, mean_std, sequences  # noqa: E402 - after sys.path g
 
 DEFAULT_RESULTS = ROOT / "benchmarks" / "results" / "new_place_odds.json"
 CONFIG = "tuned-npw005-vd01"  # tuned's selection run in the recipe search
-NEW_PLACE_WEIGHT = CONFIGS[CONFIG][1]["new_place_weight"]
-LOG_ODDS = (0.0, 1.5, 2.0, 2.25, 2.5, 2.75, 3.25, 3.5, 4.0)  # the grid; log(1 / NEW_PLACE_WEIGHT) joins it
+# the recipe search's configurations that weigh new-place targets, whose networks the odds apply to
+WEIGHTED = [name for name, (_, settings) in CONFIGS.items() if settings.get("new_place_weight", 1.0) < 1.0]
+LOG_ODDS = (0.0, 1.5, 2.0, 2.25, 2.5, 2.75, 3.25, 3.5, 4.0)  # the grid; log(1 / the configuration's weight) joins it
 FIGURES = ("strict_acc@1", "acc@1", "mrr", "forecast", "log_loss")
 DIGITS = {"log_loss": 4}  # decimals of a figure that is not a percentage (the others: 2)
 
@@ -74,6 +76,8 @@ def validation_curve(run: Path, data_dir: Path, log_odds: list[float]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--input", type=Path, default=DEFAULT_INPUT)
+    parser.add_argument("--config", choices=WEIGHTED, default=CONFIG,
+                        help="the recipe search's configuration whose networks are scored")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4, 5])
     parser.add_argument("--log-odds", nargs="+", type=float, default=list(LOG_ODDS),
                         help="the grid of a new place's log-odds (log(1 / the weight) always joins it)")
@@ -87,21 +91,23 @@ def main() -> None:
     data_dir = sequences(args.input, VARIANTS["published"])
     folder = RECORDS / "published"
     folder.mkdir(parents=True, exist_ok=True)
-    run_missing([CONFIG], args.seeds, data_dir, folder, args.parallel)
+    run_missing([args.config], args.seeds, data_dir, folder, args.parallel)
     import torch
 
     torch.set_num_threads(2)
-    log_odds = sorted({*args.log_odds, math.log(1 / NEW_PLACE_WEIGHT)})
-    runs = [{"seed": s, **validation_curve(folder / f"{CONFIG}-s{s}", data_dir, log_odds)} for s in args.seeds]
+    settings = CONFIGS[args.config][1]
+    weight_undone = math.log(1 / settings["new_place_weight"])
+    log_odds = sorted({*args.log_odds, weight_undone})
+    runs = [{"seed": s, **validation_curve(folder / f"{args.config}-s{s}", data_dir, log_odds)} for s in args.seeds]
     curve = [{"log_odds": round(odds, 4), **{key: mean_std([r["curve"][i][key] for r in runs], DIGITS.get(key, 2))
                                               for key in FIGURES}}
              for i, odds in enumerate(log_odds)]
     best = max(curve, key=lambda row: row["acc@1"]["mean"])
 
     result = {"benchmark": "new_place_odds", "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "configuration": CONFIG, "settings": CONFIGS[CONFIG][1], "seeds": args.seeds,
+              "machine": machine(), "configuration": args.config, "settings": settings, "seeds": args.seeds,
               "selection": "Validation only; the test split is never scored.",
-              "weight_undone": round(math.log(1 / NEW_PLACE_WEIGHT), 4),
+              "weight_undone": round(weight_undone, 4),
               "best_acc@1": best["log_odds"], "rate": mean_std([r["rate"] for r in runs]),
               "curve": curve, "runs": runs}
     args.results.parent.mkdir(parents=True, exist_ok=True)
@@ -114,7 +120,7 @@ def print_table(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"tuned's selection networks on GeoLife validation, mean ± std over seeds {result['seeds']}; "
+    table = Table(title=f"{result['configuration']}'s networks on GeoLife validation, mean ± std over seeds {result['seeds']}; "
                         f"id 1 is the target for {result['rate']['mean']:.2f}%")
     table.add_column("a new place's log-odds")
     for key in FIGURES:

@@ -36,3 +36,11 @@ def test_the_curve_shares_the_strict_figures_and_its_run_s_own_point_is_training
     targets = SequenceDataset.from_parquet(tiny_sequences / "validation.parquet", cfg.network.max_len).targets
     assert figures["rate"] == round(100 * float((targets == UNSEEN).float().mean()), 2)
     assert all(point["log_loss"] > 0 for point in curve)
+
+
+def test_the_configurations_it_scores_are_those_that_weigh_new_place_targets():
+    odds = load_benchmark("new_place_odds")
+    search = load_benchmark("recipe_search")
+    assert odds.CONFIG in odds.WEIGHTED and "tuned-vd01-wa98" in odds.WEIGHTED
+    assert "paper" not in odds.WEIGHTED and "tuned-2025" not in odds.WEIGHTED
+    assert all(search.CONFIGS[name][1]["new_place_weight"] < 1 for name in odds.WEIGHTED)
